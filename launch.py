@@ -1,0 +1,27 @@
+#!/usr/bin/env python
+"""grpo-launcher: compose → RunSpec → validate → plan → execute.
+
+    python launch.py                                   # tiny model, CPU, local Ray
+    python launch.py +recipe=nanov3 cluster=slurm dry_run=true
+"""
+
+import sys
+
+from grpo_launcher.launch import execute
+from grpo_launcher.plan import make_plan
+from grpo_launcher.spec.compose import load_spec
+from grpo_launcher.spec.errors import ConfigError
+
+
+def main(overrides: list[str]) -> int:
+    try:
+        spec = load_spec(overrides)  # Hydra compose → frozen RunSpec → every pre-flight rule
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
+        return 2
+    plan = make_plan(spec)  # nodes, devices, DP size, engines, ports, run dir: derived once
+    return execute(spec, plan)  # local driver | sbatch (dry run prints, submits nothing)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

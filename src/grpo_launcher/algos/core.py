@@ -1,0 +1,398 @@
+"""GRPO-family RL math as pure torch functions.
+
+Conventions
+-----------
+* B = num_prompts * G sequences, group-contiguous: rows [k*G, (k+1)*G) are the
+  G samples of prompt k.
+* Token tensors are [B, T] over *response* tokens only.
+* ``mask`` [B, T] (bool or float) is 1 for response tokens that get loss.
+* ``sample_mask`` [B] is 1 for samples that contribute loss (0 = overlong-filtered).
+* Masked-out positions may hold garbage (even inf / NaN); every reduction here
+  selects with ``torch.where`` before multiplying, so they never leak into results.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _mask_pair(mask: Tensor, like: Tensor) -> tuple[Tensor, Tensor]:
+    """Return (bool mask, float weights in ``like``'s dtype) for a 0/1 or weight mask."""
+    # mask: [...] bool or float; like: [...] floating
+    return mask.to(torch.bool), mask.to(like.dtype)
+
+
+def _masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> tuple[Tensor, Tensor]:
+    """Weighted sum of x over dim and the weight total; garbage at masked positions ignored."""
+    # x: [B, T]; mask: [B, T]
+    mb, m = _mask_pair(mask, x)
+    xm = torch.where(mb, x, torch.zeros_like(x)) * m
+    if dim is None:
+        return xm.sum(), m.sum()
+    return xm.sum(dim), m.sum(dim)
+
+
+def _safe_div(num: Tensor, den: Tensor) -> Tensor:
+    """num / den, with den == 0 replaced by 1 (so empty reductions give 0, not NaN)."""
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of x over positions where mask != 0 (weighted by mask); 0 where nothing is masked in."""
+    # x: [B, T]; mask: [B, T] -> scalar (dim=None) or reduced over dim
+    total, count = _masked_sum(x, mask, dim)
+    return _safe_div(total, count)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log p(token) per position, computed in float32 (or float64 if given) via log_softmax+gather."""
+    # logits: [B, T, V]; tokens: [B, T] int -> [B, T]
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    logp = torch.log_softmax(logits.to(dtype), dim=-1)
+    return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the softmax distribution at each position (float32; -inf logits allowed)."""
+    # logits: [B, T, V] -> [B, T]
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    logp = torch.log_softmax(logits.to(dtype), dim=-1)
+    # clamp turns -inf into a finite number so 0 * logp == 0 instead of NaN.
+    return -(logp.exp() * logp.clamp(min=torch.finfo(dtype).min)).sum(-1)
+
+
+# --------------------------------------------------------------------------- advantages
+
+
+def _grouped(rewards: Tensor, group_size: int) -> Tensor:
+    """Validate and reshape rewards [B] -> [num_groups, G] (floating)."""
+    # rewards: [B]
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2, got {group_size}")
+    if rewards.numel() % group_size != 0:
+        raise ValueError(f"batch size {rewards.numel()} is not a multiple of group_size {group_size}")
+    r = rewards if rewards.is_floating_point() else rewards.float()
+    return r.view(-1, group_size)
+
+
+def group_norm_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
+    """GRPO: (r - group mean) / (group sample std (correction=1) + eps)."""
+    # rewards: [B] -> [B]
+    r = _grouped(rewards, group_size)
+    mean = r.mean(dim=1, keepdim=True)
+    std = r.std(dim=1, keepdim=True)  # unbiased, correction=1
+    return ((r - mean) / (std + eps)).reshape(-1)
+
+
+def leave_one_out_advantages(
+    rewards: Tensor, group_size: int, *, eps: float = 1e-6, normalize_std: bool = False
+) -> Tensor:
+    """RLOO: r_i - mean of the other G-1 rewards; optionally / (group std + eps)."""
+    # rewards: [B] -> [B]
+    r = _grouped(rewards, group_size)
+    others_mean = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
+    adv = r - others_mean
+    if normalize_std:
+        adv = adv / (r.std(dim=1, keepdim=True) + eps)
+    return adv.reshape(-1)
+
+
+def no_std_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
+    """Dr. GRPO: r - group mean (no std scaling; ``eps`` accepted for a uniform signature)."""
+    # rewards: [B] -> [B]
+    del eps
+    r = _grouped(rewards, group_size)
+    return (r - r.mean(dim=1, keepdim=True)).reshape(-1)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
+    "group_norm": group_norm_advantages,
+    "leave_one_out": leave_one_out_advantages,
+    "no_std": no_std_advantages,
+}
+
+
+def compute_advantages(name: str, rewards: Tensor, group_size: int, **kw: object) -> Tensor:
+    """Look up ``name`` in ADVANTAGE_ESTIMATORS and apply it."""
+    # rewards: [B] -> [B]
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}")
+    return ADVANTAGE_ESTIMATORS[name](rewards, group_size, **kw)
+
+
+# --------------------------------------------------------------------------- ratios & surrogate
+
+
+def importance_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, *, level: str = "token") -> Tensor:
+    """pi/pi_old per token ("token") or GSPO's length-normalised sequence ratio ("sequence").
+
+    "sequence" uses GSPO's token form ``sg[s_i] * exp(lp - sg[lp])``: every position's value is
+    s_i = exp(masked mean of (lp - old)), while the gradient w.r.t. lp_t is s_i at token t only.
+    Log-ratios at masked-out positions are zeroed (token ratio 1 there, no gradient).
+    """
+    # logprobs, old_logprobs: [B, T]; mask: [B, T] -> [B, T]
+    mb = mask.to(torch.bool)
+    zero = torch.zeros_like(logprobs)
+    lp = torch.where(mb, logprobs, zero)
+    log_ratio = lp - torch.where(mb, old_logprobs.detach(), zero)
+    if level == "token":
+        return log_ratio.exp()
+    if level == "sequence":
+        seq_log_ratio = masked_mean(log_ratio.detach(), mask, dim=-1)  # [B]
+        return seq_log_ratio.exp()[:, None] * (lp - lp.detach()).exp()
+    raise ValueError(f"unknown ratio level {level!r}; valid: ['sequence', 'token']")
+
+
+def clipped_surrogate(
+    ratio: Tensor,
+    advantages: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip_c: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """PPO clipped loss -min(r*A, clip(r, 1-clip_low, 1+clip_high)*A), with optional dual clip.
+
+    Dual clip (c > 1): for A < 0 the loss is capped at -c*A (= c*|A|).
+    Returns (per_token_loss [B, T], clipped_mask [B, T] bool); clipped_mask marks tokens where a
+    clipped (zero-gradient) branch is active, including the dual clip.
+    """
+    # ratio: [B, T]; advantages: [B] (or [B, T]) -> ([B, T], [B, T])
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low/clip_high must be >= 0, got {clip_low}, {clip_high}")
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    adv = adv.detach()
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    loss = -torch.minimum(unclipped, clipped)
+    clipped_mask = clipped < unclipped
+    if dual_clip_c is not None:
+        if dual_clip_c <= 1.0:
+            raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
+        bound = (-dual_clip_c * adv).expand_as(loss)
+        dual = (adv < 0) & (loss > bound)
+        loss = torch.where(dual, bound, loss)
+        clipped_mask = clipped_mask | dual
+    return loss, clipped_mask
+
+
+# --------------------------------------------------------------------------- loss aggregation
+
+
+def token_mean(per_token: Tensor, mask: Tensor, *, norm_len: int | None = None) -> Tensor:
+    """DAPO token-level: sum over all masked tokens / number of masked tokens."""
+    # per_token: [B, T]; mask: [B, T] -> scalar
+    del norm_len
+    return masked_mean(per_token, mask)
+
+
+def _seq_mean(per_seq: Tensor, tok_count: Tensor) -> Tensor:
+    """Mean over sequences that have at least one masked-in token."""
+    # per_seq, tok_count: [B] -> scalar
+    has_tok = tok_count > 0
+    return masked_mean(per_seq, has_tok)
+
+
+def seq_mean_token_mean(per_token: Tensor, mask: Tensor, *, norm_len: int | None = None) -> Tensor:
+    """Original GRPO: mean over tokens per sequence, then mean over (non-empty) sequences."""
+    # per_token: [B, T]; mask: [B, T] -> scalar
+    del norm_len
+    total, count = _masked_sum(per_token, mask, dim=-1)
+    return _seq_mean(_safe_div(total, count), count)
+
+
+def seq_mean_token_sum_norm(per_token: Tensor, mask: Tensor, *, norm_len: int | None = None) -> Tensor:
+    """Dr. GRPO: per-sequence token sum / constant norm_len, then mean over (non-empty) sequences."""
+    # per_token: [B, T]; mask: [B, T] -> scalar
+    if norm_len is None or norm_len <= 0:
+        raise ValueError(f"seq_mean_token_sum_norm needs norm_len > 0, got {norm_len}")
+    total, count = _masked_sum(per_token, mask, dim=-1)
+    return _seq_mean(total / norm_len, count)
+
+
+LOSS_AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
+    "token_mean": token_mean,
+    "seq_mean_token_mean": seq_mean_token_mean,
+    "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+}
+
+
+def aggregate_loss(name: str, per_token: Tensor, mask: Tensor, **kw: object) -> Tensor:
+    """Look up ``name`` in LOSS_AGGREGATIONS and apply it."""
+    # per_token: [B, T]; mask: [B, T] -> scalar
+    if name not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {name!r}; valid: {sorted(LOSS_AGGREGATIONS)}")
+    return LOSS_AGGREGATIONS[name](per_token, mask, **kw)
+
+
+# --------------------------------------------------------------------------- KL to reference
+
+
+def kl_k1(log_ratio: Tensor) -> Tensor:
+    """k1 = -d = log p - log q."""
+    # log_ratio: [B, T] -> [B, T]
+    return -log_ratio
+
+
+def kl_k2(log_ratio: Tensor) -> Tensor:
+    """k2 = d^2 / 2."""
+    # log_ratio: [B, T] -> [B, T]
+    return 0.5 * log_ratio.square()
+
+
+def kl_k3(log_ratio: Tensor) -> Tensor:
+    """k3 = exp(d) - d - 1 (>= 0, unbiased for KL(p||q) under samples from p)."""
+    # log_ratio: [B, T] -> [B, T]
+    return log_ratio.exp() - log_ratio - 1.0
+
+
+# Each maps the log-ratio d = log q - log p (q = reference, p = current policy) to a KL estimate.
+KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def kl_estimate(
+    logprobs: Tensor, ref_logprobs: Tensor, *, estimator: str = "k3", clamp: float | None = None
+) -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from sampled-token logprobs.
+
+    d = ref_logprobs - logprobs; if ``clamp`` is given, d is clamped to [-clamp, clamp] before
+    the estimator is applied (bounds k3's exp blow-up).
+    """
+    # logprobs, ref_logprobs: [B, T] -> [B, T]
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {estimator!r}; valid: {sorted(KL_ESTIMATORS)}")
+    d = ref_logprobs.detach() - logprobs
+    if clamp is not None:
+        if clamp <= 0:
+            raise ValueError(f"kl clamp must be > 0, got {clamp}")
+        d = d.clamp(-clamp, clamp)
+    return KL_ESTIMATORS[estimator](d)
+
+
+# --------------------------------------------------------------------------- off-policy correction
+
+
+def is_correction_weights(
+    prev_logprobs: Tensor,
+    generation_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    mode: str = "none",
+    threshold: float | None = None,
+) -> Tensor:
+    """Detached per-token weights w = pi_train_old / pi_rollout for the rollout/trainer mismatch.
+
+    none: w untruncated; tis: min(w, threshold); icepop: w if 1/threshold <= w <= threshold else 0.
+    Masked-out positions get weight 1. Multiply the per-token policy loss by the result.
+    """
+    # prev_logprobs, generation_logprobs: [B, T]; mask: [B, T] -> [B, T]
+    if mode not in ("none", "tis", "icepop"):
+        raise ValueError(f"unknown IS correction mode {mode!r}; valid: ['icepop', 'none', 'tis']")
+    if mode == "tis" and (threshold is None or threshold <= 0):
+        raise ValueError(f"tis needs threshold > 0, got {threshold}")
+    if mode == "icepop" and (threshold is None or threshold <= 1):
+        raise ValueError(f"icepop needs threshold > 1, got {threshold}")
+    mb = mask.to(torch.bool)
+    log_w = (prev_logprobs - generation_logprobs).detach()
+    w = torch.where(mb, log_w, torch.zeros_like(log_w)).exp()
+    if mode == "tis":
+        w = w.clamp(max=threshold)
+    elif mode == "icepop":
+        keep = (w >= 1.0 / threshold) & (w <= threshold)
+        w = torch.where(keep, w, torch.zeros_like(w))
+    return w
+
+
+def overlong_sample_mask(truncated: Tensor) -> Tensor:
+    """Loss weight per sample: 0 for truncated (overlong) samples, 1 otherwise.
+
+    Overlong filtering only drops the *loss*: compute advantages on ALL rewards first (a truncated
+    sample still counts in its group's baseline), then pass this as ``sample_mask``.
+    """
+    # truncated: [B] bool -> [B] float
+    return 1.0 - truncated.to(torch.float32)
+
+
+# --------------------------------------------------------------------------- dynamic sampling
+
+
+def nonzero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """DAPO dynamic sampling filter: True for groups whose rewards are not all equal."""
+    # rewards: [B] -> [num_groups] bool
+    r = _grouped(rewards, group_size)
+    return r.amax(dim=1) > r.amin(dim=1)
+
+
+def group_rows(group_mask: Tensor, group_size: int) -> Tensor:
+    """Expand a per-group mask to a per-row mask (group-contiguous layout)."""
+    # group_mask: [num_groups] bool -> [B] bool
+    return group_mask.to(torch.bool).repeat_interleave(group_size)
+
+
+# --------------------------------------------------------------------------- top-level loss
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    sample_mask: Tensor | None = None,
+    dual_clip_c: float | None = None,
+    ratio_level: str = "token",
+    aggregation: str = "token_mean",
+    is_weights: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    kl_clamp: float | None = None,
+    norm_len: int | None = None,
+) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """GRPO-family loss: per_token = is_weights * clipped_surrogate + kl_coef * kl, aggregated.
+
+    The effective mask is mask * sample_mask[:, None]. Returns (loss scalar, per_token_loss [B, T]
+    detached, metrics: pg_loss, kl, clip_fraction, ratio_mean, ratio_max).
+    """
+    # logprobs, old_logprobs: [B, T]; advantages: [B]; mask: [B, T]; sample_mask: [B]
+    # is_weights, ref_logprobs: [B, T]
+    m = mask.to(logprobs.dtype)
+    if sample_mask is not None:
+        m = m * sample_mask.to(logprobs.dtype)[:, None]
+    mb = m.to(torch.bool)
+    zero = torch.zeros_like(logprobs)
+    lp = torch.where(mb, logprobs, zero)  # keep garbage at padding out of every op and gradient
+
+    ratio = importance_ratio(lp, old_logprobs, m, level=ratio_level)
+    pg, clipped = clipped_surrogate(
+        ratio, advantages, clip_low=clip_low, clip_high=clip_high, dual_clip_c=dual_clip_c
+    )
+    if is_weights is not None:
+        pg = pg * torch.where(mb, is_weights.detach(), torch.ones_like(pg))
+    per_token = pg
+    kl = zero
+    if ref_logprobs is not None:
+        ref = torch.where(mb, ref_logprobs, zero)
+        kl = kl_estimate(lp, ref, estimator=kl_estimator, clamp=kl_clamp)
+        per_token = per_token + kl_coef * kl
+
+    loss = aggregate_loss(aggregation, per_token, m, norm_len=norm_len)
+    with torch.no_grad():
+        ratio_max = ratio[mb].max().item() if bool(mb.any()) else 0.0
+        metrics = {
+            "pg_loss": aggregate_loss(aggregation, pg, m, norm_len=norm_len).item(),
+            "kl": masked_mean(kl, m).item(),
+            "clip_fraction": masked_mean(clipped.to(m.dtype), m).item(),
+            "ratio_mean": masked_mean(ratio, m).item(),
+            "ratio_max": ratio_max,
+        }
+    return loss, per_token.detach(), metrics

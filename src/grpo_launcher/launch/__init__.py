@@ -1,0 +1,17 @@
+"""Execute a validated plan: `local` runs the driver here, `slurm` submits the rendered sbatch script."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..plan import Plan
+from ..spec.schema import RunSpec
+from .local import run_local
+from .slurm import submit_slurm
+
+EXECUTORS: dict[str, Callable[[RunSpec, Plan], int]] = {"local": run_local, "slurm": submit_slurm}
+
+
+def execute(spec: RunSpec, plan: Plan) -> int:
+    print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
+    return EXECUTORS[spec.cluster.kind.value](spec, plan)

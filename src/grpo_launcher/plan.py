@@ -1,0 +1,124 @@
+"""The Plan: everything cluster-shaped, derived once from a validated RunSpec.
+
+The sbatch header, the Ray bring-up, the placement groups and the worker counts all read this;
+nothing else recomputes world sizes or engine counts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .spec.schema import RunSpec
+
+# Fixed Ray port block, offsets from cluster.ray_port (documented in README "Ports").
+PORT_OFFSETS = {
+    "gcs": 0,
+    "client": 1,
+    "dashboard": 2,
+    "node_manager": 3,
+    "object_manager": 4,
+    "runtime_env_agent": 5,
+    "metrics_export": 6,
+    "dashboard_agent_grpc": 7,
+    "dashboard_agent_http": 8,
+    "min_worker": 100,
+    "max_worker": 199,
+}
+
+
+def devices_per_node(spec: RunSpec) -> int:
+    """GPUs per node, or CPU worker slots per node on CPU-only runs."""
+    c = spec.cluster
+    return c.gpus_per_node if c.gpus_per_node > 0 else c.cpu_workers_per_node
+
+
+def world_size(spec: RunSpec) -> int:
+    return spec.cluster.nodes * devices_per_node(spec)
+
+
+def train_model_parallel(spec: RunSpec) -> int:
+    t = spec.train
+    return t.tensor_parallel_size * t.pipeline_parallel_size * t.context_parallel_size
+
+
+def rollout_model_parallel(spec: RunSpec) -> int:
+    return spec.rollout.tensor_parallel_size * spec.rollout.pipeline_parallel_size
+
+
+def parse_duration(text: str) -> int:
+    """Slurm time formats → seconds: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not m:
+        raise ValueError(f"not a Slurm duration: {text!r}")
+    days, a, b, c = m.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        h, mi, s = a, b or 0, c or 0
+    elif c is not None:  # HH:MM:SS
+        h, mi, s = a, b, c
+    else:  # MM or MM:SS
+        h, mi, s = 0, a, b or 0
+    return int(days or 0) * 86400 + int(h) * 3600 + int(mi) * 60 + int(s)
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: int
+    devices_per_node: int
+    use_gpus: bool
+    world_size: int
+    dp_size: int  # policy data-parallel size = world / (TP·PP·CP)
+    rollout_engines: int  # = world / (rollout TP·PP), colocated with the policy
+    rollouts_per_step: int  # prompts × generations
+    optimizer_steps_per_rollout: int  # rollouts_per_step / global_batch_size
+    max_model_len: int
+    bundle: dict[str, float]  # resources of one placement-group bundle (one per device)
+    ports: dict[str, int]
+    run_dir: Path
+    checkpoint_dir: Path
+    tracking_uri: str
+
+    def summary(self) -> str:
+        kind = "GPU" if self.use_gpus else "CPU slot"
+        return "\n".join(
+            [
+                f"nodes × {kind}s/node : {self.nodes} × {self.devices_per_node} = {self.world_size}",
+                f"policy DP size       : {self.dp_size}",
+                f"rollout engines      : {self.rollout_engines}",
+                f"rollouts per step    : {self.rollouts_per_step} "
+                f"({self.optimizer_steps_per_rollout} optimizer step(s))",
+                f"max model len        : {self.max_model_len}",
+                f"Ray bundle / device  : {self.bundle}",
+                f"run dir              : {self.run_dir}",
+                f"tracking             : {self.tracking_uri}",
+            ]
+        )
+
+
+def make_plan(spec: RunSpec) -> Plan:
+    """Derive the plan. Call only on a spec that passed `validate` (divisions are exact then)."""
+    world = world_size(spec)
+    use_gpus = spec.cluster.gpus_per_node > 0
+    rollouts = spec.grpo.num_prompts_per_step * spec.grpo.num_generations_per_prompt
+    root = Path(spec.output_root).resolve()
+    run_dir = root / spec.name
+    bundle = {"GPU": 1.0, "CPU": 1.0} if use_gpus else {"CPU": spec.cluster.cpus_per_worker}
+    tracking = spec.logging.tracking_uri or f"sqlite:///{root / 'mlflow.db'}"
+    return Plan(
+        nodes=spec.cluster.nodes,
+        devices_per_node=devices_per_node(spec),
+        use_gpus=use_gpus,
+        world_size=world,
+        dp_size=world // train_model_parallel(spec),
+        rollout_engines=world // rollout_model_parallel(spec),
+        rollouts_per_step=rollouts,
+        optimizer_steps_per_rollout=rollouts // spec.train.global_batch_size,
+        max_model_len=spec.rollout.max_model_len
+        or spec.env.max_prompt_tokens + spec.rollout.max_new_tokens,
+        bundle=bundle,
+        ports={k: spec.cluster.ray_port + v for k, v in PORT_OFFSETS.items()},
+        run_dir=run_dir,
+        checkpoint_dir=run_dir / "checkpoints",
+        tracking_uri=tracking,
+    )

@@ -1,0 +1,1 @@
+"""Config schema, composition and pre-flight rules."""

@@ -1,0 +1,535 @@
+"""Pre-flight validation: every cross-field rule, each a named check, ALL reported at once.
+
+A rule is a function `spec -> Iterable[Violation]` registered with `@rule`. Each violation names the
+dotted key(s), shows the arithmetic, and says the fix. These run in well under a second, before any
+node, GPU or Ray process is asked for. Sources: NeMo-RL's 35 late-firing rules and its gap table
+(shared/reference/nemo-rl.md §2), verl's batch rules, and the seed recipe's two review bugs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from ..plan import (
+    devices_per_node,
+    parse_duration,
+    rollout_model_parallel,
+    train_model_parallel,
+    world_size,
+)
+from .errors import ConfigError, Violation
+from .schema import (
+    Aggregation,
+    ClusterKind,
+    EnvName,
+    ISTruncation,
+    RatioLevel,
+    RolloutBackend,
+    RunSpec,
+    TrainBackend,
+)
+
+Rule = Callable[[RunSpec], Iterable[Violation]]
+RULES: dict[str, Rule] = {}
+
+# Metrics the trainer logs (tracking/metrics.py keeps the same names): checkpoint.metric must be one.
+KNOWN_METRICS = (
+    "val/reward_mean",
+    "val/accuracy",
+    "train/reward_mean",
+    "train/accuracy",
+    "train/loss",
+)
+SAFE_SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:+=@%/-]+")
+SAFE_NAME = re.compile(r"[A-Za-z0-9_.+=,@-]+")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+CHECKPOINT_MARGIN_S = 300  # time a checkpoint write may take before Slurm's --time ends the job
+
+
+def rule(fn: Rule) -> Rule:
+    RULES[fn.__name__] = fn
+    return fn
+
+
+def V(name: str, keys: str | tuple[str, ...], message: str, fix: str) -> Violation:  # noqa: N802
+    return Violation(name, (keys,) if isinstance(keys, str) else keys, message, fix)
+
+
+def validate(spec: RunSpec) -> list[Violation]:
+    """Run every rule; a rule that itself crashes is reported as a violation, never swallowed."""
+    out: list[Violation] = []
+    for name, fn in RULES.items():
+        try:
+            out.extend(fn(spec))
+        except (ZeroDivisionError, ValueError) as exc:  # sizes so wrong that the arithmetic fails
+            out.append(V(name, "<spec>", f"could not evaluate: {exc}", "fix the sizes named above"))
+    return out
+
+
+def check(spec: RunSpec) -> None:
+    bad = validate(spec)
+    if bad:
+        raise ConfigError(bad)
+
+
+# ---------------------------------------------------------------- sizes ----------------------
+
+
+@rule
+def positive_sizes(s: RunSpec) -> Iterator[Violation]:
+    sizes = {
+        "grpo.num_prompts_per_step": s.grpo.num_prompts_per_step,
+        "grpo.max_steps": s.grpo.max_steps,
+        "grpo.val_batch_size": s.grpo.val_batch_size,
+        "train.global_batch_size": s.train.global_batch_size,
+        "train.micro_batch_size": s.train.micro_batch_size,
+        "train.logprob_batch_size": s.train.logprob_batch_size,
+        "train.tensor_parallel_size": s.train.tensor_parallel_size,
+        "train.pipeline_parallel_size": s.train.pipeline_parallel_size,
+        "train.context_parallel_size": s.train.context_parallel_size,
+        "train.expert_parallel_size": s.train.expert_parallel_size,
+        "train.expert_tensor_parallel_size": s.train.expert_tensor_parallel_size,
+        "rollout.tensor_parallel_size": s.rollout.tensor_parallel_size,
+        "rollout.pipeline_parallel_size": s.rollout.pipeline_parallel_size,
+        "rollout.expert_parallel_size": s.rollout.expert_parallel_size,
+        "rollout.max_new_tokens": s.rollout.max_new_tokens,
+        "cluster.nodes": s.cluster.nodes,
+        "checkpoint.save_period": s.checkpoint.save_period,
+        "checkpoint.keep_top_k": s.checkpoint.keep_top_k,
+        "logging.train_data_log_every": s.logging.train_data_log_every,
+    }
+    for key, value in sizes.items():
+        if value < 1:
+            yield V("positive_sizes", key, f"must be ≥ 1, got {value}", f"set {key} to a positive integer")
+    if s.cluster.gpus_per_node < 0:
+        yield V("positive_sizes", "cluster.gpus_per_node", "must be ≥ 0", "0 for CPU, else GPUs per node")
+    if s.cluster.gpus_per_node == 0 and s.cluster.cpu_workers_per_node < 1:
+        yield V("positive_sizes", "cluster.cpu_workers_per_node", "a CPU run needs ≥ 1 worker slot per node",
+                "set cluster.cpu_workers_per_node=1")
+    if s.grpo.val_period < 0:
+        yield V("positive_sizes", "grpo.val_period", "must be ≥ 0 (0 = no periodic validation)",
+                "set grpo.val_period=0 or a positive step count")
+
+
+@rule
+def group_size_at_least_two(s: RunSpec) -> Iterator[Violation]:
+    g = s.grpo.num_generations_per_prompt
+    if g < 2:
+        yield V("group_size_at_least_two", "grpo.num_generations_per_prompt",
+                f"GRPO needs ≥ 2 samples per prompt for a group baseline, got {g}",
+                "set grpo.num_generations_per_prompt ≥ 2 (4-16 is usual)")
+
+
+@rule
+def train_parallel_divides_world(s: RunSpec) -> Iterator[Violation]:
+    world, mp = world_size(s), train_model_parallel(s)
+    if mp > 0 and world % mp:
+        t = s.train
+        yield V("train_parallel_divides_world",
+                ("train.tensor_parallel_size", "train.pipeline_parallel_size", "train.context_parallel_size",
+                 "cluster.nodes", "cluster.gpus_per_node"),
+                f"TP·PP·CP = {t.tensor_parallel_size}·{t.pipeline_parallel_size}·{t.context_parallel_size} = {mp} "
+                f"does not divide the world size {s.cluster.nodes}·{devices_per_node(s)} = {world}",
+                f"pick parallel sizes whose product divides {world}, or change the node count")
+
+
+@rule
+def rollout_parallel_divides_world(s: RunSpec) -> Iterator[Violation]:
+    world, mp = world_size(s), rollout_model_parallel(s)
+    if mp > 0 and world % mp:
+        yield V("rollout_parallel_divides_world",
+                ("rollout.tensor_parallel_size", "rollout.pipeline_parallel_size", "cluster.gpus_per_node"),
+                f"engine TP·PP = {mp} does not divide the {world} devices: "
+                f"{world} / {mp} = {world / mp:.2f} engines",
+                f"use a rollout.tensor_parallel_size that divides {world}")
+
+
+@rule
+def rollout_tp_within_node(s: RunSpec) -> Iterator[Violation]:
+    per_node, tp = devices_per_node(s), s.rollout.tensor_parallel_size
+    if s.rollout.backend == RolloutBackend.vllm and tp > per_node:
+        yield V("rollout_tp_within_node", ("rollout.tensor_parallel_size", "cluster.gpus_per_node"),
+                f"an engine's TP group ({tp}) must fit on one node ({per_node} devices)",
+                f"set rollout.tensor_parallel_size ≤ {per_node}")
+
+
+@rule
+def rollout_batch_divisible_by_gbs(s: RunSpec) -> Iterator[Violation]:
+    p, g, gbs = s.grpo.num_prompts_per_step, s.grpo.num_generations_per_prompt, s.train.global_batch_size
+    if gbs > 0 and (p * g) % gbs:
+        yield V("rollout_batch_divisible_by_gbs",
+                ("train.global_batch_size", "grpo.num_prompts_per_step", "grpo.num_generations_per_prompt"),
+                f"rollouts per step {p}·{g} = {p * g} is not a multiple of train.global_batch_size={gbs} "
+                f"({p * g} % {gbs} = {(p * g) % gbs}); NeMo-RL finds this at step 1, after a full generation",
+                f"set train.global_batch_size to a divisor of {p * g}, e.g. {p * g}")
+
+
+@rule
+def gbs_divisible_by_dp(s: RunSpec) -> Iterator[Violation]:
+    mp, world, gbs = train_model_parallel(s), world_size(s), s.train.global_batch_size
+    if mp <= 0 or world % mp:
+        return
+    dp = world // mp
+    if gbs % dp:
+        yield V("gbs_divisible_by_dp", ("train.global_batch_size", "cluster.nodes"),
+                f"train.global_batch_size={gbs} is not divisible by DP = {world}/{mp} = {dp}",
+                f"use a global batch that is a multiple of {dp}")
+    elif not s.train.sequence_packing and s.train.micro_batch_size > 0 and (gbs // dp) % s.train.micro_batch_size:
+        yield V("gbs_divisible_by_dp", ("train.micro_batch_size", "train.global_batch_size"),
+                f"per-rank batch {gbs}/{dp} = {gbs // dp} is not a multiple of "
+                f"train.micro_batch_size={s.train.micro_batch_size}",
+                f"pick a micro batch that divides {gbs // dp}, or enable train.sequence_packing")
+
+
+@rule
+def logprob_batch_divides(s: RunSpec) -> Iterator[Violation]:
+    mp, world = train_model_parallel(s), world_size(s)
+    if mp <= 0 or world % mp or s.train.sequence_packing or s.train.logprob_batch_size < 1:
+        return
+    dp = world // mp
+    rollouts = s.grpo.num_prompts_per_step * s.grpo.num_generations_per_prompt
+    if rollouts % dp or (rollouts // dp) % s.train.logprob_batch_size:
+        yield V("logprob_batch_divides", ("train.logprob_batch_size", "grpo.num_prompts_per_step"),
+                f"rollouts per DP rank {rollouts}/{dp} must be a whole multiple of "
+                f"train.logprob_batch_size={s.train.logprob_batch_size}",
+                "make the rollouts per step a multiple of DP × logprob_batch_size")
+
+
+@rule
+def torch_backend_is_data_parallel_only(s: RunSpec) -> Iterator[Violation]:
+    t = s.train
+    if t.backend != TrainBackend.torch:
+        return
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size", "expert_parallel_size"):
+        if getattr(t, key) != 1:
+            yield V("torch_backend_is_data_parallel_only", (f"train.{key}", "train.backend"),
+                    f"the torch backend is data-parallel only, got train.{key}={getattr(t, key)}",
+                    f"set train.backend=megatron, or train.{key}=1")
+
+
+@rule
+def expert_parallelism(s: RunSpec) -> Iterator[Violation]:
+    t, m = s.train, s.model
+    ep, etp, pp = t.expert_parallel_size, t.expert_tensor_parallel_size, t.pipeline_parallel_size
+    if ep * etp == 1:
+        return
+    if m.num_experts == 0:
+        yield V("expert_parallelism", ("train.expert_parallel_size", "model.num_experts"),
+                f"expert parallelism {ep}×{etp} on a dense model ({m.name})", "set train.expert_parallel_size=1")
+        return
+    if m.num_experts % ep:
+        yield V("expert_parallelism", ("train.expert_parallel_size", "model.num_experts"),
+                f"{m.num_experts} experts cannot be split over EP={ep} ({m.num_experts} % {ep} ≠ 0)",
+                f"use an EP that divides {m.num_experts}")
+    world = world_size(s)
+    if pp > 0 and (world % pp or (world // pp) % (ep * etp)):
+        yield V("expert_parallelism", ("train.expert_parallel_size", "train.expert_tensor_parallel_size"),
+                f"(world/PP) = {world}/{pp} must be a multiple of EP·ETP = {ep}·{etp} = {ep * etp}",
+                "choose EP·ETP dividing the devices of one pipeline stage")
+
+
+@rule
+def megatron_layouts(s: RunSpec) -> Iterator[Violation]:
+    t = s.train
+    if t.context_parallel_size > 1 and not t.sequence_packing:
+        yield V("megatron_layouts", ("train.sequence_packing", "train.context_parallel_size"),
+                f"context parallelism (CP={t.context_parallel_size}) needs sequence packing",
+                "set train.sequence_packing=true")
+    if t.pipeline_parallel_size > 1 and t.dynamic_batching:
+        yield V("megatron_layouts", ("train.dynamic_batching", "train.pipeline_parallel_size"),
+                f"dynamic batching cannot run with PP={t.pipeline_parallel_size}",
+                "set train.dynamic_batching=false (use train.sequence_packing)")
+    if t.dynamic_batching and t.sequence_packing:
+        yield V("megatron_layouts", ("train.dynamic_batching", "train.sequence_packing"),
+                "dynamic batching and sequence packing are exclusive", "keep only one of them")
+    if t.sequence_parallel and t.tensor_parallel_size == 1:
+        yield V("megatron_layouts", ("train.sequence_parallel", "train.tensor_parallel_size"),
+                "sequence parallelism splits activations over the TP group, but TP=1", "set train.sequence_parallel=false")
+
+
+@rule
+def heads_divide(s: RunSpec) -> Iterator[Violation]:
+    m = s.model
+    if m.num_attention_heads < 1 or m.num_kv_heads < 1 or m.hidden_size % m.num_attention_heads:
+        yield V("heads_divide", ("model.hidden_size", "model.num_attention_heads"),
+                f"hidden {m.hidden_size} must split evenly over {m.num_attention_heads} heads", "fix the model shape")
+        return
+    if m.num_attention_heads % m.num_kv_heads:
+        yield V("heads_divide", ("model.num_kv_heads",),
+                f"{m.num_attention_heads} query heads are not a multiple of {m.num_kv_heads} KV heads", "fix the model shape")
+    for section, tp in (("train", s.train.tensor_parallel_size), ("rollout", s.rollout.tensor_parallel_size)):
+        if m.num_attention_heads % tp:
+            yield V("heads_divide", (f"{section}.tensor_parallel_size", "model.num_attention_heads"),
+                    f"{m.num_attention_heads} attention heads cannot be split over TP={tp}",
+                    f"use a {section}.tensor_parallel_size dividing {m.num_attention_heads}")
+    if s.rollout.backend == RolloutBackend.vllm and s.cluster.gpus_per_node == 0:
+        head_dim = m.hidden_size // m.num_attention_heads
+        if head_dim < 32:
+            yield V("heads_divide", ("model.hidden_size", "model.num_attention_heads", "rollout.backend"),
+                    f"vLLM's CPU attention needs head_dim ≥ 32, got {m.hidden_size}/{m.num_attention_heads} = {head_dim}",
+                    "use fewer heads or a larger hidden size")
+
+
+# ---------------------------------------------------------------- lengths --------------------
+
+
+@rule
+def sequence_lengths(s: RunSpec) -> Iterator[Violation]:
+    prompt, new, total = s.env.max_prompt_tokens, s.rollout.max_new_tokens, s.train.max_total_sequence_length
+    if prompt + new > total:
+        yield V("sequence_lengths",
+                ("rollout.max_new_tokens", "env.max_prompt_tokens", "train.max_total_sequence_length"),
+                f"prompt {prompt} + generation {new} = {prompt + new} > train.max_total_sequence_length={total}",
+                f"lower rollout.max_new_tokens to ≤ {total - prompt}, or raise the total")
+    mml = s.rollout.max_model_len
+    if mml is not None and mml < prompt + new:
+        yield V("sequence_lengths", ("rollout.max_model_len",),
+                f"the engine's max_model_len {mml} < prompt {prompt} + generation {new} = {prompt + new}",
+                f"set rollout.max_model_len ≥ {prompt + new} (or null to derive it)")
+    if s.model.max_position_embeddings < total:
+        yield V("sequence_lengths", ("train.max_total_sequence_length", "model.max_position_embeddings"),
+                f"{total} tokens exceed the model's {s.model.max_position_embeddings} positions",
+                f"set train.max_total_sequence_length ≤ {s.model.max_position_embeddings}")
+
+
+# ---------------------------------------------------------------- rollout --------------------
+
+
+@rule
+def gym_needs_async_http_vllm(s: RunSpec) -> Iterator[Violation]:
+    """The seed recipe's first review bug: NeMo Gym talks to the engine over HTTP, async."""
+    if s.env.name != EnvName.nemo_gym:
+        return
+    r = s.rollout
+    if r.backend != RolloutBackend.vllm:
+        yield V("gym_needs_async_http_vllm", ("rollout.backend", "env.name"),
+                "env=nemo_gym drives generation through vLLM's HTTP server", "set rollout=vllm")
+    if not r.async_engine:
+        yield V("gym_needs_async_http_vllm", ("rollout.async_engine", "env.name"),
+                "env=nemo_gym needs the async vLLM engine (NeMo-RL asserts this only after start-up; "
+                "its runner silently rewrites the value)", "set rollout.async_engine=true")
+    if not r.expose_http_server:
+        yield V("gym_needs_async_http_vllm", ("rollout.expose_http_server", "env.name"),
+                "env=nemo_gym sends its requests to the engine's OpenAI-compatible server",
+                "set rollout.expose_http_server=true")
+    if not s.env.gym_config_paths:
+        yield V("gym_needs_async_http_vllm", ("env.gym_config_paths",),
+                "no Gym resource-server configs given", "list at least the vllm_model_for_training config")
+
+
+@rule
+def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
+    r = s.rollout
+    if r.backend == RolloutBackend.vllm:
+        if r.pipeline_parallel_size > 1 and not r.async_engine:
+            yield V("vllm_only_switches", ("rollout.async_engine", "rollout.pipeline_parallel_size"),
+                    "vLLM pipeline parallelism needs the async engine", "set rollout.async_engine=true")
+        if r.expert_parallel_size > 1 and r.expert_parallel_size % r.tensor_parallel_size:
+            yield V("vllm_only_switches", ("rollout.expert_parallel_size", "rollout.tensor_parallel_size"),
+                    f"engine EP={r.expert_parallel_size} must be a multiple of engine TP={r.tensor_parallel_size}",
+                    "fix the engine's EP")
+        return
+    for key in ("async_engine", "expose_http_server"):
+        if getattr(r, key):
+            yield V("vllm_only_switches", (f"rollout.{key}", "rollout.backend"),
+                    f"rollout.{key} is a vLLM engine feature, but rollout.backend={r.backend.value}",
+                    f"set rollout=vllm, or rollout.{key}=false")
+    if r.tensor_parallel_size * r.pipeline_parallel_size * r.expert_parallel_size != 1:
+        yield V("vllm_only_switches", ("rollout.tensor_parallel_size", "rollout.backend"),
+                "the hf rollout backend runs one model copy per worker (no engine parallelism)",
+                "set rollout=vllm, or the rollout parallel sizes to 1")
+
+
+@rule
+def sampling_keeps_logprobs_exact(s: RunSpec) -> Iterator[Violation]:
+    r = s.rollout
+    if r.temperature <= 0:
+        yield V("sampling_keeps_logprobs_exact", "rollout.temperature",
+                f"RL sampling needs temperature > 0, got {r.temperature}", "set rollout.temperature=1.0")
+    if r.top_p != 1.0 or r.top_k not in (-1, 0):
+        yield V("sampling_keeps_logprobs_exact", ("rollout.top_p", "rollout.top_k"),
+                f"top_p={r.top_p}, top_k={r.top_k}: engines return logprobs of the unfiltered distribution, "
+                "so the importance ratios would be wrong", "set rollout.top_p=1.0 and rollout.top_k=-1")
+
+
+@rule
+def colocated_only(s: RunSpec) -> Iterator[Violation]:
+    if not s.rollout.colocated:
+        yield V("colocated_only", "rollout.colocated",
+                "separate rollout and training devices are not implemented yet (one colocated placement only)",
+                "set rollout.colocated=true")
+
+
+# ---------------------------------------------------------------- loss -----------------------
+
+
+@rule
+def loss_ranges(s: RunSpec) -> Iterator[Violation]:
+    lo = s.loss
+    if not 0 <= lo.clip_low < 1:
+        yield V("loss_ranges", "loss.clip_low", f"must be in [0, 1), got {lo.clip_low}", "e.g. loss.clip_low=0.2")
+    if lo.clip_high < 0:
+        yield V("loss_ranges", "loss.clip_high", f"must be ≥ 0, got {lo.clip_high}", "e.g. loss.clip_high=0.28")
+    if lo.dual_clip_c is not None and lo.dual_clip_c <= 1:
+        yield V("loss_ranges", "loss.dual_clip_c", f"dual clip needs c > 1, got {lo.dual_clip_c}",
+                "set loss.dual_clip_c=3 or null")
+    if lo.kl_coef < 0:
+        yield V("loss_ranges", "loss.kl_coef", f"must be ≥ 0, got {lo.kl_coef}", "set loss.kl_coef=0 to disable")
+    if lo.kl_clamp is not None and lo.kl_clamp <= 0:
+        yield V("loss_ranges", "loss.kl_clamp", f"must be > 0 or null, got {lo.kl_clamp}", "e.g. loss.kl_clamp=10")
+    if lo.dynamic_sampling and lo.dynamic_sampling_max_rounds < 1:
+        yield V("loss_ranges", "loss.dynamic_sampling_max_rounds", "dynamic sampling needs ≥ 1 generation round",
+                "set loss.dynamic_sampling_max_rounds=3")
+
+
+@rule
+def sequence_ratios_need_sequence_loss(s: RunSpec) -> Iterator[Violation]:
+    lo = s.loss
+    if lo.ratio_level == RatioLevel.sequence and lo.aggregation == Aggregation.token_mean:
+        yield V("sequence_ratios_need_sequence_loss", ("loss.aggregation", "loss.ratio_level"),
+                "sequence-level ratios (GSPO) with a token-level loss mix two granularities",
+                "set loss.aggregation=seq_mean_token_mean")
+
+
+@rule
+def importance_sampling_truncation(s: RunSpec) -> Iterator[Violation]:
+    lo = s.loss
+    if lo.is_truncation == ISTruncation.none:
+        return
+    if not lo.importance_sampling_correction:
+        yield V("importance_sampling_truncation", ("loss.importance_sampling_correction", "loss.is_truncation"),
+                f"loss.is_truncation={lo.is_truncation.value} truncates IS weights, but the correction is off",
+                "set loss.importance_sampling_correction=true")
+    floor = 1.0 if lo.is_truncation == ISTruncation.icepop else 0.0
+    if lo.is_threshold is None or lo.is_threshold <= floor:
+        yield V("importance_sampling_truncation", ("loss.is_threshold",),
+                f"{lo.is_truncation.value} needs loss.is_threshold > {floor:g}, got {lo.is_threshold}",
+                "e.g. loss.is_threshold=2.0")
+
+
+# ---------------------------------------------------------------- validation / checkpoints --
+
+
+@rule
+def validation_sizes(s: RunSpec) -> Iterator[Violation]:
+    """The seed's second review bug: `max_val_samples: null` must mean 'all', never crash."""
+    g = s.grpo
+    if g.max_val_samples is not None and g.max_val_samples < 1:
+        yield V("validation_sizes", "grpo.max_val_samples", f"must be ≥ 1 or null (= all), got {g.max_val_samples}",
+                "set grpo.max_val_samples=null to validate on the whole set")
+    elif g.max_val_samples is not None and g.max_val_samples < g.val_batch_size:
+        yield V("validation_sizes", ("grpo.max_val_samples", "grpo.val_batch_size"),
+                f"max_val_samples={g.max_val_samples} < val_batch_size={g.val_batch_size}: "
+                f"{g.max_val_samples} // {g.val_batch_size} = 0 full batches",
+                f"raise grpo.max_val_samples to ≥ {g.val_batch_size}, lower the batch, or use null (= all)")
+
+
+@rule
+def checkpoint_metric_is_produced(s: RunSpec) -> Iterator[Violation]:
+    c, g = s.checkpoint, s.grpo
+    if not c.enabled:
+        return
+    if c.metric not in KNOWN_METRICS:
+        yield V("checkpoint_metric_is_produced", "checkpoint.metric",
+                f"'{c.metric}' is not a metric this trainer logs", f"use one of: {', '.join(KNOWN_METRICS)}")
+    elif c.metric.startswith("val/"):
+        if g.val_period == 0:
+            yield V("checkpoint_metric_is_produced", ("checkpoint.metric", "grpo.val_period"),
+                    f"top-k by {c.metric} needs validation, but grpo.val_period=0",
+                    "set grpo.val_period, or rank checkpoints by a train/ metric")
+        elif c.save_period % g.val_period:
+            yield V("checkpoint_metric_is_produced", ("checkpoint.save_period", "grpo.val_period"),
+                    f"checkpoints every {c.save_period} steps but validation every {g.val_period}: "
+                    f"{c.save_period} % {g.val_period} = {c.save_period % g.val_period}, so saves miss {c.metric}",
+                    f"make checkpoint.save_period a multiple of {g.val_period}")
+
+
+# ---------------------------------------------------------------- cluster --------------------
+
+
+@rule
+def local_is_one_node(s: RunSpec) -> Iterator[Violation]:
+    if s.cluster.kind == ClusterKind.local and s.cluster.nodes != 1:
+        yield V("local_is_one_node", ("cluster.nodes", "cluster.kind"),
+                f"cluster=local runs on this machine, but cluster.nodes={s.cluster.nodes}",
+                "use cluster=slurm for several nodes")
+
+
+@rule
+def slurm_fields(s: RunSpec) -> Iterator[Violation]:
+    c = s.cluster
+    if c.kind != ClusterKind.slurm:
+        return
+    if c.requires_account and not c.account:
+        yield V("slurm_fields", "cluster.account", "this cluster needs an account (--account)",
+                "set cluster.account=<your account>")
+    if c.requires_partition and not c.partition:
+        yield V("slurm_fields", "cluster.partition", "this cluster needs a partition (--partition)",
+                "set cluster.partition=<partition>")
+    for key in ("partition", "account", "qos", "job_name"):
+        value = getattr(c, key)
+        if value is not None and not SAFE_SLURM_WORD.fullmatch(value):
+            yield V("slurm_fields", f"cluster.{key}", f"{value!r} has characters Slurm names never contain",
+                    "use letters, digits and . _ - , : only")
+    for name in c.env_passthrough:
+        if not ENV_NAME.fullmatch(name):
+            yield V("slurm_fields", "cluster.env_passthrough", f"{name!r} is not an environment variable name",
+                    "list names only (values are read from the environment at submission)")
+
+
+@rule
+def ray_temp_dir_short(s: RunSpec) -> Iterator[Violation]:
+    d = s.cluster.ray_temp_dir
+    if len(d) > 40 or not d.startswith("/"):
+        yield V("ray_temp_dir_short", "cluster.ray_temp_dir",
+                f"{d!r}: Ray's socket paths under it must stay below 107 bytes (AF_UNIX)",
+                "use a short absolute path, e.g. /tmp/ray")
+
+
+@rule
+def time_budget(s: RunSpec) -> Iterator[Violation]:
+    c = s.cluster
+    try:
+        limit = parse_duration(c.time)
+    except ValueError as exc:
+        yield V("time_budget", "cluster.time", str(exc), "use [D-]HH:MM:SS, e.g. cluster.time=04:00:00")
+        return
+    if c.kind == ClusterKind.slurm and c.signal_before_s >= limit:
+        yield V("time_budget", ("cluster.signal_before_s", "cluster.time"),
+                f"the save signal {c.signal_before_s}s before the end comes before the job starts ({limit}s)",
+                "lower cluster.signal_before_s")
+    if s.checkpoint.must_save_by is None:
+        return
+    try:
+        save_by = parse_duration(s.checkpoint.must_save_by)
+    except ValueError as exc:
+        yield V("time_budget", "checkpoint.must_save_by", str(exc), "use HH:MM:SS")
+        return
+    if c.kind == ClusterKind.slurm and save_by + CHECKPOINT_MARGIN_S > limit:
+        yield V("time_budget", ("checkpoint.must_save_by", "cluster.time"),
+                f"save by {save_by}s + {CHECKPOINT_MARGIN_S}s write margin = {save_by + CHECKPOINT_MARGIN_S}s "
+                f"> the job's --time {limit}s: Slurm kills the job before the checkpoint lands",
+                f"set checkpoint.must_save_by ≤ {limit - CHECKPOINT_MARGIN_S}s before cluster.time")
+
+
+@rule
+def safe_names(s: RunSpec) -> Iterator[Violation]:
+    if not SAFE_NAME.fullmatch(s.name):
+        yield V("safe_names", "name", f"run name {s.name!r} becomes a directory and a job name",
+                "use letters, digits and . _ - = + , @ only")
+
+
+@rule
+def local_paths_exist(s: RunSpec) -> Iterator[Violation]:
+    """Paths a local run reads must exist here (a Slurm job's paths live on the cluster's filesystem)."""
+    if s.cluster.kind != ClusterKind.local or s.dry_run:
+        return
+    if s.model.path and not Path(s.model.path).is_dir():
+        yield V("local_paths_exist", "model.path", f"no model directory at {s.model.path}",
+                "point model.path at an HF checkpoint directory (or null for the tiny model)")
+    for key in ("train_path", "val_path"):
+        path = getattr(s.env, key)
+        if path and not Path(path).is_file():
+            yield V("local_paths_exist", f"env.{key}", f"no file at {path}", f"point env.{key} at a JSONL file")

@@ -1,0 +1,264 @@
+"""The run spec: one frozen dataclass per config section.
+
+Hydra composes `conf/` against these classes (unknown keys and wrong types fail at compose time);
+`OmegaConf.to_object` then turns the result into ONE frozen `RunSpec`, which is all the code below
+`launch.py` ever sees. Closed choices are `str` Enums (OmegaConf 2.3 has no `Literal` support).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+
+class RolloutBackend(str, Enum):
+    hf = "hf"
+    vllm = "vllm"
+
+
+class TrainBackend(str, Enum):
+    torch = "torch"
+    megatron = "megatron"
+
+
+class ClusterKind(str, Enum):
+    local = "local"
+    slurm = "slurm"
+
+
+class EnvName(str, Enum):
+    toy = "toy"
+    math = "math"
+    nemo_gym = "nemo_gym"
+
+
+class Precision(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class Advantage(str, Enum):
+    group_norm = "group_norm"
+    leave_one_out = "leave_one_out"
+    no_std = "no_std"
+
+
+class Aggregation(str, Enum):
+    token_mean = "token_mean"
+    seq_mean_token_mean = "seq_mean_token_mean"
+    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"
+
+
+class RatioLevel(str, Enum):
+    token = "token"
+    sequence = "sequence"
+
+
+class KLEstimator(str, Enum):
+    k1 = "k1"
+    k2 = "k2"
+    k3 = "k3"
+
+
+class ISTruncation(str, Enum):
+    none = "none"
+    tis = "tis"
+    icepop = "icepop"
+
+
+class Resume(str, Enum):
+    auto = "auto"  # resume from the latest complete checkpoint of this run, if any
+    fresh = "fresh"  # start over: the old checkpoints of this run are moved aside, never deleted
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str = "tiny"
+    # HF checkpoint directory; null = build the tiny model locally (no hub access needed)
+    path: Optional[str] = None
+    family: str = "qwen2"
+    num_layers: int = 2
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    num_kv_heads: int = 2
+    ffn_hidden_size: int = 256
+    vocab_size: int = 512
+    max_position_embeddings: int = 1024
+    num_experts: int = 0  # 0 = dense
+    moe_top_k: int = 0
+    dtype: Precision = Precision.float32
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    backend: RolloutBackend = RolloutBackend.hf
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    async_engine: bool = False
+    expose_http_server: bool = False
+    http_host: str = "127.0.0.1"  # never 0.0.0.0 unless asked for explicitly
+    colocated: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 16
+    # null = prompt budget + max_new_tokens (derived in the plan)
+    max_model_len: Optional[int] = None
+    gpu_memory_utilization: float = 0.5
+    kv_cache_memory_mb: int = 64  # CPU engines: always bounded
+    enforce_eager: bool = True
+    seq_logprob_error_threshold: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    name: str = "grpo"
+    advantage: Advantage = Advantage.group_norm
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip_c: Optional[float] = None
+    ratio_level: RatioLevel = RatioLevel.token
+    aggregation: Aggregation = Aggregation.seq_mean_token_mean
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = KLEstimator.k3
+    kl_clamp: Optional[float] = None
+    importance_sampling_correction: bool = False
+    is_truncation: ISTruncation = ISTruncation.none
+    is_threshold: Optional[float] = None
+    overlong_filtering: bool = False
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_rounds: int = 3  # hard cap on refill generations per step
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    freeze_router: bool = False
+    router_dtype: Precision = Precision.float32
+    load_balancing_type: str = "aux_loss"
+    aux_loss_coeff: float = 0.0
+    token_dispatcher: str = "alltoall"
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    backend: TrainBackend = TrainBackend.torch
+    global_batch_size: int = 32
+    micro_batch_size: int = 8
+    logprob_batch_size: int = 8
+    lr: float = 5e-4
+    min_lr: Optional[float] = None
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    precision: Precision = Precision.float32
+    max_total_sequence_length: int = 64
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    context_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    expert_tensor_parallel_size: int = 1
+    sequence_parallel: bool = False
+    activation_checkpointing: bool = False
+    sequence_packing: bool = False
+    dynamic_batching: bool = False
+    distributed_optimizer: bool = False
+    moe: MoESpec = field(default_factory=MoESpec)
+
+
+@dataclass(frozen=True)
+class GrpoSpec:
+    num_prompts_per_step: int = 8
+    num_generations_per_prompt: int = 4
+    max_steps: int = 30
+    val_period: int = 10
+    val_at_start: bool = False
+    val_at_end: bool = True
+    val_batch_size: int = 32
+    # null = the whole validation set
+    max_val_samples: Optional[int] = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    name: EnvName = EnvName.toy
+    train_path: Optional[str] = None  # JSONL; null = the env's built-in generator
+    val_path: Optional[str] = None
+    num_val_prompts: int = 32  # generated envs: size of the held-out set
+    max_prompt_tokens: int = 32
+    # NeMo Gym resource servers (config files the Gym side reads)
+    gym_config_paths: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    kind: ClusterKind = ClusterKind.local
+    nodes: int = 1
+    gpus_per_node: int = 0  # 0 = CPU-only run
+    cpu_workers_per_node: int = 1  # CPU runs: worker slots per node (a slot stands in for a GPU)
+    cpus_per_worker: float = 1.0
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time: str = "01:00:00"  # Slurm --time: [D-]HH:MM:SS
+    job_name: Optional[str] = None
+    exclusive: bool = False
+    requires_account: bool = False  # set by cluster profiles whose Slurm insists on --account
+    requires_partition: bool = False
+    container_image: Optional[str] = None
+    container_mounts: list[str] = field(default_factory=list)
+    env_passthrough: list[str] = field(default_factory=list)  # names only, never values
+    python: str = "python"  # interpreter on the compute nodes
+    ray_port: int = 6379  # first port of the fixed Ray port block (see launch/sbatch.py)
+    ray_temp_dir: str = "/tmp/ray"  # short: AF_UNIX socket paths are capped at 107 bytes
+    ray_join_timeout_s: int = 300
+    signal_before_s: int = 120  # ask Slurm for SIGUSR1 this long before --time
+    requeue: bool = True
+    object_store_memory_mb: int = 256
+    # >0 only where several "nodes" share one host (the local test cluster): shifts each node's Ray ports
+    node_port_stride: int = 0
+    wait: bool = False  # slurm: block until the job ends, streaming the driver log
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    enabled: bool = True
+    save_period: int = 10
+    keep_top_k: int = 2
+    metric: str = "val/reward_mean"
+    higher_is_better: bool = True
+    resume: Resume = Resume.auto
+    # wall time after which a checkpoint is saved and the job stops ([D-]HH:MM:SS); null = off
+    must_save_by: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class LoggingSpec:
+    mlflow: bool = True
+    tracking_uri: Optional[str] = None  # null = sqlite store in the output root
+    experiment: str = "grpo"
+    train_data_log: bool = False  # one JSON line per sample, every `train_data_log_every` steps
+    train_data_log_every: int = 1
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str = "tiny-grpo"
+    output_root: str = "outputs"
+    dry_run: bool = False
+    model: ModelSpec = field(default_factory=ModelSpec)
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    loss: LossSpec = field(default_factory=LossSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    grpo: GrpoSpec = field(default_factory=GrpoSpec)
+    env: EnvSpec = field(default_factory=EnvSpec)
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    logging: LoggingSpec = field(default_factory=LoggingSpec)
+
+
+# Which section each config group fills (the group name is also the section name).
+GROUPS = ("model", "rollout", "loss", "cluster", "env")
