@@ -103,7 +103,7 @@ class RolloutSpec:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    max_new_tokens: int = 16
+    max_new_tokens: int = 8
     # null = prompt budget + max_new_tokens (derived in the plan)
     max_model_len: Optional[int] = None
     gpu_memory_utilization: float = 0.5
@@ -144,10 +144,10 @@ class MoESpec:
 @dataclass(frozen=True)
 class TrainSpec:
     backend: TrainBackend = TrainBackend.torch
-    global_batch_size: int = 32
-    micro_batch_size: int = 8
-    logprob_batch_size: int = 8
-    lr: float = 5e-4
+    global_batch_size: int = 128
+    micro_batch_size: int = 32
+    logprob_batch_size: int = 64
+    lr: float = 3e-4
     min_lr: Optional[float] = None
     warmup_steps: int = 0
     weight_decay: float = 0.0
@@ -169,13 +169,13 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class GrpoSpec:
-    num_prompts_per_step: int = 8
-    num_generations_per_prompt: int = 4
-    max_steps: int = 30
+    num_prompts_per_step: int = 16
+    num_generations_per_prompt: int = 8
+    max_steps: int = 100
     val_period: int = 10
     val_at_start: bool = False
     val_at_end: bool = True
-    val_batch_size: int = 32
+    val_batch_size: int = 64
     # null = the whole validation set
     max_val_samples: Optional[int] = None
     seed: int = 0
@@ -186,8 +186,8 @@ class EnvSpec:
     name: EnvName = EnvName.toy
     train_path: Optional[str] = None  # JSONL; null = the env's built-in generator
     val_path: Optional[str] = None
-    num_val_prompts: int = 32  # generated envs: size of the held-out set
-    max_prompt_tokens: int = 32
+    num_val_prompts: int = 64  # generated envs: size of the held-out set
+    max_prompt_tokens: int = 8
     # NeMo Gym resource servers (config files the Gym side reads)
     gym_config_paths: list[str] = field(default_factory=list)
 

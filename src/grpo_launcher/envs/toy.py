@@ -1,0 +1,49 @@
+"""The default toy task: reverse a string of digits ("4821>" → "1284"). Exact match scores 1.
+
+A 2-layer model gets ~25 % right after an 80-step supervised warm start (a few seconds on a CPU) and
+GRPO lifts it well above that within ~100 steps: a real learning signal that fits in CI.
+"""
+
+from __future__ import annotations
+
+import random
+
+from ..spec.schema import EnvSpec
+from .base import Prompt
+
+DIGITS = "0123456789"
+LENGTH = 4
+
+
+class ReverseDigitsEnv:
+    def __init__(self, spec: EnvSpec, seed: int = 0):
+        self.seed = seed
+        rng = random.Random(f"val-{seed}")
+        self._val = sorted({self._draw(rng) for _ in range(spec.num_val_prompts * 2)})[: spec.num_val_prompts]
+        self._val_set = set(self._val)
+
+    @staticmethod
+    def _draw(rng: random.Random) -> str:
+        return "".join(rng.choice(DIGITS) for _ in range(LENGTH))
+
+    def _prompt(self, s: str) -> Prompt:
+        return Prompt(text=f"{s}>", answer=s[::-1], agent_ref="toy/reverse_digits")
+
+    def train_prompts(self, step: int, round_: int, n: int) -> list[Prompt]:
+        rng = random.Random(f"train-{self.seed}-{step}-{round_}")
+        out: list[Prompt] = []
+        while len(out) < n:
+            s = self._draw(rng)
+            if s not in self._val_set:
+                out.append(self._prompt(s))
+        return out
+
+    def val_prompts(self) -> list[Prompt]:
+        return [self._prompt(s) for s in self._val]
+
+    def score(self, prompt: Prompt, completion: str) -> float:
+        return 1.0 if completion.strip() == prompt.answer else 0.0
+
+    def warmup_examples(self, n: int) -> list[tuple[str, str]]:
+        rng = random.Random(f"warmup-{self.seed}")
+        return [(p.text, p.answer) for p in (self._prompt(self._draw(rng)) for _ in range(n))]

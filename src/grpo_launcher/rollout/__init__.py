@@ -1,0 +1,21 @@
+"""Rollout backends, keyed by rollout.backend. Each is a plain class the driver wraps in a Ray actor.
+
+Interface (what the loop calls):
+    generate(prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]   # n per prompt, grouped
+    update_weights(state_dict) -> float                                            # refit; returns ms
+    shutdown() -> None
+"""
+
+from __future__ import annotations
+
+import importlib
+
+ROLLOUT_BACKENDS = {
+    "hf": "grpo_launcher.rollout.hf:HFRolloutWorker",
+    "vllm": "grpo_launcher.rollout.vllm:VLLMRolloutWorker",
+}
+
+
+def rollout_class(name: str) -> type:
+    module, _, cls = ROLLOUT_BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)

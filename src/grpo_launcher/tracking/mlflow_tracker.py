@@ -1,0 +1,186 @@
+"""MLflow tracking through `MlflowClient` (no fluent global run: several trackers may share a process).
+
+Metrics are buffered until `commit()`, which the driver calls right after each checkpoint is written:
+after a crash and a resume from the last checkpoint, MLflow's step axis has no gap and no repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import mlflow
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from ..checkpoint.manager import flatten, spec_as_dict
+from ..spec.compose import spec_to_yaml
+from ..spec.schema import RunSpec
+
+MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
+MAX_PARAMS_PER_BATCH = 100
+MAX_PARAM_VALUE = 6000
+# Matched against the LAST part of a dotted key. `token` is anchored so that max_new_tokens stays visible.
+SECRET_KEY = re.compile(r"token$|secret|password|passwd|api_key|key$", re.IGNORECASE)
+REDACTED = "***"
+STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+
+def param_value(value: Any) -> str:
+    """A spec leaf as an MLflow param string: lists as JSON, capped at 6000 chars."""
+    text = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+    return text[:MAX_PARAM_VALUE]
+
+
+def is_secret(key: str) -> bool:
+    return bool(SECRET_KEY.search(key.rsplit(".", 1)[-1]))
+
+
+def flat_params(tree: dict[str, Any]) -> dict[str, str]:
+    """Nested dict → {dotted.key: string}, secret-looking keys redacted."""
+    return {k: REDACTED if is_secret(k) else param_value(v) for k, v in flatten(tree).items()}
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def git_commit() -> str | None:
+    """HEAD of the repo in the cwd, or None when git or a repo is not there."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def default_artifact_location(tracking_uri: str) -> str | None:
+    """sqlite stores: artifacts next to the db (else MLflow would use ./mlruns in the cwd)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = Path(tracking_uri[len("sqlite:///") :])
+    return (db.parent / "mlartifacts").resolve().as_uri()
+
+
+class Tracker:
+    """One MLflow run of one GRPO job: params, buffered metrics, artifacts, tags."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        tracking_uri: str,
+        run_dir: Path,
+        run_id: str | None = None,
+        parent_run_id: str | None = None,
+        buffer_until_commit: bool = True,
+    ) -> None:
+        mlflow.set_tracking_uri(tracking_uri)
+        self.spec = spec
+        self.run_dir = Path(run_dir)
+        self.buffer_until_commit = buffer_until_commit
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.experiment_id = self._experiment(spec.logging.experiment, tracking_uri)
+        self._buffer: list[Metric] = []
+        self._closed = False
+        self._run_id = self._reopen(run_id) if run_id else self._start(parent_run_id)
+
+    # ------------------------------------------------------------------ set-up --
+    def _experiment(self, name: str, tracking_uri: str) -> str:
+        """The experiment id, creating the experiment if missing (tolerates a concurrent create)."""
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri))
+        except MlflowException:
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def _reopen(self, run_id: str) -> str:
+        """Resume: the same run, marked RUNNING again. Params are immutable in MLflow, so not re-logged."""
+        run = self.client.get_run(run_id)
+        if run.info.status != "RUNNING":
+            self.client.update_run(run_id, status="RUNNING")
+        return run_id
+
+    def _start(self, parent_run_id: str | None) -> str:
+        """A new run named spec.name: params, git commit, run dir and the resolved spec.yaml."""
+        tags = {"grpo.run_dir": str(self.run_dir)}
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        commit = git_commit()
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=self.spec.name)
+        run_id = run.info.run_id
+        params = [Param(k, v) for k, v in flat_params(spec_as_dict(self.spec)).items()]
+        for part in chunks(params, MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=part)
+        self._log_text(run_id, spec_to_yaml(self.spec), "spec.yaml")
+        return run_id
+
+    def _log_text(self, run_id: str, text: str, name: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / name
+            path.write_text(text)
+            self.client.log_artifact(run_id, str(path))
+
+    # ----------------------------------------------------------------- metrics --
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Buffer (or, with buffer_until_commit=False, send) one step's metrics."""
+        now = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), now, int(step)) for k, v in metrics.items())
+        if not self.buffer_until_commit:
+            self.commit()
+
+    def commit(self) -> int:
+        """Send the buffered metrics (log_batch, ≤1000 per call). Returns how many were sent."""
+        sent, self._buffer = self._buffer, []
+        for part in chunks(sent, MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self._run_id, metrics=part)
+        return len(sent)
+
+    def discard(self) -> int:
+        """Drop uncommitted metrics (steps a resume will redo). Returns how many were dropped."""
+        dropped, self._buffer = len(self._buffer), []
+        return dropped
+
+    def metric_history(self, key: str) -> list[tuple[int, float]]:
+        """[(step, value)] of a committed metric, by step."""
+        history = self.client.get_metric_history(self._run_id, key)
+        return [(m.step, m.value) for m in sorted(history, key=lambda m: (m.step, m.timestamp))]
+
+    # ---------------------------------------------------------- tags/artifacts --
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """A file, or a directory (logged under its own name unless artifact_path is given)."""
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self._run_id, str(path), artifact_path or path.name)
+        else:
+            self.client.log_artifact(self._run_id, str(path), artifact_path)
+
+    def set_tag(self, key: str, value: Any) -> None:
+        self.client.set_tag(self._run_id, key, str(value))
+
+    def close(self, status: str = "FINISHED") -> None:
+        """Commit, then end the run. After a crash you mean to resume, call discard() before close("FAILED")."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        if self._closed:
+            return
+        self.commit()
+        self.client.set_terminated(self._run_id, status=status)
+        self._closed = True

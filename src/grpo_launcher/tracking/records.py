@@ -1,0 +1,44 @@
+"""The per-step training-data records (the seed's richer log): one dict per sample, same fields on every path."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from .. import algos
+from ..spec.schema import RunSpec
+
+
+def per_token_loss(batch, spec: RunSpec) -> torch.Tensor:
+    """Each response token's loss at the start of the update (ratio 1), same math as the policy workers."""
+    lo = spec.loss
+    _, per_token, _ = algos.policy_loss(
+        batch.prev_logprobs, batch.prev_logprobs, batch.advantages, batch.response_mask,
+        sample_mask=batch.sample_mask, clip_low=lo.clip_low, clip_high=lo.clip_high, dual_clip_c=lo.dual_clip_c,
+        ratio_level=lo.ratio_level.value, aggregation=lo.aggregation.value, is_weights=batch.is_weights,
+        ref_logprobs=batch.ref_logprobs, kl_coef=lo.kl_coef, kl_estimator=lo.kl_estimator.value,
+        kl_clamp=lo.kl_clamp, norm_len=spec.rollout.max_new_tokens)
+    return per_token * batch.response_mask * batch.sample_mask[:, None]
+
+
+def train_data_records(step, prompts, gens, rewards, batch, spec: RunSpec, tokenizer) -> Iterator[dict]:
+    G = spec.grpo.num_generations_per_prompt
+    loss = per_token_loss(batch, spec)
+    for i, g in enumerate(gens):
+        n, p = len(g.response_ids), len(g.prompt_ids)
+        zeros = [0.0] * p
+        yield {
+            "step": step,
+            "agent_ref": prompts[i // G].agent_ref,
+            "content": tokenizer.decode(g.prompt_ids + g.response_ids, skip_special_tokens=False),
+            "rewards": float(rewards[i]),
+            "token_ids": g.prompt_ids + g.response_ids,
+            "token_loss_mask": [0] * p + [1] * n,
+            "sample_loss_mask": int(batch.sample_mask[i]),
+            "advantages": float(batch.advantages[i]),
+            "generation_logprobs": zeros + g.logprobs,
+            "prev_logprobs": zeros + batch.prev_logprobs[i, :n].tolist(),
+            "token_loss": zeros + loss[i, :n].tolist(),
+            "truncated": bool(g.truncated),
+        }

@@ -1,0 +1,91 @@
+"""The per-step training-data log: `train_data_step_NNNNNN.jsonl`, one JSON line per sample.
+
+Each file is written as `.jsonl.partial` (one line at a time, flushed), then fsync'd and renamed to
+`.jsonl`: a crash never leaves a half line in a final file, and a resumed step simply rewrites its file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+FIELDS = (
+    "step",
+    "agent_ref",
+    "content",
+    "rewards",
+    "token_ids",
+    "token_loss_mask",
+    "sample_loss_mask",
+    "advantages",
+    "generation_logprobs",
+    "prev_logprobs",
+    "token_loss",
+    "truncated",
+)
+
+
+def check_fields(record: dict[str, Any]) -> None:
+    """ValueError naming the missing and the extra keys of a record."""
+    missing = [f for f in FIELDS if f not in record]
+    extra = sorted(k for k in record if k not in FIELDS)
+    if missing or extra:
+        raise ValueError(f"train-data record: missing keys {missing}, unexpected keys {extra}; expected {FIELDS}")
+
+
+def to_jsonable(value: Any) -> Any:
+    """Tensors and numpy arrays → lists (via .tolist()); containers recursively; the rest unchanged."""
+    if hasattr(value, "tolist") and callable(value.tolist):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+class TrainDataLog:
+    """Writes `dir/train_data_step_{step:06d}.jsonl` every `every` steps."""
+
+    def __init__(self, dir: Path, every: int) -> None:
+        if every < 1:
+            raise ValueError(f"every must be ≥ 1, got {every}")
+        self.dir = Path(dir)
+        self.every = every
+
+    def enabled_for(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def path_for(self, step: int) -> Path:
+        return self.dir / f"train_data_step_{step:06d}.jsonl"
+
+    def write_step(self, step: int, records: Iterable[dict[str, Any]]) -> Path:
+        """Validate and write every record; the final name appears only once the file is complete."""
+        final = self.path_for(step)
+        partial = final.with_name(final.name + ".partial")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        partial.unlink(missing_ok=True)  # left by a crash during this step: start the step over
+        try:
+            self._append(partial, records)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, final)
+        return final
+
+    @staticmethod
+    def _append(partial: Path, records: Iterable[dict[str, Any]]) -> None:
+        """One validated JSON line per record, flushed per line, fsync'd at the end."""
+        with open(partial, "a", encoding="utf-8") as fh:
+            for record in records:
+                check_fields(record)
+                fh.write(json.dumps(to_jsonable(record)) + "\n")
+                fh.flush()
+            os.fsync(fh.fileno())
+
+    def steps(self) -> list[int]:
+        """Steps with a complete (final) file, ascending; `.partial` files are not counted."""
+        names = (p.name for p in self.dir.glob("train_data_step_*.jsonl"))
+        return sorted(int(n[len("train_data_step_") : -len(".jsonl")]) for n in names)

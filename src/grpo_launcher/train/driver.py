@@ -1,0 +1,247 @@
+"""The GRPO driver: rollout → score → advantages → logprobs → update → refit → log, over Ray actors.
+
+    python -m grpo_launcher.train.driver RUN_DIR/spec.yaml      (what the sbatch script runs)
+    grpo_launcher.train.driver.run(spec, plan)                   (what cluster=local calls)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import ray
+import torch
+
+from .. import algos
+from ..plan import Plan, make_plan, parse_duration
+from ..spec.schema import RunSpec
+from .batch import Generation, TrainBatch, collate, shard_rows
+from .loop_state import LoopState, StopRequest
+from .workers import Workers, create_workers, ray_session
+
+REQUEUE_EXIT = 3  # checkpoint saved because of SIGUSR1 / the must_save_by budget: requeue me
+
+
+def run(spec: RunSpec, plan: Plan) -> int:
+    from ..envs import EnvNotAvailable, make_env
+    from .setup import prepare_model, resume_or_start
+
+    try:
+        env = make_env(spec)
+    except (EnvNotAvailable, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    model_dir = prepare_model(spec, plan, env)
+    state = resume_or_start(spec, plan)
+    if state is None:
+        return 2
+    stop = StopRequest.install()
+    with ray_session(spec, plan):
+        workers = create_workers(spec, plan, str(model_dir))
+        try:
+            return Trainer(spec, plan, env, workers, state, stop, model_dir).train()
+        except BaseException:
+            state.abort()  # metrics after the last checkpoint are dropped: a resume logs those steps again
+            raise
+        finally:
+            workers.shutdown()
+
+
+class Trainer:
+    def __init__(self, spec: RunSpec, plan: Plan, env, workers: Workers, state: LoopState, stop: StopRequest,
+                 model_dir: Path):
+        from transformers import AutoTokenizer
+
+        self.spec, self.plan, self.env, self.w, self.state, self.stop = spec, plan, env, workers, state, stop
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.deadline = (time.monotonic() + parse_duration(spec.checkpoint.must_save_by)
+                         if spec.checkpoint.must_save_by else None)
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> int:
+        s, st = self.spec, self.state
+        if st.checkpoint_path is not None:
+            ray.get([p.load.remote(str(st.checkpoint_path)) for p in self.w.policy])
+            self.refit()
+        elif s.grpo.val_at_start:
+            st.log(0, self.validate())
+        progress = st.progress_bar(s.grpo.max_steps)
+        for step in range(st.step + 1, s.grpo.max_steps + 1):
+            metrics = self.step(step)
+            if s.grpo.val_period and step % s.grpo.val_period == 0 or (step == s.grpo.max_steps and s.grpo.val_at_end):
+                metrics.update(self.validate())
+            st.log(step, metrics)
+            progress.update(step, metrics)
+            last = step == s.grpo.max_steps
+            stopping = self.stop.requested or (self.deadline is not None and time.monotonic() > self.deadline)
+            if last or stopping or (s.checkpoint.enabled and step % s.checkpoint.save_period == 0):
+                self.save(step, metrics)
+            if stopping and not last:
+                progress.close()
+                print(f"grpo-launcher: stopped after step {step} ({self.stop.reason or 'must_save_by'}); "
+                      "checkpoint saved", flush=True)
+                st.finish("KILLED")
+                return REQUEUE_EXIT if self.stop.requeue or self.deadline else 130
+        progress.close()
+        st.finish("FINISHED")
+        return 0
+
+    def step(self, step: int) -> dict[str, float]:
+        t = Timer()
+        gens, prompts, rewards, rounds = self.rollout_and_score(step, t)
+        batch, m = self.make_batch(gens, rewards)
+        with t("logprobs"):
+            batch = self.compute_logprobs(batch)
+        with t("update"):
+            m.update(self.update(batch))
+        with t("refit"):
+            m["time/refit_ms"] = self.refit()
+        with t("log"):
+            self.state.train_data(step, prompts, gens, rewards, batch, self.tok)
+        gen_tokens = int(batch.response_mask.sum())
+        m.update(t.as_metrics(), **{"train/dynamic_sampling_rounds": rounds,
+                                    "train/tokens_per_s": gen_tokens / max(t.seconds["rollout"], 1e-9)})
+        return m
+
+    # ------------------------------------------------------------------ phases
+    def generate(self, prompts: list, n: int, seed: int) -> list[Generation]:
+        ids = [self.tok(p.text)["input_ids"] for p in prompts]
+        engines = self.w.rollout
+        per = -(-len(ids) // len(engines))
+        futures = [e.generate.remote(ids[i * per:(i + 1) * per], n, seed + i) for i, e in enumerate(engines)
+                   if ids[i * per:(i + 1) * per]]
+        return [g for part in ray.get(futures) for g in part]
+
+    def score(self, prompts: list, gens: list[Generation], n: int) -> torch.Tensor:
+        texts = [self.tok.decode(g.response_ids, skip_special_tokens=True) for g in gens]
+        expanded = [p for p in prompts for _ in range(n)]
+        return torch.tensor(ray.get(self.w.env.score.remote(expanded, texts)), dtype=torch.float32)
+
+    def rollout_and_score(self, step: int, t: "Timer"):
+        """Generate and score; with dynamic sampling, keep only groups whose rewards vary (refill, capped)."""
+        s = self.spec
+        P, G = s.grpo.num_prompts_per_step, s.grpo.num_generations_per_prompt
+        rounds = s.loss.dynamic_sampling_max_rounds if s.loss.dynamic_sampling else 1
+        kept: list[tuple] = []  # (prompt, gens of the group, rewards of the group)
+        spare: list[tuple] = []
+        for r in range(rounds):
+            prompts = self.env.train_prompts(step, r, P)
+            with t("rollout"):
+                gens = self.generate(prompts, G, seed=(s.grpo.seed * 1_000_003 + step * 101 + r) % 2**31)
+            with t("score"):
+                rewards = self.score(prompts, gens, G)
+            varies = algos.nonzero_variance_groups(rewards, G) if s.loss.dynamic_sampling else torch.ones(P, dtype=torch.bool)
+            for k, p in enumerate(prompts):
+                group = (p, gens[k * G:(k + 1) * G], rewards[k * G:(k + 1) * G])
+                (kept if varies[k] else spare).append(group)
+            if len(kept) >= P:
+                break
+        groups = (kept + spare)[:P]  # short of varied groups after the cap: pad with zero-advantage ones
+        prompts = [g[0] for g in groups]
+        gens = [x for g in groups for x in g[1]]
+        return gens, prompts, torch.cat([g[2] for g in groups]), r + 1
+
+    def make_batch(self, gens: list[Generation], rewards: torch.Tensor) -> tuple[TrainBatch, dict[str, float]]:
+        s = self.spec
+        G = s.grpo.num_generations_per_prompt
+        adv = algos.compute_advantages(s.loss.advantage.value, rewards, G)  # [B] over ALL samples
+        truncated = torch.tensor([g.truncated for g in gens])
+        sample_mask = algos.overlong_sample_mask(truncated) if s.loss.overlong_filtering else torch.ones(len(gens))
+        batch = collate(gens, adv, sample_mask, self.tok.pad_token_id)
+        lens = batch.response_mask.sum(-1)
+        m = {"train/reward_mean": float(rewards.mean()), "train/reward_std": float(rewards.std()),
+             "train/accuracy": float((rewards >= 1).float().mean()), "train/adv_mean": float(adv.mean()),
+             "train/adv_std": float(adv.std()), "train/adv_abs_max": float(adv.abs().max()),
+             "train/gen_len_mean": float(lens.mean()), "train/truncation_rate": float(truncated.float().mean())}
+        return batch, m
+
+    def compute_logprobs(self, batch: TrainBatch) -> TrainBatch:
+        dp = len(self.w.policy)
+        parts = ray.get([p.logprobs.remote(batch.select(shard_rows(len(batch), dp, i)))
+                         for i, p in enumerate(self.w.policy)])
+        prev = torch.cat([a for a, _ in parts])
+        ref = torch.cat([b for _, b in parts]) if parts[0][1] is not None else None
+        lo = self.spec.loss
+        isw = None
+        if lo.importance_sampling_correction:
+            isw = algos.is_correction_weights(prev, batch.generation_logprobs, batch.response_mask,
+                                              mode=lo.is_truncation.value, threshold=lo.is_threshold)
+        return batch.with_(prev_logprobs=prev, ref_logprobs=ref, is_weights=isw)
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        from ..policy.torch_policy import local_denominator
+
+        gbs, dp = self.spec.train.global_batch_size, len(self.w.policy)
+        minibatches = [batch.select(slice(i, i + gbs)) for i in range(0, len(batch), gbs)]
+        agg = self.spec.loss.aggregation.value
+        dens = [max(local_denominator(agg, mb.response_mask * mb.sample_mask[:, None]), 1.0) for mb in minibatches]
+        results = ray.get([p.update.remote([mb.select(shard_rows(len(mb), dp, r)) for mb in minibatches], dens)
+                           for r, p in enumerate(self.w.policy)])
+        out = {f"train/{k}": sum(res[k] for res in results) for k in results[0] if k not in ("grad_norm", "lr")}
+        out.update({"train/grad_norm": results[0]["grad_norm"], "train/lr": results[0]["lr"]})
+        diff = (batch.prev_logprobs - batch.generation_logprobs).abs() * batch.response_mask
+        out["train/gen_vs_policy_logprob_absdiff"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
+        return out
+
+    def refit(self) -> float:
+        """Policy rank 0's weights → every rollout engine (one object-store copy). Returns ms."""
+        t0 = time.perf_counter()
+        ref = self.w.policy[0].state_dict.remote()
+        ray.get([r.update_weights.remote(ref) for r in self.w.rollout])
+        return (time.perf_counter() - t0) * 1e3
+
+    def validate(self) -> dict[str, float]:
+        g = self.spec.grpo
+        prompts = self.env.val_prompts()
+        prompts = prompts if g.max_val_samples is None else prompts[: g.max_val_samples]  # null = all
+        rewards = []
+        for i in range(0, len(prompts), g.val_batch_size):  # a last partial batch is still validated
+            chunk = prompts[i:i + g.val_batch_size]
+            gens = self.generate(chunk, 1, seed=1234 + i)
+            rewards.append(self.score(chunk, gens, 1))
+        r = torch.cat(rewards)
+        return {"val/reward_mean": float(r.mean()), "val/accuracy": float((r >= 1).float().mean()),
+                "val/samples": float(len(r))}
+
+    def save(self, step: int, metrics: dict[str, float]) -> None:
+        def write(tmp: Path) -> None:
+            ray.get([p.save.remote(str(tmp)) for p in self.w.policy])
+
+        self.state.save_checkpoint(step, write, metrics)
+
+
+class Timer:
+    """Accumulates wall time per named phase: `with t("rollout"): ...`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {"rollout": 0.0}
+        self._t0 = time.perf_counter()
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Phase:
+            def __enter__(self):
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.t
+
+        return _Phase()
+
+    def as_metrics(self) -> dict[str, float]:
+        out = {f"time/{k}_s": v for k, v in self.seconds.items()}
+        out["time/step_s"] = time.perf_counter() - self._t0
+        return out
+
+
+def main() -> None:
+    from ..launch.rundir import load_spec_file
+
+    spec = load_spec_file(Path(sys.argv[1]))
+    sys.exit(run(spec, make_plan(spec)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Ray bring-up for one run: a placement group from the Plan, then policy, rollout and env actors in it.
+
+Bundle i stands for device i (a GPU, or a CPU worker slot). Policy rank i and rollout engine i share
+bundle i (colocated); an engine with TP > 1 is anchored on the first bundle of its TP group.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from ..plan import Plan
+from ..policy import policy_class
+from ..rollout import rollout_class
+from ..spec.schema import RunSpec
+
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+              "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_DEDUP_LOGS": "1",
+              "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+@contextmanager
+def ray_session(spec: RunSpec, plan: Plan) -> Iterator[None]:
+    """Join the job's Ray cluster (RAY_ADDRESS, set by the sbatch script) or start one here."""
+    env = dict(WORKER_ENV, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), _src()) if p))
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, logging_level="WARNING")
+    else:
+        ray.init(num_cpus=max(plan.world_size * spec.cluster.cpus_per_worker, 1), include_dashboard=False,
+                 object_store_memory=spec.cluster.object_store_memory_mb * 2**20,
+                 runtime_env={"env_vars": env}, logging_level="WARNING")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _src() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass
+class Workers:
+    policy: list[Any]  # one actor per DP rank (x model-parallel ranks for megatron)
+    rollout: list[Any]  # one actor per engine
+    env: Any
+    pg: Any
+
+    def shutdown(self) -> None:
+        ray.get([r.shutdown.remote() for r in self.rollout])
+        for a in [*self.policy, *self.rollout, self.env]:
+            ray.kill(a)
+        remove_placement_group(self.pg)
+
+
+def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
+    pg = placement_group([dict(plan.bundle) for _ in range(plan.world_size)], strategy="PACK")
+    ray.get(pg.ready(), timeout=spec.cluster.ray_join_timeout_s)
+    per_bundle = plan.bundle.get("CPU", 1.0) / 2  # policy and rollout share a device slot
+    threads = max(1, int(plan.bundle.get("CPU", 1.0)))
+
+    def on(i: int, **res: float):
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                "num_cpus": per_bundle, **res}
+
+    gpu = {"num_gpus": 0.5} if plan.use_gpus else {}
+    P = ray.remote(policy_class(spec.train.backend.value))
+    policy = [P.options(**on(i, **gpu)).remote(spec, model_dir, i, plan.world_size, threads)
+              for i in range(plan.world_size)]
+    R = ray.remote(rollout_class(spec.rollout.backend.value))
+    tp = spec.rollout.tensor_parallel_size
+    rollout = [R.options(**on(e * tp, **gpu)).remote(spec, model_dir, threads) for e in range(plan.rollout_engines)]
+    env = ray.remote(EnvWorker).options(num_cpus=0).remote(spec)
+    host, port = ray.get(policy[0].address.remote())
+    ray.get([p.init_distributed.remote(host, port) for p in policy])
+    return Workers(policy=policy, rollout=rollout, env=env, pg=pg)
+
+
+class EnvWorker:
+    """Scores completions for the env named in the spec (runs as its own Ray actor)."""
+
+    def __init__(self, spec: RunSpec):
+        from ..envs import make_env
+
+        self.env = make_env(spec)
+
+    def score(self, prompts: list, completions: list[str]) -> list[float]:
+        return [self.env.score(p, c) for p, c in zip(prompts, completions)]

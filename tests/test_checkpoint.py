@@ -1,0 +1,136 @@
+"""CheckpointManager on real files: atomic saves, pruning, the resume guard, start_fresh."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_launcher.checkpoint import CheckpointManager, IncompatibleCheckpoint, load_meta
+from grpo_launcher.spec.compose import load_spec
+from grpo_launcher.spec.schema import CheckpointSpec, RunSpec
+
+
+def spec_with(**checkpoint) -> RunSpec:
+    return RunSpec(checkpoint=CheckpointSpec(**checkpoint))
+
+
+def write_weights(d: Path) -> None:
+    (d / "model.pt").write_bytes(b"weights")
+
+
+def save(mgr: CheckpointManager, step: int, metrics: dict[str, float] | None = None) -> Path:
+    return mgr.save(step, write_weights, {"mlflow_run_id": "abc", "rng": [1, 2]}, metrics or {})
+
+
+def names(ckpt_dir: Path) -> list[str]:
+    return sorted(p.name for p in ckpt_dir.iterdir())
+
+
+def test_save_layout_and_meta(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt", spec_with())
+    path = save(mgr, 10, {"val/reward_mean": 0.5})
+    assert path.name == "step_000010" and (path / "model.pt").read_bytes() == b"weights"
+    meta = load_meta(path)
+    assert meta["step"] == 10 and meta["state"] == {"mlflow_run_id": "abc", "rng": [1, 2]}
+    assert meta["metrics"] == {"val/reward_mean": 0.5}
+    hidden = mgr.spec.model.hidden_size
+    assert meta["spec"]["model"]["hidden_size"] == hidden and meta["spec"]["train"]["backend"] == "torch"
+    assert meta["compat"]["model.hidden_size"] == hidden and "train.lr" not in meta["compat"]
+    assert names(tmp_path / "ckpt") == ["step_000010"]  # no tmp dir left behind
+
+
+def test_prune_keeps_top_k_and_latest(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt", spec_with(keep_top_k=2))
+    for step, value in [(10, 0.5), (20, 0.9), (30, 0.7), (40, 0.1)]:
+        save(mgr, step, {"val/reward_mean": value})
+    assert names(mgr.ckpt_dir) == ["step_000020", "step_000030", "step_000040"]
+    assert mgr.best().name == "step_000020" and mgr.latest().name == "step_000040"
+
+
+def test_prune_lower_is_better_and_missing_metric_ranks_last(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt", spec_with(keep_top_k=1, metric="train/loss", higher_is_better=False))
+    save(mgr, 10, {"train/loss": 2.0})
+    save(mgr, 20, {"train/loss": 1.0})
+    save(mgr, 30, {"train/reward_mean": 1.0})  # lacks the metric: kept only as the latest
+    save(mgr, 40, {"train/loss": 3.0})
+    assert names(mgr.ckpt_dir) == ["step_000020", "step_000040"]
+    assert mgr.best().name == "step_000020"
+
+
+def test_best_is_none_without_the_metric(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt", spec_with())
+    save(mgr, 10)
+    assert mgr.best() is None and mgr.latest().name == "step_000010"
+
+
+def test_failed_write_leaves_nothing(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt", spec_with())
+    save(mgr, 10)
+
+    def crash(d: Path) -> None:
+        (d / "model.pt").write_bytes(b"half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        mgr.save(20, crash, {}, {})
+    assert names(mgr.ckpt_dir) == ["step_000010"]
+    assert mgr.latest().name == "step_000010"
+
+
+def test_stale_tmp_and_incomplete_dirs_are_ignored_then_cleaned(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt", spec_with())
+    save(mgr, 10)
+    stale = mgr.ckpt_dir / ".tmp-step_000020-99999"
+    stale.mkdir()
+    (stale / "meta.json").write_text(json.dumps({"step": 20}))
+    (mgr.ckpt_dir / "step_000030").mkdir()  # no meta.json: not a complete checkpoint
+    assert mgr.latest().name == "step_000010"
+    save(mgr, 20)
+    assert not stale.exists() and mgr.latest().name == "step_000020"
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt", spec_with())
+    save(mgr, 10, {"val/reward_mean": 0.1})
+    save(mgr, 10, {"val/reward_mean": 0.2})
+    assert names(mgr.ckpt_dir) == ["step_000010"]
+    assert load_meta(mgr.latest())["metrics"]["val/reward_mean"] == 0.2
+
+
+def test_incompatible_resume_names_every_key(tmp_path):
+    old = RunSpec()
+    path = save(CheckpointManager(tmp_path / "ckpt", old), 10)
+    new = dataclasses.replace(
+        old,
+        model=dataclasses.replace(old.model, hidden_size=2 * old.model.hidden_size),
+        grpo=dataclasses.replace(old.grpo, num_generations_per_prompt=2 * old.grpo.num_generations_per_prompt),
+    )
+    with pytest.raises(IncompatibleCheckpoint) as info:
+        CheckpointManager(tmp_path / "ckpt", new).check_compatible(path)
+    msg = str(info.value)
+    assert f"model.hidden_size: {old.model.hidden_size} → {new.model.hidden_size}" in msg
+    g_old, g_new = old.grpo.num_generations_per_prompt, new.grpo.num_generations_per_prompt
+    assert f"grpo.num_generations_per_prompt: {g_old} → {g_new}" in msg
+    assert "checkpoint.resume=fresh" in msg and "name=" in msg
+
+
+def test_compatible_resume_accepts_changed_lr_and_steps(tmp_path):
+    path = save(CheckpointManager(tmp_path / "ckpt", load_spec([])), 10)
+    changed = load_spec(["train.lr=1e-5", "grpo.max_steps=50", "grpo.val_period=5"])
+    CheckpointManager(tmp_path / "ckpt", changed).check_compatible(path)  # no raise
+
+
+def test_start_fresh_moves_aside(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt", spec_with())
+    assert mgr.start_fresh() is None  # nothing there yet
+    save(mgr, 10)
+    moved = mgr.start_fresh()
+    assert moved is not None and moved.name.startswith("ckpt.old-")
+    assert (moved / "step_000010" / "meta.json").is_file()
+    assert not mgr.ckpt_dir.exists() and mgr.latest() is None
+    save(mgr, 10)
+    second = mgr.start_fresh()
+    assert second != moved and moved.exists() and second.exists()  # never overwritten, never deleted
