@@ -171,7 +171,7 @@ class TrainSpec:
 class GrpoSpec:
     num_prompts_per_step: int = 16
     num_generations_per_prompt: int = 8
-    max_steps: int = 100
+    max_steps: int = 150
     val_period: int = 10
     val_at_start: bool = False
     val_at_end: bool = True

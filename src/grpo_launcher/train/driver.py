@@ -24,6 +24,7 @@ REQUEUE_EXIT = 3  # checkpoint saved because of SIGUSR1 / the must_save_by budge
 
 
 def run(spec: RunSpec, plan: Plan) -> int:
+    quiet_libraries()
     from ..envs import EnvNotAvailable, make_env
     from .setup import prepare_model, resume_or_start
 
@@ -46,6 +47,16 @@ def run(spec: RunSpec, plan: Plan) -> int:
             raise
         finally:
             workers.shutdown()
+
+
+def quiet_libraries() -> None:
+    import logging
+    import os
+
+    for key, value in {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                       "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}.items():
+        os.environ.setdefault(key, value)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
 class Trainer:

@@ -1,0 +1,168 @@
+"""The GRPO loop for real: Ray actors, the tiny model, MLflow in sqlite, checkpoints, the train-data log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_launcher.envs import make_env
+from grpo_launcher.models.tiny import ensure_tiny_model
+from grpo_launcher.spec.compose import load_spec
+from grpo_launcher.train.batch import Generation, collate, shard_rows
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def launch(tmp_path: Path, *overrides: str, **popen) -> subprocess.Popen:
+    cmd = [sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}", *overrides]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 300) -> list[str]:
+    """Read the run's output until a line contains `needle` (fails with the output if it never does)."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"never saw {needle!r}; output:\n{''.join(lines[-40:])}")
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+def metric_steps(tmp_path: Path, key: str) -> list[tuple[int, float]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs(client.search_experiments()[0].experiment_id)
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)), run
+
+
+def test_default_run_learns(tmp_path):
+    """`python launch.py` with no overrides: the reward rises by ≥ 0.3 (last 5 steps vs first 5)."""
+    proc = launch(tmp_path)
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    history, run = metric_steps(tmp_path, "train/reward_mean")
+    rewards = [v for _, v in history]
+    assert [s for s, _ in history] == list(range(1, 151))
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last - first >= 0.3, (first, last)
+    assert run.info.status == "FINISHED" and "mlflow.source.git.commit" in run.data.tags
+    assert run.data.params["grpo.num_generations_per_prompt"] == "8"
+    assert (tmp_path / "tiny-grpo" / "checkpoints").is_dir()
+
+
+def test_kill_and_resume_no_gap_no_repeat(tmp_path):
+    args = ["grpo.max_steps=8", "checkpoint.save_period=2", "grpo.val_period=2"]
+    proc = launch(tmp_path, *args, start_new_session=True)
+    wait_for_line(proc, "step 5/8")
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Ray processes, nothing else
+    proc.wait(timeout=60)
+    proc = launch(tmp_path, *args)
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert "resuming from step_000004" in out and "step 5/8" in out and "step 4/8" not in out
+    history, _ = metric_steps(tmp_path, "train/reward_mean")
+    assert [s for s, _ in history] == list(range(1, 9))  # no gap, no repeat
+
+
+def test_incompatible_checkpoint_refused(tmp_path):
+    proc = launch(tmp_path, "grpo.max_steps=2", "checkpoint.save_period=2", "grpo.val_period=2")
+    assert proc.wait(timeout=600) == 0
+    proc = launch(tmp_path, "grpo.max_steps=4", "checkpoint.save_period=2", "grpo.val_period=2",
+                  "model.ffn_hidden_size=128")
+    out = finish(proc)
+    assert proc.returncode == 2 and "model.ffn_hidden_size" in out and "checkpoint.resume=fresh" in out
+    proc = launch(tmp_path, "grpo.max_steps=2", "checkpoint.save_period=2", "grpo.val_period=2",
+                  "model.ffn_hidden_size=128", "checkpoint.resume=fresh")
+    out = finish(proc)
+    assert proc.returncode == 0 and "previous checkpoints moved to" in out, out[-2000:]
+
+
+def test_train_data_log_fields_on_a_real_step(tmp_path):
+    from grpo_launcher.tracking import FIELDS
+
+    proc = launch(tmp_path, "grpo.max_steps=2", "logging.train_data_log=true", "checkpoint.save_period=2",
+                  "grpo.val_period=2", "rollout.max_new_tokens=5")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(next((tmp_path / ".models").glob("tiny-*"))).eos_token_id
+    lines = (tmp_path / "tiny-grpo" / "train_data" / "train_data_step_000002.jsonl").read_text().splitlines()
+    assert len(lines) == 16 * 8
+    for rec in map(json.loads, lines):
+        assert tuple(rec) == FIELDS or set(rec) == set(FIELDS)
+        n = len(rec["token_ids"])
+        assert len(rec["token_loss_mask"]) == len(rec["generation_logprobs"]) == len(rec["prev_logprobs"]) == n
+        p = rec["token_loss_mask"].index(1)
+        assert set(rec["token_loss_mask"][:p]) == {0} and set(rec["token_loss_mask"][p:]) == {1}
+        gen, prev = rec["generation_logprobs"][p:], rec["prev_logprobs"][p:]
+        assert max(abs(a - b) for a, b in zip(gen, prev)) < 1e-3  # the engine and the trainer agree
+        assert rec["truncated"] == (rec["token_ids"][-1] != eos)  # no EOS ⇔ truncated
+        assert rec["agent_ref"] == "toy/reverse_digits" and rec["sample_loss_mask"] == 1
+
+
+# ------------------------------------------------------------------ data parallel == single worker
+
+
+def _batch(spec, tok, n: int = 16) -> "TrainBatch":  # noqa: F821
+    g = torch.Generator().manual_seed(0)
+    gens = []
+    for i in range(n):
+        prompt = torch.randint(3, 250, (int(torch.randint(3, 7, (1,), generator=g)),), generator=g).tolist()
+        resp = torch.randint(3, 250, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
+        gens.append(Generation(prompt, resp, [-1.0] * len(resp), truncated=i % 5 == 0))
+    adv = torch.randn(n, generator=g)
+    return collate(gens, adv, torch.tensor([0.0 if i % 5 == 0 else 1.0 for i in range(n)]), tok.pad_token_id)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_two_worker_dp_update_equals_one_worker(tmp_path, aggregation):
+    import ray
+    from transformers import AutoTokenizer
+
+    from grpo_launcher.policy.torch_policy import TorchPolicyWorker, local_denominator
+
+    spec = load_spec(["train.micro_batch_size=4", "train.global_batch_size=16", f"loss.aggregation={aggregation}",
+                      "loss.kl_coef=0.1", f"output_root={tmp_path}"])
+    model_dir = str(ensure_tiny_model(spec.model, make_env(spec), "toy", tmp_path))
+    batch = _batch(spec, AutoTokenizer.from_pretrained(model_dir))
+    ray.init(num_cpus=3, include_dashboard=False, object_store_memory=200 * 2**20)
+    try:
+        W = ray.remote(TorchPolicyWorker).options(num_cpus=1)
+        single, pair = W.remote(spec, model_dir, 0, 1), [W.remote(spec, model_dir, r, 2) for r in range(2)]
+        host, port = ray.get(pair[0].address.remote())
+        ray.get([w.init_distributed.remote(host, port) for w in pair])
+        before = ray.get(single.state_dict.remote())
+        prev, ref = ray.get(single.logprobs.remote(batch))
+        batch = batch.with_(prev_logprobs=prev, ref_logprobs=ref)
+        den = local_denominator(aggregation, batch.response_mask * batch.sample_mask[:, None])
+        m1 = ray.get(single.update.remote([batch], [den]))
+        m2 = ray.get([w.update.remote([batch.select(shard_rows(16, 2, r))], [den]) for r, w in enumerate(pair)])
+        one, two_a, two_b = ray.get([single.state_dict.remote(), pair[0].state_dict.remote(),
+                                     pair[1].state_dict.remote()])
+    finally:
+        ray.shutdown()
+    assert any(not torch.equal(before[k], one[k]) for k in one)  # the update did move the weights
+    for k in one:
+        torch.testing.assert_close(two_a[k], two_b[k], rtol=0, atol=0)  # ranks stay identical
+        torch.testing.assert_close(two_a[k], one[k], rtol=1e-5, atol=1e-6)  # and equal the 1-worker update
+    assert abs(m1["grad_norm"] - m2[0]["grad_norm"]) < 1e-4 * max(1.0, m1["grad_norm"])
+    assert abs(m1["loss"] - (m2[0]["loss"] + m2[1]["loss"])) < 1e-5
