@@ -3,17 +3,20 @@
 
     python launch.py                                   # tiny model, CPU, local Ray
     python launch.py +recipe=nanov3 cluster=slurm dry_run=true
+    python launch.py status|logs|cancel RUN_NAME_OR_JOB_ID
 """
 
 import sys
 
-from grpo_launcher.launch import execute
+from grpo_launcher.launch import SUBCOMMANDS, execute
 from grpo_launcher.plan import make_plan
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.errors import ConfigError
 
 
 def main(overrides: list[str]) -> int:
+    if overrides and overrides[0] in SUBCOMMANDS:  # status | logs | cancel  <run name or job id>
+        return SUBCOMMANDS[overrides[0]](overrides[1:])
     try:
         spec = load_spec(overrides)  # Hydra compose → frozen RunSpec → every pre-flight rule
     except ConfigError as err:

@@ -12,6 +12,18 @@ from .slurm import submit_slurm
 EXECUTORS: dict[str, Callable[[RunSpec, Plan], int]] = {"local": run_local, "slurm": submit_slurm}
 
 
+def _subcommand(name: str) -> Callable[[list[str]], int]:
+    def run(args: list[str]) -> int:
+        from . import cli
+
+        return getattr(cli, name)(args)
+
+    return run
+
+
+SUBCOMMANDS = {name: _subcommand(name) for name in ("status", "logs", "cancel")}
+
+
 def execute(spec: RunSpec, plan: Plan) -> int:
     print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
     return EXECUTORS[spec.cluster.kind.value](spec, plan)

@@ -74,8 +74,8 @@ class Trainer:
         s, st = self.spec, self.state
         if st.checkpoint_path is not None:
             ray.get([p.load.remote(str(st.checkpoint_path)) for p in self.w.policy])
-            self.refit()
-        elif s.grpo.val_at_start:
+        self.refit()  # engines may start with dummy weights: the policy's are pushed before any rollout
+        if st.checkpoint_path is None and s.grpo.val_at_start:
             st.log(0, self.validate())
         progress = st.progress_bar(s.grpo.max_steps)
         for step in range(st.step + 1, s.grpo.max_steps + 1):
