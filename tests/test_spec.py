@@ -103,7 +103,7 @@ FAILING = [
       "cluster.cpu_workers_per_node=2"], "megatron_layouts", "train.dynamic_batching"),
     (["model.num_kv_heads=3"], "heads_divide", "model.num_kv_heads"),
     (["rollout.max_new_tokens=60"], "sequence_lengths", "rollout.max_new_tokens"),
-    (["rollout.max_model_len=20"], "sequence_lengths", "rollout.max_model_len"),
+    (["rollout.max_model_len=10"], "sequence_lengths", "rollout.max_model_len"),
     (["env=nemo_gym", "rollout=vllm", "rollout.async_engine=false", "rollout.expose_http_server=true",
       "env.max_prompt_tokens=16"], "gym_needs_async_http_vllm", "rollout.async_engine"),
     (["rollout.async_engine=true"], "vllm_only_switches", "rollout.async_engine"),
