@@ -9,6 +9,7 @@
 import sys
 
 from grpo_launcher.launch import SUBCOMMANDS, execute
+from grpo_launcher.launch.sweep import multirun
 from grpo_launcher.plan import make_plan
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.errors import ConfigError
@@ -17,6 +18,8 @@ from grpo_launcher.spec.errors import ConfigError
 def main(overrides: list[str]) -> int:
     if overrides and overrides[0] in SUBCOMMANDS:  # status | logs | cancel  <run name or job id>
         return SUBCOMMANDS[overrides[0]](overrides[1:])
+    if "-m" in overrides or "--multirun" in overrides:  # one run (one Slurm job) per point
+        return multirun(overrides)
     try:
         spec = load_spec(overrides)  # Hydra compose → frozen RunSpec → every pre-flight rule
     except ConfigError as err:

@@ -26,6 +26,7 @@ def load_spec_file(path: Path) -> RunSpec:
     """The driver's entry: a saved, resolved spec → RunSpec (typed again; no Hydra composition)."""
     from omegaconf import OmegaConf
 
-    from ..spec.compose import to_spec
+    from ..spec.compose import _unfreeze, to_spec
 
-    return to_spec(OmegaConf.merge(OmegaConf.structured(RunSpec), OmegaConf.load(path)))
+    # the structured schema of a frozen dataclass is read-only: unfreeze it before merging the file in
+    return to_spec(OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), OmegaConf.load(path)))

@@ -1,106 +1,267 @@
 """Render the sbatch script for a run: Ray head on the first node, workers on the rest, then the driver.
 
-Every config value that reaches the shell goes through `shlex.quote`; `#SBATCH` words are additionally
-restricted by the `slurm_fields` rule. What the script does, in order:
-  1. node list via `mapfile` (never `nodes=("$x")`), checked against SLURM_JOB_NUM_NODES;
-  2. head IP from the head node itself (first IPv4 of `hostname -I`);
-  3. `ray start --head --block` on node 0 and `ray start --address --block` on the others, each a
-     background `srun` step with the fixed port block and a short temp dir;
-  4. wait until every node (and every GPU) joined, or fail with the names of the missing nodes;
-  5. the driver on the head (`srun --overlap`), reading the resolved spec saved in the run dir;
-  6. fail fast: the first step to end ends the job; a node step dying names its node;
-  7. SIGUSR1 before --time: forwarded to the driver, which checkpoints and exits 3 → requeue.
+Every config value that reaches the shell is `shlex.quote`d, and `#SBATCH` lines and comments refuse
+line breaks (a newline would end the comment and start a command); the `slurm_fields` and
+`shell_values` rules additionally reject such values before anything is rendered. What the script does:
+  1. node list via `mapfile` (never `nodes=("$x")`), checked against SLURM_JOB_NUM_NODES; one `srun`
+     over all nodes reports each node's host and IPv4 (nodes sharing a host need cluster.node_port_stride);
+  2. `ray start --head --block` on node 0 (explicit --node-ip-address), wait until its GCS port answers;
+     then `ray start --address --block` on the others — each a background `srun --overlap` step with the
+     fixed port block (node i shifted by i × node_port_stride) and its own short temp dir;
+     every node carries the custom resource `grpo_node_<i>`;
+  3. `ray_wait` until every node (every GPU) joined — or fail naming the missing nodes; a node step
+     that dies meanwhile ends the job at once, naming its node;
+  4. the driver on the head (`srun --overlap -w HEAD`), reading the resolved spec saved in the run dir;
+  5. fail fast: the first step to end ends the job; a node step dying names its node;
+  6. after the driver: where every actor ran (`logs/placement-<job>.json`), then Ray is stopped;
+  7. SIGUSR1 (`--signal=B:USR1@N` before --time, or `scancel --signal=USR1 --batch`): forwarded to the
+     driver, which checkpoints at the end of its step and exits 3 → `scontrol requeue` → the next start
+     resumes from that checkpoint. SIGTERM (scancel) → status CANCELLED.
+Status transitions go to `<run_dir>/status.json` (launch/status.py); `launch.py status|logs|cancel` read it.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import shlex
+import sys
+from pathlib import Path
 
 from ..plan import Plan
 from ..spec.schema import RunSpec
 
 REQUEUE_EXIT_CODE = 3  # the driver's exit code for "checkpoint saved on signal, requeue me"
+PLACEHOLDER = re.compile(r"@([A-Z0-9_]+)@")
+USR1_KILLED = 128 + 10  # the driver died of SIGUSR1 before installing its handler: resume from the last checkpoint
 
 TEMPLATE = r"""#!/bin/bash
-{sbatch_lines}
-# Rendered by grpo-launcher for run {name_q}. Spec: {spec_path_q}
+@SBATCH_LINES@
+# grpo-launcher run @NAME_C@ — resolved spec: @SPEC_C@
+# Ray ports (node 0; node i adds i x @STRIDE@): GCS @GCS@, client @CLIENT@, dashboard @DASHBOARD@,
+# node manager @NM@, object manager @OM@, runtime env agent @RTE@, metrics @METRICS@,
+# dashboard agent grpc/http @DAG@/@DAH@, workers @MINW@-@MAXW@.
 set -uo pipefail
 ulimit -n 65535 2>/dev/null || true
 
-RUN_DIR={run_dir_q}
-PY={python_q}
-RAY_TMP={temp_dir_q}
-NODE_PORT_STRIDE={port_stride}
-export RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 PYTHONUNBUFFERED=1 {extra_env}
-mkdir -p "$RUN_DIR/logs"
+RUN_DIR=@RUN_DIR_Q@
+PY=@PY_Q@
+RAY_TMP=@RAY_TMP_Q@
+NODE_PORT_STRIDE=@STRIDE@
+JOIN_TIMEOUT=@JOIN_TIMEOUT@
+REQUEUE_ENABLED=@REQUEUE_ENABLED@
+CONTAINER=(@CONTAINER_FLAGS@)
+PASS_ENV=(@PASS_ENV@)
+export RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 PYTHONUNBUFFERED=1 @EXTRA_ENV@
+unset RAY_ADDRESS
+LOG="$RUN_DIR/logs"
+mkdir -p "$LOG"
 echo "$SLURM_JOB_ID" >> "$RUN_DIR/job_ids"
-"$PY" -m grpo_launcher.launch.status "$RUN_DIR" RUNNING --job-id "$SLURM_JOB_ID"
+# Ray token auth, one fresh token per start in a file only the owner reads: every node, helper and the
+# driver find it through RAY_AUTH_TOKEN_PATH (the token itself is never printed)
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$RUN_DIR/.ray_auth_token"
+( umask 077; head -c 32 /dev/urandom | od -An -vtx1 | tr -d ' \n' > "$RAY_AUTH_TOKEN_PATH" )
+
+say() { echo "grpo-launcher [$(date +%H:%M:%S)] $*"; }
+# python helpers (status, ray_wait) run on the batch host, or in the container on it
+if [ "${#CONTAINER[@]}" -gt 0 ]; then
+  HELPER=(srun --overlap --nodes=1 --ntasks=1 -w "$SLURMD_NODENAME" "${CONTAINER[@]}" "$PY")
+else
+  HELPER=("$PY")
+fi
+status() { "${HELPER[@]}" -m grpo_launcher.launch.status "$RUN_DIR" "$@" --job-id "$SLURM_JOB_ID" || true; }
+
+declare -A STEP_NODE=()   # srun pid of each node's Ray step -> node name
+DRIVER=""
+USR1_AT=""
+REQUEUING=0
+step_id() {  # step_id NAME: "<job>.<step>" of this job's step called NAME
+  squeue -h -s -j "$SLURM_JOB_ID" -o "%i %j" 2>/dev/null | awk -v n="$1" '$2 == n {print $1; exit}'
+}
+stop_all() {  # stop the driver and Ray on every node; bounded (Slurm kills what is left when the script ends)
+  local pids=("${!STEP_NODE[@]}") deadline=$((SECONDS + 20)) p alive step
+  for p in "${pids[@]}"; do  # SIGTERM to `ray start --block` itself: it stops its node's Ray cleanly
+    step=$(step_id "grpo-ray-${STEP_NODE[$p]}")
+    [ -n "$step" ] && scancel --signal=TERM "$step" 2>/dev/null
+  done
+  [ -n "$DRIVER" ] && { kill -TERM "$DRIVER" 2>/dev/null; pids+=("$DRIVER"); }
+  [ "${#pids[@]}" -gt 0 ] || return 0
+  while [ $SECONDS -lt $deadline ]; do
+    alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive -eq 0 ] && return 0
+    sleep 0.2
+  done
+  kill -TERM "${pids[@]}" 2>/dev/null  # srun: forced termination of what did not stop
+}
+fail() {  # fail EXIT_CODE MESSAGE
+  echo "grpo-launcher [$(date +%H:%M:%S)] ERROR: $2" >&2
+  trap - TERM USR1
+  status FAILED --exit-code "$1" --message "$2"
+  stop_all
+  exit "$1"
+}
+requeue() {
+  REQUEUING=1
+  trap - TERM USR1
+  if [ "$REQUEUE_ENABLED" -ne 1 ]; then
+    status STOPPED --exit-code 0 --message "checkpoint saved; cluster.requeue=false: resubmit the same run to resume"
+    say "checkpoint saved; not requeued (cluster.requeue=false): resubmit the same run to resume"
+    stop_all; exit 0
+  fi
+  status REQUEUED --message "$1"
+  say "$1; requeueing job $SLURM_JOB_ID (scontrol requeue)"
+  stop_all
+  scontrol requeue "$SLURM_JOB_ID" || fail 1 "scontrol requeue $SLURM_JOB_ID failed: resubmit the same run to resume"
+  exit 0
+}
+on_usr1() {
+  USR1_AT=$(date +%s)
+  if [ -n "$DRIVER" ]; then
+    say "SIGUSR1 (time limit near, or preemption): the driver checkpoints after its current step and exits"
+    kill -USR1 "$DRIVER" 2>/dev/null
+  else
+    requeue "SIGUSR1 before the driver started (nothing to save)"
+  fi
+}
+on_term() {
+  [ "$REQUEUING" -eq 1 ] && return
+  trap - TERM USR1
+  say "SIGTERM: job cancelled (or preempted); stopping"
+  status CANCELLED --exit-code 143 --message "SIGTERM (scancel or preemption)"
+  stop_all
+  exit 143
+}
+trap on_usr1 USR1
+trap on_term TERM
+
+wait_first() {  # wait_first PID: until PID or any node step ends; sets ENDED and RC
+  while true; do
+    unset ENDED
+    wait -n -p ENDED "$1" "${!STEP_NODE[@]}"; RC=$?
+    [ -z "${ENDED:-}" ] && [ "$RC" -gt 128 ] && continue  # a trapped signal interrupted wait
+    return 0
+  done
+}
+job_state() { scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.*JobState=\([^ ]*\).*/\1/p'; }
+node_died() {  # node_died PID RC: a node's Ray step ended while the job needs it
+  local node=${STEP_NODE[$1]}
+  unset "STEP_NODE[$1]"
+  [ "$(job_state)" = CANCELLED ] && on_term  # scancel reached the steps before this shell's SIGTERM trap
+  echo "----- last lines of $LOG/ray-$SLURM_JOB_ID-$node.log" >&2
+  tail -n 15 "$LOG/ray-$SLURM_JOB_ID-$node.log" >&2 2>/dev/null
+  fail 1 "the Ray step on node $node ended (exit $2); stopping the job (node log: $LOG/ray-$SLURM_JOB_ID-$node.log)"
+}
+dead_nodes() {  # names of nodes whose Ray step is no longer running
+  local p out=()
+  for p in "${!STEP_NODE[@]}"; do kill -0 "$p" 2>/dev/null || out+=("${STEP_NODE[$p]}"); done
+  echo "${out[*]}"
+}
+
+status RUNNING --restarts "${SLURM_RESTART_COUNT:-0}" --event started
+say "job $SLURM_JOB_ID start #${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST; python $PY"
+for v in "${PASS_ENV[@]}"; do  # names only: values never reach the script or the logs
+  [ -n "${!v+x}" ] || say "WARNING: environment variable $v (cluster.env_passthrough) is not set"
+done
 
 mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-if [ "${{#NODES[@]}}" -ne "$SLURM_JOB_NUM_NODES" ]; then
-  echo "grpo-launcher: expected $SLURM_JOB_NUM_NODES nodes, got: ${{NODES[*]}}" >&2; exit 1
+if [ "${#NODES[@]}" -ne "$SLURM_JOB_NUM_NODES" ]; then
+  fail 1 "expected $SLURM_JOB_NUM_NODES nodes, got ${#NODES[@]}: ${NODES[*]}"
 fi
-HEAD=${{NODES[0]}}
-HEAD_IP=$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" hostname -I | tr ' ' '\n' | grep -m1 -E '^[0-9]+\.')
-RAY_ADDRESS="$HEAD_IP:{gcs_port}"
-export RAY_ADDRESS
-echo "grpo-launcher: ${{#NODES[@]}} node(s) [${{NODES[*]}}], Ray head $HEAD at $RAY_ADDRESS"
-
-ray_ports() {{  # ray_ports NODE_INDEX: the fixed port block, shifted per node only where nodes share a host
-  local s=$(( $1 * NODE_PORT_STRIDE ))
-  echo --node-manager-port=$(( {node_manager_port} + s )) --object-manager-port=$(( {object_manager_port} + s )) \
-    --runtime-env-agent-port=$(( {runtime_env_agent_port} + s )) --metrics-export-port=$(( {metrics_export_port} + s )) \
-    --dashboard-agent-grpc-port=$(( {dashboard_agent_grpc_port} + s )) --dashboard-agent-listen-port=$(( {dashboard_agent_http_port} + s )) \
-    --min-worker-port=$(( {min_worker_port} + s )) --max-worker-port=$(( {max_worker_port} + s ))
-}}
-declare -A STEP_NODE
-for i in "${{!NODES[@]}}"; do
-  node=${{NODES[$i]}}
-  args=(--num-cpus={ray_cpus} --num-gpus={ray_gpus} --temp-dir="$RAY_TMP/$SLURM_JOB_ID-$i"
-        --object-store-memory={object_store_bytes} --resources="{{\"grpo_node_$i\":1}}" --block $(ray_ports "$i"))
-  if [ "$i" -eq 0 ]; then
-    args+=(--head --node-ip-address="$HEAD_IP" --port={gcs_port} --ray-client-server-port={client_port}
-           --dashboard-port={dashboard_port} --include-dashboard=false)
-  else
-    args+=(--address="$RAY_ADDRESS")
+HEAD=${NODES[0]}
+# one line per node: "<slurm node> <host> <addresses>"; the head's first IPv4 becomes the GCS address
+mapfile -t NODE_INFO < <(srun --overlap --nodes="${#NODES[@]}" --ntasks-per-node=1 \
+  bash -c 'echo "$SLURMD_NODENAME $(hostname) $(hostname -I 2>/dev/null)"' 2>/dev/null)
+HEAD_IP=""; declare -A HOST_OF=()
+for line in "${NODE_INFO[@]}"; do
+  read -r n h addrs <<<"$line"
+  HOST_OF[$n]=$h
+  if [ "$n" = "$HEAD" ]; then
+    for a in $addrs; do [[ $a =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] && { HEAD_IP=$a; break; }; done
   fi
-  srun --overlap --nodes=1 --ntasks=1 -w "$node" {container_flags} \
-    --output="$RUN_DIR/logs/ray-$SLURM_JOB_ID-$node.log" ray start "${{args[@]}}" &
+done
+[ -n "$HEAD_IP" ] || fail 1 "no IPv4 address found for the head node $HEAD (srun said: ${NODE_INFO[*]:-nothing})"
+if [ "$NODE_PORT_STRIDE" -eq 0 ] && [ "${#NODES[@]}" -gt 1 ]; then
+  hosts=$(printf '%s\n' "${HOST_OF[@]}" | sort | uniq -d)
+  [ -z "$hosts" ] || fail 2 "nodes share a host ($hosts): their Ray ports would collide; set cluster.node_port_stride (e.g. 1000)"
+fi
+GCS_ADDRESS="$HEAD_IP:@GCS@"
+say "${#NODES[@]} node(s) [${NODES[*]}]; Ray head on $HEAD at $GCS_ADDRESS"
+
+start_ray_node() {  # start_ray_node INDEX
+  local i=$1 node=${NODES[$1]} s=$(( $1 * NODE_PORT_STRIDE ))
+  local args=(start --block --num-cpus=@RAY_CPUS@ --num-gpus=@RAY_GPUS@ --object-store-memory=@OBJECT_STORE@
+    --temp-dir="$RAY_TMP/$SLURM_JOB_ID-$i" --resources="{\"grpo_node_$i\": 1}"
+    --node-manager-port=$(( @NM@ + s )) --object-manager-port=$(( @OM@ + s ))
+    --runtime-env-agent-port=$(( @RTE@ + s )) --metrics-export-port=$(( @METRICS@ + s ))
+    --dashboard-agent-grpc-port=$(( @DAG@ + s )) --dashboard-agent-listen-port=$(( @DAH@ + s ))
+    --min-worker-port=$(( @MINW@ + s )) --max-worker-port=$(( @MAXW@ + s )))
+  if [ "$i" -eq 0 ]; then
+    args+=(--head --node-ip-address="$HEAD_IP" --port=@GCS@ --ray-client-server-port=@CLIENT@
+           --dashboard-port=@DASHBOARD@ --include-dashboard=false)
+  else
+    args+=(--address="$GCS_ADDRESS")
+  fi
+  srun --overlap --nodes=1 --ntasks=1 -w "$node" --job-name="grpo-ray-$node" "${CONTAINER[@]}" --open-mode=append \
+    --output="$LOG/ray-$SLURM_JOB_ID-$node.log" "$PY" -m ray.scripts.scripts "${args[@]}" &
   STEP_NODE[$!]=$node
-  [ "$i" -eq 0 ] && sleep 0.5  # let the head bind its GCS port before workers dial it (ray_wait checks)
+}
+
+start_ray_node 0
+deadline=$((SECONDS + JOIN_TIMEOUT))
+until (exec 3<>"/dev/tcp/$HEAD_IP/@GCS@") 2>/dev/null; do  # the head's GCS answers: workers may dial it
+  for p in "${!STEP_NODE[@]}"; do kill -0 "$p" 2>/dev/null || { wait "$p"; node_died "$p" $?; }; done
+  [ $SECONDS -lt $deadline ] || fail 1 "the Ray head on $HEAD did not open port @GCS@ within ${JOIN_TIMEOUT}s; see $LOG/ray-$SLURM_JOB_ID-$HEAD.log"
+  sleep 0.2
 done
+for (( i = 1; i < ${#NODES[@]}; i++ )); do start_ray_node "$i"; done
+export RAY_ADDRESS="$GCS_ADDRESS"  # for ray_wait and the driver (workers.ray_session joins it)
 
-if ! "$PY" -m grpo_launcher.launch.ray_wait --nodes {nodes} --gpus {total_gpus} --timeout {join_timeout}; then
-  echo "grpo-launcher: Ray did not come up on all nodes; see $RUN_DIR/logs/ray-$SLURM_JOB_ID-*.log" >&2
-  kill "${{!STEP_NODE[@]}}" 2>/dev/null; exit 1
-fi
+"${HELPER[@]}" -m grpo_launcher.launch.ray_wait --nodes @NODES@ --gpus @TOTAL_GPUS@ --timeout "$JOIN_TIMEOUT" \
+  --node-names "${NODES[@]}" &
+WAITER=$!
+wait_first "$WAITER"
+[ "$ENDED" = "$WAITER" ] || node_died "$ENDED" "$RC"
+[ "$RC" -eq 0 ] || fail 1 "Ray did not come up on all nodes; see $LOG/ray-$SLURM_JOB_ID-*.log"
+status RUNNING --event ray_ready
+[ -n "$USR1_AT" ] && requeue "SIGUSR1 during Ray start-up (nothing to save)"
 
-srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" {container_flags} \
-  --output="$RUN_DIR/logs/driver-$SLURM_JOB_ID.log" "$PY" -u -m grpo_launcher.train.driver "$RUN_DIR/spec.yaml" &
+srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" --job-name=grpo-driver "${CONTAINER[@]}" --open-mode=append \
+  --output="$LOG/driver-$SLURM_JOB_ID.log" "$PY" -u -m grpo_launcher.train.driver "$RUN_DIR/spec.yaml" &
 DRIVER=$!
-trap 'echo "grpo-launcher: SIGUSR1 (time limit near): asking the driver to checkpoint"; kill -USR1 $DRIVER' USR1
-
-rc=0
-while true; do
-  wait -n -p ENDED "$DRIVER" "${{!STEP_NODE[@]}}"; rc=$?
-  [ "$rc" -gt 128 ] && [ -z "${{ENDED:-}}" ] && continue  # a trapped signal interrupted wait: keep waiting
-  break
-done
-if [ "${{ENDED:-}}" != "$DRIVER" ]; then
-  echo "grpo-launcher: the Ray step on node ${{STEP_NODE[$ENDED]:-?}} died (exit $rc); stopping the job" >&2
-  kill "$DRIVER" 2>/dev/null; rc=1
+say "driver started on $HEAD (log: $LOG/driver-$SLURM_JOB_ID.log)"
+wait_first "$DRIVER"
+if [ "$ENDED" != "$DRIVER" ]; then
+  node_died "$ENDED" "$RC"
 fi
-kill "${{!STEP_NODE[@]}}" 2>/dev/null
-wait
-if [ "$rc" -eq {requeue_code} ]; then
-  "$PY" -m grpo_launcher.launch.status "$RUN_DIR" REQUEUED --job-id "$SLURM_JOB_ID"
-  scontrol requeue "$SLURM_JOB_ID"
-  exit 0
+rc=$RC; DRIVER=""
+[ "$rc" -ne 0 ] && [ "$(job_state)" = CANCELLED ] && on_term
+dead=$(dead_nodes)
+[ -z "$dead" ] || fail 1 "the driver ended (exit $rc) and the Ray step on node(s) $dead is gone; stopping the job"
+say "driver exited $rc"
+timeout 120 "${HELPER[@]}" -m grpo_launcher.launch.ray_wait --placement "$LOG/placement-$SLURM_JOB_ID.json" \
+  --node-names "${NODES[@]}" || say "WARNING: could not record where the actors ran"
+if [ "$rc" -eq @REQUEUE_CODE@ ] || { [ -n "$USR1_AT" ] && [ "$rc" -eq @USR1_KILLED@ ]; }; then
+  requeue "checkpoint saved on signal (driver exit $rc)"
 fi
-"$PY" -m grpo_launcher.launch.status "$RUN_DIR" $([ "$rc" -eq 0 ] && echo COMPLETED || echo FAILED) --job-id "$SLURM_JOB_ID" --exit-code "$rc"
+trap - TERM USR1
+stop_all
+if [ "$rc" -eq 0 ]; then
+  status COMPLETED --exit-code 0
+  rm -rf "$RAY_TMP/$SLURM_JOB_ID-"*  # Ray's session dirs of this job (kept when it fails)
+  say "run completed"
+else
+  status FAILED --exit-code "$rc" --message "the driver exited $rc (log: $LOG/driver-$SLURM_JOB_ID.log)"
+  say "ERROR: the driver exited $rc; see $LOG/driver-$SLURM_JOB_ID.log"
+fi
 exit "$rc"
 """
+
+
+def one_line(text: str, what: str) -> str:
+    """Refuse line breaks in anything placed on an `#SBATCH` line or in a comment."""
+    if any(ch in text for ch in "\n\r\0"):
+        raise ValueError(f"{what}: line breaks are not allowed in {text!r}")
+    return text
 
 
 def sbatch_header(spec: RunSpec, plan: Plan) -> list[str]:
@@ -124,7 +285,7 @@ def sbatch_header(spec: RunSpec, plan: Plan) -> list[str]:
         lines.append("--exclusive")
     if c.requeue:
         lines += ["--requeue", f"--signal=B:USR1@{c.signal_before_s}"]
-    return [f"#SBATCH {shlex.quote(line)}" for line in lines]
+    return [f"#SBATCH {shlex.quote(one_line(line, 'sbatch option'))}" for line in lines]
 
 
 def ray_cpus(spec: RunSpec) -> int:
@@ -132,49 +293,60 @@ def ray_cpus(spec: RunSpec) -> int:
     return max(1, math.ceil(c.cpu_workers_per_node * c.cpus_per_worker)) if c.gpus_per_node == 0 else 8 * c.gpus_per_node
 
 
-def container_flags(spec: RunSpec) -> str:
+def python_of(spec: RunSpec) -> str:
+    """The compute nodes' interpreter: cluster.python, else the one running the launcher (its venv)."""
+    return spec.cluster.python or sys.executable
+
+
+def container_flags(spec: RunSpec, plan: Plan) -> list[str]:
+    """pyxis flags for every step (empty without an image). The output root is mounted at the same path
+    so that the spec, logs and checkpoints are where the job expects them; env vars pass by NAME."""
     c = spec.cluster
     if not c.container_image:
-        return ""
-    flags = [f"--container-image={c.container_image}", "--no-container-mount-home"]
-    if c.container_mounts:
-        flags.append(f"--container-mounts={','.join(c.container_mounts)}")
+        return []
+    root = str(plan.run_dir.parent)
+    mounts = [*c.container_mounts, f"{root}:{root}"]
+    flags = [f"--container-image={c.container_image}", "--no-container-mount-home",
+             f"--container-mounts={','.join(mounts)}", f"--container-workdir={root}"]
     if c.env_passthrough:
         flags.append(f"--container-env={','.join(c.env_passthrough)}")
-    return " ".join(shlex.quote(f) for f in flags)
+    return flags
 
 
 def render(spec: RunSpec, plan: Plan) -> str:
-    p = plan.ports
-    return TEMPLATE.format(
-        sbatch_lines="\n".join(sbatch_header(spec, plan)),
-        name_q=shlex.quote(spec.name),
-        spec_path_q=shlex.quote(str(plan.run_dir / "spec.yaml")),
-        run_dir_q=shlex.quote(str(plan.run_dir)),
-        python_q=shlex.quote(spec.cluster.python),
-        temp_dir_q=shlex.quote(spec.cluster.ray_temp_dir),
-        port_stride=spec.cluster.node_port_stride,
-        extra_env=" ".join(f"{k}={shlex.quote(v)}" for k, v in RUN_ENV.items()),
-        gcs_port=p["gcs"],
-        client_port=p["client"],
-        dashboard_port=p["dashboard"],
-        node_manager_port=p["node_manager"],
-        object_manager_port=p["object_manager"],
-        runtime_env_agent_port=p["runtime_env_agent"],
-        metrics_export_port=p["metrics_export"],
-        dashboard_agent_grpc_port=p["dashboard_agent_grpc"],
-        dashboard_agent_http_port=p["dashboard_agent_http"],
-        min_worker_port=p["min_worker"],
-        max_worker_port=p["max_worker"],
-        ray_cpus=ray_cpus(spec),
-        ray_gpus=spec.cluster.gpus_per_node,
-        object_store_bytes=spec.cluster.object_store_memory_mb * 2**20,
-        nodes=plan.nodes,
-        total_gpus=plan.world_size if plan.use_gpus else 0,
-        join_timeout=spec.cluster.ray_join_timeout_s,
-        container_flags=container_flags(spec),
-        requeue_code=REQUEUE_EXIT_CODE,
-    )
+    c, p = spec.cluster, plan.ports
+    q = shlex.quote
+    values = {
+        "SBATCH_LINES": "\n".join(sbatch_header(spec, plan)),
+        "NAME_C": one_line(spec.name, "run name"),
+        "SPEC_C": one_line(str(plan.run_dir / "spec.yaml"), "run dir"),
+        "RUN_DIR_Q": q(str(plan.run_dir)),
+        "PY_Q": q(python_of(spec)),
+        "RAY_TMP_Q": q(c.ray_temp_dir),
+        "STRIDE": str(int(c.node_port_stride)),
+        "JOIN_TIMEOUT": str(int(c.ray_join_timeout_s)),
+        "REQUEUE_ENABLED": "1" if c.requeue else "0",
+        "CONTAINER_FLAGS": " ".join(q(f) for f in container_flags(spec, plan)),
+        "PASS_ENV": " ".join(q(n) for n in c.env_passthrough),
+        "EXTRA_ENV": " ".join(f"{k}={q(v)}" for k, v in RUN_ENV.items()),
+        "GCS": p["gcs"], "CLIENT": p["client"], "DASHBOARD": p["dashboard"],
+        "NM": p["node_manager"], "OM": p["object_manager"], "RTE": p["runtime_env_agent"],
+        "METRICS": p["metrics_export"], "DAG": p["dashboard_agent_grpc"], "DAH": p["dashboard_agent_http"],
+        "MINW": p["min_worker"], "MAXW": p["max_worker"],
+        "RAY_CPUS": ray_cpus(spec),
+        "RAY_GPUS": int(c.gpus_per_node),
+        "OBJECT_STORE": int(c.object_store_memory_mb) * 2**20,
+        "NODES": int(plan.nodes),
+        "TOTAL_GPUS": plan.world_size if plan.use_gpus else 0,
+        "REQUEUE_CODE": REQUEUE_EXIT_CODE,
+        "USR1_KILLED": USR1_KILLED,
+    }
+    # one pass: text inserted from a value is never scanned for placeholders again
+    return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), TEMPLATE)
+
+
+def script_path(plan: Plan) -> Path:
+    return plan.run_dir / "job.sbatch"
 
 
 # Environment every run gets (no secrets: values here are printed in the script).

@@ -1,33 +1,86 @@
-"""cluster=slurm: render the sbatch script into the run dir and submit it (dry run: print it)."""
+"""cluster=slurm: render the sbatch script into the run dir and submit it (dry run: print it).
+
+Returns right after `sbatch` with the job id, run dir and log paths; `cluster.wait=true` instead follows
+the job (driver log streamed here) until it ends and exits with its result.
+"""
 
 from __future__ import annotations
 
-import subprocess
+import dataclasses
+import os
+import shutil
 import sys
+import time
+from pathlib import Path
 
 from ..plan import Plan
 from ..spec.schema import RunSpec
 from . import rundir
-from .sbatch import render
-from .status import write_status
+from .sbatch import python_of, render, script_path
+
+T_COMMAND = time.time()  # ≈ when launch.py started (this module is imported at start-up)
+
+
+def for_slurm(spec: RunSpec) -> RunSpec:
+    """The spec the job reads: output_root made absolute (the job's cwd is not ours to rely on)."""
+    return dataclasses.replace(spec, output_root=str(Path(spec.output_root).resolve()))
+
+
+def active_job(run_dir: Path) -> str | None:
+    """The job id of a job still queued or running for this run dir, if any."""
+    from .status import SLURM_ACTIVE, read_status, scheduler_job
+
+    job = read_status(run_dir).get("job_id")
+    if not job:
+        return None
+    info = scheduler_job(str(job))
+    return str(job) if info is not None and info.get("JobState") in SLURM_ACTIVE else None
 
 
 def submit_slurm(spec: RunSpec, plan: Plan) -> int:
+    from .status import slurm, write_status  # imported here: `python -m ...launch.status` must not find it loaded
+
+    spec = for_slurm(spec)
     script = render(spec, plan)
     if spec.dry_run:
-        print(f"dry run: the sbatch script that would be submitted ({plan.run_dir / 'job.sbatch'}):\n")
+        print(f"dry run: the sbatch script that would be submitted ({script_path(plan)}):\n")
         print(script)
         return 0
+    if shutil.which("sbatch") is None:
+        print("error: sbatch not found on PATH (cluster=slurm submits with sbatch; for the local test cluster: "
+              "bash scripts/local-slurm.sh install && bash scripts/local-slurm.sh start)", file=sys.stderr)
+        return 1
+    busy = active_job(plan.run_dir)
+    if busy:
+        print(f"error: run '{spec.name}' is already queued/running as job {busy} (its run dir {plan.run_dir} "
+              f"would be shared); `python launch.py cancel {spec.name}` first, or pick another name=",
+              file=sys.stderr)
+        return 1
+    missing = [n for n in spec.cluster.env_passthrough if n not in os.environ]
+    if missing:  # names only: values are never printed
+        print(f"warning: cluster.env_passthrough names unset variable(s): {', '.join(missing)}", file=sys.stderr)
+    if not spec.cluster.python and not spec.cluster.container_image:
+        print(f"python on the nodes: {python_of(spec)} (this interpreter; set cluster.python to change)")
     rundir.prepare(spec, plan)
-    path = plan.run_dir / "job.sbatch"
+    path = script_path(plan)
     rundir.write_atomic(path, script)
-    proc = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True)
+    path.chmod(0o755)
+    proc = slurm(["sbatch", "--parsable", str(path)], timeout=60)
     if proc.returncode != 0:
         print(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}", file=sys.stderr)
         return 1
     job_id = proc.stdout.strip().split(";")[0]
-    write_status(plan.run_dir, "SUBMITTED", job_id=job_id, name=spec.name)
-    print(f"submitted job {job_id}\n  run dir    : {plan.run_dir}\n"
-          f"  slurm log  : {plan.run_dir}/logs/slurm-{job_id}.out\n"
-          f"  driver log : {plan.run_dir}/logs/driver-{job_id}.log")
+    write_status(plan.run_dir, "SUBMITTED", reset=True, job_id=job_id, name=spec.name, run_dir=str(plan.run_dir),
+                 submitted=round(T_COMMAND, 3))
+    logs = plan.run_dir / "logs"
+    print(f"submitted job {job_id} (run '{spec.name}')\n"
+          f"  run dir    : {plan.run_dir}\n"
+          f"  status     : {plan.run_dir / 'status.json'}   python launch.py status {spec.name}\n"
+          f"  driver log : {logs / f'driver-{job_id}.log'}   python launch.py logs -f {spec.name}\n"
+          f"  slurm log  : {logs / f'slurm-{job_id}.out'}   python launch.py logs --slurm {spec.name}\n"
+          f"  cancel     : python launch.py cancel {spec.name}", flush=True)
+    if spec.cluster.wait:
+        from .cli import wait_for_job
+
+        return wait_for_job(plan.run_dir, job_id, t_command=T_COMMAND)
     return 0

@@ -1,7 +1,13 @@
 """Machine-readable run status: `<run_dir>/status.json`, written atomically (temp file + rename).
 
-Used by the sbatch script (`python -m grpo_launcher.launch.status RUN_DIR STATE --job-id N`) and by
-`launch.py status|logs|cancel`.
+Written by the launcher (SUBMITTED) and by the sbatch script
+(`python -m grpo_launcher.launch.status RUN_DIR STATE --job-id N [--exit-code C] [--message M] [--event E]`);
+read by `launch.py status|logs|cancel`, which also ask Slurm (`scontrol`/`squeue`; there is no `sacct`
+on the local cluster) and reconcile the two: the script cannot write anything once SIGKILLed.
+
+status.json keys: name, state, job_id, job_ids (every id this run dir has had), run_dir, submitted,
+updated, exit_code, message, restarts (SLURM_RESTART_COUNT of the latest start), events (epoch seconds
+of the latest start's phases: started, ray_ready).
 """
 
 from __future__ import annotations
@@ -9,16 +15,39 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
-STATES = ("SUBMITTED", "RUNNING", "REQUEUED", "COMPLETED", "FAILED", "CANCELLED")
+STATES = ("SUBMITTED", "RUNNING", "REQUEUED", "COMPLETED", "FAILED", "CANCELLED", "STOPPED")
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "STOPPED")
+# Slurm job states after which nothing more happens (REQUEUED/PREEMPTED may come back as PENDING)
+SLURM_TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                  "DEADLINE", "REVOKED", "SPECIAL_EXIT")
+SLURM_ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "PREEMPTED", "RESV_DEL_HOLD")
 
 
-def write_status(run_dir: Path, state: str, **fields: object) -> dict:
+def write_status(run_dir: Path, state: str, /, reset: bool = False, **fields: object) -> dict:
+    """Merge `fields` into status.json; `reset` (a new submission) keeps only the job id history."""
     run_dir = Path(run_dir)
     current = read_status(run_dir)
+    if reset:
+        current = {"job_ids": current.get("job_ids", [])}
+    event = fields.pop("event", None)
+    if fields.get("restarts") is not None:  # a new start: the previous start's phase times no longer apply
+        current["events"] = {}
+        current.pop("exit_code", None)
+        current.pop("message", None)
     current.update({k: v for k, v in fields.items() if v is not None})
+    if fields.get("job_id") is not None:
+        ids = [str(i) for i in current.get("job_ids", [])]
+        if str(fields["job_id"]) not in ids:
+            current["job_ids"] = [*ids, str(fields["job_id"])]
+    if event:
+        current.setdefault("events", {})[str(event)] = round(time.time(), 3)
     current.update(state=state, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
     tmp = run_dir / f".status.json.{os.getpid()}"
     tmp.write_text(json.dumps(current, indent=1) + "\n")
@@ -28,7 +57,79 @@ def write_status(run_dir: Path, state: str, **fields: object) -> dict:
 
 def read_status(run_dir: Path) -> dict:
     path = Path(run_dir) / "status.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError:  # never expected (atomic writes), but never fatal for a reader
+        return {}
+
+
+# ------------------------------------------------------------------ what Slurm says
+
+
+def slurm_env() -> dict[str, str]:
+    """The local cluster's conf when /etc/slurm/slurm.conf is absent (scripts/local-slurm.sh writes both)."""
+    env = dict(os.environ)
+    if "SLURM_CONF" not in env and not Path("/etc/slurm/slurm.conf").exists():
+        conf = Path(os.environ.get("GRPO_SLURM_DIR", "/tmp/grpo-slurm")) / "slurm.conf"
+        if conf.exists():
+            env["SLURM_CONF"] = str(conf)
+    return env
+
+
+def slurm(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=slurm_env())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(args, 127, "", str(exc))
+
+
+def scheduler_job(job_id: str) -> Optional[dict[str, str]]:
+    """`scontrol show job` as {key: value} (None when Slurm no longer knows the job: MinJobAge passed)."""
+    proc = slurm(["scontrol", "show", "job", str(job_id)])
+    if proc.returncode != 0 or "JobId=" not in proc.stdout:
+        return None
+    info: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        key = line.split("=", 1)[0]
+        if key in ("StdOut", "StdErr", "StdIn", "WorkDir", "Command", "Comment", "Reason"):
+            info[key] = line.split("=", 1)[1] if "=" in line else ""  # these values may contain spaces
+            continue
+        for m in re.finditer(r"(\w[\w:/]*)=(\S*)", line):
+            info.setdefault(m.group(1), m.group(2))
+    return info
+
+
+def jobs_named(name: str) -> list[str]:
+    proc = slurm(["squeue", "-h", "-n", name, "-o", "%i"])
+    return [j for j in proc.stdout.split() if j.isdigit()] if proc.returncode == 0 else []
+
+
+def effective_state(status: dict, sched: Optional[dict[str, str]]) -> tuple[str, str]:
+    """(state, note): status.json reconciled with Slurm's view of the job."""
+    mine = status.get("state", "UNKNOWN")
+    if sched is None:
+        if mine in TERMINAL:
+            return mine, ""
+        if mine == "SUBMITTED" and not status.get("job_id"):
+            return mine, ""
+        return "UNKNOWN", f"Slurm no longer knows job {status.get('job_id')}; last recorded state {mine}"
+    theirs = sched.get("JobState", "UNKNOWN")
+    if mine in TERMINAL and theirs not in ("PENDING", "CONFIGURING"):  # the script recorded its end
+        return mine, f"slurm: {theirs}"
+    if theirs in ("PENDING", "CONFIGURING"):
+        reason = sched.get("Reason", "")
+        return ("REQUEUED" if mine == "REQUEUED" or sched.get("Restarts", "0") != "0" else "PENDING"), \
+            f"slurm: {theirs} ({reason})" if reason and reason != "None" else f"slurm: {theirs}"
+    if theirs in ("RUNNING", "COMPLETING"):
+        return ("REQUEUED" if mine == "REQUEUED" else "RUNNING"), f"slurm: {theirs}"
+    if theirs in SLURM_TERMINAL:
+        if theirs == "COMPLETED" and mine not in TERMINAL:
+            return "FAILED", "slurm: COMPLETED, but the script never recorded an end state"
+        return ("CANCELLED" if theirs == "CANCELLED" else mine if mine in TERMINAL else "FAILED"), f"slurm: {theirs}"
+    return mine, f"slurm: {theirs}"
 
 
 def main() -> None:
@@ -37,8 +138,12 @@ def main() -> None:
     ap.add_argument("state", choices=STATES)
     ap.add_argument("--job-id")
     ap.add_argument("--exit-code", type=int)
+    ap.add_argument("--message")
+    ap.add_argument("--restarts", type=int)
+    ap.add_argument("--event")
     a = ap.parse_args()
-    write_status(a.run_dir, a.state, job_id=a.job_id, exit_code=a.exit_code)
+    write_status(a.run_dir, a.state, job_id=a.job_id, exit_code=a.exit_code, message=a.message,
+                 restarts=a.restarts, event=a.event)
 
 
 if __name__ == "__main__":

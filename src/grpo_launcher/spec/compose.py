@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError, Violation
@@ -110,8 +110,13 @@ def compose(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
 
 def to_spec(cfg: Any) -> RunSpec:
     """DictConfig → frozen RunSpec (the only object passed downstream)."""
-    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
     try:
+        if OmegaConf.get_type(cfg) is not RunSpec:  # e.g. a spec read back from YAML
+            cfg = OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), cfg)
+        if "hydra" in cfg:  # a config composed with its hydra node (sweep points)
+            cfg = cfg.copy()
+            with open_dict(cfg):
+                del cfg["hydra"]
         spec = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
         raise ConfigError([_composition_violation(exc)]) from exc

@@ -249,6 +249,92 @@ def megatron_layouts(s: RunSpec) -> Iterator[Violation]:
                 "sequence parallelism splits activations over the TP group, but TP=1", "set train.sequence_parallel=false")
 
 
+MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
+
+
+@rule
+def megatron_moe(s: RunSpec) -> Iterator[Violation]:
+    """megatron-core's own MoE checks (TransformerConfig.__post_init__), before any GPU is asked for."""
+    t, m, moe = s.train, s.model, s.train.moe
+    if t.backend != TrainBackend.megatron or m.num_experts == 0:
+        return
+    if t.tensor_parallel_size > 1 and not t.sequence_parallel:
+        yield V("megatron_moe", ("train.sequence_parallel", "train.tensor_parallel_size", "model.num_experts"),
+                f"megatron refuses MoE with TP={t.tensor_parallel_size} in training without sequence parallelism",
+                "set train.sequence_parallel=true (needs Transformer Engine), or TP=1 with expert parallelism")
+    if moe.load_balancing_type not in MOE_LOAD_BALANCING:
+        yield V("megatron_moe", "train.moe.load_balancing_type", f"{moe.load_balancing_type!r} is not one of "
+                f"{', '.join(MOE_LOAD_BALANCING)}", "pick one of those (the seed recipe: none)")
+    elif moe.load_balancing_type == "none" and moe.aux_loss_coeff != 0:
+        yield V("megatron_moe", ("train.moe.aux_loss_coeff", "train.moe.load_balancing_type"),
+                f"aux_loss_coeff={moe.aux_loss_coeff} has no effect with load_balancing_type=none",
+                "set train.moe.aux_loss_coeff=0, or pick aux_loss / seq_aux_loss")
+    if moe.token_dispatcher not in MOE_DISPATCHERS:
+        yield V("megatron_moe", "train.moe.token_dispatcher", f"{moe.token_dispatcher!r} is not one of "
+                f"{', '.join(MOE_DISPATCHERS)}", "use alltoall (GPUs) or allgather")
+    if moe.router_dtype.value != "float32":
+        yield V("megatron_moe", "train.moe.router_dtype",
+                f"router_dtype={moe.router_dtype.value}: megatron computes the router in fp32 or in the model dtype; "
+                "the recipes use float32 (bf16 routing flips expert choices)", "set train.moe.router_dtype=float32")
+    if m.moe_top_k < 1 or m.moe_top_k > m.num_experts:
+        yield V("megatron_moe", ("model.moe_top_k", "model.num_experts"),
+                f"top-k {m.moe_top_k} must be within 1..{m.num_experts}", "fix model.moe_top_k")
+
+
+@rule
+def megatron_needs_transformer_engine(s: RunSpec) -> Iterator[Violation]:
+    """Features megatron-core implements only with Transformer Engine (or Apex) layers, when TE is declared absent."""
+    t = s.train
+    if t.backend != TrainBackend.megatron or t.transformer_engine is not False:
+        return
+    needs = []
+    if t.sequence_parallel:
+        needs.append(("train.sequence_parallel", "sequence parallelism (the torch norm refuses it)"))
+    if t.context_parallel_size > 1:
+        needs.append(("train.context_parallel_size", "context parallelism (TEDotProductAttention only)"))
+    if t.sequence_packing:
+        needs.append(("train.sequence_packing", "packed sequences (local attention refuses packed_seq_params)"))
+    if s.model.num_experts and t.tensor_parallel_size > 1:
+        needs.append(("train.tensor_parallel_size", "MoE with TP > 1 (needs sequence parallelism)"))
+    if s.model.num_experts and t.moe.token_dispatcher == "flex":
+        needs.append(("train.moe.token_dispatcher", "the flex dispatcher (TE + DeepEP)"))
+    for key, what in needs:
+        yield V("megatron_needs_transformer_engine", (key, "train.transformer_engine"),
+                f"{what} needs Transformer Engine, and train.transformer_engine=false",
+                f"turn {key} off, or run where Transformer Engine is installed")
+
+
+@rule
+def megatron_shapes(s: RunSpec) -> Iterator[Violation]:
+    """Shapes our HF↔Megatron mapping and the worker's row sharding need."""
+    t, m = s.train, s.model
+    if t.backend != TrainBackend.megatron:
+        return
+    tp, pp = t.tensor_parallel_size, t.pipeline_parallel_size
+    if tp > 0 and m.num_kv_heads % tp:
+        yield V("megatron_shapes", ("train.tensor_parallel_size", "model.num_kv_heads"),
+                f"{m.num_kv_heads} KV heads cannot be split over TP={tp} (the fused QKV is split by KV group)",
+                f"use a train.tensor_parallel_size dividing {m.num_kv_heads}")
+    if tp > 0 and m.vocab_size % tp:
+        yield V("megatron_shapes", ("train.tensor_parallel_size", "model.vocab_size"),
+                f"vocab {m.vocab_size} is not divisible by TP={tp} (vocab-parallel embedding and output layer)",
+                f"use a train.tensor_parallel_size dividing {m.vocab_size}")
+    if pp > 0 and m.num_layers % pp:
+        yield V("megatron_shapes", ("train.pipeline_parallel_size", "model.num_layers"),
+                f"{m.num_layers} layers do not split evenly over PP={pp}", f"use a PP dividing {m.num_layers}")
+    if t.core_attention not in ("sdpa", "local"):
+        yield V("megatron_shapes", "train.core_attention", f"{t.core_attention!r} is not sdpa or local",
+                "set train.core_attention=sdpa")
+    world = world_size(s)
+    rollouts = s.grpo.num_prompts_per_step * s.grpo.num_generations_per_prompt
+    if world > 0 and (t.global_batch_size % world or rollouts % world):
+        yield V("megatron_shapes", ("train.global_batch_size", "grpo.num_prompts_per_step"),
+                f"the driver gives each of the {world} ranks an equal row shard (model-parallel ranks gather "
+                f"theirs): global batch {t.global_batch_size} and rollouts {rollouts} must be multiples of {world}",
+                f"use multiples of {world}")
+
+
 @rule
 def heads_divide(s: RunSpec) -> Iterator[Violation]:
     m = s.model
@@ -330,6 +416,10 @@ def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
             yield V("vllm_only_switches", ("rollout.expert_parallel_size", "rollout.tensor_parallel_size"),
                     f"engine EP={r.expert_parallel_size} must be a multiple of engine TP={r.tensor_parallel_size}",
                     "fix the engine's EP")
+        if r.expose_http_server and not r.async_engine:
+            yield V("vllm_only_switches", ("rollout.expose_http_server", "rollout.async_engine"),
+                    "the OpenAI-compatible server serves the async engine (AsyncLLM); the offline vllm.LLM "
+                    "cannot be served", "set rollout.async_engine=true")
         return
     for key in ("async_engine", "expose_http_server"):
         if getattr(r, key):
@@ -340,6 +430,37 @@ def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
         yield V("vllm_only_switches", ("rollout.tensor_parallel_size", "rollout.backend"),
                 "the hf rollout backend runs one model copy per worker (no engine parallelism)",
                 "set rollout=vllm, or the rollout parallel sizes to 1")
+
+
+@rule
+def vllm_engine_memory_and_length(s: RunSpec) -> Iterator[Violation]:
+    """What vLLM itself would refuse at start-up (minutes into a job): the engine length and a bounded KV cache."""
+    r, m = s.rollout, s.model
+    if r.backend != RolloutBackend.vllm:
+        return
+    mml = r.max_model_len or s.env.max_prompt_tokens + r.max_new_tokens  # the plan's rule
+    if mml > m.max_position_embeddings:
+        yield V("vllm_engine_memory_and_length", ("rollout.max_model_len", "model.max_position_embeddings"),
+                f"the engine's max_model_len {mml} exceeds the model's {m.max_position_embeddings} positions",
+                f"lower rollout.max_model_len (or the prompt/generation budget) to ≤ {m.max_position_embeddings}")
+    if s.cluster.gpus_per_node == 0:  # CPU engines: the KV cache is sized in MiB, never from free RAM
+        heads = max(m.num_attention_heads, 1)
+        per_token = 2 * m.num_layers * m.num_kv_heads * (m.hidden_size // heads) * (4 if m.dtype.value == "float32" else 2)
+        tokens = -(-mml // 128) * 128  # vLLM's CPU KV blocks hold 128 tokens
+        need_mb = per_token * tokens / 2**20
+        if r.kv_cache_memory_mb < 1:
+            yield V("vllm_engine_memory_and_length", "rollout.kv_cache_memory_mb",
+                    f"must be ≥ 1 MiB, got {r.kv_cache_memory_mb}: an unset KV size lets vLLM take ~92 % of RAM",
+                    "set rollout.kv_cache_memory_mb (64 fits the tiny model many times over)")
+        elif need_mb > r.kv_cache_memory_mb:
+            yield V("vllm_engine_memory_and_length", ("rollout.kv_cache_memory_mb", "rollout.max_model_len"),
+                    f"one {mml}-token sequence needs {per_token} B/token × {tokens} (128-token blocks) = "
+                    f"{need_mb:.0f} MiB of KV cache, "
+                    f"more than rollout.kv_cache_memory_mb={r.kv_cache_memory_mb}",
+                    f"set rollout.kv_cache_memory_mb ≥ {int(need_mb) + 1}")
+    elif not 0 < r.gpu_memory_utilization <= 1:
+        yield V("vllm_engine_memory_and_length", "rollout.gpu_memory_utilization",
+                f"must be in (0, 1], got {r.gpu_memory_utilization}", "e.g. rollout.gpu_memory_utilization=0.5")
 
 
 @rule

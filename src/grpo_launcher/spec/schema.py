@@ -136,9 +136,9 @@ class LossSpec:
 class MoESpec:
     freeze_router: bool = False
     router_dtype: Precision = Precision.float32
-    load_balancing_type: str = "aux_loss"
+    load_balancing_type: str = "aux_loss"  # aux_loss | seq_aux_loss | sinkhorn | none
     aux_loss_coeff: float = 0.0
-    token_dispatcher: str = "alltoall"
+    token_dispatcher: str = "alltoall"  # alltoall | allgather | flex (flex needs TE + DeepEP)
 
 
 @dataclass(frozen=True)
@@ -164,6 +164,11 @@ class TrainSpec:
     sequence_packing: bool = False
     dynamic_batching: bool = False
     distributed_optimizer: bool = False
+    # megatron backend: core attention of the local layer spec: sdpa (torch flash/efficient kernels) | local
+    core_attention: str = "sdpa"
+    # megatron backend: does the run's environment provide Transformer Engine? null = not asserted
+    # (pre-flight then skips the TE-only checks; the worker fails at start if a TE-only feature is asked for)
+    transformer_engine: Optional[bool] = None
     moe: MoESpec = field(default_factory=MoESpec)
 
 
@@ -210,7 +215,8 @@ class ClusterSpec:
     container_image: Optional[str] = None
     container_mounts: list[str] = field(default_factory=list)
     env_passthrough: list[str] = field(default_factory=list)  # names only, never values
-    python: str = "python"  # interpreter on the compute nodes
+    # interpreter on the compute nodes (its ray CLI too); null = the one running launch.py
+    python: Optional[str] = None
     ray_port: int = 6379  # first port of the fixed Ray port block (see launch/sbatch.py)
     ray_temp_dir: str = "/tmp/ray"  # short: AF_UNIX socket paths are capped at 107 bytes
     ray_join_timeout_s: int = 300
@@ -220,6 +226,7 @@ class ClusterSpec:
     # >0 only where several "nodes" share one host (the local test cluster): shifts each node's Ray ports
     node_port_stride: int = 0
     wait: bool = False  # slurm: block until the job ends, streaming the driver log
+    node_gpus: Optional[int] = None  # GPUs a node of this cluster has (set by its profile); null = unknown
 
 
 @dataclass(frozen=True)

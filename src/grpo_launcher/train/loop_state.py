@@ -44,6 +44,7 @@ class LoopState:
     checkpoint_path: Optional[Path] = None  # set when resuming
     data_log: Any = None
     started: float = field(default_factory=time.monotonic)
+    last: dict = field(default_factory=dict)  # latest value of every metric (summary.json, sweeps)
 
     @classmethod
     def start(cls, spec: RunSpec, plan: Plan, ckpt) -> "LoopState":
@@ -58,6 +59,8 @@ class LoopState:
                    data_log=_data_log(spec, plan))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.step = step
+        self.last.update(metrics)
         if self.tracker is not None:
             self.tracker.log_metrics(step, metrics)
         if self.tracker is not None and not self.spec.checkpoint.enabled:
@@ -82,6 +85,13 @@ class LoopState:
             self.tracker.close("FAILED")
 
     def finish(self, status: str) -> None:
+        import json
+
+        from ..launch.rundir import write_atomic
+
+        summary = {"status": status, "step": self.step, "metrics": self.last,
+                   "mlflow_run_id": self.tracker.run_id if self.tracker else None}
+        write_atomic(self.plan.run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
         if self.tracker is not None:
             self.tracker.close(status)
 

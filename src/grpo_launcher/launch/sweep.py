@@ -1,0 +1,153 @@
+"""Sweeps: `python launch.py -m key=a,b ...` is Hydra multirun over the same compose → spec → plan → execute.
+
+The `grpo` launcher validates every point before launching any; each point is its own run (own run dir,
+checkpoints, MLflow child run under one parent run per sweep; on Slurm its own job). The `optuna`
+sweeper (hydra/sweeper=optuna) asks for points and reads back each run's objective from its summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import DictConfig
+
+from ..spec.compose import to_spec
+from ..spec.errors import ConfigError
+from ..spec.rules import validate
+from ..spec.schema import RunSpec
+
+EXCLUDED_FROM_NAME = ("name", "output_root", "dry_run", "cluster.wait")
+PARENT_ENV = "GRPO_PARENT_RUN_ID"
+
+
+def multirun(argv: list[str]) -> int:
+    """Run Hydra's multirun with our launcher (and sweeper, when asked) over conf/."""
+    import hydra
+
+    from ..spec.compose import CONF_DIR, check_override_keys, register_schema
+
+    register_schema()
+    args = [a for a in argv if a not in ("-m", "--multirun")]
+    bad = check_override_keys(args)
+    if bad:
+        print(ConfigError(bad).render(), file=sys.stderr)
+        return 2
+    for group in ("launcher", "sweeper"):  # ours, unless the user picked others (e.g. hydra/sweeper=optuna)
+        if not any(a.startswith(f"hydra/{group}=") for a in args):
+            args.append(f"hydra/{group}=grpo")
+    app = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_point)
+    sys.argv = [sys.argv[0], "--multirun", *args]
+    try:
+        app()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Give each point a run name made of the overrides that vary across the sweep (override_dirname-style)."""
+    values: dict[str, set] = {}
+    for ov in points:
+        for o in ov:
+            key, _, value = o.partition("=")
+            values.setdefault(key, set()).add(value)
+    varying = {k for k, v in values.items() if len(v) > 1 and k not in EXCLUDED_FROM_NAME}
+    named = []
+    for i, ov in enumerate(points):
+        name = next((o.partition("=")[2] for o in ov if o.startswith("name=")), base)
+        tag = ",".join(o for o in ov if o.partition("=")[0] in varying) or (str(i) if len(points) > 1 else "")
+        tag = re.sub(r"[^A-Za-z0-9_.+=,@-]", "_", tag)
+        full = f"{name}_{tag}" if tag else name
+        named.append([o for o in ov if not o.startswith("name=")] + [f"name='{full}'"])  # quoted: has = and ,
+    return named
+
+
+def run_point(cfg: DictConfig) -> Optional[float]:
+    """The task of one sweep point: the same flow as a single run. Returns the objective when known."""
+    from ..launch import execute
+    from ..plan import make_plan
+
+    spec = to_spec(cfg)
+    plan = make_plan(spec)
+    code = execute(spec, plan)
+    if code != 0:
+        raise RuntimeError(f"run {spec.name} exited with {code}")
+    return read_objective(plan.run_dir, objective_metric())
+
+
+def point_problems(cfg: DictConfig) -> tuple[Optional[RunSpec], list[str]]:
+    """(the point's spec, its violations rendered): every rule, as for a single run."""
+    try:
+        spec = to_spec(cfg)
+        return spec, [v.render() for v in validate(spec)]
+    except ConfigError as err:
+        return None, [v.render() for v in err.violations]
+
+
+def check_points(checked: Sequence[tuple], overrides: Sequence[Sequence[str]]) -> None:
+    """If any point breaks a rule, report every bad point (key named), launch nothing, exit 2."""
+    problems = [f"point [{' '.join(ov)}]:\n" + "\n".join(p) for (_, p), ov in zip(checked, overrides) if p]
+    if problems:
+        print("config error: sweep not launched, no point was started\n" + "\n".join(problems), file=sys.stderr)
+        sys.exit(2)  # SystemExit passes through Hydra's error reporting: no traceback
+
+
+def sweep_parent_run(spec: RunSpec, sweep_dir: Path) -> Optional[str]:
+    """Create (once per sweep dir) the MLflow parent run; children get its id through the environment."""
+    from ..plan import make_plan
+
+    if not spec.logging.mlflow or spec.dry_run:
+        return None
+    marker = sweep_dir / "mlflow_parent_run_id"
+    if marker.exists():
+        run_id = marker.read_text().strip()
+    else:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(make_plan(spec).tracking_uri)
+        exp = client.get_experiment_by_name(spec.logging.experiment)
+        exp_id = exp.experiment_id if exp else client.create_experiment(spec.logging.experiment)
+        run_id = client.create_run(exp_id, run_name=f"sweep-{sweep_dir.name}",
+                                   tags={"grpo.sweep_dir": str(sweep_dir)}).info.run_id
+        marker.write_text(run_id + "\n")
+    os.environ[PARENT_ENV] = run_id
+    return run_id
+
+
+def objective_metric() -> str:
+    return os.environ.get("GRPO_OBJECTIVE_METRIC", "val/reward_mean")
+
+
+def read_objective(run_dir: Path, metric: str) -> Optional[float]:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())["metrics"].get(metric)
+
+
+def log_best_to_parent(cfg: DictConfig, run_id: str, trial: int, value: float, params: dict, objective: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from ..plan import make_plan
+
+    client = MlflowClient(make_plan(to_spec(cfg)).tracking_uri)
+    client.log_metric(run_id, f"best/{objective}", value, step=trial)
+    client.set_tag(run_id, "best_trial", str(trial))
+    for k, v in params.items():
+        client.set_tag(run_id, f"best.{k}", str(v))
+
+
+def print_summary(specs: Sequence[RunSpec]) -> None:
+    """Run names and, for Slurm points, job ids (from each run dir's status.json)."""
+    from ..launch.status import read_status
+    from ..plan import make_plan
+
+    print(f"sweep summary ({len(specs)} runs):")
+    for spec in specs:
+        status = read_status(make_plan(spec).run_dir)
+        print(f"  {spec.name:60s} {status.get('state', '-'):10s} job {status.get('job_id', '-')}")

@@ -1,0 +1,249 @@
+"""HF ↔ megatron-core weight mapping for Llama / Qwen2 / Qwen3 (dense) and Qwen3-MoE, local layer spec.
+
+Our own mapping (megatron-bridge is not installable reliably here: ../shared/reference/feasibility-megatron.md).
+Three forms of the weights:
+
+* HF        : a transformers state dict (``model.layers.3.self_attn.q_proj.weight``).
+* full      : megatron-core names with GLOBAL layer / expert indices and unsharded tensors
+              (``decoder.layers.3.self_attn.linear_qkv.weight``); pure re-layout of HF, no arithmetic.
+* local     : what one rank's GPTModel holds: its pipeline stage's layers (local indices), its
+              expert-parallel rank's experts (local indices), its tensor-parallel shard.
+
+``hf_to_full`` / ``full_to_hf`` are exact inverses (only cat / split / view: bit-exact round trip).
+``shard`` cuts one full tensor for a TP rank; ``unshard`` puts the TP shards back together.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The shape facts the mapping and the TransformerConfig need, read from an HF config."""
+
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    norm_eps: float
+    rope_theta: float
+    qkv_bias: bool
+    qk_norm: bool
+    tie_embeddings: bool
+    num_experts: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_top_k: int = 0
+    moe_norm_topk_prob: bool = False
+    rope_scaling_factor: Optional[float] = None  # llama3-style scaling (megatron's rope_scaling)
+
+
+def arch_from_hf_config(cfg) -> Arch:
+    """transformers config (or its dict) → Arch; refuses families/features the mapping does not cover."""
+    c = cfg if isinstance(cfg, dict) else cfg.to_dict()
+    family = c.get("model_type")
+    if family not in FAMILIES:
+        raise NotImplementedError(f"train.backend=megatron maps {FAMILIES}, not model_type={family!r}")
+    heads = c["num_attention_heads"]
+    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
+    theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)) if rope else c.get("rope_theta", 10000.0))
+    factor = None
+    if rope_type == "llama3":
+        if (rope.get("low_freq_factor"), rope.get("high_freq_factor"),
+                rope.get("original_max_position_embeddings")) != (1.0, 4.0, 8192):
+            raise NotImplementedError(f"llama3 rope scaling with non-default parameters: {rope}")
+        factor = float(rope["factor"])
+    elif rope_type != "default":
+        raise NotImplementedError(f"rope type {rope_type!r} is not mapped to megatron-core")
+    moe = family == "qwen3_moe"
+    if moe and (c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1):
+        raise NotImplementedError("Qwen3-MoE with dense layers in between (mlp_only_layers / decoder_sparse_step)")
+    return Arch(
+        family=family, num_layers=c["num_hidden_layers"], hidden_size=c["hidden_size"], num_heads=heads,
+        num_kv_heads=c.get("num_key_value_heads") or heads,
+        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+        ffn_hidden_size=c["intermediate_size"], vocab_size=c["vocab_size"],
+        max_position_embeddings=c["max_position_embeddings"], norm_eps=float(c["rms_norm_eps"]),
+        rope_theta=theta, qkv_bias=family == "qwen2" or bool(c.get("attention_bias", False)),
+        qk_norm=family in ("qwen3", "qwen3_moe"), tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+        num_experts=(c.get("num_experts") or c.get("num_local_experts") or 0) if moe else 0,
+        moe_ffn_hidden_size=c.get("moe_intermediate_size", 0) if moe else 0,
+        moe_top_k=c.get("num_experts_per_tok", 0) if moe else 0,
+        moe_norm_topk_prob=bool(c.get("norm_topk_prob", False)) if moe else False,
+        rope_scaling_factor=factor)
+
+
+# ------------------------------------------------------------------------------ HF ↔ full
+
+
+def _qkv_fuse(q: Tensor, k: Tensor, v: Tensor, a: Arch) -> Tensor:
+    """HF q/k/v ([n·d, ...], [g·d, ...]) → megatron's per-group interleave [g·(n/g + 2)·d, ...]."""
+    g, d = a.num_kv_heads, a.head_dim
+    per = a.num_heads // g
+    rest = q.shape[1:]
+    qg = q.reshape(g, per * d, *rest)
+    kg, vg = k.reshape(g, d, *rest), v.reshape(g, d, *rest)
+    return torch.cat([qg, kg, vg], dim=1).reshape(g * (per + 2) * d, *rest)
+
+
+def _qkv_split(w: Tensor, a: Arch) -> tuple[Tensor, Tensor, Tensor]:
+    g, d = a.num_kv_heads, a.head_dim
+    per = a.num_heads // g
+    rest = w.shape[1:]
+    wg = w.reshape(g, (per + 2) * d, *rest)
+    q, k, v = wg.split([per * d, d, d], dim=1)
+    return (q.reshape(g * per * d, *rest).clone(), k.reshape(g * d, *rest).clone(),
+            v.reshape(g * d, *rest).clone())
+
+
+def hf_to_full(hf: dict[str, Tensor], a: Arch) -> dict[str, Tensor]:
+    """HF state dict → megatron-core names, global indices, unsharded tensors."""
+    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
+           "decoder.final_layernorm.weight": hf["model.norm.weight"]}
+    if not a.tie_embeddings:
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    for i in range(a.num_layers):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        at = h + "self_attn."
+        out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"]
+        out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
+        out[m + "self_attention.linear_qkv.weight"] = _qkv_fuse(
+            hf[at + "q_proj.weight"], hf[at + "k_proj.weight"], hf[at + "v_proj.weight"], a)
+        if a.qkv_bias:
+            out[m + "self_attention.linear_qkv.bias"] = _qkv_fuse(
+                hf[at + "q_proj.bias"], hf[at + "k_proj.bias"], hf[at + "v_proj.bias"], a)
+        out[m + "self_attention.linear_proj.weight"] = hf[at + "o_proj.weight"]
+        if a.qk_norm:
+            out[m + "self_attention.q_layernorm.weight"] = hf[at + "q_norm.weight"]
+            out[m + "self_attention.k_layernorm.weight"] = hf[at + "k_norm.weight"]
+        if a.num_experts:
+            out[m + "mlp.router.weight"] = hf[h + "mlp.gate.weight"]
+            gate_up, down = hf[h + "mlp.experts.gate_up_proj"], hf[h + "mlp.experts.down_proj"]  # [E,2f,h], [E,h,f]
+            for e in range(a.num_experts):
+                out[m + f"mlp.experts.local_experts.{e}.linear_fc1.weight"] = gate_up[e]
+                out[m + f"mlp.experts.local_experts.{e}.linear_fc2.weight"] = down[e]
+        else:
+            out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
+            out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
+    return out
+
+
+def full_to_hf(full: dict[str, Tensor], a: Arch) -> dict[str, Tensor]:
+    """Inverse of hf_to_full. Tied models get lm_head.weight = the embedding (what HF's state_dict holds)."""
+    emb = full["embedding.word_embeddings.weight"]
+    out = {"model.embed_tokens.weight": emb, "model.norm.weight": full["decoder.final_layernorm.weight"],
+           "lm_head.weight": emb if a.tie_embeddings else full["output_layer.weight"]}
+    for i in range(a.num_layers):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        at = h + "self_attn."
+        out[h + "input_layernorm.weight"] = full[m + "input_layernorm.weight"]
+        out[h + "post_attention_layernorm.weight"] = full[m + "pre_mlp_layernorm.weight"]
+        q, k, v = _qkv_split(full[m + "self_attention.linear_qkv.weight"], a)
+        out[at + "q_proj.weight"], out[at + "k_proj.weight"], out[at + "v_proj.weight"] = q, k, v
+        if a.qkv_bias:
+            q, k, v = _qkv_split(full[m + "self_attention.linear_qkv.bias"], a)
+            out[at + "q_proj.bias"], out[at + "k_proj.bias"], out[at + "v_proj.bias"] = q, k, v
+        out[at + "o_proj.weight"] = full[m + "self_attention.linear_proj.weight"]
+        if a.qk_norm:
+            out[at + "q_norm.weight"] = full[m + "self_attention.q_layernorm.weight"]
+            out[at + "k_norm.weight"] = full[m + "self_attention.k_layernorm.weight"]
+        if a.num_experts:
+            out[h + "mlp.gate.weight"] = full[m + "mlp.router.weight"]
+            ex = m + "mlp.experts.local_experts.{}.linear_fc{}.weight"
+            out[h + "mlp.experts.gate_up_proj"] = torch.stack([full[ex.format(e, 1)] for e in range(a.num_experts)])
+            out[h + "mlp.experts.down_proj"] = torch.stack([full[ex.format(e, 2)] for e in range(a.num_experts)])
+        else:
+            gate, up = full[m + "mlp.linear_fc1.weight"].chunk(2)
+            out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate.clone(), up.clone()
+            out[h + "mlp.down_proj.weight"] = full[m + "mlp.linear_fc2.weight"]
+    return out
+
+
+# ------------------------------------------------------------------------------ TP shards
+
+# How each (suffix of a) full name is split over tensor parallelism in the local spec.
+# column: dim 0 (output features); row: dim 1 (input features); fc1: [gate; up] each split on dim 0.
+_TP_RULES = (
+    (re.compile(r"experts\.local_experts\.\d+\."), None),  # experts: EP-sharded, not TP (ETP = 1)
+    (re.compile(r"embedding\.word_embeddings\.weight$"), "column"),
+    (re.compile(r"output_layer\.weight$"), "column"),
+    (re.compile(r"linear_qkv\.(weight|bias)$"), "column"),
+    (re.compile(r"linear_proj\.weight$"), "row"),
+    (re.compile(r"mlp\.linear_fc1\.weight$"), "fc1"),
+    (re.compile(r"mlp\.linear_fc2\.weight$"), "row"),
+)
+
+
+def tp_kind(name: str) -> Optional[str]:
+    for pattern, kind in _TP_RULES:
+        if pattern.search(name):
+            return kind
+    return None  # norms, router: replicated
+
+
+def shard(name: str, full: Tensor, tp_rank: int, tp_size: int) -> Tensor:
+    """The tp_rank-th shard of one full tensor (replicated tensors come back whole)."""
+    kind = tp_kind(name)
+    if tp_size == 1 or kind is None:
+        return full
+    if kind == "column":
+        return full.chunk(tp_size, dim=0)[tp_rank]
+    if kind == "row":
+        return full.chunk(tp_size, dim=1)[tp_rank]
+    gate, up = full.chunk(2, dim=0)
+    return torch.cat([gate.chunk(tp_size, dim=0)[tp_rank], up.chunk(tp_size, dim=0)[tp_rank]])
+
+
+def unshard(name: str, shards: list[Tensor]) -> Tensor:
+    """Inverse of shard over all TP ranks' shards (in rank order)."""
+    kind = tp_kind(name)
+    if len(shards) == 1 or kind is None:
+        return shards[0]
+    if kind == "column":
+        return torch.cat(shards, dim=0)
+    if kind == "row":
+        return torch.cat(shards, dim=1)
+    halves = [s.chunk(2, dim=0) for s in shards]
+    return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+
+
+# ------------------------------------------------------------------------------ local ↔ global names
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
+
+
+def local_to_global(name: str, layer_offset: int, expert_offset: int) -> str:
+    """A rank's parameter name → the full-form name (global layer and expert indices)."""
+    name = name.removeprefix("module.")
+    name = _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + layer_offset}.", name)
+    return _EXPERT.sub(lambda m: f".local_experts.{int(m.group(1)) + expert_offset}.", name)
+
+
+def load_local(model: torch.nn.Module, full: dict[str, Tensor], *, tp_rank: int, tp_size: int,
+               layer_offset: int, expert_offset: int, tie: bool = False) -> None:
+    """Copy full-form weights into this rank's model (every parameter must be found; shapes checked)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            g = local_to_global(name, layer_offset, expert_offset)
+            if tie and g == "output_layer.weight":  # a last pipeline stage's copy of the tied embedding
+                g = "embedding.word_embeddings.weight"
+            if g not in full:
+                raise KeyError(f"no weight for {name} (global {g})")
+            w = shard(g, full[g], tp_rank, tp_size)
+            if tuple(w.shape) != tuple(p.shape):
+                raise ValueError(f"{g}: converted shape {tuple(w.shape)} ≠ megatron's {tuple(p.shape)}")
+            p.copy_(w)

@@ -1,0 +1,508 @@
+"""train.backend=megatron: a megatron-core GPTModel (local layer spec, no Transformer Engine) per rank.
+
+Same interface and the same math as TorchPolicyWorker (policy/__init__.py): losses use GLOBAL
+denominators and gradients are SUMmed over data parallelism, so any TP/EP/DP layout gives the DP=1 update.
+
+Layout. The driver starts one actor per device (ranks 0..world-1) and hands rank r the r-th equal
+row shard of every batch. Ranks that form one model replica (the tensor-parallel group, TP·PP·CP ranks)
+all-gather their shards, so each replica works on the union of its ranks' rows; every rank then
+returns the results for its own rows. Expert parallelism is carved out of data parallelism
+(megatron's order tp-cp-ep-dp-pp): EP ranks hold different experts and different rows.
+
+Logits are vocab-parallel for TP > 1: logprobs use megatron's vocab-parallel cross entropy, entropy a
+vocab-parallel reduction; for TP = 1 the very functions of the torch backend (algos) are used.
+
+Weights come in from, and go out to, Hugging Face names (policy/megatron_convert.py): state_dict()
+gathers the shards (a collective: every rank must call it; rank 0's result is the full HF dict).
+
+Optimizer. On CPU (tests): torch AdamW over each rank's local shards with our own grad sync/clipping
+(megatron's DDP and optimizer hard-code CUDA). On GPUs: megatron DDP + megatron optimizer (fp32 master
+weights with bf16, distributed optimizer when train.distributed_optimizer).
+
+CPU: megatron-core needs the test shim tests/megatron_cpu_shim.py; set GRPO_MEGATRON_CPU_SHIM to its path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..algos import entropy_from_logits, masked_mean, policy_loss, token_logprobs
+from ..spec.schema import Precision, RunSpec
+from ..train.batch import TrainBatch
+from . import megatron_convert as mc
+
+SHIM_ENV = "GRPO_MEGATRON_CPU_SHIM"
+
+
+def _load_cpu_shim():
+    path = os.environ.get(SHIM_ENV)
+    if not path:
+        raise RuntimeError(
+            "train.backend=megatron without a GPU: megatron-core hard-codes CUDA. For CPU tests set "
+            f"{SHIM_ENV}=<repo>/tests/megatron_cpu_shim.py (test-only shim), or run on GPUs.")
+    spec = importlib.util.spec_from_file_location("megatron_cpu_shim", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.install()
+    return mod
+
+
+# ------------------------------------------------------------------------------ model building
+
+
+def sdpa_attention_class():
+    """megatron's local DotProductAttention with torch SDPA inside (flash / memory-efficient kernels)."""
+    import torch.nn.functional as F
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class SDPAAttention(DotProductAttention):
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                    packed_seq_params=None, **_):
+            # query [s, b, n, d]; key/value [s, b, g, d] (g query groups, not repeated)
+            assert packed_seq_params is None and attention_bias is None, "SDPA core attention: no packing/bias"
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # -> [b, heads, s, d]
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.softmax_scale,
+                dropout_p=self.attention_dropout.p if self.training else 0.0, enable_gqa=q.size(1) != k.size(1))
+            return o.permute(2, 0, 1, 3).reshape(query.size(0), query.size(1), -1)  # [s, b, n·d]
+
+    return SDPAAttention
+
+
+def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool):
+    """Arch + train.* → megatron-core TransformerConfig (no fused/TE kernels)."""
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    t = spec.train
+    bf16 = t.precision == Precision.bfloat16
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    kw = dict(
+        num_layers=arch.num_layers, hidden_size=arch.hidden_size, num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads, kv_channels=arch.head_dim, ffn_hidden_size=arch.ffn_hidden_size,
+        normalization="RMSNorm", layernorm_epsilon=arch.norm_eps, gated_linear_unit=True,
+        activation_func=F.silu, add_bias_linear=False, add_qkv_bias=arch.qkv_bias, qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0, attention_dropout=0.0,
+        tensor_model_parallel_size=t.tensor_parallel_size, pipeline_model_parallel_size=t.pipeline_parallel_size,
+        context_parallel_size=t.context_parallel_size, expert_model_parallel_size=t.expert_parallel_size,
+        expert_tensor_parallel_size=t.expert_tensor_parallel_size, sequence_parallel=t.sequence_parallel,
+        params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16, use_cpu_initialization=use_cpu_init,
+        perform_initialization=False,  # every weight is loaded from the HF checkpoint right after
+        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+        apply_rope_fusion=False, gradient_accumulation_fusion=False, bias_dropout_fusion=False,
+        calculate_per_token_loss=True)  # megatron DDP then SUMs grads over DP (our global denominators)
+    if t.activation_checkpointing:
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    if arch.num_experts:
+        kw.update(moe_kwargs(arch, spec))
+    return TransformerConfig(**kw)
+
+
+def moe_kwargs(arch: mc.Arch, spec: RunSpec) -> dict:
+    """MoESpec (the seed recipe's settings) → TransformerConfig's moe_* fields."""
+    m = spec.train.moe
+    return dict(
+        num_moe_experts=arch.num_experts, moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
+        moe_router_topk=arch.moe_top_k,
+        # HF Qwen3-MoE: softmax over all experts, then top-k, renormalised only with norm_topk_prob
+        moe_router_pre_softmax=not arch.moe_norm_topk_prob, moe_router_score_function="softmax",
+        moe_router_dtype="fp32" if m.router_dtype == Precision.float32 else None,
+        moe_router_load_balancing_type=m.load_balancing_type, moe_aux_loss_coeff=m.aux_loss_coeff,
+        moe_token_dispatcher_type=m.token_dispatcher, moe_grouped_gemm=False, moe_permute_fusion=False)
+
+
+def build_gpt(arch: mc.Arch, spec: RunSpec, *, pre_process: bool = True, post_process: bool = True,
+              use_cpu_init: bool = True):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    cfg = transformer_config(arch, spec, use_cpu_init=use_cpu_init)
+    layer_spec = get_gpt_layer_local_spec(num_experts=arch.num_experts or None, moe_grouped_gemm=False,
+                                          qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    if spec.train.core_attention == "sdpa":
+        layer_spec.submodules.self_attention.submodules.core_attention = sdpa_attention_class()
+    model = GPTModel(
+        config=cfg, transformer_layer_spec=layer_spec, vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings, pre_process=pre_process, post_process=post_process,
+        share_embeddings_and_output_weights=arch.tie_embeddings, position_embedding_type="rope",
+        rotary_base=arch.rope_theta, rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor or 8.0)
+    if spec.train.moe.freeze_router:
+        for name, p in model.named_parameters():
+            if ".router." in name:
+                p.requires_grad_(False)
+    return model
+
+
+def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    d = Path(model_dir)
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {d}")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+# ------------------------------------------------------------------------------ the worker
+
+
+class MegatronPolicyWorker:
+    def __init__(self, spec: RunSpec, model_dir: str, rank: int, world: int, threads: int = 1):
+        from transformers import AutoConfig
+
+        torch.set_num_threads(threads)
+        self.spec, self.model_dir, self.rank, self.world = spec, str(model_dir), rank, world
+        self.arch = mc.arch_from_hf_config(AutoConfig.from_pretrained(model_dir))
+        self.cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
+        self.shim = None if self.cuda else _load_cpu_shim()
+        if not self.cuda and self.arch.num_experts and spec.train.moe.token_dispatcher == "alltoall":
+            # the alltoall dispatcher creates a CUDA stream; on CPU the allgather one computes the same layer
+            t = spec.train
+            self.spec = replace(spec, train=replace(t, moe=replace(t.moe, token_dispatcher="allgather")))
+        self.steps = 0
+
+    # ------------------------------------------------------------------ distributed set-up
+    def address(self) -> tuple[str, int]:
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def init_distributed(self, host: str, port: int) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core import tensor_parallel
+
+        t = self.spec.train
+        if t.pipeline_parallel_size > 1:
+            raise NotImplementedError("train.backend=megatron: pipeline parallelism is not wired yet (PP=1)")
+        if t.context_parallel_size > 1 or t.sequence_parallel:
+            raise NotImplementedError("context/sequence parallelism need Transformer Engine (not available)")
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if self.cuda else "gloo", init_method=f"tcp://{host}:{port}",
+                                    rank=self.rank, world_size=self.world)
+        ps.initialize_model_parallel(tensor_model_parallel_size=t.tensor_parallel_size,
+                                     pipeline_model_parallel_size=t.pipeline_parallel_size,
+                                     context_parallel_size=t.context_parallel_size,
+                                     expert_model_parallel_size=t.expert_parallel_size,
+                                     expert_tensor_parallel_size=t.expert_tensor_parallel_size)
+        seed = self.spec.grpo.seed
+        if self.cuda:
+            tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        else:
+            self.shim.after_parallel_init()
+        torch.manual_seed(seed + ps.get_data_parallel_rank())
+        self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), t.tensor_parallel_size
+        self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), t.expert_parallel_size
+        self.mp_group = ps.get_model_parallel_group()
+        self.mp_ranks = dist.get_process_group_ranks(self.mp_group)  # global ranks of my replica, in order
+        self.layer_offset = 0
+        self.expert_offset = self.ep_rank * (self.arch.num_experts // self.ep_size) if self.arch.num_experts else 0
+
+        full = mc.hf_to_full(load_hf_weights(self.model_dir), self.arch)
+        self.model = self._build_and_load(full)
+        self.ref = None
+        if self.spec.loss.kl_coef > 0:
+            self.ref = self._build_and_load(full).eval().requires_grad_(False)
+        del full
+        self._build_optimizer()
+
+    def _build_and_load(self, full: dict[str, torch.Tensor]):
+        model = build_gpt(self.arch, self.spec, use_cpu_init=not self.cuda)
+        mc.load_local(model, full, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                      layer_offset=self.layer_offset, expert_offset=self.expert_offset,
+                      tie=self.arch.tie_embeddings)
+        return model.to(self.device)
+
+    def _build_optimizer(self) -> None:
+        t = self.spec.train
+        self.megatron_opt = self.cuda
+        if self.megatron_opt:
+            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+            ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                    use_distributed_optimizer=t.distributed_optimizer)
+            self.model = DistributedDataParallel(self.model.config, ddp_cfg, self.model)
+            bf16 = t.precision == Precision.bfloat16
+            self.opt = get_megatron_optimizer(OptimizerConfig(
+                optimizer="adam", lr=t.lr, weight_decay=t.weight_decay, bf16=bf16, params_dtype=torch.float32,
+                clip_grad=t.max_grad_norm, use_distributed_optimizer=t.distributed_optimizer,
+                adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8), [self.model])
+        else:
+            if t.distributed_optimizer:
+                raise NotImplementedError("train.distributed_optimizer needs GPUs (megatron's optimizer)")
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            self.opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        self._set_lr()
+
+    def _lr(self) -> float:
+        warm = max(1, self.spec.train.warmup_steps)
+        return self.spec.train.lr * min(1.0, (self.steps + 1) / warm)  # = TorchPolicyWorker's LambdaLR
+
+    def _set_lr(self) -> None:
+        for g in self.opt.param_groups:
+            g["lr"] = self._lr()
+
+    # ------------------------------------------------------------------ replica batches
+    def _replica_batch(self, b: TrainBatch) -> tuple[TrainBatch, slice]:
+        """All-gather the row shards of my model-parallel group; (their union, my rows in it)."""
+        n = len(self.mp_ranks)
+        if n == 1:
+            return b, slice(0, len(b))
+        parts: list = [None] * n
+        dist.all_gather_object(parts, b, group=self.mp_group)
+        me = self.mp_ranks.index(self.rank)
+        start = sum(len(p) for p in parts[:me])
+        fields = {}
+        for f in b.__dataclass_fields__:
+            vals = [getattr(p, f) for p in parts]
+            fields[f] = None if vals[0] is None else torch.cat(vals)
+        return TrainBatch(**fields), slice(start, start + len(b))
+
+    # ------------------------------------------------------------------ forward pieces
+    def _logits(self, model, b: TrainBatch) -> torch.Tensor:
+        """Response logits [B, T, V/TP] (this rank's vocab shard), divided by the sampling temperature."""
+        ids = b.input_ids.to(self.device)
+        B, L = ids.shape
+        pos = torch.arange(L, device=self.device)[None].expand(B, L)
+        logits = model(ids, pos, None)  # [B, L, V/TP]; causal attention, right padding never seen
+        T = b.response_ids.shape[1]
+        idx = (b.prompt_lens[:, None] - 1 + torch.arange(T)[None, :]).clamp(max=L - 1).to(self.device)
+        out = logits.gather(1, idx[:, :, None].expand(B, T, logits.shape[-1]))
+        return out / self.spec.rollout.temperature
+
+    def _token_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        tokens = tokens.to(self.device)
+        if self.tp_size == 1:
+            return token_logprobs(logits, tokens)
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+        return -vocab_parallel_cross_entropy(logits.float().clone(), tokens)  # [B, T] float32
+
+    @torch.no_grad()
+    def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return entropy_from_logits(logits)
+        from megatron.core import parallel_state as ps
+
+        g = ps.get_tensor_model_parallel_group()
+        x = logits.float()
+        m = x.amax(-1, keepdim=True)
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=g)
+        e = (x - m).exp()
+        z = e.sum(-1, keepdim=True)
+        dist.all_reduce(z, group=g)
+        logp = x - m - z.log()
+        h = -(e / z * logp.clamp(min=torch.finfo(x.dtype).min)).sum(-1)
+        dist.all_reduce(h, group=g)
+        return h
+
+    # ------------------------------------------------------------------ logprobs
+    @torch.no_grad()
+    def logprobs(self, b: TrainBatch) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(prev_logprobs [B, T], ref_logprobs [B, T] or None) for this rank's rows (CPU tensors)."""
+        full, mine = self._replica_batch(b)
+        self.model.eval()
+        prev, ref = [], []
+        for rows in _chunks(len(full), self.spec.train.logprob_batch_size):
+            mb = full.select(rows)
+            prev.append(self._token_logprobs(self._logits(self.model, mb), mb.response_ids).cpu())
+            if self.ref is not None:
+                ref.append(self._token_logprobs(self._logits(self.ref, mb), mb.response_ids).cpu())
+        self.model.train()
+        prev_t = torch.cat(prev)[mine]
+        return prev_t, (torch.cat(ref)[mine] if ref else None)
+
+    # ------------------------------------------------------------------ update
+    def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict[str, float]:
+        """One optimizer step per minibatch; denominators are global per minibatch (as the torch backend)."""
+        sums: dict[str, float] = {}
+        reporter = self.mp_ranks.index(self.rank) == 0  # one rank per replica reports (the driver sums ranks)
+        for b, den in zip(minibatches, denominators):
+            b, _ = self._replica_batch(b)
+            self._zero_grad()
+            for rows in _chunks(len(b), self.spec.train.micro_batch_size):
+                for k, v in self._micro_step(b.select(rows), den).items():
+                    sums[k] = sums.get(k, 0.0) + (v if reporter else 0.0)
+            grad_norm = self._step()
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
+        sums = {k: v / len(minibatches) for k, v in sums.items()}
+        sums["lr"] = self._lr_used
+        return sums
+
+    def _micro_step(self, mb: TrainBatch, den: float) -> dict[str, float]:
+        from .torch_policy import local_denominator
+
+        lo = self.spec.loss
+        dev = self.device
+        logits = self._logits(self.model, mb)
+        ent_tok = self._entropy(logits)
+        lp = self._token_logprobs(logits, mb.response_ids)
+        mask, smask = mb.response_mask.to(dev), mb.sample_mask.to(dev)
+        opt = lambda x: None if x is None else x.to(dev)  # noqa: E731
+        loss, _, m = policy_loss(
+            lp, mb.prev_logprobs.to(dev), mb.advantages.to(dev), mask, sample_mask=smask,
+            clip_low=lo.clip_low, clip_high=lo.clip_high, dual_clip_c=lo.dual_clip_c,
+            ratio_level=lo.ratio_level.value, aggregation=lo.aggregation.value, is_weights=opt(mb.is_weights),
+            ref_logprobs=opt(mb.ref_logprobs), kl_coef=lo.kl_coef, kl_estimator=lo.kl_estimator.value,
+            kl_clamp=lo.kl_clamp, norm_len=self.spec.rollout.max_new_tokens)
+        share = local_denominator(lo.aggregation.value, mb.response_mask * mb.sample_mask[:, None]) / den
+        (loss * share).backward()
+        ent = masked_mean(ent_tok, mask)
+        return {"loss": float(loss.detach()) * share, "entropy": float(ent) * share,
+                **{k: float(v) * share for k, v in m.items()}}
+
+    def _zero_grad(self) -> None:
+        if self.megatron_opt:
+            self.model.zero_grad_buffer()
+        self.opt.zero_grad()
+
+    def _step(self) -> float:
+        self._set_lr()
+        self._lr_used = self._lr()
+        if self.megatron_opt:
+            from megatron.core.distributed import finalize_model_grads
+
+            finalize_model_grads([self.model])
+            ok, grad_norm, _ = self.opt.step()
+            if not ok:
+                raise FloatingPointError("megatron optimizer step skipped (non-finite grads)")
+        else:
+            grad_norm = self._sync_and_clip()
+            self.opt.step()
+        self.steps += 1
+        return float(grad_norm)
+
+    def _sync_and_clip(self) -> float:
+        """CPU path: SUM grads over data parallelism, clip by the global norm over all shards."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        dense = [p for p in params if getattr(p, "allreduce", True)]
+        experts = [p for p in params if not getattr(p, "allreduce", True)]
+        if ps.get_data_parallel_world_size() > 1:
+            for p in dense:
+                dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
+        if experts and ps.get_expert_data_parallel_world_size() > 1:
+            for p in experts:
+                dist.all_reduce(p.grad, group=ps.get_expert_data_parallel_group())
+        sq = torch.zeros(2, dtype=torch.float64)
+        for p in dense:
+            if param_is_not_tensor_parallel_duplicate(p):
+                sq[0] += p.grad.double().square().sum().cpu()
+        for p in experts:
+            sq[1] += p.grad.double().square().sum().cpu()
+        dense_sq, expert_sq = sq[0:1].clone(), sq[1:2].clone()
+        if len(self.mp_ranks) > 1:
+            dist.all_reduce(dense_sq, group=self.mp_group)
+        if ps.get_expert_model_parallel_world_size() > 1:
+            dist.all_reduce(expert_sq, group=ps.get_expert_model_parallel_group())
+        norm = float((dense_sq + expert_sq).sqrt())
+        coef = self.spec.train.max_grad_norm / (norm + 1e-6)  # = torch.nn.utils.clip_grad_norm_
+        if coef < 1.0:
+            for p in params:
+                p.grad.mul_(coef)
+        return norm
+
+    # ------------------------------------------------------------------ weights
+    def _megatron_params(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters under full-form (global) names, TP-sharded."""
+        return {mc.local_to_global(n, self.layer_offset, self.expert_offset): p.detach()
+                for n, p in self.model.named_parameters()}
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Full-form megatron weights, gathered over TP and EP (collective). CPU tensors."""
+        from megatron.core import parallel_state as ps
+
+        local = self._megatron_params()
+        out: dict[str, torch.Tensor] = {}
+        tp_group = ps.get_tensor_model_parallel_group()
+        for name, w in local.items():
+            if self.tp_size > 1 and mc.tp_kind(name) is not None and ".local_experts." not in name:
+                parts = [torch.empty_like(w) for _ in range(self.tp_size)]
+                dist.all_gather(parts, w.contiguous(), group=tp_group)
+                w = mc.unshard(name, parts)
+            out[name] = w.cpu()
+        if self.ep_size > 1:
+            experts = {k: v for k, v in out.items() if ".local_experts." in k}
+            parts: list = [None] * self.ep_size
+            dist.all_gather_object(parts, experts, group=ps.get_expert_model_parallel_group())
+            for p in parts:
+                out.update(p)
+        if self.arch.tie_embeddings:
+            out.pop("output_layer.weight", None)
+        return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """HF-named full weights (refit source). Collective when the model is sharded: call on every rank."""
+        return mc.full_to_hf(self.full_state(), self.arch)
+
+    def save(self, directory: str) -> None:
+        """Every rank: its optimizer state; rank 0: HF weights (policy/model.safetensors + config)."""
+        from safetensors.torch import save_file
+
+        path = Path(directory)
+        hf = self.state_dict()  # collective
+        if self.rank == 0:
+            (path / "policy").mkdir(parents=True, exist_ok=True)
+            seen: dict[int, str] = {}
+            tensors = {}
+            for k, v in hf.items():  # tied: one storage under two names → save a copy
+                tensors[k] = v.clone() if id(v) in seen else v.contiguous()
+                seen[id(v)] = k
+            save_file(tensors, str(path / "policy" / "model.safetensors"), metadata={"format": "pt"})
+            for name in ("config.json", "generation_config.json"):
+                if (Path(self.model_dir) / name).exists():
+                    shutil.copy(Path(self.model_dir) / name, path / "policy" / name)
+        if self.megatron_opt and self.spec.train.distributed_optimizer:
+            state = {"steps": self.steps, "opt": None}  # sharded optimizer state: not saved (see report)
+        else:
+            state = {"steps": self.steps, "opt": self.opt.state_dict()}
+        torch.save(state, path / f"megatron_optim_rank{self.rank}.pt")
+        if self.rank == 0:
+            with open(path / "megatron_layout.json", "w") as f:
+                json.dump({"world": self.world, "tp": self.tp_size, "ep": self.ep_size}, f)
+        for f in path.rglob("*"):
+            if f.is_file() and (f.name.endswith(f"rank{self.rank}.pt") or self.rank == 0):
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+
+    def load(self, directory: str) -> None:
+        path = Path(directory)
+        full = mc.hf_to_full(load_hf_weights(path / "policy"), self.arch)
+        module = self.model.module if self.megatron_opt else self.model
+        mc.load_local(module, full, tp_rank=self.tp_rank, tp_size=self.tp_size, layer_offset=self.layer_offset,
+                      expert_offset=self.expert_offset, tie=self.arch.tie_embeddings)
+        state = torch.load(path / f"megatron_optim_rank{self.rank}.pt", weights_only=False)
+        self.steps = state["steps"]
+        if state["opt"] is not None:
+            self.opt.load_state_dict(state["opt"])
+        if self.megatron_opt and hasattr(self.opt, "reload_model_params"):
+            self.opt.reload_model_params()  # fp32 master copies ← the loaded weights
+        self._set_lr()
+
+    def ping(self) -> float:
+        return time.time()
+
+
+def _chunks(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]

@@ -1,0 +1,363 @@
+"""rollout=vllm: one vLLM engine per Ray actor; weights refit in place from the policy after every update.
+
+Two engine modes, one contract (`generate` / `update_weights` / `shutdown`, as rollout/hf.py):
+
+* `rollout.async_engine=false`: `vllm.LLM`. With VLLM_ENABLE_V1_MULTIPROCESSING=0 (train/workers.py sets it)
+  the engine runs inside the actor process: no extra processes, ~2.5 s start-up on CPU, and the refit hands
+  the policy's tensors to `Worker.reload_weights` directly.
+* `rollout.async_engine=true`: `AsyncLLM` (its EngineCore always runs in a child process). It lives on an
+  asyncio loop in a background thread of the actor, so the actor's methods stay synchronous and the optional
+  OpenAI-compatible HTTP server (`rollout.expose_http_server=true`) keeps answering while a Ray call runs.
+  The refit crosses the process boundary as safetensors bytes, loaded by `WeightRefitExtension` in the
+  engine's worker(s).
+
+Facts this relies on (shared/reference/feasibility-vllm-cpu.md, re-checked by tests/test_vllm.py):
+the KV cache is always sized explicitly (`kv_cache_memory_bytes` on CPU: vLLM would otherwise take ~92 % of
+RAM); a refit is `reload_weights` with the HF-named state dict + `reset_prefix_cache` (stale KV otherwise);
+the engine starts with dummy weights because the driver refits before the first rollout.
+
+Logprobs: `logprobs_mode="processed_logprobs"` returns log_softmax(logits / temperature) of the sampled
+token, which is the policy's convention (policy/torch_policy.py divides the logits by rollout.temperature);
+at temperature 1 it equals vLLM's default raw logprobs. top-p/top-k stay off (rules.py enforces it), so no
+filtering enters the returned distribution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Optional
+
+from ..spec.schema import RunSpec
+from ..train.batch import Generation
+
+# Before vLLM is imported anywhere in this process: quiet logs, no usage reports, loopback-only sockets.
+for _k, _v in {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "VLLM_CONFIGURE_LOGGING": "1"}.items():
+    os.environ.setdefault(_k, _v)
+
+EXTENSION = "grpo_launcher.rollout.vllm.WeightRefitExtension"
+
+
+class WeightRefitExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`): refit from bytes across a process boundary.
+
+    collective_rpc's msgpack encoding turns tensors in untyped args into lists, so multiprocess engines get
+    the state dict as one safetensors blob and rebuild the tensors here, in the engine's worker process.
+    """
+
+    def grpo_reload_weights_from_bytes(self, blob: bytes) -> int:
+        from safetensors.torch import load
+
+        state = load(bytes(blob))
+        self.reload_weights(weights_iterator=list(state.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        return len(state)
+
+
+class VLLMRolloutWorker:
+    def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1):
+        from transformers import AutoTokenizer
+
+        from ..plan import make_plan
+
+        t0 = time.perf_counter()
+        r = spec.rollout
+        self.spec, self.model_dir = spec, str(model_dir)
+        self.served_model_name = spec.model.name
+        self.max_model_len = make_plan(spec).max_model_len  # rollout.max_model_len or prompt + generation
+        tok = AutoTokenizer.from_pretrained(self.model_dir)
+        self.eos_ids = sorted({tok.eos_token_id} - {None})
+        self._url: Optional[str] = None
+        self._server = self._server_task = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self.llm = self.engine = None
+        self._closed = False
+        self.refits = 0
+        kwargs = self._engine_kwargs(threads)
+        _quiet_vllm_logs()
+        if r.async_engine or r.expose_http_server:  # rules.py: the server needs the async engine
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async-loop", daemon=True)
+            self._thread.start()
+            self.engine = self._call(self._start_async(kwargs))
+            if r.expose_http_server:
+                self._url = self._call(self._start_http())
+        else:
+            from vllm import LLM
+
+            self.llm = LLM(**kwargs)
+        self.startup_s = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ engine set-up
+    def _engine_kwargs(self, threads: int) -> dict[str, Any]:
+        from vllm.platforms import current_platform
+
+        r, s = self.spec.rollout, self.spec
+        kw: dict[str, Any] = dict(
+            model=self.model_dir, dtype=s.model.dtype.value, max_model_len=self.max_model_len, seed=s.grpo.seed,
+            enforce_eager=r.enforce_eager, tensor_parallel_size=r.tensor_parallel_size,
+            pipeline_parallel_size=r.pipeline_parallel_size,
+            load_format="dummy",  # the driver pushes the policy's weights before the first rollout
+            logprobs_mode="processed_logprobs",  # log_softmax(logits / T): the policy's convention
+            worker_extension_cls=EXTENSION, served_model_name=[self.served_model_name],
+            # the seed PR's fix: a served engine needs its tokenizer (chat templates, text prompts, detokenize)
+            skip_tokenizer_init=not r.expose_http_server, disable_log_stats=True)
+        if current_platform.is_cpu():
+            kw["kv_cache_memory_bytes"] = r.kv_cache_memory_mb * 2**20  # never let vLLM size it from free RAM
+        else:
+            kw["gpu_memory_utilization"] = r.gpu_memory_utilization
+        return kw
+
+    async def _start_async(self, kwargs: dict[str, Any]):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))  # created on the loop: output handler runs here
+
+    async def _start_http(self) -> str:
+        """vLLM's own OpenAI app (build_app + init_app_state, what `vllm serve` runs) over THIS engine."""
+        import uvicorn
+
+        try:
+            from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+            from vllm.entrypoints.launchers.app import build_app
+            from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        except ImportError:  # vLLM < 0.32 kept them in the (now deprecated) openai.api_server module
+            from vllm.entrypoints.openai.api_server import build_app, init_app_state
+            from vllm.entrypoints.openai.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        host = self.spec.rollout.http_host
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))  # a free port per engine; the URL is what callers get
+        port = sock.getsockname()[1]
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+            ["--model", self.model_dir, "--served-model-name", self.served_model_name, "--host", host,
+             "--port", str(port), "--disable-uvicorn-access-log", "--disable-log-stats"])
+        tasks = await self.engine.get_supported_tasks()
+        app = build_app(args, tasks, self.engine.model_config)
+        await init_app_state(self.engine, app.state, args, tasks)
+        config = uvicorn.Config(app, log_level="warning", access_log=False)
+        self._server = _QuietServer(config)
+        app.state.server = self._server
+        self._server_task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        deadline = time.monotonic() + 120
+        while not self._server.started:
+            if self._server_task.done():
+                self._server_task.result()  # raises the server's start-up error
+                raise RuntimeError("the HTTP server stopped during start-up")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the vLLM HTTP server did not start within 120 s")
+            await asyncio.sleep(0.01)
+        shown = host if host not in ("0.0.0.0", "::") else _node_ip()
+        shown = f"[{shown}]" if ":" in shown else shown
+        return f"http://{shown}:{port}/v1"
+
+    def _call(self, coro, timeout: Optional[float] = None):
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # ------------------------------------------------------------------ the interface
+    def generate(self, prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]:
+        """n samples per prompt, grouped: rows [k*n, (k+1)*n) belong to prompt k."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        r = self.spec.rollout
+        params = [SamplingParams(
+            n=n, temperature=r.temperature, top_p=1.0, top_k=0, max_tokens=r.max_new_tokens, logprobs=0,
+            seed=_prompt_seed(seed, k), stop_token_ids=self.eos_ids, detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY) for k in range(len(prompt_ids))]
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
+        if self.llm is not None:
+            outs = self.llm.generate(prompts, params, use_tqdm=False)
+        else:
+            outs = self._call(self._agenerate(prompts, params))
+        return [g for p, out in zip(prompt_ids, outs) for g in self._unpack(p, out, n)]
+
+    async def _agenerate(self, prompts: list, params: list) -> list:
+        async def one(prompt, sp):
+            final = None
+            async for out in self.engine.generate(prompt, sp, request_id=f"grpo-{uuid.uuid4().hex}"):
+                final = out
+            return final
+
+        return await asyncio.gather(*(one(p, sp) for p, sp in zip(prompts, params)))
+
+    @staticmethod
+    def _unpack(prompt: list[int], out, n: int) -> list[Generation]:
+        comps = sorted(out.outputs, key=lambda c: c.index)
+        if len(comps) != n:
+            raise RuntimeError(f"vLLM returned {len(comps)} completions for a prompt, expected {n}")
+        gens = []
+        for c in comps:
+            if c.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM request ended with finish_reason={c.finish_reason!r}")
+            toks = list(c.token_ids)
+            if c.logprobs is None or len(c.logprobs) != len(toks):
+                raise RuntimeError("vLLM returned no logprob for some sampled tokens")
+            lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(toks)]
+            gens.append(Generation(prompt_ids=list(prompt), response_ids=toks, logprobs=lps,
+                                   truncated=c.finish_reason == "length"))
+        return gens
+
+    def update_weights(self, state_dict: dict) -> float:
+        """Refit in place: HF-named tensors → every engine worker's reload_weights; then drop stale KV. ms."""
+        t0 = time.perf_counter()
+        if self.llm is not None:
+            if _in_process(self.llm):
+                self.llm.collective_rpc("reload_weights", kwargs={
+                    "weights_iterator": list(state_dict.items()), "is_checkpoint_format": True})
+            else:
+                self.llm.collective_rpc("grpo_reload_weights_from_bytes", args=(_to_bytes(state_dict),))
+            self.llm.reset_prefix_cache()
+        else:
+            self._call(self._aupdate(_to_bytes(state_dict)))
+        self.refits += 1
+        return (time.perf_counter() - t0) * 1e3
+
+    async def _aupdate(self, blob: bytes) -> None:
+        # Let requests in flight (e.g. over HTTP) finish on the old weights; hold new ones until the refit is done.
+        await self.engine.pause_generation(mode="wait", clear_cache=True)
+        try:
+            await self.engine.collective_rpc("grpo_reload_weights_from_bytes", args=(blob,))
+            await self.engine.reset_prefix_cache()
+        finally:
+            await self.engine.resume_generation()
+
+    def http_url(self) -> Optional[str]:
+        """Base URL of this engine's OpenAI-compatible API (".../v1"), or None when it is not exposed."""
+        return self._url
+
+    def info(self) -> dict[str, Any]:
+        """Start-up time, process-tree RSS and where this engine serves (for logs and benchmarks)."""
+        import psutil
+
+        me = psutil.Process()
+        children = me.children(recursive=True)
+        engine_children = [p for p in children if "resource_tracker" not in " ".join(_cmdline(p))]
+        return {"startup_s": self.startup_s, "rss_mb": sum(_rss(p) for p in [me, *children]) / 2**20,
+                "processes": 1 + len(children), "engine_processes": len(engine_children), "pid": os.getpid(),
+                "http_url": self._url, "model": self.served_model_name, "refits": self.refits,
+                "async_engine": self._loop is not None}
+
+    def shutdown(self) -> None:
+        """Stop the HTTP server and the engine (and its child processes) before the actor is killed."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+        if self._loop is not None:
+            try:
+                self._call(self._ashutdown(), timeout=120)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(timeout=30)
+                self._loop.close()
+
+    async def _ashutdown(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            await asyncio.wait_for(self._server_task, timeout=60)
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+
+class _QuietServer:
+    """uvicorn.Server without signal handlers: it runs on a non-main thread inside a Ray actor."""
+
+    def __new__(cls, config):
+        import contextlib
+
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+                pass
+
+            @contextlib.contextmanager
+            def capture_signals(self):  # uvicorn ≥ 0.29
+                yield
+
+        return Server(config)
+
+
+# Warnings vLLM prints on every start-up or refit that are expected here (each was checked):
+HARMLESS = (
+    "RotaryEmbedding: Failed to load weights",  # every reload_weights: rotary tables are not weights
+    "Chat template warmup failed",  # skip_tokenizer_init=True (no HTTP server): nothing to render
+    "Using None for EOS token id because tokenizer is not initialized",  # EOS goes in as stop_token_ids
+    "doesn't allow to use `torch.set_num_threads` after the thread binding",  # vLLM's CPU binding wins
+)
+
+
+class _HarmlessFilter:
+    @staticmethod
+    def filter(record) -> bool:
+        msg = record.getMessage()
+        return not any(h in msg for h in HARMLESS)
+
+
+def _quiet_vllm_logs() -> None:
+    import logging
+
+    import vllm.logger  # noqa: F401  (configures the "vllm" logger and its handler)
+
+    for handler in logging.getLogger("vllm").handlers:
+        if not any(isinstance(f, _HarmlessFilter) for f in handler.filters):
+            handler.addFilter(_HarmlessFilter())
+
+
+def _prompt_seed(seed: int, k: int) -> int:
+    """A 31-bit seed per (call seed, prompt); vLLM derives the n samples' seeds as seed + j."""
+    return random.Random(f"{seed}/{k}").getrandbits(30)  # + j stays below 2**31
+
+
+def _in_process(llm) -> bool:
+    from vllm.v1.engine.core_client import InprocClient
+
+    return isinstance(llm.llm_engine.engine_core, InprocClient)
+
+
+def _to_bytes(state_dict: dict) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().contiguous() for k, v in state_dict.items()})
+
+
+def _rss(p) -> int:
+    try:
+        return p.memory_info().rss
+    except Exception:  # a child that just exited
+        return 0
+
+
+def _cmdline(p) -> list[str]:
+    try:
+        return p.cmdline()
+    except Exception:
+        return []
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return socket.gethostbyname(socket.gethostname())
+
+
+if "vllm" in __import__("sys").modules:  # imported by vLLM itself (worker_extension_cls in an engine process)
+    _quiet_vllm_logs()

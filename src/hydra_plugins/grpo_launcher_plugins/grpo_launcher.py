@@ -1,0 +1,93 @@
+"""hydra/launcher=grpo: validate ALL points of a batch first, then run them one after another
+(cluster=local) or submit each as its own Slurm job without waiting (cluster=slurm)."""
+
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GrpoLauncherConf:
+    _target_: str = "hydra_plugins.grpo_launcher_plugins.grpo_launcher.GrpoLauncher"
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="grpo", node=GrpoLauncherConf, provider="grpo_launcher")
+
+
+class GrpoLauncher(Launcher):
+    def __init__(self) -> None:
+        self.config: Optional[DictConfig] = None
+        self.task_function: Optional[TaskFunction] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.invalid_points_fail = False  # the optuna sweeper turns bad points into failed trials
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def point_config(self, overrides: Sequence[str], idx: int) -> DictConfig:
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(cfg):
+            cfg.hydra.job.id = cfg.hydra.job.num = idx
+        return cfg
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from grpo_launcher.launch import execute
+        from grpo_launcher.launch.sweep import (check_points, named_points, point_problems, print_summary,
+                                                sweep_parent_run)
+        from grpo_launcher.plan import make_plan
+
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        job_overrides = named_points(str(self.config.name), job_overrides)
+        configs = [self.point_config(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
+        checked = [point_problems(c) for c in configs]  # (spec, violations) per point
+        if not self.invalid_points_fail:
+            check_points(checked, job_overrides)  # exits 2 naming each bad point and key: nothing launched
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        first = next((spec for spec, bad in checked if not bad), None)
+        if first is not None:
+            sweep_parent_run(first, sweep_dir)  # one MLflow parent run per sweep; children find it via env
+        runs = []
+        for i, (cfg, (spec, problems)) in enumerate(zip(configs, checked)):
+            log.info(f"#{initial_job_idx + i}: {' '.join(filter_overrides(job_overrides[i]))}")
+            if problems:  # only with the optuna sweeper: a point that breaks a rule is a failed trial
+                runs.append(JobReturn(status=JobStatus.FAILED, _return_value=ValueError("\n".join(problems))))
+                continue
+            if spec.dry_run:  # print the plan (and sbatch script) only: no job dir, no Hydra job machinery
+                runs.append(JobReturn(status=JobStatus.COMPLETED, _return_value=execute(spec, make_plan(spec))))
+                continue
+            runs.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=cfg,
+                                job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        print_summary([spec for spec, _ in checked if spec is not None])
+        return runs
+
+
+class GrpoSweeper(BasicSweeper):
+    """Hydra's basic sweeper (cartesian product of `a,b` overrides) without its own per-point composition
+    check: the grpo launcher composes and validates every point anyway, with our rules."""
+
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        return None
+
+
+@dataclass
+class GrpoSweeperConf:
+    _target_: str = "hydra_plugins.grpo_launcher_plugins.grpo_launcher.GrpoSweeper"
+    max_batch_size: Optional[int] = None
+    params: Optional[Dict[str, str]] = None
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="grpo", node=GrpoSweeperConf, provider="grpo_launcher")

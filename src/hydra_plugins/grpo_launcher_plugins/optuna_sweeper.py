@@ -1,0 +1,167 @@
+"""hydra/sweeper=optuna: hyperparameter search on optuna ≥ 4 with a persistent (sqlite) study.
+
+    python launch.py -m hydra/sweeper=optuna hydra.sweeper.n_trials=8 \
+        'train.lr=tag(log, interval(1e-5, 1e-3))' 'loss.clip_high=choice(0.2, 0.28)'
+
+Search spaces use Hydra's override syntax (choice, range, interval, tag(log, ...)) on the command line or
+in `hydra.sweeper.params`. Each trial is one run of the `grpo` launcher (a local run, or a Slurm job the
+sweeper waits for); its objective is a named metric read back from the finished run. A trial that fails
+or crashes is recorded as FAIL and the study goes on. The study lives in `storage` (default:
+sqlite in output_root) under `study_name`: invoking again with the same name continues it.
+"""
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from hydra.core.utils import JobStatus
+from hydra.plugins.sweeper import Sweeper
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+SAMPLERS = ("tpe", "random", "grid")
+
+
+@dataclass
+class OptunaSweeperConf:
+    _target_: str = "hydra_plugins.grpo_launcher_plugins.optuna_sweeper.OptunaSweeper"
+    direction: str = "maximize"  # maximize | minimize
+    n_trials: int = 8  # total for the study (a continued study runs only the missing ones)
+    n_jobs: int = 1  # trials launched per batch (parallel where the launcher allows)
+    sampler: str = "tpe"  # tpe | random | grid
+    seed: int = 0
+    study_name: Optional[str] = None  # default: the run name
+    storage: Optional[str] = None  # default: sqlite:///<output_root>/optuna.db
+    objective: str = "val/reward_mean"
+    params: Dict[str, str] = field(default_factory=dict)
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="grpo_launcher")
+
+
+def distribution(ov: Override):
+    """Hydra sweep override → optuna distribution."""
+    import optuna.distributions as d
+
+    sweep, log_scale = ov.value(), "log" in getattr(ov.value(), "tags", set())
+    if isinstance(sweep, ChoiceSweep):
+        return d.CategoricalDistribution([c for c in sweep.list])
+    if isinstance(sweep, RangeSweep):
+        values = list(ov.sweep_iterator())
+        if all(isinstance(v, int) for v in values) and len(values) > 1:
+            return d.IntDistribution(values[0], values[-1], step=values[1] - values[0])
+        return d.CategoricalDistribution(values)
+    if isinstance(sweep, IntervalSweep):
+        if isinstance(sweep.start, int) and isinstance(sweep.end, int):
+            return d.IntDistribution(int(sweep.start), int(sweep.end), log=log_scale)
+        return d.FloatDistribution(float(sweep.start), float(sweep.end), log=log_scale)
+    raise ValueError(f"{ov.input_line}: not a search space (use choice, range or interval)")
+
+
+def as_override(key: str, value: Any) -> str:
+    return f"{key}={'null' if value is None else repr(value) if isinstance(value, str) else value}"
+
+
+class OptunaSweeper(Sweeper):
+    def __init__(self, **conf: Any) -> None:
+        self.conf = OptunaSweeperConf(**conf)
+        if self.conf.sampler not in SAMPLERS:
+            raise ValueError(f"hydra.sweeper.sampler={self.conf.sampler}: choose one of {', '.join(SAMPLERS)}")
+
+    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config)
+        self.launcher.invalid_points_fail = True  # a sampled point that breaks a rule is a failed trial
+
+    def split(self, arguments: List[str]) -> tuple[List[str], Dict[str, Any]]:
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        params = [f"{k}={v}" for k, v in self.conf.params.items()]
+        fixed, space = [], {}
+        for ov in parser.parse_overrides([*params, *arguments]):
+            if ov.is_sweep_override():
+                space[ov.get_key_element()] = distribution(ov)
+            else:
+                fixed.append(ov.input_line)
+        return fixed, space
+
+    def study(self, space: Dict[str, Any]):
+        import optuna
+
+        c = self.config
+        name = self.conf.study_name or str(c.name)
+        storage = self.conf.storage or f"sqlite:///{Path(str(c.output_root)).resolve() / 'optuna.db'}"
+        sampler = {"tpe": lambda: optuna.samplers.TPESampler(seed=self.conf.seed),
+                   "random": lambda: optuna.samplers.RandomSampler(seed=self.conf.seed),
+                   "grid": lambda: optuna.samplers.GridSampler(
+                       {k: list(v.choices) for k, v in space.items()}, seed=self.conf.seed)}[self.conf.sampler]()
+        Path(str(c.output_root)).mkdir(parents=True, exist_ok=True)
+        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                    direction=self.conf.direction, load_if_exists=True)
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)  # left running by an interrupted sweep
+        return study
+
+    def sweep(self, arguments: List[str]) -> Any:
+        fixed, space = self.split(arguments)
+        study = self.study(space)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        if "parent_run_id" in study.user_attrs:  # a continued study keeps its MLflow parent run
+            (sweep_dir / "mlflow_parent_run_id").write_text(study.user_attrs["parent_run_id"] + "\n")
+        os.environ["GRPO_OBJECTIVE_METRIC"] = self.conf.objective
+        finished = sum(t.state.is_finished() for t in study.trials)
+        log.info(f"study '{study.study_name}': {finished} finished trial(s), {self.conf.n_trials} wanted")
+        job_idx = 0
+        while finished < self.conf.n_trials:
+            trials = [study.ask(space) for _ in range(min(self.conf.n_jobs, self.conf.n_trials - finished))]
+            overrides = [[*fixed, f"name={self.config.name}-t{t.number}", "cluster.wait=true",
+                          *(as_override(k, v) for k, v in t.params.items())] for t in trials]
+            results = self.launcher.launch(overrides, initial_job_idx=job_idx)
+            for t, r in zip(trials, results):
+                self.tell(study, t, r)
+            job_idx += len(trials)
+            finished += len(trials)
+        self.report(study, sweep_dir)
+        return study
+
+    def tell(self, study, trial, result) -> None:
+        import optuna
+
+        value = result._return_value if result.status == JobStatus.COMPLETED else None
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            study.tell(trial, float(value))
+            log.info(f"trial {trial.number}: {self.conf.objective} = {value:.4g}  {trial.params}")
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            why = result._return_value if result.status == JobStatus.FAILED else f"no {self.conf.objective}"
+            log.warning(f"trial {trial.number} FAILED ({why}); the study goes on")
+
+    def report(self, study, sweep_dir: Path) -> None:
+        import optuna
+
+        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if not done:
+            log.warning("no trial completed")
+            return
+        best = study.best_trial
+        text = OmegaConf.to_yaml({"study": study.study_name, "trial": best.number, "value": best.value,
+                                  "objective": self.conf.objective, "params": best.params})
+        (sweep_dir / "optuna_best.yaml").write_text(text)
+        print(f"best trial of study '{study.study_name}':\n{text}", flush=True)
+        marker = sweep_dir / "mlflow_parent_run_id"
+        if marker.exists():
+            run_id = marker.read_text().strip()
+            study.set_user_attr("parent_run_id", run_id)
+            from grpo_launcher.launch.sweep import log_best_to_parent
+
+            log_best_to_parent(self.config, run_id, best.number, best.value, best.params, self.conf.objective)

@@ -1,0 +1,283 @@
+"""rollout=vllm for real: vLLM's CPU build, engines in Ray actors as the driver places them, the tiny model.
+
+Two engines serve the whole class (started once, in parallel):
+  A: vllm.LLM in-process in its actor (the default rollout=vllm), temperature 1, 16 new tokens;
+  B: AsyncLLM + the OpenAI HTTP server, temperature 0.7, 3 new tokens (every toy answer needs 5 → truncation).
+The reference for logprobs is the project's own policy worker (policy/torch_policy.py) on the same tokens.
+The pytest process never imports vLLM (its CPU worker pins threads and patches torch.set_num_threads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_launcher.envs import make_env
+from grpo_launcher.models.tiny import ensure_tiny_model
+from grpo_launcher.spec.compose import load_spec
+from grpo_launcher.spec.errors import ConfigError
+from grpo_launcher.train.batch import collate
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ["rollout=vllm", "env.max_prompt_tokens=200", "train.max_total_sequence_length=256"]
+SPEC_A = [*BASE, "rollout.max_new_tokens=16"]
+SPEC_B = [*BASE, "rollout.max_new_tokens=3", "rollout.temperature=0.7", "rollout.async_engine=true",
+          "rollout.expose_http_server=true"]
+LOGPROB_TOL = 1e-4  # float32; measured max |Δ| ≈ 1e-6 (benchmarks/results/vllm_rollout.md)
+SHORT = ["1234>", "9876>", "5550>", "3141>"]
+LONG = "".join(str((7 * i * i + 3 * i) % 10) for i in range(190)) + ">"  # 191 tokens: > one 128-token KV block
+
+
+# ---------------------------------------------------------------- pre-flight rules (fast)
+
+def _rules(overrides: list[str]) -> set[str]:
+    try:
+        load_spec(overrides)
+    except ConfigError as err:
+        return {v.rule for v in err.violations}
+    return set()
+
+
+def test_rule_http_server_needs_async_engine():
+    assert "vllm_only_switches" in _rules(["rollout=vllm", "rollout.expose_http_server=true"])
+    assert _rules(["rollout=vllm", "rollout.expose_http_server=true", "rollout.async_engine=true"]) == set()
+
+
+def test_rule_engine_length_and_kv_cache():
+    assert "vllm_engine_memory_and_length" in _rules(["rollout=vllm", "rollout.kv_cache_memory_mb=0"])
+    assert "vllm_engine_memory_and_length" in _rules(
+        ["rollout=vllm", "rollout.max_model_len=2048", "model.max_position_embeddings=1024"])
+    # 1 KiB/token (2 layers · 2 KV heads · 32 dims · fp32 · K and V): 1024 tokens need 1 MiB
+    assert _rules(["rollout=vllm", "rollout.max_model_len=1024", "rollout.kv_cache_memory_mb=1"]) == set()
+    assert "vllm_engine_memory_and_length" in _rules(
+        ["rollout=vllm", "rollout.max_model_len=1024", "rollout.kv_cache_memory_mb=1", "model.num_layers=4"])
+
+
+# ---------------------------------------------------------------- engines in Ray actors (slow)
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    spec = load_spec(SPEC_A)
+    return ensure_tiny_model(spec.model, make_env(spec), "toy", tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def weights(model_dir) -> dict[str, dict[str, torch.Tensor]]:
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    g = torch.Generator().manual_seed(1)
+    other = {k: v + 0.5 * v.std() * torch.randn(v.shape, generator=g) if v.numel() > 1 else v.clone()
+             for k, v in base.items()}
+    return {"base": {k: v.clone() for k, v in base.items()}, "other": other}
+
+
+class Policy:
+    """The training side's logprobs for given generations (TorchPolicyWorker: log_softmax(logits / T))."""
+
+    def __init__(self, overrides: list[str], model_dir: Path):
+        from grpo_launcher.policy.torch_policy import TorchPolicyWorker
+
+        self.spec = load_spec(overrides)
+        self.worker = TorchPolicyWorker(self.spec, str(model_dir), 0, 1)
+
+    def set(self, state: dict) -> "Policy":
+        self.worker.model.load_state_dict(state, strict=True)
+        return self
+
+    def max_abs_diff(self, gens, pad_id: int) -> float:
+        batch = collate(gens, torch.zeros(len(gens)), torch.ones(len(gens)), pad_id)
+        prev, _ = self.worker.logprobs(batch)
+        diff = (prev - batch.generation_logprobs).abs() * batch.response_mask
+        return float(diff.max())
+
+
+@pytest.mark.slow
+class TestEngines:
+    @pytest.fixture(scope="class")
+    def engines(self, model_dir, weights):
+        import ray
+
+        from grpo_launcher.rollout import rollout_class
+        from grpo_launcher.train.workers import WORKER_ENV, _src
+
+        env = dict(WORKER_ENV, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), _src()) if p))
+        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20,
+                 runtime_env={"env_vars": env}, logging_level="WARNING")
+        try:
+            R = ray.remote(rollout_class("vllm"))
+            a = R.options(num_cpus=0.5).remote(load_spec(SPEC_A), str(model_dir), 1)
+            b = R.options(num_cpus=0.5).remote(load_spec(SPEC_B), str(model_dir), 1)
+            ray.get([a.info.remote(), b.info.remote()], timeout=600)  # both constructed (started in parallel)
+            base = ray.put(weights["base"])
+            ray.get([a.update_weights.remote(base), b.update_weights.remote(base)])  # dummy → real, as the driver
+            yield ray, a, b
+            ray.get([a.shutdown.remote(), b.shutdown.remote()], timeout=300)
+        finally:
+            ray.shutdown()
+
+    @staticmethod
+    def ids(tok, texts):
+        return [tok(t)["input_ids"] for t in texts]
+
+    def test_contract_and_logprobs_match_policy(self, engines, tok, model_dir):
+        ray, a, _ = engines
+        prompts = self.ids(tok, [*SHORT, LONG])
+        gens = ray.get(a.generate.remote(prompts, 4, 11))
+        assert len(gens) == 5 * 4
+        for k, p in enumerate(prompts):  # group-contiguous, n per prompt
+            assert all(g.prompt_ids == p for g in gens[4 * k:4 * k + 4])
+        for g in gens:
+            assert len(g.logprobs) == len(g.response_ids) > 0 and all(lp <= 0 for lp in g.logprobs)
+            assert g.truncated == (tok.eos_token_id not in g.response_ids)
+            assert not g.truncated or len(g.response_ids) == 16
+        diff = Policy(SPEC_A, model_dir).max_abs_diff(gens, tok.pad_token_id)
+        print(f"\nsync engine vs policy, T=1: max |Δ logprob| = {diff:.2e} over {sum(len(g.response_ids) for g in gens)} tokens")
+        assert diff < LOGPROB_TOL
+        assert same(ray.get(a.generate.remote(prompts, 4, 11)), gens)  # seeded: reproducible
+        assert not same(ray.get(a.generate.remote(prompts, 4, 12)), gens)
+        assert ray.get(a.http_url.remote()) is None
+
+    def test_refit_changes_outputs_and_restores_them(self, engines, tok, model_dir, weights):
+        ray, a, _ = engines
+        prompts = self.ids(tok, [*SHORT, LONG])
+        before = ray.get(a.generate.remote(prompts, 2, 5))  # also fills the prefix cache with base-weight KV
+        ms = ray.get(a.update_weights.remote(ray.put(weights["other"])))
+        after = ray.get(a.generate.remote(prompts, 2, 5))
+        changed = sum(x.response_ids != y.response_ids for x, y in zip(before, after))
+        assert changed >= len(before) // 2, (changed, len(before))
+        # the refit took, including the 191-token prompt whose first KV block was cached under the old weights
+        diff = Policy(SPEC_A, model_dir).set(weights["other"]).max_abs_diff(after, tok.pad_token_id)
+        print(f"\nrefit {ms:.1f} ms; {changed}/{len(before)} samples changed; engine vs policy(new) {diff:.2e}")
+        assert diff < LOGPROB_TOL
+        ray.get(a.update_weights.remote(ray.put(weights["base"])))
+        assert same(ray.get(a.generate.remote(prompts, 2, 5)), before)
+
+    def test_async_engine_same_contract(self, engines, tok, model_dir):
+        ray, _, b = engines
+        prompts = self.ids(tok, [*SHORT, LONG])
+        gens = ray.get(b.generate.remote(prompts, 3, 7))
+        assert len(gens) == 5 * 3 and [g.prompt_ids for g in gens] == [p for p in prompts for _ in range(3)]
+        for g in gens:
+            assert len(g.logprobs) == len(g.response_ids) > 0
+        diff = Policy(SPEC_B, model_dir).max_abs_diff(gens, tok.pad_token_id)
+        print(f"\nasync engine vs policy, T=0.7: max |Δ logprob| = {diff:.2e}")
+        assert diff < LOGPROB_TOL  # processed logprobs = log_softmax(logits / 0.7), the policy's convention
+        assert same(ray.get(b.generate.remote(prompts, 3, 7)), gens)
+        assert ray.get(b.info.remote())["async_engine"] is True
+
+    def test_truncated_when_the_length_limit_is_hit(self, engines, tok):
+        ray, a, b = engines
+        prompts = self.ids(tok, [*SHORT, LONG])
+        short = ray.get(b.generate.remote(prompts, 4, 3))  # B: max_new_tokens=3, a toy answer is 4 digits + EOS
+        assert sum(g.truncated for g in short) >= len(short) // 2
+        for g in short:
+            assert g.truncated == (len(g.response_ids) == 3 and g.response_ids[-1] != tok.eos_token_id)
+        full = ray.get(a.generate.remote(self.ids(tok, SHORT), 4, 3))  # A: 16 tokens, answers end with EOS
+        assert sum(not g.truncated for g in full) >= len(full) // 2
+        for g in full:
+            assert g.truncated == (tok.eos_token_id not in g.response_ids)
+            assert g.truncated or g.response_ids[-1] == tok.eos_token_id
+
+    def test_http_server_answers_from_the_current_weights(self, engines, tok, model_dir, weights):
+        ray, _, b = engines
+        url = ray.get(b.http_url.remote())
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", url), url
+        assert any(m["id"] == "tiny" for m in _get(f"{url}/models")["data"])
+
+        def ask() -> list[int]:
+            out = _post(f"{url}/completions", {"model": "tiny", "prompt": "1234>", "max_tokens": 3,
+                                              "temperature": 0, "return_token_ids": True})
+            assert out["choices"][0]["text"] == tok.decode(out["choices"][0]["token_ids"], skip_special_tokens=True)
+            return out["choices"][0]["token_ids"]
+
+        pending = b.generate.remote(self.ids(tok, [LONG] * 4), 4, 1)  # a Ray call in flight meanwhile
+        first = ask()
+        ray.get(pending)
+        assert first == _hf_greedy(model_dir, weights["base"], tok("1234>")["input_ids"], 3)
+        ray.get(b.update_weights.remote(ray.put(weights["other"])))
+        changed = ask()
+        assert changed == _hf_greedy(model_dir, weights["other"], tok("1234>")["input_ids"], 3) != first
+        ray.get(b.update_weights.remote(ray.put(weights["base"])))
+        assert ask() == first
+
+    def test_shutdown_stops_the_engine_processes(self, engines):
+        ray, _, b = engines
+        info = ray.get(b.info.remote())
+        assert info["processes"] >= 2  # the actor + AsyncLLM's EngineCore process
+        ray.get(b.shutdown.remote(), timeout=300)
+        assert ray.get(b.info.remote())["engine_processes"] == 0
+
+
+def same(x: list, y: list, tol: float = 1e-5) -> bool:
+    """Same prompts, tokens and flags; logprobs equal up to float32 noise (batching may differ between calls)."""
+    return len(x) == len(y) and all(
+        (a.prompt_ids, a.response_ids, a.truncated) == (b.prompt_ids, b.response_ids, b.truncated)
+        and max((abs(p - q) for p, q in zip(a.logprobs, b.logprobs)), default=0.0) < tol for a, b in zip(x, y))
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+@torch.no_grad()
+def _hf_greedy(model_dir: Path, state: dict, prompt: list[int], steps: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.load_state_dict(state, strict=True)
+    ids = list(prompt)
+    for _ in range(steps):
+        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+# ---------------------------------------------------------------- the loop, end to end (slow)
+
+@pytest.mark.slow
+def test_launch_rollout_vllm_trains(tmp_path):
+    """`launch.py rollout=vllm`: every rollout from vLLM, refit each step; the reward does not collapse."""
+    cmd = [sys.executable, "-u", str(ROOT / "launch.py"), "rollout=vllm", f"output_root={tmp_path}",
+           "grpo.max_steps=30", "logging.mlflow=false"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the run we started and its Ray processes
+        out, _ = proc.communicate()
+        raise AssertionError(out[-3000:])
+    assert proc.returncode == 0, out[-3000:]
+    rewards = [float(r) for r in re.findall(r"^step \d+/30 reward=([0-9.]+)", out, re.M)]
+    assert len(rewards) == 30, out[-3000:]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    summary = json.loads((tmp_path / "tiny-grpo" / "summary.json").read_text())
+    m = summary["metrics"]
+    print(f"\nreward first-5 {first:.3f} → last-5 {last:.3f}; val {m['val/reward_mean']:.3f}; "
+          f"refit {m['time/refit_ms']:.0f} ms; engine-vs-policy |Δ| {m['train/gen_vs_policy_logprob_absdiff']:.1e}")
+    assert summary["status"] == "FINISHED"
+    assert last >= first, (first, last, rewards)
+    assert m["train/gen_vs_policy_logprob_absdiff"] < LOGPROB_TOL  # every step's rollouts match the trainer
+    assert "Traceback" not in out, out[-3000:]
