@@ -166,3 +166,16 @@ def test_two_worker_dp_update_equals_one_worker(tmp_path, aggregation):
         torch.testing.assert_close(two_a[k], one[k], rtol=1e-5, atol=1e-6)  # and equal the 1-worker update
     assert abs(m1["grad_norm"] - m2[0]["grad_norm"]) < 1e-4 * max(1.0, m1["grad_norm"])
     assert abs(m1["loss"] - (m2[0]["loss"] + m2[1]["loss"])) < 1e-5
+
+
+def test_dapo_dynamic_sampling_and_kl_run(tmp_path):
+    """loss=dapo (dynamic sampling, overlong filtering, token-level loss) plus a KL reference, end to end."""
+    proc = launch(tmp_path, "loss=dapo", "loss.kl_coef=0.05", "grpo.max_steps=2", "grpo.val_period=2",
+                  "checkpoint.save_period=2", "rollout.max_new_tokens=4")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    rounds, _ = metric_steps(tmp_path, "train/dynamic_sampling_rounds")
+    kl, _ = metric_steps(tmp_path, "train/kl")
+    trunc, _ = metric_steps(tmp_path, "train/truncation_rate")
+    assert all(1 <= r <= 3 for _, r in rounds) and len(kl) == 2
+    assert all(t > 0 for _, t in trunc)  # 4 new tokens cannot hold 4 digits + EOS: every sample truncated

@@ -80,7 +80,6 @@ class VLLMRolloutWorker:
         self._closed = False
         self.refits = 0
         kwargs = self._engine_kwargs(threads)
-        _quiet_vllm_logs()
         if r.async_engine or r.expose_http_server:  # rules.py: the server needs the async engine
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async-loop", daemon=True)
@@ -293,30 +292,32 @@ class _QuietServer:
         return Server(config)
 
 
-# Warnings vLLM prints on every start-up or refit that are expected here (each was checked):
-HARMLESS = (
-    "RotaryEmbedding: Failed to load weights",  # every reload_weights: rotary tables are not weights
-    "Chat template warmup failed",  # skip_tokenizer_init=True (no HTTP server): nothing to render
-    "Using None for EOS token id because tokenizer is not initialized",  # EOS goes in as stop_token_ids
-    "doesn't allow to use `torch.set_num_threads` after the thread binding",  # vLLM's CPU binding wins
-)
+# Warnings vLLM prints on every start-up or refit that are expected here (each was checked), by source logger.
+HARMLESS = {
+    "vllm.model_executor.model_loader.reload.layerwise": "Failed to load weights",  # RotaryEmbedding, each refit
+    "vllm.renderers.base": ("Chat template warmup failed",  # skip_tokenizer_init (no HTTP server)
+                            "Using None for EOS token id"),  # EOS goes in as stop_token_ids instead
+    "vllm.v1.worker.cpu_worker": "torch.set_num_threads` after the thread binding",  # vLLM's binding wins
+}
 
 
 class _HarmlessFilter:
-    @staticmethod
-    def filter(record) -> bool:
+    def __init__(self, needles):
+        self.needles = (needles,) if isinstance(needles, str) else needles
+
+    def filter(self, record) -> bool:
         msg = record.getMessage()
-        return not any(h in msg for h in HARMLESS)
+        return not any(n in msg for n in self.needles)
 
 
 def _quiet_vllm_logs() -> None:
+    """Filters on the source loggers themselves: they survive vLLM re-configuring its handlers."""
     import logging
 
-    import vllm.logger  # noqa: F401  (configures the "vllm" logger and its handler)
-
-    for handler in logging.getLogger("vllm").handlers:
-        if not any(isinstance(f, _HarmlessFilter) for f in handler.filters):
-            handler.addFilter(_HarmlessFilter())
+    for name, needles in HARMLESS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _HarmlessFilter) for f in logger.filters):
+            logger.addFilter(_HarmlessFilter(needles))
 
 
 def _prompt_seed(seed: int, k: int) -> int:
@@ -359,5 +360,4 @@ def _node_ip() -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
-if "vllm" in __import__("sys").modules:  # imported by vLLM itself (worker_extension_cls in an engine process)
-    _quiet_vllm_logs()
+_quiet_vllm_logs()  # also in engine processes, which import this module for worker_extension_cls

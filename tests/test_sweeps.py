@@ -1,0 +1,82 @@
+"""Sweeps for real: Hydra multirun through our launcher, MLflow parent/child runs, an Optuna study in sqlite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT = ["grpo.max_steps=1", "grpo.val_period=1", "checkpoint.save_period=1"]
+
+
+def launch(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def runs_of(tmp_path: Path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def test_64_point_dry_run_prints_64_plans(tmp_path):
+    p = launch("-m", "grpo.seed=range(0,64)", "cluster=slurm", "dry_run=true", f"output_root={tmp_path}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.count("#SBATCH --nodes=1") == 64
+    assert len({line for line in p.stdout.splitlines() if line.startswith("run dir")}) == 64
+
+
+def test_bad_point_stops_the_sweep_before_anything_runs(tmp_path):
+    p = launch("-m", "train.global_batch_size=128,100", f"output_root={tmp_path}", *SHORT)
+    assert p.returncode == 2 and "train.global_batch_size=100" in p.stderr and "Traceback" not in p.stderr
+    assert "sweep not launched" in p.stderr and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_2x2_local_sweep_four_runs_under_one_parent(tmp_path):
+    p = launch("-m", "loss.clip_high=0.2,0.28", "train.lr=1e-4,3e-4", f"output_root={tmp_path}", *SHORT)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    dirs = sorted(d.name for d in tmp_path.iterdir() if d.name.startswith("tiny-grpo_"))
+    assert dirs == ["tiny-grpo_loss.clip_high=0.2,train.lr=0.0001", "tiny-grpo_loss.clip_high=0.2,train.lr=0.0003",
+                    "tiny-grpo_loss.clip_high=0.28,train.lr=0.0001", "tiny-grpo_loss.clip_high=0.28,train.lr=0.0003"]
+    for d in dirs:
+        assert '"status": "FINISHED"' in (tmp_path / d / "summary.json").read_text()
+    runs = runs_of(tmp_path)
+    parents = [r for r in runs if r.info.run_name.startswith("sweep-")]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(parents) == 1 and len(children) == 4
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert {c.data.params["loss.clip_high"] for c in children} == {"0.2", "0.28"}
+    (multirun_yaml,) = tmp_path.glob("multirun/*/multirun.yaml")  # the sweep, re-creatable
+    assert "loss.clip_high=0.2,0.28" in multirun_yaml.read_text()
+
+
+@pytest.mark.slow
+def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path):
+    import optuna
+
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    common = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.study_name=s1", f"hydra.sweeper.storage={storage}",
+              f"output_root={tmp_path}", *SHORT]
+    # grid over 4 points; the two with a model.path that is not a model crash inside the run (for real)
+    p = launch(*common, "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=4", "train.lr=choice(1e-4,3e-4)",
+               f"model.path=choice(null,{not_a_model})")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    study = optuna.load_study(study_name="s1", storage=storage)
+    states = sorted(t.state.name for t in study.trials)
+    assert states == ["COMPLETE", "COMPLETE", "FAIL", "FAIL"]
+    assert all(t.params["model.path"] is None for t in study.trials if t.state.name == "COMPLETE")
+    assert "best trial of study 's1'" in p.stdout
+    # the same study name again: it continues (5 wanted, 4 done → 1 new trial), it does not restart
+    p = launch(*common, "hydra.sweeper.sampler=random", "hydra.sweeper.n_trials=5",
+               "train.lr=tag(log,interval(1e-4,1e-3))")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    study = optuna.load_study(study_name="s1", storage=storage)
+    assert len(study.trials) == 5 and study.trials[4].state.name == "COMPLETE"
