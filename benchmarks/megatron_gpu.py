@@ -240,6 +240,7 @@ def grpo_loop(w, spec, model_dir: str, args, cuda: bool) -> list[dict]:
     dev = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if args.precision == "bfloat16" else torch.float32
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(dev).eval()
+    hf.load_state_dict(w.state_dict(), strict=True)  # refit before the first rollout, as the driver does
     P, G, new = args.grpo_prompts, args.grpo_gens, args.grpo_new_tokens
     g = torch.Generator().manual_seed(1)
     out = []

@@ -125,6 +125,12 @@ FAILING = [
     (["cluster.time=four hours"], "time_budget", "cluster.time"),
     (["name=a/b"], "safe_names", "name"),
     (["model.path=/nonexistent/model"], "local_paths_exist", "model.path"),
+    (["train.backend=megatron", "model.num_experts=4", "model.moe_top_k=2", "train.moe.token_dispatcher=nope"],
+     "megatron_moe", "train.moe.token_dispatcher"),
+    (["train.backend=megatron", "train.transformer_engine=false", "cluster.cpu_workers_per_node=2",
+      "train.tensor_parallel_size=2", "train.sequence_parallel=true"],
+     "megatron_needs_transformer_engine", "train.sequence_parallel"),
+    (["train.backend=megatron", "train.core_attention=flash"], "megatron_shapes", "train.core_attention"),
 ]
 
 

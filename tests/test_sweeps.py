@@ -60,6 +60,12 @@ def test_2x2_local_sweep_four_runs_under_one_parent(tmp_path):
 def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path):
     import optuna
 
+    from grpo_launcher.envs import make_env
+    from grpo_launcher.models.tiny import ensure_tiny_model
+    from grpo_launcher.spec.compose import load_spec
+
+    spec = load_spec([])
+    model = ensure_tiny_model(spec.model, make_env(spec), "toy", tmp_path / "models")
     not_a_model = tmp_path / "not-a-model"
     not_a_model.mkdir()
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -67,16 +73,18 @@ def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path)
               f"output_root={tmp_path}", *SHORT]
     # grid over 4 points; the two with a model.path that is not a model crash inside the run (for real)
     p = launch(*common, "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=4", "train.lr=choice(1e-4,3e-4)",
-               f"model.path=choice(null,{not_a_model})")
+               f"model.path=choice({model},{not_a_model})")
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     study = optuna.load_study(study_name="s1", storage=storage)
     states = sorted(t.state.name for t in study.trials)
     assert states == ["COMPLETE", "COMPLETE", "FAIL", "FAIL"]
-    assert all(t.params["model.path"] is None for t in study.trials if t.state.name == "COMPLETE")
+    assert all(t.params["model.path"] == str(model) for t in study.trials if t.state.name == "COMPLETE")
     assert "best trial of study 's1'" in p.stdout
-    # the same study name again: it continues (5 wanted, 4 done → 1 new trial), it does not restart
-    p = launch(*common, "hydra.sweeper.sampler=random", "hydra.sweeper.n_trials=5",
-               "train.lr=tag(log,interval(1e-4,1e-3))")
+    # the same study name (and space) again: it continues (5 wanted, 4 done → 1 new trial), no restart
+    p = launch(*common, "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=5", "train.lr=choice(1e-4,3e-4)",
+               f"model.path=choice({model},{not_a_model})")
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    study = optuna.load_study(study_name="s1", storage=storage)
-    assert len(study.trials) == 5 and study.trials[4].state.name == "COMPLETE"
+    assert "study 's1': 4 finished trial(s), 5 wanted" in p.stdout + p.stderr
+    again = optuna.load_study(study_name="s1", storage=storage)
+    assert len(again.trials) == 5
+    assert [t.state for t in again.trials[:4]] == [t.state for t in study.trials]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,13 +79,16 @@ def tok(model_dir):
 
 
 @pytest.fixture(scope="module")
-def weights(model_dir) -> dict[str, dict[str, torch.Tensor]]:
+def weights(model_dir, tok) -> dict[str, dict[str, torch.Tensor]]:
+    """The model's weights, and a full set of different ones (every tensor perturbed; digit outputs rotated)."""
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     g = torch.Generator().manual_seed(1)
     other = {k: v + 0.5 * v.std() * torch.randn(v.shape, generator=g) if v.numel() > 1 else v.clone()
              for k, v in base.items()}
+    digits = torch.tensor(tok.convert_tokens_to_ids(list("0123456789")))
+    other["lm_head.weight"][digits] = other["lm_head.weight"][digits.roll(1)]  # the digit '5' scores as '4' did
     return {"base": {k: v.clone() for k, v in base.items()}, "other": other}
 
 
@@ -108,30 +112,31 @@ class Policy:
         return float(diff.max())
 
 
+@pytest.fixture(scope="class")  # torn down after TestEngines, before the end-to-end run
+def engines(model_dir, weights):
+    import ray
+
+    from grpo_launcher.rollout import rollout_class
+    from grpo_launcher.train.workers import WORKER_ENV, _src
+
+    env = dict(WORKER_ENV, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), _src()) if p))
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20,
+             runtime_env={"env_vars": env}, logging_level="WARNING")
+    try:
+        R = ray.remote(rollout_class("vllm"))
+        a = R.options(num_cpus=0.5).remote(load_spec(SPEC_A), str(model_dir), 1)
+        b = R.options(num_cpus=0.5).remote(load_spec(SPEC_B), str(model_dir), 1)
+        ray.get([a.info.remote(), b.info.remote()], timeout=600)  # both constructed (started in parallel)
+        base = ray.put(weights["base"])
+        ray.get([a.update_weights.remote(base), b.update_weights.remote(base)])  # dummy → real, as the driver
+        yield ray, a, b
+        ray.get([a.shutdown.remote(), b.shutdown.remote()], timeout=300)
+    finally:
+        ray.shutdown()
+
+
 @pytest.mark.slow
 class TestEngines:
-    @pytest.fixture(scope="class")
-    def engines(self, model_dir, weights):
-        import ray
-
-        from grpo_launcher.rollout import rollout_class
-        from grpo_launcher.train.workers import WORKER_ENV, _src
-
-        env = dict(WORKER_ENV, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), _src()) if p))
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20,
-                 runtime_env={"env_vars": env}, logging_level="WARNING")
-        try:
-            R = ray.remote(rollout_class("vllm"))
-            a = R.options(num_cpus=0.5).remote(load_spec(SPEC_A), str(model_dir), 1)
-            b = R.options(num_cpus=0.5).remote(load_spec(SPEC_B), str(model_dir), 1)
-            ray.get([a.info.remote(), b.info.remote()], timeout=600)  # both constructed (started in parallel)
-            base = ray.put(weights["base"])
-            ray.get([a.update_weights.remote(base), b.update_weights.remote(base)])  # dummy → real, as the driver
-            yield ray, a, b
-            ray.get([a.shutdown.remote(), b.shutdown.remote()], timeout=300)
-        finally:
-            ray.shutdown()
-
     @staticmethod
     def ids(tok, texts):
         return [tok(t)["input_ids"] for t in texts]
@@ -201,19 +206,23 @@ class TestEngines:
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", url), url
         assert any(m["id"] == "tiny" for m in _get(f"{url}/models")["data"])
 
-        def ask() -> list[int]:
-            out = _post(f"{url}/completions", {"model": "tiny", "prompt": "1234>", "max_tokens": 3,
+        def ask() -> list[list[int]]:  # greedy, 8 tokens; the long prompt's first KV block gets prefix-cached
+            out = _post(f"{url}/completions", {"model": "tiny", "prompt": ["1234>", LONG], "max_tokens": 8,
                                               "temperature": 0, "return_token_ids": True})
-            assert out["choices"][0]["text"] == tok.decode(out["choices"][0]["token_ids"], skip_special_tokens=True)
-            return out["choices"][0]["token_ids"]
+            for c in out["choices"]:
+                assert c["text"] == tok.decode(c["token_ids"], skip_special_tokens=True)
+            return [c["token_ids"] for c in sorted(out["choices"], key=lambda c: c["index"])]
+
+        def hf(state) -> list[list[int]]:
+            return [_hf_greedy(model_dir, state, tok(t)["input_ids"], 8, tok.eos_token_id) for t in ("1234>", LONG)]
 
         pending = b.generate.remote(self.ids(tok, [LONG] * 4), 4, 1)  # a Ray call in flight meanwhile
         first = ask()
         ray.get(pending)
-        assert first == _hf_greedy(model_dir, weights["base"], tok("1234>")["input_ids"], 3)
+        assert first == hf(weights["base"])
         ray.get(b.update_weights.remote(ray.put(weights["other"])))
         changed = ask()
-        assert changed == _hf_greedy(model_dir, weights["other"], tok("1234>")["input_ids"], 3) != first
+        assert changed == hf(weights["other"]) and changed != first, (first, changed)
         ray.get(b.update_weights.remote(ray.put(weights["base"])))
         assert ask() == first
 
@@ -244,7 +253,7 @@ def _post(url: str, body: dict) -> dict:
 
 
 @torch.no_grad()
-def _hf_greedy(model_dir: Path, state: dict, prompt: list[int], steps: int) -> list[int]:
+def _hf_greedy(model_dir: Path, state: dict, prompt: list[int], steps: int, eos: int) -> list[int]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -252,14 +261,18 @@ def _hf_greedy(model_dir: Path, state: dict, prompt: list[int], steps: int) -> l
     ids = list(prompt)
     for _ in range(steps):
         ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        if ids[-1] == eos:
+            break
     return ids[len(prompt):]
 
 
 # ---------------------------------------------------------------- the loop, end to end (slow)
 
 @pytest.mark.slow
-def test_launch_rollout_vllm_trains(tmp_path):
+def test_launch_rollout_vllm_trains(tmp_path, model_dir):
     """`launch.py rollout=vllm`: every rollout from vLLM, refit each step; the reward does not collapse."""
+    (tmp_path / ".models").mkdir()
+    shutil.copytree(model_dir, tmp_path / ".models" / model_dir.name)  # same spec and seed: the run's cache key
     cmd = [sys.executable, "-u", str(ROOT / "launch.py"), "rollout=vllm", f"output_root={tmp_path}",
            "grpo.max_steps=30", "logging.mlflow=false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

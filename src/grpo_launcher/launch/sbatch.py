@@ -33,6 +33,7 @@ from ..spec.schema import RunSpec
 
 REQUEUE_EXIT_CODE = 3  # the driver's exit code for "checkpoint saved on signal, requeue me"
 PLACEHOLDER = re.compile(r"@([A-Z0-9_]+)@")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 USR1_KILLED = 128 + 10  # the driver died of SIGUSR1 before installing its handler: resume from the last checkpoint
 
 TEMPLATE = r"""#!/bin/bash
@@ -83,7 +84,7 @@ stop_all() {  # stop the driver and Ray on every node; bounded (Slurm kills what
   local pids=("${!STEP_NODE[@]}") deadline=$((SECONDS + 20)) p alive step
   for p in "${pids[@]}"; do  # SIGTERM to `ray start --block` itself: it stops its node's Ray cleanly
     step=$(step_id "grpo-ray-${STEP_NODE[$p]}")
-    [ -n "$step" ] && scancel --signal=TERM "$step" 2>/dev/null
+    if [ -n "$step" ]; then scancel --signal=TERM "$step" 2>/dev/null; else kill -TERM "$p" 2>/dev/null; fi
   done
   [ -n "$DRIVER" ] && { kill -TERM "$DRIVER" 2>/dev/null; pids+=("$DRIVER"); }
   [ "${#pids[@]}" -gt 0 ] || return 0
@@ -265,6 +266,14 @@ def one_line(text: str, what: str) -> str:
     return text
 
 
+def env_names(names: list[str]) -> list[str]:
+    """cluster.env_passthrough: variable NAMES only (the script reads `${!name}`; a value never appears)."""
+    for name in names:
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"cluster.env_passthrough: {name!r} is not an environment variable name")
+    return names
+
+
 def sbatch_header(spec: RunSpec, plan: Plan) -> list[str]:
     c = spec.cluster
     lines = [
@@ -310,7 +319,7 @@ def container_flags(spec: RunSpec, plan: Plan) -> list[str]:
     flags = [f"--container-image={c.container_image}", "--no-container-mount-home",
              f"--container-mounts={','.join(mounts)}", f"--container-workdir={root}"]
     if c.env_passthrough:
-        flags.append(f"--container-env={','.join(c.env_passthrough)}")
+        flags.append(f"--container-env={','.join(env_names(c.env_passthrough))}")
     return flags
 
 
@@ -328,7 +337,7 @@ def render(spec: RunSpec, plan: Plan) -> str:
         "JOIN_TIMEOUT": str(int(c.ray_join_timeout_s)),
         "REQUEUE_ENABLED": "1" if c.requeue else "0",
         "CONTAINER_FLAGS": " ".join(q(f) for f in container_flags(spec, plan)),
-        "PASS_ENV": " ".join(q(n) for n in c.env_passthrough),
+        "PASS_ENV": " ".join(q(n) for n in env_names(c.env_passthrough)),
         "EXTRA_ENV": " ".join(f"{k}={q(v)}" for k, v in RUN_ENV.items()),
         "GCS": p["gcs"], "CLIENT": p["client"], "DASHBOARD": p["dashboard"],
         "NM": p["node_manager"], "OM": p["object_manager"], "RTE": p["runtime_env_agent"],

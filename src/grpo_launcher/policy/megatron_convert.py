@@ -131,18 +131,29 @@ def hf_to_full(hf: dict[str, Tensor], a: Arch) -> dict[str, Tensor]:
             out[m + "self_attention.k_layernorm.weight"] = hf[at + "k_norm.weight"]
         if a.num_experts:
             out[m + "mlp.router.weight"] = hf[h + "mlp.gate.weight"]
-            gate_up, down = hf[h + "mlp.experts.gate_up_proj"], hf[h + "mlp.experts.down_proj"]  # [E,2f,h], [E,h,f]
+            fused = h + "mlp.experts.gate_up_proj" in hf  # in-memory transformers 5 form; checkpoints: per expert
             for e in range(a.num_experts):
-                out[m + f"mlp.experts.local_experts.{e}.linear_fc1.weight"] = gate_up[e]
-                out[m + f"mlp.experts.local_experts.{e}.linear_fc2.weight"] = down[e]
+                if fused:  # gate_up_proj [E, 2f, h] (gate rows first), down_proj [E, h, f]
+                    fc1, fc2 = hf[h + "mlp.experts.gate_up_proj"][e], hf[h + "mlp.experts.down_proj"][e]
+                else:
+                    x = h + f"mlp.experts.{e}."
+                    fc1 = torch.cat([hf[x + "gate_proj.weight"], hf[x + "up_proj.weight"]])
+                    fc2 = hf[x + "down_proj.weight"]
+                out[m + f"mlp.experts.local_experts.{e}.linear_fc1.weight"] = fc1
+                out[m + f"mlp.experts.local_experts.{e}.linear_fc2.weight"] = fc2
         else:
             out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
             out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
     return out
 
 
-def full_to_hf(full: dict[str, Tensor], a: Arch) -> dict[str, Tensor]:
-    """Inverse of hf_to_full. Tied models get lm_head.weight = the embedding (what HF's state_dict holds)."""
+def full_to_hf(full: dict[str, Tensor], a: Arch, *, per_expert: bool = False) -> dict[str, Tensor]:
+    """Inverse of hf_to_full. Tied models get lm_head.weight = the embedding (what HF's state_dict holds).
+
+    MoE experts come out fused (``mlp.experts.gate_up_proj`` [E, 2f, h], ``down_proj`` [E, h, f]: the
+    in-memory transformers 5 state dict, what refit loads) or, with per_expert, in the checkpoint layout
+    (``mlp.experts.{e}.gate_proj.weight`` ...: what safetensors files on disk hold).
+    """
     emb = full["embedding.word_embeddings.weight"]
     out = {"model.embed_tokens.weight": emb, "model.norm.weight": full["decoder.final_layernorm.weight"],
            "lm_head.weight": emb if a.tie_embeddings else full["output_layer.weight"]}
@@ -163,8 +174,15 @@ def full_to_hf(full: dict[str, Tensor], a: Arch) -> dict[str, Tensor]:
         if a.num_experts:
             out[h + "mlp.gate.weight"] = full[m + "mlp.router.weight"]
             ex = m + "mlp.experts.local_experts.{}.linear_fc{}.weight"
-            out[h + "mlp.experts.gate_up_proj"] = torch.stack([full[ex.format(e, 1)] for e in range(a.num_experts)])
-            out[h + "mlp.experts.down_proj"] = torch.stack([full[ex.format(e, 2)] for e in range(a.num_experts)])
+            if per_expert:
+                for e in range(a.num_experts):
+                    gate, up = full[ex.format(e, 1)].chunk(2)
+                    x = h + f"mlp.experts.{e}."
+                    out[x + "gate_proj.weight"], out[x + "up_proj.weight"] = gate.clone(), up.clone()
+                    out[x + "down_proj.weight"] = full[ex.format(e, 2)]
+            else:
+                out[h + "mlp.experts.gate_up_proj"] = torch.stack([full[ex.format(e, 1)] for e in range(a.num_experts)])
+                out[h + "mlp.experts.down_proj"] = torch.stack([full[ex.format(e, 2)] for e in range(a.num_experts)])
         else:
             gate, up = full[m + "mlp.linear_fc1.weight"].chunk(2)
             out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate.clone(), up.clone()

@@ -97,7 +97,8 @@ def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool):
         context_parallel_size=t.context_parallel_size, expert_model_parallel_size=t.expert_parallel_size,
         expert_tensor_parallel_size=t.expert_tensor_parallel_size, sequence_parallel=t.sequence_parallel,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16, use_cpu_initialization=use_cpu_init,
-        perform_initialization=False,  # every weight is loaded from the HF checkpoint right after
+        # kept on although every weight is loaded right after: with it off megatron also skips setting the
+        # tensor_model_parallel attributes its grad-norm/clipping code reads
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         apply_rope_fusion=False, gradient_accumulation_fusion=False, bias_dropout_fusion=False,
         calculate_per_token_loss=True)  # megatron DDP then SUMs grads over DP (our global denominators)
@@ -394,11 +395,14 @@ class MegatronPolicyWorker:
     def _sync_and_clip(self) -> float:
         """CPU path: SUM grads over data parallelism, clip by the global norm over all shards."""
         from megatron.core import parallel_state as ps
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        dense = [p for p in params if getattr(p, "allreduce", True)]
-        experts = [p for p in params if not getattr(p, "allreduce", True)]
+        named = [(mc.local_to_global(n, 0, 0), p) for n, p in self.model.named_parameters() if p.grad is not None]
+        params = [p for _, p in named]
+        dense = [p for _, p in named if getattr(p, "allreduce", True)]
+        experts = [p for _, p in named if not getattr(p, "allreduce", True)]
+        # counted once over TP: shards on every rank, replicated tensors on TP rank 0 (our mapping knows which
+        # are sharded; megatron's tensor_model_parallel attribute is unset when perform_initialization=False)
+        counted = {id(p) for n, p in named if self.tp_rank == 0 or mc.tp_kind(n) is not None}
         if ps.get_data_parallel_world_size() > 1:
             for p in dense:
                 dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
@@ -407,7 +411,7 @@ class MegatronPolicyWorker:
                 dist.all_reduce(p.grad, group=ps.get_expert_data_parallel_group())
         sq = torch.zeros(2, dtype=torch.float64)
         for p in dense:
-            if param_is_not_tensor_parallel_duplicate(p):
+            if id(p) in counted:
                 sq[0] += p.grad.double().square().sum().cpu()
         for p in experts:
             sq[1] += p.grad.double().square().sum().cpu()
@@ -453,15 +457,19 @@ class MegatronPolicyWorker:
         return out
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """HF-named full weights (refit source). Collective when the model is sharded: call on every rank."""
-        return mc.full_to_hf(self.full_state(), self.arch)
+        """HF-named full weights (refit source) on rank 0, {} on the others.
+
+        Collective when the model is sharded (TP/EP > 1): every rank must call it (see the driver diff).
+        """
+        full = self.full_state()
+        return mc.full_to_hf(full, self.arch) if self.rank == 0 else {}
 
     def save(self, directory: str) -> None:
         """Every rank: its optimizer state; rank 0: HF weights (policy/model.safetensors + config)."""
         from safetensors.torch import save_file
 
         path = Path(directory)
-        hf = self.state_dict()  # collective
+        hf = mc.full_to_hf(self.full_state(), self.arch, per_expert=True)  # collective; checkpoint layout
         if self.rank == 0:
             (path / "policy").mkdir(parents=True, exist_ok=True)
             seen: dict[int, str] = {}

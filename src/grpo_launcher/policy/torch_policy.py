@@ -27,7 +27,10 @@ class TorchPolicyWorker:
         torch.set_num_threads(threads)
         torch.manual_seed(spec.grpo.seed + rank)
         self.spec, self.rank, self.world = spec, rank, world
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        # fp32 master weights; bf16 compute on GPUs when train.precision=bfloat16
+        self.autocast = spec.train.precision.value == "bfloat16" and self.device.type == "cuda"
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if spec.loss.kl_coef > 0 else None
         t = spec.train
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
@@ -52,25 +55,28 @@ class TorchPolicyWorker:
 
     # ------------------------------------------------------------------ logprobs
     def _logits(self, model, b: TrainBatch) -> torch.Tensor:
-        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits  # [B, L, V]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits  # [B, L, V]
         return response_logits(logits, b.prompt_lens, b.response_ids.shape[1]) / self.spec.rollout.temperature
 
     @torch.no_grad()
     def logprobs(self, b: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(prev_logprobs [B, T], ref_logprobs [B, T] or None) for this rank's rows."""
         prev, ref = [], []
+        b = b.to(self.device)
         for rows in _chunks(len(b), self.spec.train.logprob_batch_size):
             mb = b.select(rows)
             prev.append(token_logprobs(self._logits(self.model, mb), mb.response_ids))
             if self.ref is not None:
                 ref.append(token_logprobs(self._logits(self.ref, mb), mb.response_ids))
-        return torch.cat(prev), (torch.cat(ref) if ref else None)
+        return torch.cat(prev).cpu(), (torch.cat(ref).cpu() if ref else None)
 
     # ------------------------------------------------------------------ update
     def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict[str, float]:
         """One optimizer step per minibatch (this rank's shard); denominators are global per minibatch."""
         sums: dict[str, float] = {}
         for b, den in zip(minibatches, denominators):
+            b = b.to(self.device)
             self.opt.zero_grad(set_to_none=True)
             for rows in _chunks(len(b), self.spec.train.micro_batch_size):
                 for k, v in self._micro_step(b.select(rows), den).items():
@@ -112,7 +118,7 @@ class TorchPolicyWorker:
 
     # ------------------------------------------------------------------ weights
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def save(self, directory: str) -> None:
         """Rank 0 writes HF weights + optimizer state into a checkpoint's (temporary) directory."""

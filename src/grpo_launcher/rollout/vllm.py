@@ -79,6 +79,7 @@ class VLLMRolloutWorker:
         self.llm = self.engine = None
         self._closed = False
         self.refits = 0
+        self.last_generate_s = 0.0  # engine time of the last generate call (the caller adds Ray's round trip)
         kwargs = self._engine_kwargs(threads)
         if r.async_engine or r.expose_http_server:  # rules.py: the server needs the async engine
             self._loop = asyncio.new_event_loop()
@@ -166,20 +167,16 @@ class VLLMRolloutWorker:
     # ------------------------------------------------------------------ the interface
     def generate(self, prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]:
         """n samples per prompt, grouped: rows [k*n, (k+1)*n) belong to prompt k."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
-        r = self.spec.rollout
-        params = [SamplingParams(
-            n=n, temperature=r.temperature, top_p=1.0, top_k=0, max_tokens=r.max_new_tokens, logprobs=0,
-            seed=_prompt_seed(seed, k), stop_token_ids=self.eos_ids, detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY) for k in range(len(prompt_ids))]
+        params = sampling_params(self.spec, n, seed, len(prompt_ids), self.eos_ids)
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
+        t0 = time.perf_counter()
         if self.llm is not None:
             outs = self.llm.generate(prompts, params, use_tqdm=False)
         else:
             outs = self._call(self._agenerate(prompts, params))
+        self.last_generate_s = time.perf_counter() - t0
         return [g for p, out in zip(prompt_ids, outs) for g in self._unpack(p, out, n)]
 
     async def _agenerate(self, prompts: list, params: list) -> list:
@@ -241,11 +238,12 @@ class VLLMRolloutWorker:
         import psutil
 
         me = psutil.Process()
-        children = me.children(recursive=True)
+        children = [p for p in me.children(recursive=True) if _alive(p)]
         engine_children = [p for p in children if "resource_tracker" not in " ".join(_cmdline(p))]
         return {"startup_s": self.startup_s, "rss_mb": sum(_rss(p) for p in [me, *children]) / 2**20,
                 "processes": 1 + len(children), "engine_processes": len(engine_children), "pid": os.getpid(),
-                "http_url": self._url, "model": self.served_model_name, "refits": self.refits,
+                "children": [" ".join(_cmdline(p))[:120] for p in children],
+                "http_url": self._url, "model": self.served_model_name, "refits": self.refits, "last_generate_s": self.last_generate_s,
                 "async_engine": self._loop is not None}
 
     def shutdown(self) -> None:
@@ -263,6 +261,19 @@ class VLLMRolloutWorker:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._thread.join(timeout=30)
                 self._loop.close()
+        self._reap()
+
+    @staticmethod
+    def _reap() -> None:
+        """Collect engine processes that exited but were not waited for (vLLM leaves its EngineCore a zombie)."""
+        import psutil
+
+        for p in psutil.Process().children():
+            if not _alive(p):
+                try:
+                    os.waitpid(p.pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
 
     async def _ashutdown(self) -> None:
         if self._server is not None:
@@ -320,6 +331,17 @@ def _quiet_vllm_logs() -> None:
             logger.addFilter(_HarmlessFilter(needles))
 
 
+def sampling_params(spec: RunSpec, n: int, seed: int, count: int, eos_ids: list[int]) -> list:
+    """One SamplingParams per prompt: n samples at rollout.temperature, no top-p/top-k, the sampled token's logprob."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    r = spec.rollout
+    return [SamplingParams(n=n, temperature=r.temperature, top_p=1.0, top_k=0, max_tokens=r.max_new_tokens,
+                           logprobs=0, seed=_prompt_seed(seed, k), stop_token_ids=eos_ids, detokenize=False,
+                           output_kind=RequestOutputKind.FINAL_ONLY) for k in range(count)]
+
+
 def _prompt_seed(seed: int, k: int) -> int:
     """A 31-bit seed per (call seed, prompt); vLLM derives the n samples' seeds as seed + j."""
     return random.Random(f"{seed}/{k}").getrandbits(30)  # + j stays below 2**31
@@ -342,6 +364,15 @@ def _rss(p) -> int:
         return p.memory_info().rss
     except Exception:  # a child that just exited
         return 0
+
+
+def _alive(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # already gone
+        return False
 
 
 def _cmdline(p) -> list[str]:

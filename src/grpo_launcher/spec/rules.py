@@ -609,6 +609,56 @@ def ray_temp_dir_short(s: RunSpec) -> Iterator[Violation]:
                 "use a short absolute path, e.g. /tmp/ray")
 
 
+# Paths, images and mounts that reach the job's shell (quoted there as well): no blanks, quotes or shell syntax.
+SAFE_SHELL_VALUE = re.compile(r"[A-Za-z0-9_.,:+=@%/#~-]+")
+PORT_BLOCK = 200  # ports one node uses from cluster.ray_port on (plan.PORT_OFFSETS: 0-8 and 100-199)
+
+
+@rule
+def shell_values(s: RunSpec) -> Iterator[Violation]:
+    c = s.cluster
+    if c.kind != ClusterKind.slurm:
+        return
+    values = [("cluster.python", c.python), ("cluster.ray_temp_dir", c.ray_temp_dir),
+              ("cluster.container_image", c.container_image), *(("cluster.container_mounts", m) for m in c.container_mounts)]
+    for key, value in values:
+        if value is not None and not SAFE_SHELL_VALUE.fullmatch(value):
+            yield V("shell_values", key, f"{value!r} has blanks, quotes or shell syntax",
+                    "use a plain path/name: letters, digits and . _ - / : , + = @ % # ~ only")
+    for m in c.container_mounts:
+        if SAFE_SHELL_VALUE.fullmatch(m) and not re.fullmatch(r"/[^:]*:/[^:]*(:[a-z,]+)?", m):
+            yield V("shell_values", "cluster.container_mounts", f"{m!r} is not SRC:DST[:FLAGS] with absolute paths",
+                    "e.g. cluster.container_mounts=[/data:/data:ro]")
+
+
+@rule
+def slurm_node_shape(s: RunSpec) -> Iterator[Violation]:
+    """GPUs per node vs the cluster's nodes; containers; the Ray port block per node."""
+    c = s.cluster
+    if c.kind != ClusterKind.slurm:
+        return
+    if c.node_gpus is not None and c.gpus_per_node > c.node_gpus:
+        yield V("slurm_node_shape", ("cluster.gpus_per_node", "cluster.node_gpus"),
+                f"the plan puts {c.gpus_per_node} GPUs on each node, but this cluster's nodes have {c.node_gpus}",
+                f"set cluster.gpus_per_node ≤ {c.node_gpus} and raise cluster.nodes instead")
+    if c.container_image and not c.python:
+        yield V("slurm_node_shape", ("cluster.python", "cluster.container_image"),
+                "with a container image the launcher's own interpreter path means nothing inside the image",
+                "set cluster.python to the image's interpreter, e.g. cluster.python=python")
+    if c.container_mounts and not c.container_image:
+        yield V("slurm_node_shape", ("cluster.container_mounts", "cluster.container_image"),
+                "container mounts without a container image would be ignored", "set cluster.container_image")
+    if c.node_port_stride and c.node_port_stride < PORT_BLOCK:
+        yield V("slurm_node_shape", "cluster.node_port_stride",
+                f"nodes sharing a host need port blocks {PORT_BLOCK} apart, got a stride of {c.node_port_stride}",
+                f"set cluster.node_port_stride ≥ {PORT_BLOCK} (e.g. 1000), or 0 on real clusters")
+    top = c.ray_port + PORT_BLOCK - 1 + c.node_port_stride * (c.nodes - 1)
+    if c.ray_port < 1024 or top > 65535:
+        yield V("slurm_node_shape", ("cluster.ray_port", "cluster.node_port_stride"),
+                f"the Ray port block spans {c.ray_port}..{top}: it must lie within 1024..65535",
+                "lower cluster.ray_port or cluster.node_port_stride")
+
+
 @rule
 def time_budget(s: RunSpec) -> Iterator[Violation]:
     c = s.cluster

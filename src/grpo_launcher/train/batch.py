@@ -41,6 +41,10 @@ class TrainBatch:
     def select(self, rows: Tensor | slice) -> "TrainBatch":
         return TrainBatch(**{f.name: _take(getattr(self, f.name), rows) for f in fields(self)})
 
+    def to(self, device) -> "TrainBatch":
+        return TrainBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                             for f in fields(self)})
+
     def with_(self, **changes) -> "TrainBatch":
         return replace(self, **changes)
 

@@ -198,8 +198,10 @@ class Trainer:
     def refit(self) -> float:
         """Policy rank 0's weights → every rollout engine (one object-store copy). Returns ms."""
         t0 = time.perf_counter()
-        ref = self.w.policy[0].state_dict.remote()
-        ray.get([r.update_weights.remote(ref) for r in self.w.rollout])
+        # every policy rank joins: a sharded (megatron TP/EP) model gathers its weights collectively;
+        # rank 0 returns the full HF-named dict, the others {}
+        refs = [p.state_dict.remote() for p in self.w.policy]
+        ray.get([r.update_weights.remote(refs[0]) for r in self.w.rollout] + refs[1:])
         return (time.perf_counter() - t0) * 1e3
 
     def validate(self) -> dict[str, float]:

@@ -10,6 +10,7 @@ or crashes is recorded as FAIL and the study goes on. The study lives in `storag
 sqlite in output_root) under `study_name`: invoking again with the same name continues it.
 """
 
+import itertools
 import logging
 import math
 import os
@@ -71,7 +72,7 @@ def as_override(key: str, value: Any) -> str:
 class OptunaSweeper(Sweeper):
     def __init__(self, **conf: Any) -> None:
         self.conf = OptunaSweeperConf(**conf)
-        if self.conf.sampler not in SAMPLERS:
+        if self.conf.sampler not in SAMPLERS:  # grid: choice/range spaces, enumerated
             raise ValueError(f"hydra.sweeper.sampler={self.conf.sampler}: choose one of {', '.join(SAMPLERS)}")
 
     def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
@@ -99,15 +100,20 @@ class OptunaSweeper(Sweeper):
         c = self.config
         name = self.conf.study_name or str(c.name)
         storage = self.conf.storage or f"sqlite:///{Path(str(c.output_root)).resolve() / 'optuna.db'}"
-        sampler = {"tpe": lambda: optuna.samplers.TPESampler(seed=self.conf.seed),
-                   "random": lambda: optuna.samplers.RandomSampler(seed=self.conf.seed),
-                   "grid": lambda: optuna.samplers.GridSampler(
-                       {k: list(v.choices) for k, v in space.items()}, seed=self.conf.seed)}[self.conf.sampler]()
+        sampler = (optuna.samplers.TPESampler(seed=self.conf.seed) if self.conf.sampler == "tpe"
+                   else optuna.samplers.RandomSampler(seed=self.conf.seed))
         Path(str(c.output_root)).mkdir(parents=True, exist_ok=True)
         study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
                                     direction=self.conf.direction, load_if_exists=True)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)  # left running by an interrupted sweep
+        if self.conf.sampler == "grid":  # every grid point not tried yet is queued, in order
+            # (optuna's GridSampler calls study.stop() when exhausted, which ask/tell does not allow)
+            tried = [t.params for t in study.trials]
+            for values in itertools.product(*(v.choices for v in space.values())):
+                point = dict(zip(space, values))
+                if point not in tried:
+                    study.enqueue_trial(point)
         return study
 
     def sweep(self, arguments: List[str]) -> Any:

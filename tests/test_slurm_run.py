@@ -1,0 +1,662 @@
+"""cluster=slurm for real: the rendered sbatch script, shell injection, and GRPO runs on the local
+two-node Slurm cluster (scripts/local-slurm.sh: nodes n1, n2 on this host).
+
+Tiers:
+  - no marker: rendering and rule checks, and the rendered script run by bash against stub Slurm
+    commands (a payload in any cluster.* string field must never execute);
+  - slurm: real sbatch/srun on the local cluster (submit → status/logs/cancel; a worker node's Ray step
+    dying ends the job fast naming the node; injection payloads submitted for real);
+  - slurm + slow: the tiny GRPO run over Ray on both nodes, signalled with SIGUSR1 mid-run: it
+    checkpoints, requeues itself and resumes; MLflow's step axis has every step exactly once.
+
+Every job a test submits is scancel'ed at the end of the module (if still alive); the Ray session dirs
+of those jobs are removed. Waits poll for conditions (no fixed sleeps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import re
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from grpo_launcher.launch.sbatch import render
+from grpo_launcher.launch.status import read_status, slurm_env
+from grpo_launcher.plan import make_plan
+from grpo_launcher.spec.compose import load_spec
+from grpo_launcher.spec.rules import validate
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+NODES = ("n1", "n2")
+RAY_TMP = "/tmp/grpo-ray"  # conf/cluster/local_slurm.yaml
+MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
+HAVE_SLURM = shutil.which("sbatch") is not None
+needs_slurm = [pytest.mark.slurm,
+               pytest.mark.skipif(not HAVE_SLURM, reason="Slurm not installed: bash scripts/local-slurm.sh install")]
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def base_spec(*overrides: str, root: Path | None = None):
+    extra = [f"output_root={root}"] if root else []
+    return load_spec(["cluster=local_slurm", "dry_run=true", *extra, *overrides])
+
+
+def wait_until(pred, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def sh(args: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=kw.pop("env", slurm_env()), **kw)
+
+
+def job_state(job: str) -> str:
+    m = re.search(r"JobState=(\S+)", sh(["scontrol", "show", "job", job]).stdout)
+    return m.group(1) if m else "UNKNOWN"
+
+
+def launch_py(*args: str, env=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return sh([PY, str(ROOT / "launch.py"), *args], timeout=timeout, env=env or slurm_env(), cwd=ROOT)
+
+
+class Lines:
+    """Lines of a child's stdout, read on a thread, with timeouts."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.q, self.seen = proc, queue.Queue(), []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.q.put(line.rstrip("\n"))
+        self.q.put(None)
+
+    def until(self, pattern: str, timeout: float) -> re.Match:
+        rx, deadline = re.compile(pattern), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.q.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.seen.append(line)
+            m = rx.search(line)
+            if m:
+                return m
+        raise AssertionError(f"never saw /{pattern}/ within {timeout:.0f}s; last output:\n"
+                             + "\n".join(self.seen[-40:]))
+
+    def rest(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.q.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                return "\n".join(self.seen)
+            self.seen.append(line)
+        raise AssertionError("the launcher did not exit in time; last output:\n" + "\n".join(self.seen[-40:]))
+
+
+# ------------------------------------------------------------------ rendering (no Slurm needed)
+
+
+def test_render_local_slurm_profile():
+    spec = base_spec()
+    script = render(spec, make_plan(spec))
+    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=2" in header and "#SBATCH --partition=debug" in header
+    assert "#SBATCH --requeue" in header and "#SBATCH --signal=B:USR1@60" in header
+    assert f"PY={shlex.quote(PY)}" in script  # cluster.python unset: the launcher's own interpreter
+    assert '"$PY" -m ray.scripts.scripts' in script  # the venv's ray CLI, never a `ray` found on PATH
+    assert not re.search(r"""(^|[\s;&|(])ray\s+(start|stop|status)""", "\n".join(
+        line.split("#")[0] for line in script.splitlines()))
+    assert "NODE_PORT_STRIDE=1000" in script and '--temp-dir="$RAY_TMP/$SLURM_JOB_ID-$i"' in script
+    assert "RAY_AUTH_TOKEN_PATH" in script and "wait -n -p ENDED" in script and "scontrol requeue" in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    custom = render(base_spec("cluster.python=/opt/venv/bin/python3"), make_plan(base_spec()))
+    assert "PY=/opt/venv/bin/python3" in custom
+
+
+def test_render_container_flags_and_env_by_name(monkeypatch):
+    monkeypatch.setenv("GRPO_TEST_TOKEN", "value-must-not-appear-7f3a")
+    spec = base_spec("cluster.container_image=nvcr.io/nvidia/pytorch:25.01-py3", "cluster.python=python3",
+                     "cluster.container_mounts=[/data:/data:ro,/scratch:/scratch]",
+                     "cluster.env_passthrough=[GRPO_TEST_TOKEN,HF_TOKEN]")
+    plan = make_plan(spec)
+    script = render(spec, plan)
+    root = str(plan.run_dir.parent)
+    (line,) = [x for x in script.splitlines() if x.startswith("CONTAINER=(")]
+    flags = shlex.split(line[len("CONTAINER=("):-1])
+    assert flags == ["--container-image=nvcr.io/nvidia/pytorch:25.01-py3", "--no-container-mount-home",
+                     f"--container-mounts=/data:/data:ro,/scratch:/scratch,{root}:{root}",
+                     f"--container-workdir={root}", "--container-env=GRPO_TEST_TOKEN,HF_TOKEN"]
+    assert "PASS_ENV=(GRPO_TEST_TOKEN HF_TOKEN)" in script
+    assert "value-must-not-appear" not in script
+    # every step (each node's Ray, the driver, the helpers) runs in the image
+    assert script.count('"${CONTAINER[@]}"') == 3
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+@pytest.mark.parametrize("overrides,rule,key", [
+    (["cluster.gpus_per_node=4"], "slurm_node_shape", "cluster.gpus_per_node"),  # the profile's nodes have 0 GPUs
+    (["cluster.container_image=img"], "slurm_node_shape", "cluster.python"),
+    (["cluster.container_mounts=[/a:/b]"], "slurm_node_shape", "cluster.container_mounts"),
+    (["cluster.node_port_stride=10"], "slurm_node_shape", "cluster.node_port_stride"),
+    (["cluster.ray_port=65500"], "slurm_node_shape", "cluster.ray_port"),
+    (["cluster.python=python3", "cluster.container_image=img", "cluster.container_mounts=[data]"],
+     "shell_values", "cluster.container_mounts"),
+    (["cluster.time=00:01:00"], "time_budget", "cluster.signal_before_s"),
+    (["cluster.time=00:10:00", "checkpoint.must_save_by=00:09:00"], "time_budget", "checkpoint.must_save_by"),
+    (["cluster.requires_account=true"], "slurm_fields", "cluster.account"),
+    (["cluster.partition=null", "cluster.requires_partition=true"], "slurm_fields", "cluster.partition"),
+])
+def test_cluster_preflight_rules(overrides, rule, key):
+    from grpo_launcher.spec.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        base_spec(*overrides)
+    assert any(v.rule == rule and key in v.keys for v in info.value.violations), info.value.render()
+
+
+# ------------------------------------------------------------------ shell injection
+
+PAYLOADS = {
+    "semicolon": "x; touch {m}",
+    "dollar": "$(touch {m})",
+    "backtick": "`touch {m}`",
+    "quote": "x' ; touch {m} ; echo '",
+    "newline": "x\ntouch {m}",
+}
+STRING_FIELDS = ("partition", "account", "qos", "job_name", "time", "container_image", "container_mounts",
+                 "env_passthrough", "python", "ray_temp_dir")
+LIST_FIELDS = ("container_mounts", "env_passthrough")
+HEADER_FIELDS = ("partition", "account", "qos", "job_name", "time")
+
+
+def marker(field: str) -> Path:
+    return Path(f"/tmp/pwned-{field}-{uuid.uuid4().hex[:10]}")
+
+
+def with_payload(spec, field: str, value: str):
+    """The spec with one cluster.* field set to `value` (rules bypassed: the renderer must hold alone)."""
+    v = [value] if field in LIST_FIELDS else value
+    if field == "container_mounts" and not spec.cluster.container_image:
+        spec = dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, container_image="img"))
+    return dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, **{field: v}))
+
+
+@pytest.mark.parametrize("style", PAYLOADS)
+@pytest.mark.parametrize("field", STRING_FIELDS)
+def test_rules_reject_payload_naming_the_key(field, style):
+    value = PAYLOADS[style].format(m="/tmp/pwned")
+    found = validate(with_payload(base_spec(), field, value))
+    assert any(f"cluster.{field}" in v.keys for v in found), [v.render() for v in found]
+
+
+STUB_SRUN = r"""#!/bin/bash
+{ printf 'srun'; printf '\x1f%s' "$@"; printf '\x1e'; } >> "$STUB_LOG"
+if [ -n "${REAL_SRUN:-}" ]; then  # real Slurm: run the step, minus the pyxis flags (no pyxis here)
+  keep=()
+  for a in "$@"; do case "$a" in --container-*|--no-container-*) ;; *) keep+=("$a");; esac; done
+  exec "$REAL_SRUN" "${keep[@]}"
+fi
+cmd=(); args=("$@"); i=0  # stub: skip srun's options, run the command here
+while [ $i -lt ${#args[@]} ]; do
+  a=${args[$i]}
+  if [ ${#cmd[@]} -eq 0 ]; then
+    case "$a" in -w|-N|-n|-J) i=$((i + 2)); continue;; -*) i=$((i + 1)); continue;; esac
+  fi
+  cmd+=("$a"); i=$((i + 1))
+done
+if [ "${cmd[0]}" = bash ]; then echo "n1 stubhost 127.0.0.1"; echo "n2 stubhost 127.0.0.1"; exit 0; fi
+exec "${cmd[@]}"
+"""
+
+STUB_PY = r"""#!/bin/bash
+{ printf 'py'; printf '\x1f%s' "$@"; printf '\x1e'; } >> "$STUB_LOG"
+case " $* " in
+  *" ray.scripts.scripts "*" --head "*)
+    for a in "$@"; do case "$a" in --port=*) port=${a#--port=};; esac; done
+    exec "$REAL_PY" -c 'import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(8); time.sleep(120)' "$port";;
+  *" ray.scripts.scripts "*) exec sleep 120;;
+  *" grpo_launcher.launch.status "*) exec "$REAL_PY" "$@";;
+  *" grpo_launcher.train.driver "*)
+    if [ "${STUB_DRIVER:-}" = wait_usr1 ]; then  # a driver that checkpoints on SIGUSR1 (exit 3), then resumes
+      dir=$(dirname "${@: -1}")
+      if [ -e "$dir/stub-checkpoint" ]; then echo "stub driver: resumed from the checkpoint; done"; exit 0; fi
+      trap 'echo "stub driver: SIGUSR1 after $SECONDS s"; touch "$dir/stub-checkpoint"; exit 3' USR1
+      echo "stub driver: running until SIGUSR1"
+      while true; do sleep 0.2; done
+    fi
+    exit 0;;
+  *) exit 0;;
+esac
+"""
+
+STUB_SCONTROL = r"""#!/bin/bash
+{ printf 'scontrol'; printf '\x1f%s' "$@"; printf '\x1e'; } >> "$STUB_LOG"
+case "$1 $2" in
+  "show hostnames") printf 'n1\nn2\n';;
+  "show job") echo "JobId=$SLURM_JOB_ID JobState=RUNNING";;
+esac
+exit 0
+"""
+
+
+def write_stub(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+@pytest.fixture
+def stubs(tmp_path):
+    d = tmp_path / "stubs"
+    d.mkdir()
+    write_stub(d / "srun", STUB_SRUN)
+    write_stub(d / "scontrol", STUB_SCONTROL)
+    for name in ("squeue", "scancel"):
+        write_stub(d / name, f"#!/bin/bash\n{{ printf '{name}'; printf '\\x1f%s' \"$@\"; printf '\\x1e'; }} >> \"$STUB_LOG\"\n")
+    py = write_stub(d / "python", STUB_PY)
+    return d, py
+
+
+def free_port_block() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return min(port, 60000)
+
+
+def records(log: Path) -> list[list[str]]:
+    if not log.exists():
+        return []
+    return [r.split("\x1f") for r in log.read_text().split("\x1e") if r]
+
+
+def run_rendered(script: str, tmp: Path, stubs_dir: Path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a rendered script as Slurm would, against the stub commands (no Slurm, no Ray)."""
+    path = tmp / "job.sbatch"
+    path.write_text(script)
+    env = {**os.environ, "PATH": f"{stubs_dir}:{os.environ['PATH']}", "STUB_LOG": str(tmp / "calls.log"),
+           "REAL_PY": PY, "SLURM_JOB_ID": "990001", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
+           "SLURMD_NODENAME": "n1", "SLURM_RESTART_COUNT": "0", **(env_extra or {})}
+    env.pop("REAL_SRUN", None)
+    return subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp)
+
+
+@pytest.mark.parametrize("style", PAYLOADS)
+def test_rendered_script_never_executes_a_payload(style, tmp_path, stubs):
+    """Every cluster.* string field (and the run name / output root) at once carries a payload whose
+    marker names the field; the script runs to its end against stub Slurm commands; no marker appears,
+    and every value that reaches a command arrives as ONE intact argument."""
+    stubs_dir, stub_py = stubs
+    body = ("container_image", "container_mounts", "ray_temp_dir")
+    marks = {f: marker(f) for f in (*HEADER_FIELDS, *body, "python", "env_passthrough", "name", "output_root")}
+    payload = {f: PAYLOADS[style].format(m=m) for f, m in marks.items()}
+    root = tmp_path / ("out-" + payload["output_root"])  # slashes in it just nest directories
+    spec = dataclasses.replace(base_spec(root=tmp_path / "unused"), name=payload["name"], output_root=str(root))
+    c = dataclasses.replace(spec.cluster, python=str(stub_py), ray_port=free_port_block(), container_image="img")
+    spec = dataclasses.replace(spec, cluster=c)
+    for f in (*HEADER_FIELDS, *body):
+        spec = with_payload(spec, f, payload[f])
+
+    try:
+        for f in marks:
+            assert not marks[f].exists()
+        outcomes = {}
+        # 1. header + body fields, name and output root together
+        try:
+            script = render(spec, make_plan(spec))
+        except ValueError as exc:  # line breaks in #SBATCH lines / comments are refused outright
+            assert style == "newline", exc
+            outcomes["header"] = "refused"
+            spec = dataclasses.replace(spec, name="inj", output_root=str(tmp_path / "out"),
+                                       cluster=dataclasses.replace(spec.cluster, partition="debug", account=None,
+                                                                   qos=None, job_name=None, time="00:30:00"))
+            script = render(spec, make_plan(spec))
+        plan = make_plan(spec)
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
+        (plan.run_dir / "spec.yaml").write_text("stub\n")
+        for line in script.splitlines():
+            if line.startswith("#SBATCH"):
+                assert len(shlex.split(line)) == 2, line  # one option per line, one word
+        proc = run_rendered(script, tmp_path, stubs_dir)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert read_status(plan.run_dir)["state"] == "COMPLETED"
+        args = [a for r in records(tmp_path / "calls.log") for a in r[1:]]
+        for f in body:
+            assert any(payload[f] in a for a in args), f"{f}: payload not passed as one argument"
+        if outcomes.get("header") != "refused":
+            for f in ("name", "output_root"):
+                assert any(payload[f] in a for a in args), f"{f}: payload not passed as one argument"
+        # 2. cluster.python: the interpreter itself (nothing can run, nothing may execute)
+        py_spec = dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, python=payload["python"]))
+        proc = run_rendered(render(py_spec, make_plan(py_spec)), tmp_path, stubs_dir)
+        assert proc.returncode != 0
+        # 3. cluster.env_passthrough: names only; anything else is refused by the renderer
+        env_spec = with_payload(spec, "env_passthrough", payload["env_passthrough"])
+        with pytest.raises(ValueError, match="env_passthrough"):
+            render(env_spec, make_plan(env_spec))
+        assert not [str(m) for m in marks.values() if m.exists()], "a payload executed"
+    finally:
+        for m in marks.values():
+            m.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------ the real local Slurm cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not HAVE_SLURM:
+        pytest.skip("Slurm not installed")
+    proc = sh(["sinfo", "-N", "-h", "-o", "%N %t"], timeout=30)
+    states = dict(line.split()[:2] for line in proc.stdout.splitlines() if line.strip())
+    bad = {n: states.get(n, "missing") for n in NODES
+           if states.get(n, "missing").rstrip("*~#!%$@^-") not in ("idle", "mix", "alloc")}
+    if proc.returncode != 0 or bad:
+        pytest.fail(f"local Slurm not up ({proc.stderr.strip()} {bad}); run `bash scripts/local-slurm.sh start`")
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    """Every job id a test submits; at the end: scancel what still runs, wait, remove its Ray dirs."""
+    ids: list[str] = []
+    yield ids
+    for job in ids:
+        if job_state(job) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"):
+            sh(["scancel", job])
+    for job in ids:
+        try:
+            wait_until(lambda: job_state(job) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"), 90,
+                       f"job {job} to end")
+        except AssertionError:
+            pass
+        for d in Path(RAY_TMP).glob(f"{job}-*"):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """One output root for the module (one MLflow db); the tiny model comes from a persistent cache."""
+    r = tmp_path_factory.mktemp("slurm-runs")
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    (r / ".models").symlink_to(MODEL_CACHE)
+    # build it here once (minutes on a busy 2-core machine when the cache is cold), not inside a job
+    from grpo_launcher.envs import make_env
+    from grpo_launcher.models.tiny import ensure_tiny_model
+
+    spec = base_spec(root=r)
+    ensure_tiny_model(spec.model, make_env(spec), spec.env.name.value, MODEL_CACHE, seed=spec.grpo.seed)
+    return r
+
+
+def submit(root: Path, jobs: list, name: str, *overrides: str, env=None) -> tuple[str, str, float]:
+    t0 = time.monotonic()
+    p = launch_py("cluster=local_slurm", f"output_root={root}", f"name={name}", *overrides, env=env)
+    took = time.monotonic() - t0
+    m = re.search(r"submitted job (\d+)", p.stdout)
+    assert p.returncode == 0 and m, p.stdout[-2000:] + p.stderr[-2000:]
+    jobs.append(m.group(1))
+    return m.group(1), p.stdout, took
+
+
+@pytest.mark.slurm
+def test_submit_returns_status_logs_cancel(cluster, jobs, root):
+    job, out, took = submit(root, jobs, "cancel-me", "grpo.max_steps=500")
+    run_dir = root / "cancel-me"
+    assert took < 60, f"submission took {took:.0f}s: it must not wait for the job"
+    for needle in (f"run dir    : {run_dir}", f"driver-{job}.log", f"slurm-{job}.out", "launch.py status cancel-me"):
+        assert needle in out, out
+    assert read_status(run_dir)["job_id"] == job
+    again = launch_py("cluster=local_slurm", f"output_root={root}", "name=cancel-me")  # same run dir: refused
+    assert again.returncode == 1 and f"already queued/running as job {job}" in again.stderr, again.stderr
+    wait_until(lambda: "ray_ready" in read_status(run_dir).get("events", {}), 180, "Ray up on both nodes")
+
+    by_name = json.loads(launch_py("status", "cancel-me", "--root", str(root), "--json").stdout)
+    by_job = json.loads(launch_py("status", job, "--json").stdout)  # job id: found through scontrol
+    assert by_name["state"] == by_job["state"] == "RUNNING" and by_job["run_dir"] == str(run_dir)
+    assert by_name["slurm"]["NodeList"] == "n[1-2]"
+    text = launch_py("status", "cancel-me", "--root", str(root)).stdout
+    assert re.search(r"^state\s+RUNNING", text, re.M) and re.search(rf"^job\s+{job}\b", text, re.M), text
+    slurm_log = launch_py("logs", "--slurm", job).stdout
+    assert "Ray head on n1" in slurm_log and "ray_wait: cluster ready" in slurm_log and "2/2 nodes" in slurm_log
+
+    t0 = time.monotonic()
+    p = launch_py("cancel", job)
+    assert p.returncode == 0 and f"cancelled job {job}" in p.stdout, p.stdout + p.stderr
+    assert time.monotonic() - t0 < 60
+    assert job_state(job) == "CANCELLED"
+    assert read_status(run_dir)["state"] == "CANCELLED"
+    assert json.loads(launch_py("status", job, "--json").stdout)["state"] == "CANCELLED"
+    assert sh(["squeue", "-h", "-j", job]).stdout.strip() == ""
+
+
+def ray_start_pid(job: str, index: int) -> int | None:
+    """The `ray start --block` process of node <index> of this job (its temp dir names it)."""
+    needle = f"--temp-dir={RAY_TMP}/{job}-{index}".encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if needle in cmd and b"ray.scripts.scripts" in cmd:
+                return int(proc.name)
+    return None
+
+
+@pytest.mark.slurm
+def test_worker_node_step_dies_job_fails_fast_naming_it(cluster, jobs, root):
+    job, _, _ = submit(root, jobs, "lose-n2", "grpo.max_steps=500")
+    run_dir = root / "lose-n2"
+    wait_until(lambda: "ray_ready" in read_status(run_dir).get("events", {}), 180, "Ray up on both nodes")
+    pid = wait_until(lambda: ray_start_pid(job, 1), 30, "the n2 Ray step's process")
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    st = wait_until(lambda: (s := read_status(run_dir))["state"] == "FAILED" and s, 60, "status FAILED")
+    assert time.monotonic() - t0 < 30
+    assert "node n2" in st["message"], st
+    wait_until(lambda: job_state(job) == "FAILED", 60, "Slurm to end the job")
+    text = launch_py("status", "lose-n2", "--root", str(root)).stdout
+    assert "FAILED" in text and "node n2" in text
+    assert "the Ray step on node n2 ended" in (run_dir / "logs" / f"slurm-{job}.out").read_text()
+
+
+def mlflow_steps(root: Path, run_dir: Path, key: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exps = [e.experiment_id for e in client.search_experiments()]
+    (run,) = client.search_runs(exps, filter_string=f"tags.`grpo.run_dir` = '{run_dir}'")
+    return [m.step for m in client.get_metric_history(run.info.run_id, key)], run
+
+
+def release_requeued(job: str) -> None:
+    """Slurm holds a requeued job ~2 min (BeginTime), partly so that the new start's credential is not
+    taken for the revoked one of the old start. Release it early, as an operator could: once the old
+    allocation is fully released and the wall clock is past the second the requeue happened in."""
+    def pending_on_begin_time():
+        out = sh(["scontrol", "show", "job", job]).stdout
+        return "JobState=PENDING" in out and "Reason=BeginTime" in out
+
+    wait_until(pending_on_begin_time, 180, f"requeued job {job} to wait on its BeginTime")
+    t_pending = time.time()
+    wait_until(lambda: not re.search(r"^n[12] comp", sh(["sinfo", "-N", "-h", "-o", "%N %t"]).stdout, re.M), 120,
+               "the old allocation to be released")
+    wait_until(lambda: time.time() >= int(t_pending) + 2, 5, "the next wall-clock second", poll=0.1)
+    sh(["scontrol", "update", f"JobId={job}", "StartTime=now"]).check_returncode()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_two_node_grpo_preempted_requeued_resumed(cluster, jobs, root):
+    """cluster.wait=true: the launcher streams the job; SIGUSR1 mid-run → checkpoint, exit 3, requeue,
+    resume; the run completes on both nodes with every step in MLflow exactly once."""
+    steps = 8
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    env = {**slurm_env(), "GRPO_TEST_SECRET": secret}
+    cmd = [PY, "-u", str(ROOT / "launch.py"), "cluster=local_slurm", f"output_root={root}", "name=e2e",
+           f"grpo.max_steps={steps}", "cluster.wait=true", "cluster.env_passthrough=[GRPO_TEST_SECRET]"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = Lines(proc)
+    try:
+        job = out.until(r"submitted job (\d+)", 60).group(1)
+        jobs.append(job)
+        out.until(r"^\[driver\] step 2/", 600)
+        sh(["scancel", "--signal=USR1", "--batch", job]).check_returncode()
+        out.until(r"requeueing job", 240)
+        release_requeued(job)
+        out.until(rf"job {job} start #1", 120)
+        text = out.rest(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.wait(30) == 0, text[-4000:]
+    run_dir = root / "e2e"
+    assert f"job {job} ended: COMPLETED" in text
+    assert re.search(r"first training step [\d.]+s after the command", text)
+    assert "ray_wait: cluster ready" in text and "2/2 nodes" in text
+
+    driver_log = (run_dir / "logs" / f"driver-{job}.log").read_text()
+    stopped = re.search(r"stopped after step (\d+) \(SIGUSR1\); checkpoint saved", driver_log)
+    assert stopped, driver_log
+    k = int(stopped.group(1))
+    assert f"resuming from step_{k:06d} (step {k})" in driver_log
+    logged, run = mlflow_steps(root, run_dir, "train/reward_mean")
+    assert sorted(logged) == list(range(1, steps + 1)), f"steps lost or repeated: {sorted(logged)}"
+    assert run.info.status == "FINISHED"
+    st = read_status(run_dir)
+    assert st["state"] == "COMPLETED" and st["restarts"] == 1 and st["job_ids"] == [job]
+
+    placement = json.loads((run_dir / "logs" / f"placement-{job}.json").read_text())
+    where = {(a["class"], a["slurm_node"]) for a in placement["actors"]}
+    for cls in ("TorchPolicyWorker", "HFRolloutWorker"):
+        assert {(cls, "n1"), (cls, "n2")} <= where, placement["summary"]
+
+    logs = launch_py("logs", "e2e", "--root", str(root)).stdout
+    assert f"step {steps}/{steps}" in logs and "resuming from" in logs
+    status = json.loads(launch_py("status", "e2e", "--root", str(root), "--json").stdout)
+    assert status["state"] == "COMPLETED" and status["step"] == f"{steps}/{steps}"
+    # env passthrough: by name only — the value is nowhere in the run dir or the MLflow store
+    for f in [*run_dir.rglob("*"), root / "mlflow.db"]:
+        if f.is_file() and not f.is_symlink():
+            assert secret.encode() not in f.read_bytes(), f
+
+
+@pytest.mark.slurm
+def test_injection_payloads_submitted_for_real(cluster, jobs, tmp_path, stubs):
+    """The rendered script of a spec carrying payloads (rules bypassed) goes through the real sbatch and
+    srun. sbatch refuses bad partitions and times; everything else runs and executes no payload."""
+    stubs_dir, stub_py = stubs
+    (stubs_dir / "scontrol").unlink()  # the real ones, except srun: a wrapper drops pyxis flags
+    for name in ("squeue", "scancel"):
+        (stubs_dir / name).unlink()
+    env = {**slurm_env(), "PATH": f"{stubs_dir}:{os.environ['PATH']}", "STUB_LOG": str(tmp_path / "calls.log"),
+           "REAL_PY": PY, "REAL_SRUN": shutil.which("srun")}
+    marks, submitted, images = [], {}, {}
+    for style in ("semicolon", "dollar", "backtick"):
+        fields = {f: marker(f) for f in ("account", "qos", "job_name", "container_image", "container_mounts",
+                                         "ray_temp_dir", "partition", "time", "python")}
+        marks += fields.values()
+        p = {f: PAYLOADS[style].format(m=m) for f, m in fields.items()}
+        spec = base_spec(root=tmp_path / style)
+        spec = dataclasses.replace(spec, cluster=dataclasses.replace(
+            spec.cluster, python=str(stub_py), ray_port=free_port_block()))
+        for f in ("account", "qos", "job_name", "container_image", "container_mounts", "ray_temp_dir"):
+            spec = with_payload(spec, f, p[f])
+        images[style] = p["container_image"]
+        variants = {"fields": spec,
+                    "python": dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, python=p["python"])),
+                    "partition": with_payload(spec, "partition", p["partition"]),
+                    "time": with_payload(spec, "time", p["time"])}
+        for variant, vspec in variants.items():
+            vspec = dataclasses.replace(vspec, name=f"inj-{style}-{variant}")
+            plan = make_plan(vspec)
+            (plan.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            (plan.run_dir / "spec.yaml").write_text("stub\n")
+            path = plan.run_dir / f"job-{variant}.sbatch"
+            path.write_text(render(vspec, plan))
+            proc = sh(["sbatch", "--parsable", str(path)], env=env)
+            if variant in ("partition", "time"):
+                assert proc.returncode != 0, f"sbatch accepted a bad --{variant}"
+                continue
+            assert proc.returncode == 0, proc.stderr
+            jobs.append(proc.stdout.strip())
+            submitted[proc.stdout.strip()] = (style, variant, plan.run_dir)
+    for job, (style, variant, run_dir) in submitted.items():
+        state = wait_until(lambda: (s := job_state(job)) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and s,
+                           240, f"injection job {job} ({style}/{variant}) to end")
+        if variant == "fields":  # the stub driver exits 0: the whole script ran
+            assert state == "COMPLETED", (run_dir / "logs" / f"slurm-{job}.out").read_text()[-3000:]
+            assert read_status(run_dir)["state"] == "COMPLETED"
+    srun_args = [a for r in records(tmp_path / "calls.log") if r[0] == "srun" for a in r[1:]]
+    for style, image in images.items():  # the payload reached srun as one intact argument
+        assert f"--container-image={image}" in srun_args, style
+    assert not [str(m) for m in marks if m.exists()], "a payload executed"
+    for m in marks:
+        m.unlink(missing_ok=True)
+
+
+@pytest.mark.slurm
+def test_time_limit_signal_requeues_and_resumes(cluster, jobs, tmp_path, stubs):
+    """The real `--signal=B:USR1@N` before `--time`: Slurm signals the batch shell, the script forwards the
+    signal through srun to the driver (a stub here, so that this takes a minute), the driver exits 3, the
+    job requeues itself and its next start finishes. Nobody but Slurm sends the signal."""
+    stubs_dir, stub_py = stubs
+    for name in ("scontrol", "squeue", "scancel"):
+        (stubs_dir / name).unlink()
+    env = {**slurm_env(), "PATH": f"{stubs_dir}:{os.environ['PATH']}", "STUB_LOG": str(tmp_path / "calls.log"),
+           "REAL_PY": PY, "REAL_SRUN": shutil.which("srun"), "STUB_DRIVER": "wait_usr1"}
+    spec = base_spec("cluster.time=00:02:00", "cluster.signal_before_s=100", "name=time-limit", root=tmp_path)
+    spec = dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, python=str(stub_py),
+                                                                 ray_port=free_port_block()))
+    plan = make_plan(spec)
+    (plan.run_dir / "logs").mkdir(parents=True)
+    (plan.run_dir / "spec.yaml").write_text("stub\n")
+    script = render(spec, plan)
+    assert "#SBATCH --time=00:02:00" in script and "#SBATCH --signal=B:USR1@100" in script
+    (plan.run_dir / "job.sbatch").write_text(script)
+    proc = sh(["sbatch", "--parsable", str(plan.run_dir / "job.sbatch")], env=env)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    jobs.append(job)
+    release_requeued(job)  # Slurm's own USR1 (due 20 s in; its timer checks every ~30 s) → exit 3 → requeue
+    state = wait_until(lambda: (s := job_state(job)) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and s,
+                       150, "the requeued job to finish")
+    slurm_log = (plan.run_dir / "logs" / f"slurm-{job}.out").read_text()
+    driver_log = (plan.run_dir / "logs" / f"driver-{job}.log").read_text()
+    assert state == "COMPLETED", slurm_log[-3000:]
+    assert "SIGUSR1 (time limit near" in slurm_log and "requeueing job" in slurm_log
+    assert f"job {job} start #1" in slurm_log
+    assert "stub driver: SIGUSR1" in driver_log and "resumed from the checkpoint; done" in driver_log
+    st = read_status(plan.run_dir)
+    assert st["state"] == "COMPLETED" and st["restarts"] == 1
