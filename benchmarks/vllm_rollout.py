@@ -1,18 +1,20 @@
 #!/usr/bin/env python
 """rollout=vllm overhead, in one run: our Ray-wrapped engines vs bare `vllm.LLM` on the same prompts and model.
 
-    .venv/bin/python benchmarks/vllm_rollout.py            (~3 min on 2 cores; results/vllm_rollout.md has a run)
+    .venv/bin/python benchmarks/vllm_rollout.py            (~4 min on 2 cores; results/vllm_rollout.md has runs)
 
-Engines (all float32, eager, 64 MiB KV, the tiny model, same SamplingParams incl. per-prompt seeds):
-  bare   vllm.LLM in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), weights loaded from disk
-  sync   VLLMRolloutWorker in a Ray actor, as the driver places it (rollout=vllm)
-  async  VLLMRolloutWorker with rollout.async_engine=true + expose_http_server=true (AsyncLLM, EngineCore process)
-Workloads: "toy" = one GRPO step's rollout (16 prompts × 8, answers end with EOS after ~5 tokens);
-"long" = the same prompts on fresh random weights (near-uniform next tokens: most samples run to max_new_tokens,
-decode-bound).
-Rounds alternate between engines (never two at once); tokens/s is generated tokens / wall time of the call as
-the driver sees it (Ray round trip and Generation objects included for ours). Refit: `update_weights` with
-the state dict in the object store, as driver.refit does (median of N); the in-actor ms is what it returns.
+Engines (all float32, eager, 64 MiB KV, the tiny model, the same SamplingParams incl. per-prompt seeds):
+  bare      vllm.LLM in this process, in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+  bare-mp   vllm.LLM in this process with its engine core in a child process (VLLM_ENABLE_V1_MULTIPROCESSING=1)
+  sync      VLLMRolloutWorker in a Ray actor exactly as the driver makes it (rollout=vllm; workers.py's env: in-process)
+  sync-mp   the same with VLLM_ENABLE_V1_MULTIPROCESSING=1 in the actor (refit crosses the process as bytes)
+  async     rollout.async_engine=true + expose_http_server=true (AsyncLLM; its EngineCore is always a child process)
+Each of ours is compared with the bare engine of the same process layout: sync/bare, sync-mp/bare-mp, async/bare-mp.
+Workloads: "toy" = one GRPO step's rollout (16 prompts × 8; answers end with EOS after ~5 tokens);
+"long" = the same prompts on fresh random weights (near-uniform next tokens: most samples run to max_new_tokens).
+Rounds rotate the engine order and never run two engines at once; tokens/s = generated tokens / wall time of the
+call as the caller sees it (for ours: the Ray round trip and the Generation objects included). Refit: the driver's
+call, `update_weights` with the state dict in the object store (median of N; in-engine ms is its return value).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+PAIRS = {"bare": "bare", "sync": "bare", "bare-mp": "bare-mp", "sync-mp": "bare-mp", "async": "bare-mp"}
 
 
 def main() -> None:
@@ -33,7 +36,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=10, help="timed generate calls per engine and workload")
+    ap.add_argument("--rounds", type=int, default=8, help="timed generate calls per engine and workload")
     ap.add_argument("--refits", type=int, default=30, help="timed refits per engine")
     ap.add_argument("--verbose", action="store_true", help="print every round")
     ap.add_argument("--cache", default=str(ROOT / "outputs" / ".models"), help="tiny-model cache (launch.py's)")
@@ -42,7 +45,7 @@ def main() -> None:
     from grpo_launcher.train.workers import WORKER_ENV, _src
 
     for k, v in WORKER_ENV.items():
-        os.environ.setdefault(k, v)  # the same engine environment as the actors (in-process, loopback)
+        os.environ.setdefault(k, v)  # the actors' engine environment (in-process, loopback)
 
     import psutil
     import ray
@@ -65,13 +68,14 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     g = torch.Generator().manual_seed(0)  # "long": fresh random weights: near-uniform tokens, EOS rarely
-    no_eos = {k: torch.ones_like(v) if "norm" in k else torch.zeros_like(v) if k.endswith("bias")
-              else 0.02 * torch.randn(v.shape, generator=g) for k, v in base.items()}
+    rand = {k: torch.ones_like(v) if "norm" in k else torch.zeros_like(v) if k.endswith("bias")
+            else 0.02 * torch.randn(v.shape, generator=g) for k, v in base.items()}
     prompts = [tok(p.text)["input_ids"] for p in env.train_prompts(1, 0, a.prompts)]
+    load0 = os.getloadavg()[0]
     print(f"model {model_dir}\nprompts {a.prompts} × n={a.n}, max_new_tokens={T}, rounds={a.rounds}, "
-          f"refits={a.refits}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+          f"refits={a.refits}; load average {load0:.1f} on {os.cpu_count()} CPUs at the start", flush=True)
 
-    # ---------------------------------------------------------------- start-up
+    # ---------------------------------------------------------------- start-up (one engine at a time)
     t0 = time.perf_counter()
     import vllm  # noqa: F401
 
@@ -79,58 +83,75 @@ def main() -> None:
     from vllm import LLM
     from vllm.inputs import TokensPrompt
 
-    from grpo_launcher.rollout.vllm import sampling_params
+    from grpo_launcher.rollout.vllm import EXTENSION, _to_bytes, sampling_params
 
     me = psutil.Process()
-    rss0 = me.memory_info().rss
-    t0 = time.perf_counter()
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=8 + T, seed=0, enforce_eager=True,
-              kv_cache_memory_bytes=spec.rollout.kv_cache_memory_mb * 2**20, skip_tokenizer_init=True,
-              logprobs_mode="processed_logprobs", disable_log_stats=True)
-    bare_start = time.perf_counter() - t0
-    bare_rss = me.memory_info().rss
+    bare, startup, rss = {}, {}, {}
+    for name, mp in (("bare", "0"), ("bare-mp", "1")):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = mp  # read when the engine is built
+        before = {p.pid for p in me.children(recursive=True)}
+        rss0, t0 = me.memory_info().rss, time.perf_counter()
+        bare[name] = LLM(model=model_dir, dtype="float32", max_model_len=8 + T, seed=0, enforce_eager=True,
+                         kv_cache_memory_bytes=spec.rollout.kv_cache_memory_mb * 2**20, skip_tokenizer_init=True,
+                         logprobs_mode="processed_logprobs", disable_log_stats=True,
+                         worker_extension_cls=EXTENSION)  # bare-mp can only take weights as bytes
+        startup[name] = f"{time.perf_counter() - t0:.1f} s (LLM() only)"
+        kids = [p for p in me.children(recursive=True) if p.pid not in before]
+        rss[name] = (me.memory_info().rss - rss0 + sum(p.memory_info().rss for p in kids)) / 2**20, 1 + len(kids)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = WORKER_ENV["VLLM_ENABLE_V1_MULTIPROCESSING"]
 
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20, logging_level="WARNING",
              runtime_env={"env_vars": dict(WORKER_ENV, PYTHONPATH=_src())})
     R = ray.remote(rollout_class("vllm"))
-    actors, ready_s = {}, {}
-    for name, s in (("sync", spec), ("async", spec_async)):  # one at a time: start-up times are not shared
+    actors = {}
+    mp_env = {"env_vars": dict(WORKER_ENV, PYTHONPATH=_src(), VLLM_ENABLE_V1_MULTIPROCESSING="1")}
+    for name, s, opts in (("sync", spec, {}), ("sync-mp", spec, {"runtime_env": mp_env}), ("async", spec_async, {})):
         t0 = time.perf_counter()
-        actors[name] = R.options(num_cpus=0.5).remote(s, model_dir, 1)
-        ray.get(actors[name].info.remote(), timeout=900)
-        ready_s[name] = time.perf_counter() - t0
-    ref_base, ref_no_eos = ray.put(base), ray.put(no_eos)
-    ray.get([x.update_weights.remote(ref_base) for x in actors.values()])  # dummy → real, as the driver does
-    info = {k: ray.get(x.info.remote()) for k, x in actors.items()}
+        actors[name] = R.options(num_cpus=0.5, **opts).remote(s, model_dir, 1)
+        i = ray.get(actors[name].info.remote(), timeout=900)
+        startup[name] = f"{i['startup_s']:.1f} s in the actor, {time.perf_counter() - t0:.1f} s until the actor answers"
+        rss[name] = i["rss_mb"], i["processes"]
+    refs = {"base": ray.put(base), "rand": ray.put(rand)}
 
-    def bare_generate(seed: int):
-        params = sampling_params(spec, a.n, seed, len(prompts), [tok.eos_token_id])
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [list(c.token_ids) for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]
-
-    def ours(name: str):
-        return lambda seed: [g.response_ids for g in ray.get(actors[name].generate.remote(prompts, a.n, seed))]
-
-    engines = {"bare": bare_generate, "sync": ours("sync"), "async": ours("async")}
-
-    def set_weights(state, ref) -> None:
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items()),
-                                                     "is_checkpoint_format": True})
+    def bare_refit(name: str, state: dict) -> None:
+        llm = bare[name]
+        if name == "bare":
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items()),
+                                                         "is_checkpoint_format": True})
+        else:  # the engine core is a child process: tensors cross as bytes (what sync-mp and async do)
+            llm.collective_rpc("grpo_reload_weights_from_bytes", args=(_to_bytes(state),))
         llm.reset_prefix_cache()
-        ray.get([x.update_weights.remote(ref) for x in actors.values()])
 
+    def set_weights(which: str) -> None:
+        for name in bare:
+            bare_refit(name, base if which == "base" else rand)
+        ray.get([x.update_weights.remote(refs[which]) for x in actors.values()])
+
+    def bare_gen(llm):
+        def run(seed: int):
+            params = sampling_params(spec, a.n, seed, len(prompts), [tok.eos_token_id])
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+            return [list(c.token_ids) for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]
+        return run
+
+    def ours(actor):
+        return lambda seed: [g.response_ids for g in ray.get(actor.generate.remote(prompts, a.n, seed))]
+
+    engines = {"bare": bare_gen(bare["bare"]), "sync": ours(actors["sync"]), "bare-mp": bare_gen(bare["bare-mp"]),
+               "sync-mp": ours(actors["sync-mp"]), "async": ours(actors["async"])}
     results: dict[tuple[str, str], list[float]] = {}
     identical = {}
-    for workload, state, ref in (("toy", base, ref_base), ("long", no_eos, ref_no_eos)):
-        set_weights(state, ref)
-        for name, gen in engines.items():
+    for workload, which in (("toy", "base"), ("long", "rand")):
+        set_weights(which)
+        for gen in engines.values():
             gen(999)  # warm-up: the first eager call of a shape is slow
         outs = {name: gen(7) for name, gen in engines.items()}
-        identical[workload] = {name: outs[name] == outs["bare"] for name in ("sync", "async")}
+        identical[workload] = {name: outs[name] == outs["bare"] for name in engines}
+        names = list(engines)
         for r in range(a.rounds):
-            for name, gen in engines.items():
+            for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order
                 t0 = time.perf_counter()
-                toks = sum(map(len, gen(r)))
+                toks = sum(map(len, engines[name](r)))
                 results.setdefault((workload, name), []).append(toks / (time.perf_counter() - t0))
                 if a.verbose:
                     print(f"{workload} round {r} {name}: {toks} tokens, {results[(workload, name)][-1]:,.0f} tok/s",
@@ -138,51 +159,48 @@ def main() -> None:
 
     # ---------------------------------------------------------------- refit
     refit = {}
+    for name in bare:
+        ms = []
+        for _ in range(a.refits):
+            t0 = time.perf_counter()
+            bare_refit(name, base)
+            ms.append((time.perf_counter() - t0) * 1e3)
+        refit[name] = (statistics.median(ms), None)
     for name, actor in actors.items():
         inside, outside = [], []
         for _ in range(a.refits):
             t0 = time.perf_counter()
-            inside.append(ray.get(actor.update_weights.remote(ref_base)))
+            inside.append(ray.get(actor.update_weights.remote(refs["base"])))
             outside.append((time.perf_counter() - t0) * 1e3)
         refit[name] = (statistics.median(inside), statistics.median(outside))
-    bare_refit = []
-    for _ in range(a.refits):
-        t0 = time.perf_counter()
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(base.items()),
-                                                     "is_checkpoint_format": True})
-        llm.reset_prefix_cache()
-        bare_refit.append((time.perf_counter() - t0) * 1e3)
 
     # ---------------------------------------------------------------- report
-    print(f"\n`import vllm` {import_s:.1f} s (this process)\n")
-    print("| engine | start-up | RSS (process tree) | processes |")
+    print(f"\n`import vllm` {import_s:.1f} s in this process; load average {os.getloadavg()[0]:.1f} at the end\n")
+    print("| engine | start-up | RSS, process tree | processes |")
     print("|---|---|---|---|")
-    print(f"| bare vllm.LLM (in-process) | {bare_start:.1f} s (LLM() only) | +{(bare_rss - rss0) / 2**20:.0f} MiB "
-          f"for LLM() (this process {bare_rss / 2**20:.0f} MiB) | 1 |")
-    for name in actors:
-        i = info[name]
-        print(f"| {name} (Ray actor) | {i['startup_s']:.1f} s in the actor (incl. import vllm), "
-              f"{ready_s[name]:.1f} s actor ready | {i['rss_mb']:.0f} MiB | {i['processes']} |")
-    print("\n| workload | engine | tokens/s (median of rounds) | ratio vs bare | same tokens as bare |")
-    print("|---|---|---|---|---|")
+    for name in engines:
+        print(f"| {name} | {startup[name]} | {rss[name][0]:.0f} MiB{' (delta of LLM())' if name in bare else ''} "
+              f"| {rss[name][1]} |")
+    print("\n| workload | engine | tokens/s, median | min–max | ratio vs | ratio | same tokens as bare |")
+    print("|---|---|---|---|---|---|---|")
     for workload in ("toy", "long"):
-        b = statistics.median(results[(workload, "bare")])
         for name in engines:
-            m = statistics.median(results[(workload, name)])
-            same = "—" if name == "bare" else identical[workload][name]
-            print(f"| {workload} | {name} | {m:,.0f} | {m / b:.2f} | {same} |")
-    print("\n| refit | median ms in the engine | median ms as the driver sees it (ray.get) |")
+            xs = results[(workload, name)]
+            m, ref = statistics.median(xs), statistics.median(results[(workload, PAIRS[name])])
+            print(f"| {workload} | {name} | {m:,.0f} | {min(xs):,.0f}–{max(xs):,.0f} | {PAIRS[name]} | {m / ref:.2f} "
+                  f"| {identical[workload][name]} |")
+    print("\n| refit (full state dict, 27 tensors, 1.6 MB) | median ms in the engine | median ms, driver's ray.get |")
     print("|---|---|---|")
-    print(f"| bare LLM reload_weights + reset_prefix_cache | {statistics.median(bare_refit):.1f} | — |")
     for name, (inside, outside) in refit.items():
-        print(f"| {name} update_weights | {inside:.1f} | {outside:.1f} |")
+        print(f"| {name} | {inside:.1f} | {'—' if outside is None else f'{outside:.1f}'} |")
 
     ray.get([x.shutdown.remote() for x in actors.values()], timeout=300)
     for x in actors.values():
         ray.kill(x)
     ray.shutdown()
-    llm.llm_engine.engine_core.shutdown()
+    for llm in bare.values():
+        llm.llm_engine.engine_core.shutdown()
 
 
-if __name__ == "__main__":  # vLLM spawns processes (the async engine's EngineCore): keep the guard
+if __name__ == "__main__":  # vLLM spawns processes (engine cores): keep the guard
     main()

@@ -44,6 +44,8 @@ def test_every_recipe_and_cluster_composes(recipe, cluster):
     if cluster == "slurm":
         spec = load_spec(overrides)
         assert spec.cluster.nodes == 32 and spec.cluster.gpus_per_node == 8
+    elif cluster == "local_slurm":  # the local pseudo-cluster's nodes have no GPUs: the rule says so
+        assert {v.rule for v in violations(overrides)} == {"slurm_node_shape"}
     else:  # a 32-node recipe cannot run on one machine: composition works, the rule says why
         assert {v.rule for v in violations(overrides)} == {"local_is_one_node"}
 
@@ -125,6 +127,8 @@ FAILING = [
     (["cluster.time=four hours"], "time_budget", "cluster.time"),
     (["name=a/b"], "safe_names", "name"),
     (["model.path=/nonexistent/model"], "local_paths_exist", "model.path"),
+    (["cluster=slurm", "cluster.python=/x y"], "shell_values", "cluster.python"),
+    (["cluster=local_slurm", "cluster.gpus_per_node=8"], "slurm_node_shape", "cluster.gpus_per_node"),
     (["train.backend=megatron", "model.num_experts=4", "model.moe_top_k=2", "train.moe.token_dispatcher=nope"],
      "megatron_moe", "train.moe.token_dispatcher"),
     (["train.backend=megatron", "train.transformer_engine=false", "cluster.cpu_workers_per_node=2",

@@ -16,7 +16,10 @@ line breaks (a newline would end the comment and start a command); the `slurm_fi
   6. after the driver: where every actor ran (`logs/placement-<job>.json`), then Ray is stopped;
   7. SIGUSR1 (`--signal=B:USR1@N` before --time, or `scancel --signal=USR1 --batch`): forwarded to the
      driver, which checkpoints at the end of its step and exits 3 → `scontrol requeue` → the next start
-     resumes from that checkpoint. SIGTERM (scancel) → status CANCELLED.
+     resumes from that checkpoint (a driver killed by the signal before its handler was installed is
+     requeued too: it resumes from its previous checkpoint). SIGTERM (scancel) → status CANCELLED.
+Ray runs with token auth (a fresh token per start, in a 0600 file of the run dir); cluster.env_passthrough
+names variables the job inherits from the submitting shell — names only, never values, in the script.
 Status transitions go to `<run_dir>/status.json` (launch/status.py); `launch.py status|logs|cancel` read it.
 """
 

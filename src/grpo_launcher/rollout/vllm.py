@@ -180,6 +180,15 @@ class VLLMRolloutWorker:
         return [g for p, out in zip(prompt_ids, outs) for g in self._unpack(p, out, n)]
 
     async def _agenerate(self, prompts: list, params: list) -> list:
+        try:  # vLLM ≥ 0.32 wants rendered inputs (what LLM.generate does); raw prompts still work, with a warning
+            from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+            renderer = self.engine.renderer
+            prompts = renderer.render_cmpl([parse_model_prompt(self.engine.model_config, p) for p in prompts],
+                                           renderer.default_cmpl_tok_params)
+        except (ImportError, AttributeError):
+            pass
+
         async def one(prompt, sp):
             final = None
             async for out in self.engine.generate(prompt, sp, request_id=f"grpo-{uuid.uuid4().hex}"):

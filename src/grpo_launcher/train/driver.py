@@ -24,6 +24,7 @@ REQUEUE_EXIT = 3  # checkpoint saved because of SIGUSR1 / the must_save_by budge
 
 
 def run(spec: RunSpec, plan: Plan) -> int:
+    stop = StopRequest.install()  # first: Slurm's SIGUSR1 during start-up must not kill the driver
     quiet_libraries()
     from ..envs import EnvNotAvailable, make_env
     from .setup import prepare_model, resume_or_start
@@ -37,7 +38,6 @@ def run(spec: RunSpec, plan: Plan) -> int:
     state = resume_or_start(spec, plan)
     if state is None:
         return 2
-    stop = StopRequest.install()
     with ray_session(spec, plan):
         workers = create_workers(spec, plan, str(model_dir))
         try:
