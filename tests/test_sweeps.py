@@ -76,8 +76,8 @@ def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path)
                f"model.path=choice({model},{not_a_model})")
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     study = optuna.load_study(study_name="s1", storage=storage)
-    states = sorted(t.state.name for t in study.trials)
-    assert states == ["COMPLETE", "COMPLETE", "FAIL", "FAIL"]
+    first_states = [t.state.name for t in study.trials]
+    assert sorted(first_states) == ["COMPLETE", "COMPLETE", "FAIL", "FAIL"]
     assert all(t.params["model.path"] == str(model) for t in study.trials if t.state.name == "COMPLETE")
     assert "best trial of study 's1'" in p.stdout
     # the same study name (and space) again: it continues (5 wanted, 4 done → 1 new trial), no restart
@@ -87,4 +87,45 @@ def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path)
     assert "study 's1': 4 finished trial(s), 5 wanted" in p.stdout + p.stderr
     again = optuna.load_study(study_name="s1", storage=storage)
     assert len(again.trials) == 5
-    assert [t.state for t in again.trials[:4]] == [t.state for t in study.trials]
+    assert [t.state.name for t in again.trials[:4]] == first_states
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_2x2_slurm_sweep_submits_four_jobs_without_waiting(tmp_path):
+    """Each point is its own Slurm job (its own Ray cluster); the command returns at once; all four finish."""
+    import os
+    import re
+    import time
+
+    from grpo_launcher.envs import make_env
+    from grpo_launcher.launch.status import read_status
+    from grpo_launcher.models.tiny import ensure_tiny_model
+    from grpo_launcher.spec.compose import load_spec
+
+    cache = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
+    cache.mkdir(parents=True, exist_ok=True)
+    (tmp_path / ".models").symlink_to(cache)
+    spec = load_spec([])
+    ensure_tiny_model(spec.model, make_env(spec), "toy", cache)  # built once here, not inside four jobs
+    t0 = time.monotonic()
+    p = launch("-m", "loss.clip_high=0.2,0.28", "train.lr=1e-4,3e-4", "cluster=local_slurm", "cluster.nodes=1",
+               f"output_root={tmp_path}", *SHORT, timeout=300)
+    submit_s = time.monotonic() - t0
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    jobs = re.findall(r"submitted job (\d+)", p.stdout)
+    assert len(set(jobs)) == 4, p.stdout[-3000:]
+    print(f"4-job Slurm sweep submitted in {submit_s:.1f} s")
+    run_dirs = [d for d in tmp_path.iterdir() if d.name.startswith("tiny-grpo_")]
+    deadline = time.monotonic() + 1200
+    try:
+        while time.monotonic() < deadline:
+            states = [read_status(d).get("state") for d in run_dirs]
+            if all(s in ("COMPLETED", "FAILED", "CANCELLED") for s in states):
+                break
+            time.sleep(2)  # polling the jobs' status files (a condition, with a deadline)
+        assert states == ["COMPLETED"] * 4, states
+    finally:
+        subprocess.run(["scancel", *jobs], capture_output=True)
+    children = [r for r in runs_of(tmp_path) if r.data.tags.get("mlflow.parentRunId")]
+    assert len(children) == 4 and len({c.data.tags["mlflow.parentRunId"] for c in children}) == 1

@@ -9,7 +9,7 @@ Interface (what the loop calls):
 
 from __future__ import annotations
 
-import importlib
+from ..registry import load
 
 POLICY_BACKENDS = {
     "torch": "grpo_launcher.policy.torch_policy:TorchPolicyWorker",
@@ -18,5 +18,4 @@ POLICY_BACKENDS = {
 
 
 def policy_class(name: str) -> type:
-    module, _, cls = POLICY_BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return load(POLICY_BACKENDS, name)

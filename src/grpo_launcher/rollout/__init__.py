@@ -8,7 +8,7 @@ Interface (what the loop calls):
 
 from __future__ import annotations
 
-import importlib
+from ..registry import load
 
 ROLLOUT_BACKENDS = {
     "hf": "grpo_launcher.rollout.hf:HFRolloutWorker",
@@ -17,5 +17,4 @@ ROLLOUT_BACKENDS = {
 
 
 def rollout_class(name: str) -> type:
-    module, _, cls = ROLLOUT_BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return load(ROLLOUT_BACKENDS, name)

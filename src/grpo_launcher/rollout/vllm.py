@@ -37,8 +37,7 @@ from ..spec.schema import RunSpec
 from ..train.batch import Generation
 
 # Before vLLM is imported anywhere in this process: quiet logs, no usage reports, loopback-only sockets.
-for _k, _v in {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-               "VLLM_CONFIGURE_LOGGING": "1"}.items():
+for _k, _v in {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}.items():
     os.environ.setdefault(_k, _v)
 
 EXTENSION = "grpo_launcher.rollout.vllm.WeightRefitExtension"
@@ -80,22 +79,29 @@ class VLLMRolloutWorker:
         self._closed = False
         self.refits = 0
         self.last_generate_s = 0.0  # engine time of the last generate call (the caller adds Ray's round trip)
-        kwargs = self._engine_kwargs(threads)
-        if r.async_engine or r.expose_http_server:  # rules.py: the server needs the async engine
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async-loop", daemon=True)
-            self._thread.start()
-            self.engine = self._call(self._start_async(kwargs))
-            if r.expose_http_server:
-                self._url = self._call(self._start_http())
-        else:
-            from vllm import LLM
+        kwargs = self._engine_kwargs()  # `threads` is not used: vLLM's CPU backend binds its own OpenMP threads
+        try:
+            if r.async_engine or r.expose_http_server:  # rules.py: the server needs the async engine
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async-loop", daemon=True)
+                self._thread.start()
+                self.engine = self._call(self._start_async(kwargs))
+                if r.expose_http_server:
+                    self._url = self._call(self._start_http())
+            else:
+                from vllm import LLM
 
-            self.llm = LLM(**kwargs)
+                self.llm = LLM(**kwargs)
+        except BaseException:
+            try:
+                self.shutdown()  # whatever did start (engine process, server, loop thread) stops with the error
+            except Exception:  # noqa: BLE001  (the start-up error is the one to report)
+                pass
+            raise
         self.startup_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ engine set-up
-    def _engine_kwargs(self, threads: int) -> dict[str, Any]:
+    def _engine_kwargs(self) -> dict[str, Any]:
         from vllm.platforms import current_platform
 
         r, s = self.spec.rollout, self.spec
@@ -145,7 +151,7 @@ class VLLMRolloutWorker:
         app = build_app(args, tasks, self.engine.model_config)
         await init_app_state(self.engine, app.state, args, tasks)
         config = uvicorn.Config(app, log_level="warning", access_log=False)
-        self._server = _QuietServer(config)
+        self._server = _quiet_server(config)
         app.state.server = self._server
         self._server_task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         deadline = time.monotonic() + 120
@@ -293,28 +299,27 @@ class VLLMRolloutWorker:
             self.engine = None
 
 
-class _QuietServer:
+def _quiet_server(config):
     """uvicorn.Server without signal handlers: it runs on a non-main thread inside a Ray actor."""
+    import contextlib
 
-    def __new__(cls, config):
-        import contextlib
+    import uvicorn
 
-        import uvicorn
+    class Server(uvicorn.Server):
+        def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+            pass
 
-        class Server(uvicorn.Server):
-            def install_signal_handlers(self) -> None:  # uvicorn < 0.29
-                pass
+        @contextlib.contextmanager
+        def capture_signals(self):  # uvicorn ≥ 0.29
+            yield
 
-            @contextlib.contextmanager
-            def capture_signals(self):  # uvicorn ≥ 0.29
-                yield
-
-        return Server(config)
+    return Server(config)
 
 
 # Warnings vLLM prints on every start-up or refit that are expected here (each was checked), by source logger.
 HARMLESS = {
-    "vllm.model_executor.model_loader.reload.layerwise": "Failed to load weights",  # RotaryEmbedding, each refit
+    # each refit: the rotary tables are computed, not loaded (a real layer failing to load still shows)
+    "vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
     "vllm.renderers.base": ("Chat template warmup failed",  # skip_tokenizer_init (no HTTP server)
                             "Using None for EOS token id"),  # EOS goes in as stop_token_ids instead
     "vllm.v1.worker.cpu_worker": "torch.set_num_threads` after the thread binding",  # vLLM's binding wins
