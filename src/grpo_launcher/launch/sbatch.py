@@ -189,11 +189,14 @@ if [ "$NODE_PORT_STRIDE" -eq 0 ] && [ "${#NODES[@]}" -gt 1 ]; then
   hosts=$(printf '%s\n' "${HOST_OF[@]}" | sort | uniq -d)
   [ -z "$hosts" ] || fail 2 "nodes share a host ($hosts): their Ray ports would collide; set cluster.node_port_stride (e.g. 1000)"
 fi
-GCS_ADDRESS="$HEAD_IP:@GCS@"
+# jobs sharing hosts (cluster.job_port_stride > 0) shift their whole port block by job id
+JOB_SHIFT=$(( (SLURM_JOB_ID % @JOB_SLOTS@) * @JOB_STRIDE@ ))
+GCS_PORT=$(( @GCS@ + JOB_SHIFT ))
+GCS_ADDRESS="$HEAD_IP:$GCS_PORT"
 say "${#NODES[@]} node(s) [${NODES[*]}]; Ray head on $HEAD at $GCS_ADDRESS"
 
 start_ray_node() {  # start_ray_node INDEX
-  local i=$1 node=${NODES[$1]} s=$(( $1 * NODE_PORT_STRIDE ))
+  local i=$1 node=${NODES[$1]} s=$(( JOB_SHIFT + $1 * NODE_PORT_STRIDE ))
   local args=(start --block --num-cpus=@RAY_CPUS@ --num-gpus=@RAY_GPUS@ --object-store-memory=@OBJECT_STORE@
     --temp-dir="$RAY_TMP/$SLURM_JOB_ID-$i" --resources="{\"grpo_node_$i\": 1}"
     --node-manager-port=$(( @NM@ + s )) --object-manager-port=$(( @OM@ + s ))
@@ -201,8 +204,8 @@ start_ray_node() {  # start_ray_node INDEX
     --dashboard-agent-grpc-port=$(( @DAG@ + s )) --dashboard-agent-listen-port=$(( @DAH@ + s ))
     --min-worker-port=$(( @MINW@ + s )) --max-worker-port=$(( @MAXW@ + s )))
   if [ "$i" -eq 0 ]; then
-    args+=(--head --node-ip-address="$HEAD_IP" --port=@GCS@ --ray-client-server-port=@CLIENT@
-           --dashboard-port=@DASHBOARD@ --include-dashboard=false)
+    args+=(--head --node-ip-address="$HEAD_IP" --port="$GCS_PORT" --ray-client-server-port=$(( @CLIENT@ + s ))
+           --dashboard-port=$(( @DASHBOARD@ + s )) --include-dashboard=false)
   else
     args+=(--address="$GCS_ADDRESS")
   fi
@@ -213,9 +216,9 @@ start_ray_node() {  # start_ray_node INDEX
 
 start_ray_node 0
 deadline=$((SECONDS + JOIN_TIMEOUT))
-until (exec 3<>"/dev/tcp/$HEAD_IP/@GCS@") 2>/dev/null; do  # the head's GCS answers: workers may dial it
+until (exec 3<>"/dev/tcp/$HEAD_IP/$GCS_PORT") 2>/dev/null; do  # the head's GCS answers: workers may dial it
   for p in "${!STEP_NODE[@]}"; do kill -0 "$p" 2>/dev/null || { wait "$p"; node_died "$p" $?; }; done
-  [ $SECONDS -lt $deadline ] || fail 1 "the Ray head on $HEAD did not open port @GCS@ within ${JOIN_TIMEOUT}s; see $LOG/ray-$SLURM_JOB_ID-$HEAD.log"
+  [ $SECONDS -lt $deadline ] || fail 1 "the Ray head on $HEAD did not open port $GCS_PORT within ${JOIN_TIMEOUT}s; see $LOG/ray-$SLURM_JOB_ID-$HEAD.log"
   sleep 0.2
 done
 for (( i = 1; i < ${#NODES[@]}; i++ )); do start_ray_node "$i"; done
@@ -326,6 +329,9 @@ def container_flags(spec: RunSpec, plan: Plan) -> list[str]:
     return flags
 
 
+JOB_PORT_SLOTS = 16  # with cluster.job_port_stride > 0, job J uses port block (J % 16)
+
+
 def render(spec: RunSpec, plan: Plan) -> str:
     c, p = spec.cluster, plan.ports
     q = shlex.quote
@@ -337,6 +343,8 @@ def render(spec: RunSpec, plan: Plan) -> str:
         "PY_Q": q(python_of(spec)),
         "RAY_TMP_Q": q(c.ray_temp_dir),
         "STRIDE": str(int(c.node_port_stride)),
+        "JOB_STRIDE": str(int(c.job_port_stride)),
+        "JOB_SLOTS": str(JOB_PORT_SLOTS),
         "JOIN_TIMEOUT": str(int(c.ray_join_timeout_s)),
         "REQUEUE_ENABLED": "1" if c.requeue else "0",
         "CONTAINER_FLAGS": " ".join(q(f) for f in container_flags(spec, plan)),

@@ -611,6 +611,7 @@ def ray_temp_dir_short(s: RunSpec) -> Iterator[Violation]:
 
 # Paths, images and mounts that reach the job's shell (quoted there as well): no blanks, quotes or shell syntax.
 SAFE_SHELL_VALUE = re.compile(r"[A-Za-z0-9_.,:+=@%/#~-]+")
+JOB_PORT_SLOTS = 16  # = launch.sbatch.JOB_PORT_SLOTS (kept here: rules must not import the launcher)
 PORT_BLOCK = 200  # ports one node uses from cluster.ray_port on (plan.PORT_OFFSETS: 0-8 and 100-199)
 
 
@@ -652,11 +653,16 @@ def slurm_node_shape(s: RunSpec) -> Iterator[Violation]:
         yield V("slurm_node_shape", "cluster.node_port_stride",
                 f"nodes sharing a host need port blocks {PORT_BLOCK} apart, got a stride of {c.node_port_stride}",
                 f"set cluster.node_port_stride ≥ {PORT_BLOCK} (e.g. 1000), or 0 on real clusters")
-    top = c.ray_port + PORT_BLOCK - 1 + c.node_port_stride * (c.nodes - 1)
+    span = PORT_BLOCK + c.node_port_stride * (c.nodes - 1)  # ports one job uses from its first port
+    if c.job_port_stride and c.job_port_stride < span:
+        yield V("slurm_node_shape", "cluster.job_port_stride",
+                f"one job's ports span {span}; jobs {c.job_port_stride} apart would overlap",
+                f"set cluster.job_port_stride ≥ {span}")
+    top = c.ray_port + span - 1 + c.job_port_stride * (JOB_PORT_SLOTS - 1)
     if c.ray_port < 1024 or top > 65535:
         yield V("slurm_node_shape", ("cluster.ray_port", "cluster.node_port_stride"),
                 f"the Ray port block spans {c.ray_port}..{top}: it must lie within 1024..65535",
-                "lower cluster.ray_port or cluster.node_port_stride")
+                "lower cluster.ray_port, cluster.node_port_stride or cluster.job_port_stride")
 
 
 @rule

@@ -225,6 +225,9 @@ class ClusterSpec:
     object_store_memory_mb: int = 256
     # >0 only where several "nodes" share one host (the local test cluster): shifts each node's Ray ports
     node_port_stride: int = 0
+    # >0 only where several JOBS share hosts (an oversubscribed test cluster, concurrent sweep points):
+    # job J's whole port block is shifted by (J % 16) × this
+    job_port_stride: int = 0
     wait: bool = False  # slurm: block until the job ends, streaming the driver log
     node_gpus: Optional[int] = None  # GPUs a node of this cluster has (set by its profile); null = unknown
 
