@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """rollout=vllm overhead, in one run: our Ray-wrapped engines vs bare `vllm.LLM` on the same prompts and model.
 
-    .venv/bin/python benchmarks/vllm_rollout.py            (~4 min on 2 cores; results/vllm_rollout.md has runs)
+    .venv/bin/python benchmarks/vllm_rollout.py            (~3 min on 2 cores; results/vllm_rollout.md has runs)
 
 Engines (all float32, eager, 64 MiB KV, the tiny model, the same SamplingParams incl. per-prompt seeds):
   bare      vllm.LLM in this process, in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0)
@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=8, help="timed generate calls per engine and workload")
     ap.add_argument("--refits", type=int, default=30, help="timed refits per engine")
+    ap.add_argument("--engines", default="bare,sync,bare-mp,sync-mp,async",
+                    help="comma list; an engine of ours needs its bare partner (sync→bare, sync-mp/async→bare-mp)")
     ap.add_argument("--verbose", action="store_true", help="print every round")
     ap.add_argument("--cache", default=str(ROOT / "outputs" / ".models"), help="tiny-model cache (launch.py's)")
     a = ap.parse_args()
@@ -57,6 +59,8 @@ def main() -> None:
     from grpo_launcher.spec.compose import load_spec
 
     T = a.max_new_tokens
+    want = a.engines.split(",")
+    assert all(w in PAIRS and PAIRS[w] in want for w in want), f"--engines {a.engines}: see --help"
     common = ["rollout=vllm", f"rollout.max_new_tokens={T}", f"train.max_total_sequence_length={8 + T}"]
     spec = load_spec(common)
     spec_async = load_spec([*common, "rollout.async_engine=true", "rollout.expose_http_server=true"])
@@ -87,7 +91,7 @@ def main() -> None:
 
     me = psutil.Process()
     bare, startup, rss = {}, {}, {}
-    for name, mp in (("bare", "0"), ("bare-mp", "1")):
+    for name, mp in [(n, m) for n, m in (("bare", "0"), ("bare-mp", "1")) if n in want]:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = mp  # read when the engine is built
         before = {p.pid for p in me.children(recursive=True)}
         rss0, t0 = me.memory_info().rss, time.perf_counter()
@@ -105,7 +109,8 @@ def main() -> None:
     R = ray.remote(rollout_class("vllm"))
     actors = {}
     mp_env = {"env_vars": dict(WORKER_ENV, PYTHONPATH=_src(), VLLM_ENABLE_V1_MULTIPROCESSING="1")}
-    for name, s, opts in (("sync", spec, {}), ("sync-mp", spec, {"runtime_env": mp_env}), ("async", spec_async, {})):
+    for name, s, opts in [x for x in (("sync", spec, {}), ("sync-mp", spec, {"runtime_env": mp_env}),
+                                      ("async", spec_async, {})) if x[0] in want]:
         t0 = time.perf_counter()
         actors[name] = R.options(num_cpus=0.5, **opts).remote(s, model_dir, 1)
         i = ray.get(actors[name].info.remote(), timeout=900)
@@ -137,8 +142,7 @@ def main() -> None:
     def ours(actor):
         return lambda seed: [g.response_ids for g in ray.get(actor.generate.remote(prompts, a.n, seed))]
 
-    engines = {"bare": bare_gen(bare["bare"]), "sync": ours(actors["sync"]), "bare-mp": bare_gen(bare["bare-mp"]),
-               "sync-mp": ours(actors["sync-mp"]), "async": ours(actors["async"])}
+    engines = {name: bare_gen(bare[name]) if name in bare else ours(actors[name]) for name in PAIRS if name in want}
     results: dict[tuple[str, str], list[float]] = {}
     identical = {}
     for workload, which in (("toy", "base"), ("long", "rand")):
@@ -146,7 +150,7 @@ def main() -> None:
         for gen in engines.values():
             gen(999)  # warm-up: the first eager call of a shape is slow
         outs = {name: gen(7) for name, gen in engines.items()}
-        identical[workload] = {name: outs[name] == outs["bare"] for name in engines}
+        identical[workload] = {name: outs[name] == outs[PAIRS[name]] for name in engines}
         names = list(engines)
         for r in range(a.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order
@@ -181,7 +185,7 @@ def main() -> None:
     for name in engines:
         print(f"| {name} | {startup[name]} | {rss[name][0]:.0f} MiB{' (delta of LLM())' if name in bare else ''} "
               f"| {rss[name][1]} |")
-    print("\n| workload | engine | tokens/s, median | min–max | ratio vs | ratio | same tokens as bare |")
+    print("\n| workload | engine | tokens/s, median | min–max | ratio vs | ratio | same tokens as it |")
     print("|---|---|---|---|---|---|---|")
     for workload in ("toy", "long"):
         for name in engines:

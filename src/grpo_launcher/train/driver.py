@@ -41,12 +41,28 @@ def run(spec: RunSpec, plan: Plan) -> int:
     with ray_session(spec, plan):
         workers = create_workers(spec, plan, str(model_dir))
         try:
+            publish_rollout_endpoints(spec, plan, workers)
             return Trainer(spec, plan, env, workers, state, stop, model_dir).train()
         except BaseException:
             state.abort()  # metrics after the last checkpoint are dropped: a resume logs those steps again
             raise
         finally:
             workers.shutdown()
+            (plan.run_dir / "rollout_endpoints.json").unlink(missing_ok=True)  # its URLs die with the engines
+
+
+def publish_rollout_endpoints(spec: RunSpec, plan: Plan, workers: Workers) -> None:
+    """rollout.expose_http_server: every engine's OpenAI base URL → RUN_DIR/rollout_endpoints.json (and the log)."""
+    if not spec.rollout.expose_http_server:
+        return
+    import json
+
+    from ..launch.rundir import write_atomic
+
+    urls = ray.get([r.http_url.remote() for r in workers.rollout])
+    write_atomic(plan.run_dir / "rollout_endpoints.json",
+                 json.dumps({"model": spec.model.name, "base_urls": urls}, indent=1) + "\n")
+    print(f"grpo-launcher: rollout endpoints {' '.join(urls)}", flush=True)
 
 
 def quiet_libraries() -> None:
