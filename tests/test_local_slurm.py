@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from grpo_launcher.launch.status import slurm_env
+
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.skipif(
@@ -32,19 +34,11 @@ TERMINAL_STATES = {
 }
 
 
-def _slurm_env() -> dict[str, str]:
-    """Environment for Slurm commands: /etc/slurm/slurm.conf normally suffices; fall back to the
-    script's state dir when neither it nor SLURM_CONF is there."""
-    env = dict(os.environ)
-    if "SLURM_CONF" not in env and not Path("/etc/slurm/slurm.conf").exists():
-        conf = Path(os.environ.get("GRPO_SLURM_DIR", "/tmp/grpo-slurm")) / "slurm.conf"
-        if conf.exists():
-            env["SLURM_CONF"] = str(conf)
-    return env
+
 
 
 def _run(args: list[str], timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=_slurm_env())
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=slurm_env())
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{args} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"

@@ -119,12 +119,16 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
 }
 
 
+def _lookup(registry: dict[str, Callable[..., Tensor]], kind: str, name: str) -> Callable[..., Tensor]:
+    if name not in registry:
+        raise ValueError(f"unknown {kind} {name!r}; valid: {sorted(registry)}")
+    return registry[name]
+
+
 def compute_advantages(name: str, rewards: Tensor, group_size: int, **kw: object) -> Tensor:
     """Look up ``name`` in ADVANTAGE_ESTIMATORS and apply it."""
     # rewards: [B] -> [B]
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}")
-    return ADVANTAGE_ESTIMATORS[name](rewards, group_size, **kw)
+    return _lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)(rewards, group_size, **kw)
 
 
 # --------------------------------------------------------------------------- ratios & surrogate
@@ -227,9 +231,7 @@ LOSS_AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
 def aggregate_loss(name: str, per_token: Tensor, mask: Tensor, **kw: object) -> Tensor:
     """Look up ``name`` in LOSS_AGGREGATIONS and apply it."""
     # per_token: [B, T]; mask: [B, T] -> scalar
-    if name not in LOSS_AGGREGATIONS:
-        raise ValueError(f"unknown loss aggregation {name!r}; valid: {sorted(LOSS_AGGREGATIONS)}")
-    return LOSS_AGGREGATIONS[name](per_token, mask, **kw)
+    return _lookup(LOSS_AGGREGATIONS, "loss aggregation", name)(per_token, mask, **kw)
 
 
 # --------------------------------------------------------------------------- KL to reference
