@@ -306,6 +306,24 @@ def megatron_needs_transformer_engine(s: RunSpec) -> Iterator[Violation]:
 
 
 @rule
+def megatron_worker_implements_layout(s: RunSpec) -> Iterator[Violation]:
+    """What this build's megatron worker does not run yet. A dry run still renders the plan (so recipes
+    like nanov3 can be inspected); a real launch is refused here instead of inside the job."""
+    t = s.train
+    if t.backend != TrainBackend.megatron or s.dry_run:
+        return
+    gaps = [("train.pipeline_parallel_size", t.pipeline_parallel_size > 1, "pipeline parallelism"),
+            ("train.context_parallel_size", t.context_parallel_size > 1, "context parallelism (needs TE)"),
+            ("train.sequence_parallel", t.sequence_parallel, "sequence parallelism (needs TE)")]
+    for key, hit, what in gaps:
+        if hit:
+            yield V("megatron_worker_implements_layout", (key, "train.backend"),
+                    f"{what} is not implemented by this build's megatron worker ({key}={getattr(t, key.split('.')[1])})",
+                    f"set {key} to {'false' if key.endswith('parallel') else 1}, or train.backend=torch; "
+                    "dry_run=true still shows the plan")
+
+
+@rule
 def megatron_shapes(s: RunSpec) -> Iterator[Violation]:
     """Shapes our HF↔Megatron mapping and the worker's row sharding need."""
     t, m = s.train, s.model
