@@ -323,7 +323,7 @@ def test_rendered_script_never_executes_a_payload(style, tmp_path, stubs):
     payload = {f: PAYLOADS[style].format(m=m) for f, m in marks.items()}
     root = tmp_path / ("out-" + payload["output_root"])  # slashes in it just nest directories
     spec = dataclasses.replace(base_spec(root=tmp_path / "unused"), name=payload["name"], output_root=str(root))
-    c = dataclasses.replace(spec.cluster, python=str(stub_py), ray_port=free_port_block(), container_image="img")
+    c = dataclasses.replace(spec.cluster, python=str(stub_py), ray_port=free_port_block(), job_port_stride=0, container_image="img")
     spec = dataclasses.replace(spec, cluster=c)
     for f in (*HEADER_FIELDS, *body):
         spec = with_payload(spec, f, payload[f])
@@ -590,7 +590,7 @@ def test_injection_payloads_submitted_for_real(cluster, jobs, tmp_path, stubs):
         p = {f: PAYLOADS[style].format(m=m) for f, m in fields.items()}
         spec = base_spec(root=tmp_path / style)
         spec = dataclasses.replace(spec, cluster=dataclasses.replace(
-            spec.cluster, python=str(stub_py), ray_port=free_port_block()))
+            spec.cluster, python=str(stub_py), ray_port=free_port_block(), job_port_stride=0))
         for f in ("account", "qos", "job_name", "container_image", "container_mounts", "ray_temp_dir"):
             spec = with_payload(spec, f, p[f])
         images[style] = p["container_image"]
@@ -638,7 +638,7 @@ def test_time_limit_signal_requeues_and_resumes(cluster, jobs, tmp_path, stubs):
            "REAL_PY": PY, "REAL_SRUN": shutil.which("srun"), "STUB_DRIVER": "wait_usr1"}
     spec = base_spec("cluster.time=00:02:00", "cluster.signal_before_s=100", "name=time-limit", root=tmp_path)
     spec = dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, python=str(stub_py),
-                                                                 ray_port=free_port_block()))
+                                                                 ray_port=free_port_block(), job_port_stride=0))
     plan = make_plan(spec)
     (plan.run_dir / "logs").mkdir(parents=True)
     (plan.run_dir / "spec.yaml").write_text("stub\n")
