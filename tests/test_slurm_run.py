@@ -85,7 +85,7 @@ class Lines:
     """Lines of a child's stdout, read on a thread, with timeouts."""
 
     def __init__(self, proc: subprocess.Popen):
-        self.proc, self.q, self.seen = proc, queue.Queue(), []
+        self.proc, self.q, self.seen, self.ended = proc, queue.Queue(), [], False
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self):
@@ -93,16 +93,23 @@ class Lines:
             self.q.put(line.rstrip("\n"))
         self.q.put(None)
 
-    def until(self, pattern: str, timeout: float) -> re.Match:
-        rx, deadline = re.compile(pattern), time.monotonic() + timeout
+    def lines(self, timeout: float):
+        """Yield lines until the child's output ends (then return) or the deadline passes (then stop)."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 line = self.q.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
-                break
+                return
             if line is None:
-                break
+                self.ended = True
+                return
             self.seen.append(line)
+            yield line
+
+    def until(self, pattern: str, timeout: float) -> re.Match:
+        rx = re.compile(pattern)
+        for line in self.lines(timeout):
             m = rx.search(line)
             if m:
                 return m
@@ -110,15 +117,10 @@ class Lines:
                              + "\n".join(self.seen[-40:]))
 
     def rest(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.q.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                return "\n".join(self.seen)
-            self.seen.append(line)
+        for _ in self.lines(timeout):
+            pass
+        if self.ended:
+            return "\n".join(self.seen)
         raise AssertionError("the launcher did not exit in time; last output:\n" + "\n".join(self.seen[-40:]))
 
 

@@ -47,6 +47,11 @@ def rollout_model_parallel(spec: RunSpec) -> int:
     return spec.rollout.tensor_parallel_size * spec.rollout.pipeline_parallel_size
 
 
+def engine_max_model_len(spec: RunSpec) -> int:
+    """rollout.max_model_len, or (null) the prompt budget plus the generation budget."""
+    return spec.rollout.max_model_len or spec.env.max_prompt_tokens + spec.rollout.max_new_tokens
+
+
 def parse_duration(text: str) -> int:
     """Slurm time formats → seconds: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
     m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
@@ -114,8 +119,7 @@ def make_plan(spec: RunSpec) -> Plan:
         rollout_engines=world // rollout_model_parallel(spec),
         rollouts_per_step=rollouts,
         optimizer_steps_per_rollout=rollouts // spec.train.global_batch_size,
-        max_model_len=spec.rollout.max_model_len
-        or spec.env.max_prompt_tokens + spec.rollout.max_new_tokens,
+        max_model_len=engine_max_model_len(spec),
         bundle=bundle,
         ports={k: spec.cluster.ray_port + v for k, v in PORT_OFFSETS.items()},
         run_dir=run_dir,

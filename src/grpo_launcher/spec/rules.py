@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Iterator
 
 from ..plan import (
     devices_per_node,
+    engine_max_model_len,
     parse_duration,
     rollout_model_parallel,
     train_model_parallel,
@@ -456,7 +457,7 @@ def vllm_engine_memory_and_length(s: RunSpec) -> Iterator[Violation]:
     r, m = s.rollout, s.model
     if r.backend != RolloutBackend.vllm:
         return
-    mml = r.max_model_len or s.env.max_prompt_tokens + r.max_new_tokens  # the plan's rule
+    mml = engine_max_model_len(s)
     if mml > m.max_position_embeddings:
         yield V("vllm_engine_memory_and_length", ("rollout.max_model_len", "model.max_position_embeddings"),
                 f"the engine's max_model_len {mml} exceeds the model's {m.max_position_embeddings} positions",
