@@ -1,0 +1,691 @@
+"""Memory pre-flight: what each GPU (and each node's host RAM) of the plan holds, phase by phase.
+
+Pure functions of a validated RunSpec: nothing is imported from torch, nothing is allocated. The dry run
+prints `report(spec)`; the rule `gpu_memory_fits` (spec/rules.py) turns `violations(spec)` into a config
+error when the peak exceeds `cluster.gpu_memory_gib`. Every figure below is bytes unless it says GiB.
+
+Formulas and their sources
+--------------------------
+Parameters per rank (Megatron-LM layouts, Shoeybi et al. 2019, arXiv:1909.08053; Narayanan et al. 2021,
+arXiv:2104.04473): dense weights are split over TP and over the PP stages (the embedding sits on the first
+stage, the output layer on the last; with PP = 1 one rank holds both); routed-expert weights over
+EP·ETP and the PP stages. The layer shapes are counted matrix by matrix (`param_counts`); the 1.21 B Llama
+shape of the calibration gives exactly 1,213,302,784 (= the HF model's count).
+
+Weights, gradients, optimizer (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, §3: mixed-precision Adam
+holds 2 + 2 + K·Ψ bytes with K = 12: fp32 master copy, momentum and variance; ZeRO stage 1 splits the K part
+over data parallelism). What *this* project's workers hold:
+  megatron (policy/megatron_policy.py): bf16 weights 2 B, fp32 grad buffer 4 B (`grad_reduce_in_fp32`),
+      fp32 master + Adam m, v = 12 B per parameter (8 B with fp32 weights: no master copy). This is
+      megatron-core's own table (docs "Distributed Optimizer": bf16 params + fp32 grads = 18 B/param,
+      distributed = 6 + 12/d). The distributed optimizer shards the 12 B over d = DP·CP for dense
+      parameters and over the expert-data-parallel group (world / (EP·ETP·PP)) for experts.
+  torch (policy/torch_policy.py): the HF model is loaded in fp32 (4 B), fp32 grads (4 B), AdamW m, v
+      (8 B) = 16 B/param; with train.precision=bfloat16 autocast keeps a bf16 copy of every weight for the
+      backward (2 B), and the foreach AdamW step allocates one fp32 temporary per parameter (sqrt(v), 4 B).
+  reference model (loss.kl_coef > 0): one more copy of the weights (megatron: model dtype; torch: fp32).
+
+Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+arXiv:2205.05198, §4): count the tensors each layer saves for its backward, per token. Their GPT layer
+gives s·b·h·(34 + 5·a·s/h) bytes; our layers differ (no dropout masks, SwiGLU, GQA, RMSNorm, and SDPA/flash
+attention, which never stores the a·s² score matrices: Dao et al. 2022, arXiv:2205.14135), so
+`layer_activation_bytes` counts our code's tensors the same way. TP divides the tensors between the
+column- and row-parallel linears; the norms' and the residual's tensors are divided only with sequence
+parallelism (their eq. 4 vs eq. 5). CP divides the tokens. Full recomputation keeps only each layer's input
+(2·s·b·h bytes per layer, their §5) plus one layer re-materialised during its backward. With PP the first
+stage keeps up to PP micro-batches in flight (1F1B): L/PP layers × PP micro-batches = L layers' worth.
+Working space: one layer's activations again (the gradients of the layer being back-propagated; two with
+recomputation).
+
+Logits (the GRPO peak at long sequences and large vocabularies): the output layer makes [tokens, V/TP]
+in the compute dtype; the response positions are gathered and divided by the temperature, then
+log-softmaxed in fp32 (algos.token_logprobs; the entropy metric does it again). Counted per micro-batch as
+(2·a)·V·L + c·V·T bytes for L sequence and T response tokens (a = compute dtype bytes; c = 16 megatron,
+14 torch, from the tensors alive in the backward: fp32 log-softmax saved, its gradient, the bf16 copies).
+
+Rollout engines (vLLM, Kwon et al. 2023, arXiv:2309.06180; vLLM docs, `gpu_memory_utilization`: the
+fraction of the GPU's *total* memory this engine instance may use, weights + activations + KV cache): the
+engine claims `rollout.gpu_memory_utilization × gpu_memory_gib` per GPU; weights are split over the engine's
+TP; the KV cache gets the rest. KV bytes per token = 2 (K and V) × attention layers × KV heads per rank
+(≥ 1: vLLM replicates KV heads when TP > heads) × head_dim × dtype bytes. The engine refuses to start when
+one max_model_len sequence does not fit; fewer sequences than the batch only queue.
+The engines here never sleep (rollout/vllm.py has no sleep mode): in the colocated placement the engine's
+budget stays claimed while the policy trains, so every phase's peak is policy + rollout + contexts.
+
+CUDA context and allocator: each process that touches a GPU holds a context outside PyTorch's counters
+(~0.5 GiB on Hopper with CUDA 12/13, plus NCCL's buffers in a distributed job); PyTorch's caching allocator
+reserves more than it hands out (fragmentation: reserved ≈ allocated × (1 + ALLOCATOR_SLACK)).
+
+Host RAM per node: the Ray object store (cluster.object_store_memory_mb), each GPU process's own footprint
+(CUDA, torch and library pages), the model loaded on the CPU before it is moved to the GPU (every policy rank
+reads the whole HF checkpoint: torch in fp32, megatron in the checkpoint's dtype plus the converted copy),
+and the refit source: rank 0's `state_dict()` is the full model on the CPU, shipped to every engine.
+
+Calibration: benchmarks/memory_gpu.py measures torch.cuda.max_memory_allocated / max_memory_reserved of
+the project's own policy workers on an H200 and prints them next to these predictions
+(benchmarks/results/memory.md). Figures for layouts the workers do not run yet (PP, CP, SP, MoE, Mamba
+hybrids) are extrapolated from the same counting and say so in the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from .errors import Violation
+from .schema import Precision, RolloutBackend, RunSpec, TrainBackend
+
+GIB = 2**30
+
+# Constants the calibration may adjust (benchmarks/results/memory.md says how they were checked).
+ALLOCATOR_SLACK = 0.05  # reserved = allocated × (1 + this): caching-allocator fragmentation
+CUDA_CONTEXT_GIB = 0.6  # one process's CUDA context + cuBLAS/cuDNN handles, outside torch's counters
+NCCL_GIB = 0.5  # NCCL communicator buffers of one process in a distributed job
+VLLM_ACTIVATION_GIB = 1.5  # vLLM's profiled forward peak inside its budget (max_num_batched_tokens=8192)
+VLLM_CUDA_GRAPH_GIB = 1.0  # captured CUDA graphs (enforce_eager=false)
+HOST_PROCESS_GIB = 2.0  # resident footprint of one GPU process (CUDA/torch/library pages)
+LOGITS_TAIL = {"megatron": 16, "torch": 14}  # c in the logits formula above (bytes·V per response token)
+
+# Hybrid layer layouts the ModelSpec does not carry. Nemotron 3 Nano 30B-A3B (from its published HF config:
+# hybrid_override_pattern of 23 Mamba-2, 23 MoE and 6 GQA layers of head_dim 128; 128 routed experts top-6
+# plus one shared expert of 3712; squared-ReLU experts; Mamba-2 with 64 heads × 64, 8 groups, state 128, conv 4). Not read
+# from model.path: figures for this family are extrapolated.
+HYBRID_LAYOUTS: dict[tuple[str, int], dict] = {
+    ("nemotron_h", 52): dict(attention=6, mlp=0, moe=23, mamba=23, gated=False, shared_ffn=3712, head_dim=128,
+                             mamba_heads=64, mamba_head_dim=64, groups=8, state=128, conv=4),
+}
+
+
+def dtype_bytes(p: Precision) -> int:
+    return 2 if p == Precision.bfloat16 else 4
+
+
+def gib(x: float) -> float:
+    return x / GIB
+
+
+# ------------------------------------------------------------------------------------- shapes
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The layer inventory of a model: how many layers of each kind, and their dimensions."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    attention: int  # layers with self-attention
+    mlp: int  # layers with a dense MLP
+    moe: int  # layers with routed experts
+    mamba: int  # Mamba-2 layers
+    experts: int = 0
+    top_k: int = 0
+    gated: bool = True  # SwiGLU (3 matrices) vs a plain 2-matrix MLP (squared ReLU)
+    shared_ffn: int = 0
+    qkv_bias: bool = False
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    groups: int = 0
+    state: int = 0
+    conv: int = 0
+    hybrid: bool = False  # the layout came from HYBRID_LAYOUTS (extrapolated)
+    tied: bool = False  # output layer shares the embedding
+
+    @property
+    def layers(self) -> int:
+        return self.attention + self.mlp + self.moe + self.mamba if self.hybrid else max(self.attention, 1)
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def d_inner(self) -> int:
+        return self.mamba_heads * self.mamba_head_dim
+
+
+def arch_of(spec: RunSpec) -> Arch:
+    m = spec.model
+    head_dim = m.hidden_size // max(m.num_attention_heads, 1)
+    base = dict(hidden=m.hidden_size, heads=m.num_attention_heads, kv_heads=m.num_kv_heads, head_dim=head_dim,
+                ffn=m.ffn_hidden_size, vocab=m.vocab_size, experts=m.num_experts, top_k=m.moe_top_k,
+                qkv_bias=m.family == "qwen2", tied=bool(getattr(m, "tie_word_embeddings", False)))
+    hybrid = HYBRID_LAYOUTS.get((m.family, m.num_layers))
+    if hybrid:
+        return Arch(**{**base, **hybrid}, hybrid=True)
+    if m.num_experts:
+        return Arch(**base, attention=m.num_layers, mlp=0, moe=m.num_layers, mamba=0)
+    return Arch(**base, attention=m.num_layers, mlp=m.num_layers, moe=0, mamba=0)
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    attention: int  # one attention block (incl. its norm)
+    mlp: int  # one dense MLP block (incl. its norm)
+    moe_dense: int  # one MoE block's non-expert part: router, shared expert, norm
+    moe_experts: int  # one MoE block's routed experts
+    mamba: int  # one Mamba-2 block (incl. its norm)
+    embedding: int
+    output: int  # the output layer (0 when tied to the embedding)
+    final_norm: int
+
+    def layers_dense(self, a: Arch) -> int:
+        return a.attention * self.attention + a.mlp * self.mlp + a.moe * self.moe_dense + a.mamba * self.mamba
+
+    def experts(self, a: Arch) -> int:
+        return a.moe * self.moe_experts
+
+    def total(self, a: Arch) -> int:
+        return self.layers_dense(a) + self.experts(a) + self.embedding + self.output + self.final_norm
+
+
+def param_counts(a: Arch) -> ParamCounts:
+    h, q, kv = a.hidden, a.q_dim, a.kv_dim
+    attn = h * q + 2 * h * kv + q * h + h + ((q + 2 * kv) if a.qkv_bias else 0)
+    mats = 3 if a.gated else 2
+    mlp = mats * h * a.ffn + h
+    moe_dense = a.experts * h + (mats * h * a.shared_ffn if a.shared_ffn else 0) + h
+    moe_experts = a.experts * mats * h * a.ffn
+    di, gn = a.d_inner, a.groups * a.state
+    mamba = (h * (2 * di + 2 * gn + a.mamba_heads) + (di + 2 * gn) * (a.conv + 1) + 3 * a.mamba_heads + di
+             + di * h + h) if a.mamba else 0
+    return ParamCounts(attn, mlp, moe_dense, moe_experts, mamba, a.vocab * h, 0 if a.tied else a.vocab * h, h)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The policy's parallel layout as the worker runs it (torch: data parallel only)."""
+
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    sp: bool
+    world: int
+
+    @property
+    def dp(self) -> int:  # dense data parallel (the plan's policy DP size)
+        return max(self.world // (self.tp * self.pp * self.cp), 1)
+
+    @property
+    def expert_dp(self) -> int:
+        return max(self.world // (self.ep * self.etp * self.pp), 1)
+
+
+def layout_of(spec: RunSpec) -> Layout:
+    from ..plan import world_size
+
+    t = spec.train
+    if t.backend == TrainBackend.torch:
+        return Layout(1, 1, 1, 1, 1, False, world_size(spec))
+    return Layout(t.tensor_parallel_size, t.pipeline_parallel_size, t.context_parallel_size,
+                  t.expert_parallel_size, t.expert_tensor_parallel_size, t.sequence_parallel, world_size(spec))
+
+
+def rank_params(a: Arch, pc: ParamCounts, lay: Layout) -> tuple[float, float]:
+    """(dense, expert) parameters held by the most loaded rank (the first/last PP stage)."""
+    edge = pc.embedding + pc.output + pc.final_norm if lay.pp == 1 else max(pc.embedding, pc.output + pc.final_norm)
+    dense = (pc.layers_dense(a) / lay.pp + edge) / lay.tp
+    experts = pc.experts(a) / lay.pp / (lay.ep * lay.etp)
+    return dense, experts
+
+
+# ------------------------------------------------------------------------------------- activations
+
+
+def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay: Layout) -> dict[str, float]:
+    """Bytes per token that one layer of each kind saves for its backward, on one rank.
+
+    act: bytes of the compute dtype (2 bf16, 4 fp32). Returned per layer kind: 'attention', 'mlp', 'moe',
+    'mamba' (each includes its pre-norm). TP divides the parallel-linear tensors; the norm/residual tensors
+    only with SP. See the module docstring for the derivation.
+    """
+    h, q, kv, f = a.hidden, a.q_dim, a.kv_dim, a.ffn
+    tp, etp = lay.tp, lay.etp
+    rep = tp if lay.sp else 1  # sequence parallelism splits the replicated (norm/residual) part too
+    if backend == "torch":
+        # HF Llama/Qwen2 on fp32 weights: fp32 residual stream; RMSNorm saves its input and the normalised
+        # tensor (4h + 4h); under autocast every linear casts its fp32 input to bf16 separately (q/k/v: 3 casts,
+        # gate/up: 2); RoPE's fp32 outputs are cast again for SDPA, which saves q, k, v and its output; o_proj
+        # saves the contiguous attention output; SwiGLU saves gate, silu(gate), up and their product.
+        norm = 8 * h + (0 if autocast else 4 * h)
+        attn = norm + (3 * 2 * h if autocast else 0) + act * (3 * q + 2 * kv)
+        mlp = norm + (2 * 2 * h if autocast else 0) + 4 * act * f
+        moe_routed = a.top_k * (2 * act * h + 4 * act * f) if a.experts else 0
+        moe = norm + a.experts * 4 * 3 + moe_routed
+        return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": 0.0}
+    # megatron-core local spec: torch RMSNorm (fp32 upcast 4h + normalised 2h + its output saved by the next
+    # linear 2h); fused QKV output (kept alive by the V view), RoPE'd q and k, SDPA output, the projection's
+    # input; fc1's fused gate|up output, silu(gate) and the product saved by fc2.
+    norm = (4 * h + 2 * act * h) / rep
+    attn = norm + act * (4 * q + 3 * kv) / tp
+    act_f = 4 * act if a.gated else 3 * act  # bytes per ffn unit: SwiGLU 4 tensors, squared ReLU 3
+    mlp = norm + act_f * f / tp
+    # MoE: router logits/probs in fp32 (3 tensors of E), every routed copy of a token (top-k) saves its
+    # permuted input, the expert's ffn tensors (split over ETP) and the output the combine weights.
+    routed = a.top_k * (2 * act * h + act_f * f / etp) if a.experts else 0
+    shared = act_f * a.shared_ffn / tp if a.shared_ffn else 0
+    moe = norm + 3 * 4 * a.experts + routed + shared
+    di, gn, mh = a.d_inner, a.groups * a.state, a.mamba_heads
+    # Mamba-2 (extrapolated): in_proj output, conv output, the SSD scan's x/B/C/dt and output, the gated
+    # RMSNorm (fp32) and out_proj's input.
+    mamba = (norm + (act * (2 * di + 2 * gn + mh) * 2 + act * (di + 2 * gn) + 8 * di + 2 * act * di) / tp
+             if a.mamba else 0.0)
+    return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": mamba}
+
+
+def per_layer_list(a: Arch, per_kind: dict[str, float]) -> list[float]:
+    """Bytes per token of each layer (a decoder layer = attention + its MLP/MoE; hybrids: one block each)."""
+    if a.hybrid:
+        return ([per_kind["attention"]] * a.attention + [per_kind["mlp"]] * a.mlp + [per_kind["moe"]] * a.moe
+                + [per_kind["mamba"]] * a.mamba)
+    ffn = per_kind["moe"] if a.moe else per_kind["mlp"]
+    return [per_kind["attention"] + ffn] * a.layers
+
+
+# ------------------------------------------------------------------------------------- the estimate
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str
+    bytes: float
+    how: str
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+
+@dataclass
+class Estimate:
+    device_gib: Optional[float]
+    use_gpus: bool
+    policy: dict[str, Item] = field(default_factory=dict)  # components (resident + transient)
+    phases: dict[str, float] = field(default_factory=dict)  # GiB per GPU, policy side (allocated)
+    policy_alloc_gib: float = 0.0  # the policy's allocated peak over its phases
+    policy_reserved_gib: float = 0.0  # × (1 + ALLOCATOR_SLACK)
+    policy_phase: str = ""
+    rollout: dict[str, Item] = field(default_factory=dict)
+    rollout_gib: float = 0.0
+    context_gib: float = 0.0
+    peak_gib: float = 0.0
+    peak_phase: str = ""
+    kv: dict[str, float] = field(default_factory=dict)
+    host: dict[str, Item] = field(default_factory=dict)
+    host_gib: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    problems: list[Violation] = field(default_factory=list)
+
+    @property
+    def fits(self) -> Optional[bool]:
+        return None if self.device_gib is None else self.peak_gib <= self.device_gib
+
+
+def _fmt_params(n: float) -> str:
+    return f"{n / 1e9:.3g}e9" if n >= 1e8 else f"{n / 1e6:.3g}e6"
+
+
+def policy_estimate(spec: RunSpec, est: Estimate) -> None:
+    """Fill est.policy / est.phases for one policy rank (the most loaded one)."""
+    t, lo = spec.train, spec.loss
+    backend = t.backend.value
+    a, lay = arch_of(spec), layout_of(spec)
+    pc = param_counts(a)
+    dense, experts = rank_params(a, pc, lay)
+    n = dense + experts
+    bf16 = t.precision == Precision.bfloat16
+    gpu = est.use_gpus
+    autocast = backend == "torch" and bf16 and gpu
+    act = 2 if bf16 and (gpu or backend == "megatron") else 4
+    it = est.policy
+
+    def add(key: str, nbytes: float, how: str) -> None:
+        it[key] = Item(key, nbytes, how)
+
+    P = _fmt_params(n)
+    if backend == "megatron":
+        wb = 2 if bf16 else 4
+        add("weights", wb * n, f"{P} params/rank × {wb} B ({t.precision.value})")
+        add("grads", 4 * n, f"{P} × 4 B (fp32 grad buffer)")
+        ob = 12 if bf16 else 8
+        if t.distributed_optimizer:
+            d_dense, d_exp = lay.dp * lay.cp, lay.expert_dp
+            opt_n = dense / d_dense + experts / d_exp
+            how = f"{ob} B × ({_fmt_params(dense)} dense / {d_dense} + {_fmt_params(experts)} expert / {d_exp}) " \
+                  "(distributed optimizer)" if experts else f"{ob} B × {P} / {d_dense} (distributed optimizer, DP·CP)"
+        else:
+            opt_n = n
+            how = f"{P} × {ob} B ({'fp32 master + ' if bf16 else ''}Adam m, v)"
+        add("optimizer", ob * opt_n, how)
+        if lo.kl_coef > 0:
+            add("reference", wb * n, f"loss.kl_coef={lo.kl_coef:g}: {P} × {wb} B")
+        step_tmp = 4 * opt_n
+    else:
+        add("weights", 4 * n, f"{P} params × 4 B (fp32: the torch worker loads fp32)")
+        add("grads", 4 * n, f"{P} × 4 B (fp32)")
+        add("optimizer", 8 * n, f"{P} × 8 B (AdamW m, v, fp32)")
+        if autocast:
+            add("autocast copies", 2 * n, f"{P} × 2 B (bf16 weight casts kept for the backward)")
+        if lo.kl_coef > 0:
+            add("reference", 4 * n, f"loss.kl_coef={lo.kl_coef:g}: {P} × 4 B (fp32 copy)")
+        step_tmp = 4 * n
+        if t.activation_checkpointing:
+            est.notes.append("train.activation_checkpointing is not implemented by the torch worker: counted as off")
+    add("optimizer step temp", step_tmp, "4 B × optimizer params (foreach AdamW's sqrt(v))")
+
+    # activations of one micro-batch on this rank
+    ckpt = t.activation_checkpointing and backend == "megatron"
+    seq, resp = t.max_total_sequence_length, spec.rollout.max_new_tokens
+    tokens = t.micro_batch_size * seq / lay.cp
+    rtokens = t.micro_batch_size * resp / lay.cp
+    per_kind = layer_activation_bytes(a, backend, act, autocast, lay)
+    layers = per_layer_list(a, per_kind)
+    stage = layers[: max(1, math.ceil(len(layers) / lay.pp))]
+    rows = t.global_batch_size // max(lay.dp, 1)
+    in_flight = min(lay.pp, max(1, math.ceil(rows / t.micro_batch_size))) if lay.pp > 1 else 1
+    rep = lay.tp if lay.sp else 1
+    final = 4 * a.hidden + 2 * act * a.hidden / rep  # final norm + the output layer's input
+    if ckpt:
+        stored = len(stage) * act * a.hidden / rep * tokens * in_flight
+        how = f"{len(stage)} layers × {act}·h B (layer inputs, full recompute) × {tokens:.0f} tok"
+        work = 2 * max(stage) * tokens
+    else:
+        stored = sum(stage) * tokens * in_flight
+        how = f"{sum(stage) / len(stage) / 1024:.1f} KiB/tok/layer × {len(stage)} layers × {tokens:.0f} tok"
+        work = max(stage) * tokens
+    if in_flight > 1:
+        how += f" × {in_flight} micro-batches in flight (1F1B)"
+    add("activations", stored + final * tokens, how)
+    add("activation work", work, "one layer re-materialised/back-propagated" if ckpt else "one layer's gradients")
+    v = a.vocab / lay.tp
+    c = LOGITS_TAIL[backend] + (4 if act == 4 else 0)
+    add("logits", 2 * act * v * tokens + c * v * rtokens,
+        f"{2 * act}·V·L + {c}·V·T = V {v:.0f} × (L {tokens:.0f}, T {rtokens:.0f} tok)")
+    lp_tokens, lp_rtokens = t.logprob_batch_size * seq / lay.cp, t.logprob_batch_size * resp / lay.cp
+    add("logprob logits", 2 * act * v * lp_tokens + 12 * v * lp_rtokens,
+        f"forward only: {2 * act}·V·L + 12·V·T for train.logprob_batch_size={t.logprob_batch_size}")
+
+    g = lambda *keys: sum(it[k].bytes for k in keys if k in it)  # noqa: E731
+    resident = g("weights", "grads", "optimizer", "reference")
+    cast = g("autocast copies")
+    ref_cast = cast if (autocast and "reference" in it) else 0
+    est.phases = {
+        "generate": gib(resident),
+        "logprobs": gib(resident + cast + ref_cast + g("logprob logits") + 2 * max(stage) * lp_tokens),
+        "train": gib(resident + cast + g("activations", "activation work", "logits")),
+        "optimizer step": gib(resident + g("optimizer step temp")),
+    }
+    est.policy_phase = max(est.phases, key=est.phases.get)
+    est.policy_alloc_gib = est.phases[est.policy_phase]
+    est.policy_reserved_gib = est.policy_alloc_gib * (1 + ALLOCATOR_SLACK)
+    if a.hybrid:
+        est.notes.append(f"extrapolated: the {spec.model.family} layer layout (23 Mamba / 23 MoE / 6 attention) "
+                         "is the published one, not read from model.path; Mamba/MoE activations are counted, "
+                         "not measured")
+    if backend == "megatron" and (lay.pp > 1 or lay.cp > 1 or lay.sp or a.experts):
+        est.notes.append("extrapolated: PP/CP/SP/MoE activation terms (calibrated on dense TP=1 only)")
+
+
+def kv_bytes_per_token(a: Arch, tp: int, dtype: int) -> float:
+    """vLLM KV cache bytes per token on one GPU of an engine (KV heads replicated when TP > heads)."""
+    kv_heads = max(1, math.ceil(a.kv_heads / tp))
+    return 2 * a.attention * kv_heads * a.head_dim * dtype
+
+
+def rollout_estimate(spec: RunSpec, est: Estimate) -> None:
+    from ..plan import engine_max_model_len, make_plan
+
+    r, m = spec.rollout, spec.model
+    a = arch_of(spec)
+    total = param_counts(a).total(a)
+    plan = make_plan(spec)
+    it = est.rollout
+    mml = engine_max_model_len(spec)
+    if r.backend == RolloutBackend.vllm:
+        tp = r.tensor_parallel_size * r.pipeline_parallel_size
+        db = dtype_bytes(m.dtype)
+        weights = total * db / tp
+        budget = r.gpu_memory_utilization * (est.device_gib or 0) * GIB
+        extra = VLLM_ACTIVATION_GIB + (0 if r.enforce_eager else VLLM_CUDA_GRAPH_GIB)
+        it["engine weights"] = Item("engine weights", weights, f"{_fmt_params(total)} × {db} B / engine TP {tp}")
+        it["engine activations"] = Item("engine activations", extra * GIB,
+                                        "profiled forward" + ("" if r.enforce_eager else " + CUDA graphs"))
+        per_tok = kv_bytes_per_token(a, tp, db)
+        seqs = plan.rollouts_per_step / max(plan.rollout_engines, 1)
+        need = seqs * mml * per_tok
+        kv = budget - weights - extra * GIB
+        est.kv = {"per_token": per_tok, "need": need, "available": kv, "max_model_len": mml, "seqs": seqs,
+                  "one_seq": mml * per_tok}
+        if est.device_gib is None:
+            it["KV cache"] = Item("KV cache", need, f"what the batch needs: {seqs:.0f} seq × {mml} tok × "
+                                  f"{per_tok / 1024:.1f} KiB (gpu_memory_gib unknown)")
+            est.rollout_gib = gib(weights + extra * GIB + need)
+        else:
+            it["KV cache"] = Item("KV cache", max(kv, 0.0),
+                                  f"rest of {r.gpu_memory_utilization:g} × {est.device_gib:g} GiB; the batch needs "
+                                  f"{gib(need):.1f} GiB ({seqs:.0f} seq × {mml} tok × {per_tok / 1024:.1f} KiB)")
+            est.rollout_gib = gib(budget)
+        if a.mamba:
+            est.notes.append("extrapolated: Mamba state per sequence not counted in the KV figure (small)")
+    else:  # hf: a copy of the model in the run's precision + generate's KV cache and logits
+        if not est.use_gpus:
+            return
+        db = 2 if spec.train.precision == Precision.bfloat16 else 4
+        seqs = plan.rollouts_per_step / max(plan.rollout_engines, 1)
+        per_tok = kv_bytes_per_token(a, 1, db)
+        it["engine weights"] = Item("engine weights", total * db, f"HF copy: {_fmt_params(total)} × {db} B")
+        it["KV cache"] = Item("KV cache", seqs * mml * per_tok, f"{seqs:.0f} seq × {mml} tok × "
+                              f"{per_tok / 1024:.1f} KiB (generate's dynamic cache)")
+        it["sampling logits"] = Item("sampling logits", 3 * 4 * seqs * a.vocab, "fp32 logits/probs of one step")
+        est.rollout_gib = gib(sum(i.bytes for i in it.values())) * (1 + ALLOCATOR_SLACK)
+        est.context_gib += CUDA_CONTEXT_GIB  # its own process
+
+
+def host_estimate(spec: RunSpec, est: Estimate) -> None:
+    from ..plan import devices_per_node
+
+    a = arch_of(spec)
+    total = param_counts(a).total(a)
+    per_node = devices_per_node(spec)
+    procs = 2 * per_node  # a policy and a rollout actor per device
+    it = est.host
+    it["object store"] = Item("object store", spec.cluster.object_store_memory_mb * 2**20,
+                              "cluster.object_store_memory_mb")
+    it["processes"] = Item("processes", procs * HOST_PROCESS_GIB * GIB,
+                           f"{procs} GPU/worker processes × {HOST_PROCESS_GIB:g} GiB")
+    if spec.train.backend == TrainBackend.megatron:
+        load = per_node * 2 * total * dtype_bytes(spec.model.dtype)
+        how = f"{per_node} ranks × (HF checkpoint + converted copy) × {dtype_bytes(spec.model.dtype)} B"
+        refit_b = dtype_bytes(spec.train.precision)
+    else:
+        load = per_node * 4 * total
+        how = f"{per_node} ranks × {_fmt_params(total)} × 4 B (fp32 load before .to(device))"
+        refit_b = 4
+    it["model load (start-up)"] = Item("model load (start-up)", load, how)
+    it["refit copies (node 0)"] = Item("refit copies (node 0)", 2 * total * refit_b,
+                                       "rank 0's state_dict() + the serialized copy sent to the engines")
+    est.host_gib = gib(it["object store"].bytes + it["processes"].bytes
+                       + max(it["model load (start-up)"].bytes, it["refit copies (node 0)"].bytes))
+
+
+def estimate(spec: RunSpec) -> Estimate:
+    """The per-GPU budget of the plan's most loaded rank, every phase, and host RAM per node."""
+    c = spec.cluster
+    est = Estimate(device_gib=c.gpu_memory_gib, use_gpus=c.gpus_per_node > 0)
+    policy_estimate(spec, est)
+    rollout_estimate(spec, est)
+    host_estimate(spec, est)
+    if est.use_gpus:
+        est.context_gib += CUDA_CONTEXT_GIB + (NCCL_GIB if layout_of(spec).world > 1 else 0)
+        if spec.rollout.backend == RolloutBackend.vllm and est.device_gib is None:
+            est.context_gib += CUDA_CONTEXT_GIB  # inside vLLM's budget when the budget is known
+    est.peak_phase = est.policy_phase
+    est.peak_gib = est.policy_reserved_gib + est.rollout_gib + est.context_gib
+    return est
+
+
+# ------------------------------------------------------------------------------------- report
+
+
+def summary_line(est: Estimate) -> str:
+    if not est.use_gpus:
+        return "memory per GPU: CPU run (no GPU budget)"
+    head = (f"memory per GPU: policy {est.policy_reserved_gib:.1f} GiB, rollout {est.rollout_gib:.1f} GiB, "
+            f"peak {est.peak_gib:.1f} GiB")
+    if est.device_gib is None:
+        return head + " (cluster.gpu_memory_gib unknown: check skipped)"
+    return head + f" of {est.device_gib:g} GiB ({100 * est.peak_gib / est.device_gib:.0f} %)"
+
+
+def report(spec: RunSpec, est: Optional[Estimate] = None) -> str:
+    """The dry run's memory section: the one-line budget, the table, host RAM, notes."""
+    est = est or estimate(spec)
+    lines = [summary_line(est)]
+    if not est.use_gpus:
+        return lines[0]
+    lines.append(f"  {'per GPU':<26}{'GiB':>8}  how")
+    for it in est.policy.values():
+        lines.append(f"  {'policy ' + it.name:<26}{it.gib:>8.2f}  {it.how}")
+    for it in est.rollout.values():
+        lines.append(f"  {'rollout ' + it.name:<26}{it.gib:>8.2f}  {it.how}")
+    lines.append(f"  {'CUDA contexts + NCCL':<26}{est.context_gib:>8.2f}  outside torch's counters")
+    phases = " | ".join(f"{k} {v:.1f}" for k, v in est.phases.items())
+    lines.append(f"  policy phases (allocated GiB): {phases}; peak phase: {est.policy_phase} "
+                 f"(reserved ≈ × {1 + ALLOCATOR_SLACK:g})")
+    if est.kv and est.kv.get("available") is not None and est.device_gib is not None:
+        k = est.kv
+        fit = k["available"] / k["one_seq"] if k["one_seq"] else 0
+        lines.append(f"  KV cache: {gib(k['available']):.1f} GiB = {fit:.0f} sequences of {k['max_model_len']} tokens "
+                     f"(the step sends {k['seqs']:.0f} per engine)")
+    host = ", ".join(f"{i.name} {i.gib:.1f}" for i in est.host.values())
+    lines.append(f"host RAM per node: ~{est.host_gib:.0f} GiB at peak ({host} GiB)")
+    if est.device_gib is None:
+        lines.append("warning: cluster.gpu_memory_gib is null (unknown GPU): the memory check is skipped; "
+                     "set it (H100 79.6, H200 140.4) to check the plan")
+    lines += [f"note: {n}" for n in dict.fromkeys(est.notes)]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- the rule
+
+
+def _sane(spec: RunSpec) -> bool:
+    """Sizes the estimate can be evaluated on (other rules report the rest)."""
+    from ..plan import rollout_model_parallel, train_model_parallel, world_size
+
+    t = spec.train
+    sizes = (t.micro_batch_size, t.logprob_batch_size, t.global_batch_size, t.tensor_parallel_size,
+             t.pipeline_parallel_size, t.context_parallel_size, t.expert_parallel_size,
+             t.expert_tensor_parallel_size, spec.rollout.tensor_parallel_size, spec.rollout.pipeline_parallel_size,
+             spec.cluster.nodes, spec.model.num_attention_heads, spec.model.num_layers)
+    if min(sizes) < 1 or spec.model.hidden_size % spec.model.num_attention_heads:
+        return False
+    world = world_size(spec)
+    return world % train_model_parallel(spec) == 0 and world % rollout_model_parallel(spec) == 0
+
+
+def _with(spec: RunSpec, section: str, **changes) -> RunSpec:
+    return replace(spec, **{section: replace(getattr(spec, section), **changes)})
+
+
+def _fixes(spec: RunSpec, est: Estimate) -> list[str]:
+    """Cheapest first: each change that makes the plan fit, with its new peak."""
+    t, r, c = spec.train, spec.rollout, spec.cluster
+    g = est.device_gib
+    out: list[str] = []
+
+    def attempt(label: str, s: RunSpec) -> bool:
+        if not _sane(s):
+            return False
+        e = estimate(s)
+        if e.peak_gib <= g:
+            out.append(f"{label} → peak {e.peak_gib:.1f} GiB ({100 * e.peak_gib / g:.0f} %)")
+            return True
+        return False
+
+    if est.policy_phase == "train" and t.micro_batch_size > 1:
+        mb = t.micro_batch_size // 2
+        while mb >= 1 and not attempt(f"train.micro_batch_size={mb}", _with(spec, "train", micro_batch_size=mb)):
+            mb //= 2
+    if est.policy_phase == "logprobs" and t.logprob_batch_size > 1:
+        lb = t.logprob_batch_size // 2
+        while lb >= 1 and not attempt(f"train.logprob_batch_size={lb}",
+                                      _with(spec, "train", logprob_batch_size=lb)):
+            lb //= 2
+    if t.backend == TrainBackend.megatron and not t.activation_checkpointing:
+        attempt("train.activation_checkpointing=true", _with(spec, "train", activation_checkpointing=True))
+    if t.backend == TrainBackend.megatron and not t.distributed_optimizer and layout_of(spec).dp > 1:
+        attempt("train.distributed_optimizer=true", _with(spec, "train", distributed_optimizer=True))
+    if r.backend == RolloutBackend.vllm and g:
+        over = est.peak_gib - g
+        u = math.floor((r.gpu_memory_utilization - over / g) * 100) / 100
+        if u > 0:
+            s = _with(spec, "rollout", gpu_memory_utilization=u)
+            e = estimate(s)
+            if e.kv.get("available", 0) >= e.kv.get("one_seq", 0) and e.peak_gib <= g:
+                out.append(f"rollout.gpu_memory_utilization={u:.2f} → peak {e.peak_gib:.1f} GiB "
+                           f"(KV {gib(e.kv['available']):.1f} GiB = "
+                           f"{e.kv['available'] / e.kv['one_seq']:.0f} sequences of {e.kv['max_model_len']})")
+    if t.backend == TrainBackend.megatron:
+        tp = t.tensor_parallel_size * 2
+        while tp <= max(c.gpus_per_node, 1) and not attempt(f"train.tensor_parallel_size={tp}",
+                                                            _with(spec, "train", tensor_parallel_size=tp)):
+            tp *= 2
+    for k in (2, 4, 8, 16, 32, 64):
+        if attempt(f"cluster.nodes={c.nodes * k}", _with(spec, "cluster", nodes=c.nodes * k)):
+            break
+    return out
+
+
+def violations(spec: RunSpec) -> list[Violation]:
+    """A config error when the peak per GPU exceeds cluster.gpu_memory_gib (skipped when unknown or CPU)."""
+    c = spec.cluster
+    if c.gpus_per_node < 1 or c.gpu_memory_gib is None or not _sane(spec):
+        return []
+    if c.gpu_memory_gib <= 0:
+        return [Violation("gpu_memory_fits", ("cluster.gpu_memory_gib",), f"must be > 0 or null, got "
+                          f"{c.gpu_memory_gib}", "set the GPU's memory in GiB (H100 79.6, H200 140.4) or null")]
+    est = estimate(spec)
+    out: list[Violation] = []
+    r = spec.rollout
+    if r.backend == RolloutBackend.vllm and est.kv and est.kv["available"] < est.kv["one_seq"]:
+        out.append(Violation(
+            "gpu_memory_fits", ("rollout.gpu_memory_utilization", "rollout.max_model_len",
+                                "rollout.tensor_parallel_size"),
+            f"the engine's budget {r.gpu_memory_utilization:g} × {c.gpu_memory_gib:g} GiB = "
+            f"{r.gpu_memory_utilization * c.gpu_memory_gib:.1f} GiB − weights {est.rollout['engine weights'].gib:.1f}"
+            f" − activations {est.rollout['engine activations'].gib:.1f} leaves {gib(est.kv['available']):.1f} GiB "
+            f"of KV cache; one {est.kv['max_model_len']}-token sequence needs {gib(est.kv['one_seq']):.2f} GiB "
+            "(vLLM refuses to start)",
+            "raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size, or lower rollout.max_model_len"))
+    if est.peak_gib > c.gpu_memory_gib:
+        p = est.policy
+        parts = ", ".join(f"{k} {p[k].gib:.1f}" for k in ("weights", "grads", "optimizer", "reference",
+                                                           "autocast copies", "activations", "logits") if k in p)
+        fixes = _fixes(spec, est)
+        t = spec.train
+        keys = ("cluster.gpu_memory_gib", "train.micro_batch_size", "train.max_total_sequence_length",
+                "rollout.gpu_memory_utilization", "train.tensor_parallel_size", "cluster.nodes")
+        if t.backend == TrainBackend.megatron and not t.activation_checkpointing:
+            keys = (*keys, "train.activation_checkpointing")
+        out.append(Violation(
+            "gpu_memory_fits", keys,
+            f"peak per GPU {est.peak_gib:.1f} GiB > {c.gpu_memory_gib:g} GiB "
+            f"({100 * est.peak_gib / c.gpu_memory_gib:.0f} %) in the {est.peak_phase} phase: policy "
+            f"{est.policy_reserved_gib:.1f} ({parts}; ×{1 + ALLOCATOR_SLACK:g} allocator) + rollout "
+            f"{est.rollout_gib:.1f} + CUDA contexts {est.context_gib:.1f}",
+            ("cheapest: " + "; or ".join(fixes)) if fixes else
+            "no single change found: lower the sequence length or raise several of the keys above"))
+    return out
+
