@@ -417,7 +417,7 @@ def root(tmp_path_factory):
     from grpo_launcher.models.tiny import ensure_tiny_model
 
     spec = base_spec(root=r)
-    ensure_tiny_model(spec.model, make_env(spec), spec.env.name.value, MODEL_CACHE, seed=spec.grpo.seed)
+    ensure_tiny_model(spec.model, make_env(spec), spec.env.name, MODEL_CACHE, seed=spec.grpo.seed)
     return r
 
 

@@ -127,6 +127,7 @@ FAILING = [
     (["cluster.time=four hours"], "time_budget", "cluster.time"),
     (["name=a/b"], "safe_names", "name"),
     (["model.path=/nonexistent/model"], "local_paths_exist", "model.path"),
+    (["env=dataset", "env.prompt_key=question"], "env_data_and_code", "env.train_path"),
     (["cluster=slurm", "cluster.python=/x y"], "shell_values", "cluster.python"),
     (["cluster=local_slurm", "cluster.gpus_per_node=8"], "slurm_node_shape", "cluster.gpus_per_node"),
     (["train.backend=megatron", "model.num_experts=4", "model.moe_top_k=2", "train.moe.token_dispatcher=nope"],

@@ -1,25 +1,70 @@
-"""Environments: where prompts come from and how completions are scored. Registry keyed by env.name."""
+"""Environments: where prompts come from and how completions are scored. Registry keyed by env.name.
+
+env.name is a built-in (toy, math, dataset; nemo_gym is planned, not run here), a name registered in
+ENVS by a program that calls launch.main, or a user class "package.module:Class" / "path/to/envs.py:Class"
+implementing the Env protocol (envs/base.py), constructed as Class(env_spec, seed=grpo.seed).
+"""
 
 from __future__ import annotations
 
+import re
+
 from .base import Env, Prompt
+from .dataset import DatasetEnv
 from .math import MathEnv
 from .toy import ReverseDigitsEnv
+from .usercode import UserCodeError, is_ref, load_ref
 
-ENVS: dict[str, type] = {"toy": ReverseDigitsEnv, "math": MathEnv}
+ENVS: dict[str, type] = {"toy": ReverseDigitsEnv, "math": MathEnv, "dataset": DatasetEnv}
+PLANNED_ONLY = ("nemo_gym",)
+ENV_METHODS = ("train_prompts", "val_prompts", "score")
 
 
 class EnvNotAvailable(RuntimeError):
     pass
 
 
-def make_env(spec) -> Env:
-    name = spec.env.name.value
-    if name not in ENVS:
+def env_class(name: str) -> type:
+    """The class env.name names: a registered name, or a user class loaded from its module or file."""
+    if name in ENVS:
+        return ENVS[name]
+    if name in PLANNED_ONLY:
         raise EnvNotAvailable(
             f"env={name} is validated and planned, but running it needs its external servers "
             f"(NeMo Gym resource servers are not part of this build); runnable envs: {', '.join(ENVS)}")
-    return ENVS[name](spec.env, seed=spec.grpo.seed)
+    if not is_ref(name):
+        raise EnvNotAvailable(f"env.name={name!r} is not an env: use one of {', '.join(ENVS)} or 'module:Class'")
+    cls = load_ref(name, "env.name")
+    missing = [m for m in ENV_METHODS if not callable(getattr(cls, m, None))]
+    if not isinstance(cls, type) or missing:
+        raise UserCodeError(f"env.name={name}: {cls!r} is not an Env class"
+                            + (f" (no {', '.join(missing)} method)" if missing else ""))
+    return cls
 
 
-__all__ = ["ENVS", "Env", "EnvNotAvailable", "Prompt", "make_env"]
+class EnvFactory:
+    """What an env Ray worker needs to build the driver's env: the class object itself, pickled (by value
+    for user code outside installed packages), so a class registered at run time or loaded from a file is
+    the one that scores, never a fresh re-import of the package's registry."""
+
+    def __init__(self, spec):
+        from .usercode import pickle_by_value_if_local
+
+        self.cls, self.env_spec, self.seed = env_class(spec.env.name), spec.env, spec.grpo.seed
+        pickle_by_value_if_local(self.cls)
+
+    def __call__(self) -> Env:
+        return self.cls(self.env_spec, seed=self.seed)
+
+
+def make_env(spec) -> Env:
+    return EnvFactory(spec)()
+
+
+def env_label(name: str) -> str:
+    """env.name as a file-name-safe label (the tiny model's cache directory)."""
+    return name if name in ENVS else re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[-48:]
+
+
+__all__ = ["ENVS", "Env", "EnvFactory", "EnvNotAvailable", "Prompt", "UserCodeError", "env_class", "env_label",
+           "make_env"]

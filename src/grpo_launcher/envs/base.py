@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
 class Prompt:
-    text: str
+    text: Any  # a string, or a list of chat messages [{"role": ..., "content": ...}]
     answer: str
     agent_ref: str  # which agent/task produced the sample (the seed's per-sample field)
+    row: dict = field(default_factory=dict, compare=False)  # the dataset row (its columns go to reward fns)
+    source: str = ""  # where the row came from: "path/train.jsonl:12" (named in errors)
 
 
 class Env(Protocol):

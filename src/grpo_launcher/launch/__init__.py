@@ -24,6 +24,21 @@ def _subcommand(name: str) -> Callable[[list[str]], int]:
 SUBCOMMANDS = {name: _subcommand(name) for name in ("status", "logs", "cancel")}
 
 
+def _rerun(args: list[str]) -> int:  # launch.py rerun RUN_DIR [key=value ...]
+    from .repro import rerun
+
+    return rerun(args)
+
+
+def _export(args: list[str]) -> int:  # launch.py export RUN_DIR [--step N | --last] [--out DIR]
+    from ..export import main
+
+    return main(args)
+
+
+SUBCOMMANDS.update(rerun=_rerun, export=_export)
+
+
 def execute(spec: RunSpec, plan: Plan) -> int:
     print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
     return EXECUTORS[spec.cluster.kind.value](spec, plan)

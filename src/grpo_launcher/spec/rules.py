@@ -727,5 +727,15 @@ def local_paths_exist(s: RunSpec) -> Iterator[Violation]:
                 "point model.path at an HF checkpoint directory (or null for the tiny model)")
     for key in ("train_path", "val_path"):
         path = getattr(s.env, key)
-        if path and not Path(path).is_file():
-            yield V("local_paths_exist", f"env.{key}", f"no file at {path}", f"point env.{key} at a JSONL file")
+        if path and not Path(path).exists():
+            yield V("local_paths_exist", f"env.{key}", f"no file at {path}",
+                    f"point env.{key} at a JSONL / Parquet file or a saved datasets directory")
+
+
+@rule
+def env_data_and_code(s: RunSpec) -> Iterator[Violation]:
+    """What the user brings to the env section: Env class, data files (keys, rows, lines), reward functions
+    (importable, callable, signature), prompt lengths under the chat template. See envs/preflight.py."""
+    from ..envs.preflight import check_env
+
+    yield from check_env(s)

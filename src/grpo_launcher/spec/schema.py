@@ -27,10 +27,11 @@ class ClusterKind(str, Enum):
     slurm = "slurm"
 
 
-class EnvName(str, Enum):
+class EnvName(str, Enum):  # the built-in envs; env.name also takes a user class "module:Class"
     toy = "toy"
     math = "math"
     nemo_gym = "nemo_gym"
+    dataset = "dataset"
 
 
 class Precision(str, Enum):
@@ -188,11 +189,26 @@ class GrpoSpec:
 
 @dataclass(frozen=True)
 class EnvSpec:
-    name: EnvName = EnvName.toy
-    train_path: Optional[str] = None  # JSONL; null = the env's built-in generator
+    # toy | math | dataset | nemo_gym, or a user Env class: "package.module:Class" / "path/to/envs.py:Class"
+    name: str = "toy"
+    # JSONL, Parquet, or a saved HF `datasets` directory; null = the env's built-in generator
+    train_path: Optional[str] = None
     val_path: Optional[str] = None
     num_val_prompts: int = 64  # generated envs: size of the held-out set
     max_prompt_tokens: int = 8
+    prompt_key: str = "prompt"  # dataset column holding the prompt (a string, or a list of chat messages)
+    answer_key: Optional[str] = "answer"  # column with the reference answer; null = rows have none
+    shuffle: bool = True  # a new order every epoch (seeded by grpo.seed); false = file order
+    # null = as many passes as grpo.max_steps takes; set: pre-flight checks max_steps covers exactly this many
+    epochs: Optional[int] = None
+    # reward: "package.module:function" or "path/to/rewards.py:function", called as
+    # fn(prompt, completion, **row_columns) -> float; null = the env's own scorer
+    reward_fn: Optional[str] = None
+    reward_fns: list[str] = field(default_factory=list)  # several, summed with reward_weights
+    reward_weights: list[float] = field(default_factory=list)  # one per reward function; empty = all 1.0
+    # the tokenizer's chat template around each prompt; null = on when the tokenizer has one
+    chat_template: Optional[bool] = None
+    system_prompt: Optional[str] = None  # the system message (chat template on)
     # NeMo Gym resource servers (config files the Gym side reads)
     gym_config_paths: list[str] = field(default_factory=list)
 

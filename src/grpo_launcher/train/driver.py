@@ -26,23 +26,31 @@ REQUEUE_EXIT = 3  # checkpoint saved because of SIGUSR1 / the must_save_by budge
 def run(spec: RunSpec, plan: Plan) -> int:
     stop = StopRequest.install()  # first: Slurm's SIGUSR1 during start-up must not kill the driver
     quiet_libraries()
-    from ..envs import EnvNotAvailable, make_env
+    from ..envs import EnvNotAvailable, UserCodeError, make_env
+    from ..tracking.report import finish_run, user_code_failed
     from .setup import prepare_model, resume_or_start
 
     try:
         env = make_env(spec)
-    except (EnvNotAvailable, ValueError) as exc:
+    except (EnvNotAvailable, UserCodeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     model_dir = prepare_model(spec, plan, env)
     state = resume_or_start(spec, plan)
     if state is None:
         return 2
+    from ..launch.repro import record_launch
+
+    record_launch(spec, plan, state)  # RUN_DIR/repro/: git commit, uncommitted diff, pip freeze (+ MLflow)
     with ray_session(spec, plan):
         workers = create_workers(spec, plan, str(model_dir))
+        trainer = None
         try:
             publish_rollout_endpoints(spec, plan, workers)
-            return Trainer(spec, plan, env, workers, state, stop, model_dir).train()
+            trainer = Trainer(spec, plan, env, workers, state, stop, model_dir)
+            return finish_run(spec, plan, state, trainer.train())  # + where everything is, the curve PNG
+        except UserCodeError as exc:  # a reward fn / Env / prompt failed: named with its row; progress kept
+            return user_code_failed(exc, trainer, state)
         except BaseException:
             state.abort()  # metrics after the last checkpoint are dropped: a resume logs those steps again
             raise
@@ -82,6 +90,9 @@ class Trainer:
 
         self.spec, self.plan, self.env, self.w, self.state, self.stop = spec, plan, env, workers, state, stop
         self.tok = AutoTokenizer.from_pretrained(model_dir)
+        from ..tracking.report import write_prompting
+
+        write_prompting(plan.run_dir, self.tok, spec.env, state.data_log, model_dir)  # chat template, system prompt
         self.deadline = (time.monotonic() + parse_duration(spec.checkpoint.must_save_by)
                          if spec.checkpoint.must_save_by else None)
 
@@ -133,7 +144,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
     def generate(self, prompts: list, n: int, seed: int) -> list[Generation]:
-        ids = [self.tok(p.text)["input_ids"] for p in prompts]
+        from ..envs.prompting import encode_prompts
+
+        ids = encode_prompts(self.tok, prompts, self.spec.env)  # env.chat_template / system_prompt; same for hf and vllm
         engines = self.w.rollout
         per = -(-len(ids) // len(engines))
         futures = [e.generate.remote(ids[i * per:(i + 1) * per], n, seed + i) for i, e in enumerate(engines)

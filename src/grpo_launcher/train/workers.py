@@ -76,7 +76,9 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
     R = ray.remote(rollout_class(spec.rollout.backend.value))
     tp = spec.rollout.tensor_parallel_size
     rollout = [R.options(**on(e * tp, **gpu)).remote(spec, model_dir, threads) for e in range(plan.rollout_engines)]
-    env = ray.remote(EnvWorker).options(num_cpus=0).remote(spec)
+    from ..envs import EnvFactory
+
+    env = ray.remote(EnvWorker).options(num_cpus=0).remote(spec, EnvFactory(spec))  # the driver's env class
     host, port = ray.get(policy[0].address.remote())
     ray.get([p.init_distributed.remote(host, port) for p in policy])
     return Workers(policy=policy, rollout=rollout, env=env, pg=pg)
@@ -85,10 +87,10 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
 class EnvWorker:
     """Scores completions for the env named in the spec (runs as its own Ray actor)."""
 
-    def __init__(self, spec: RunSpec):
+    def __init__(self, spec: RunSpec, factory=None):
         from ..envs import make_env
 
-        self.env = make_env(spec)
+        self.env = factory() if factory is not None else make_env(spec)  # factory: the class the driver loaded
 
     def score(self, prompts: list, completions: list[str]) -> list[float]:
         return [self.env.score(p, c) for p, c in zip(prompts, completions)]

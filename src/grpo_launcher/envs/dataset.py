@@ -1,0 +1,214 @@
+"""env=dataset: prompts from local JSONL / JSON / CSV / Parquet files or a saved HF `datasets` directory,
+scored by user reward functions (env.reward_fn / env.reward_fns, see envs/rewards.py).
+
+    python launch.py env=dataset env.train_path=train.jsonl env.val_path=val.jsonl \
+        env.prompt_key=question env.answer_key=answer env.reward_fn=rewards.py:correct
+
+Every row must hold env.prompt_key (and env.answer_key unless it is null); a missing key, a null value,
+a malformed line or an empty file is a DataError naming the file and the line (row, for columnar files).
+Training order: every row once per epoch, reshuffled each epoch when env.shuffle (seeded by grpo.seed);
+dynamic-sampling refills (round > 0) draw at random. The same (step, round) always gives the same prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..spec.schema import EnvSpec
+from . import rewards as R
+from .base import Prompt
+from .usercode import UserCodeError
+
+JSONL = (".jsonl", ".ndjson")
+SAVED_DATASET_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+VAL_SPLITS = ("validation", "val", "test")
+
+
+class DataError(UserCodeError):
+    """A data file that cannot be used: the message names the key, the file and the line/row."""
+
+
+@dataclass
+class Table:
+    path: Path
+    rows: list[dict]
+    where: Callable[[int], str]  # row index → "file:line" / "file[row i]"
+    columns: list[str]
+
+
+def load_table(path: str, key: str, split_for: str = "train") -> Table:
+    """Rows of one data file/directory; DataError naming `key` and the file when it is unusable."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"{key}: no file or directory at {p.resolve()}")
+    if p.is_dir():
+        table = _load_saved(p, key, split_for)
+    elif p.suffix in JSONL:
+        table = _load_jsonl(p, key)
+    elif p.suffix == ".json":
+        table = _load_json(p, key)
+    elif p.suffix in (".parquet", ".csv"):
+        table = _load_columnar(p, key)
+    else:
+        raise DataError(f"{key}: {p} is not .jsonl, .json, .csv or .parquet, nor a saved `datasets` directory")
+    if not table.rows:
+        raise DataError(f"{key}: {p} holds no rows (an empty data set)")
+    return table
+
+
+def _load_jsonl(p: Path, key: str) -> Table:
+    rows, lines = [], []
+    with open(p, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{key}: {p}:{n}: not valid JSON ({exc.msg}, column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{key}: {p}:{n}: a line must be a JSON object, got {type(row).__name__}")
+            rows.append(row)
+            lines.append(n)
+    return Table(p, rows, lambda i: f"{p}:{lines[i]}", sorted({k for r in rows for k in r}))
+
+
+def _load_json(p: Path, key: str) -> Table:
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{key}: {p}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise DataError(f"{key}: {p} must hold a JSON list of objects (or use JSONL: one object per line)")
+    return Table(p, data, lambda i: f"{p}[row {i}]", sorted({k for r in data for k in r}))
+
+
+def _load_columnar(p: Path, key: str) -> Table:
+    import datasets
+
+    try:
+        if p.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            ds = datasets.Dataset(pq.read_table(p))
+        else:
+            ds = datasets.Dataset.from_csv(str(p), keep_in_memory=True)
+    except Exception as exc:  # noqa: BLE001 - a corrupt file: say which
+        raise DataError(f"{key}: cannot read {p}: {type(exc).__name__}: {exc}") from None
+    return _from_dataset(ds, p)
+
+
+def _load_saved(p: Path, key: str, split_for: str) -> Table:
+    import datasets
+
+    if not any((p / m).exists() for m in SAVED_DATASET_MARKERS):
+        raise DataError(f"{key}: {p} is a directory but not one written by datasets' save_to_disk")
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception as exc:  # noqa: BLE001
+        raise DataError(f"{key}: cannot load the saved dataset {p}: {type(exc).__name__}: {exc}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        wanted = ("train",) if split_for == "train" else VAL_SPLITS
+        split = next((s for s in wanted if s in ds), None)
+        if split is None:
+            raise DataError(f"{key}: {p} holds splits {list(ds)}, none of {list(wanted)}; "
+                            f"save the split you want on its own, or name it {wanted[0]!r}")
+        return _from_dataset(ds[split], p, f"{split} ")
+    return _from_dataset(ds, p)
+
+
+def _from_dataset(ds, p: Path, split: str = "") -> Table:
+    return Table(p, ds.to_list(), lambda i: f"{p}[{split}row {i}]", list(ds.column_names))
+
+
+def check_rows(table: Table, env: EnvSpec, key: str) -> None:
+    """Every row holds the prompt (and answer) column with a value: DataError at the first that does not."""
+    needed = [k for k in (env.prompt_key, env.answer_key) if k]
+    for i, row in enumerate(table.rows):
+        for k in needed:
+            if k not in row:
+                knob = "env.prompt_key" if k == env.prompt_key else "env.answer_key"
+                fix = f"set {knob} to one of its keys" + (" or env.answer_key=null" if knob == "env.answer_key"
+                                                          else "")
+                raise DataError(f"{key}: {table.where(i)}: the row has no {k!r} ({knob}); its keys: "
+                                f"{sorted(row)}; {fix}")
+            if row[k] is None or row[k] == "":
+                raise DataError(f"{key}: {table.where(i)}: {k!r} is empty")
+        prompt = row[env.prompt_key]
+        if not isinstance(prompt, (str, list)):
+            raise DataError(f"{key}: {table.where(i)}: {env.prompt_key!r} is a {type(prompt).__name__}; "
+                            "expected a string or a list of chat messages")
+
+
+def load_split(env: EnvSpec, which: str) -> Table:
+    key = f"env.{which}_path"
+    path = getattr(env, f"{which}_path")
+    if not path:
+        raise DataError(f"{key}: env={env.name} reads its prompts from files: set {key}")
+    table = load_table(path, key, split_for=which)
+    check_rows(table, env, key)
+    return table
+
+
+class DatasetEnv:
+    DEFAULT_REWARD: Optional[str] = "grpo_launcher.envs.rewards:exact_match"  # when no env.reward_fn(s)
+
+    def __init__(self, spec: EnvSpec, seed: int = 0):
+        self.spec, self.seed = spec, seed
+        self.rewards = R.load_rewards(spec, self.DEFAULT_REWARD)
+        if not self.rewards:
+            raise UserCodeError(f"env.reward_fn: env={spec.name} scores completions with your function: set "
+                                "env.reward_fn=path/to/rewards.py:function (or grpo_launcher.envs.rewards:"
+                                "last_number_match)")
+        self._tables: dict[str, Table] = {}
+
+    # ------------------------------------------------------------------ data (loaded on first use)
+    def table(self, which: str) -> Table:
+        if which not in self._tables:
+            self._tables[which] = load_split(self.spec, which)
+        return self._tables[which]
+
+    def _prompt(self, table: Table, i: int) -> Prompt:
+        row, e = table.rows[i], self.spec
+        answer = "" if not e.answer_key else str(row[e.answer_key])
+        return Prompt(text=row[e.prompt_key], answer=answer, agent_ref=f"{e.name}/{table.path.stem}", row=row,
+                      source=table.where(i))
+
+    @lru_cache(maxsize=4)  # noqa: B019 - one env per process
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.table("train").rows)))
+        if self.spec.shuffle:
+            random.Random(f"epoch-{self.seed}-{epoch}").shuffle(order)
+        return order
+
+    def train_prompts(self, step: int, round_: int, n: int) -> list[Prompt]:
+        t = self.table("train")
+        N = len(t.rows)
+        if round_ > 0:  # dynamic-sampling refill
+            rng = random.Random(f"refill-{self.seed}-{step}-{round_}")
+            return [self._prompt(t, rng.randrange(N)) for _ in range(n)]
+        first = (step - 1) * n  # steps count from 1
+        return [self._prompt(t, self._order(k // N)[k % N]) for k in range(first, first + n)]
+
+    def val_prompts(self) -> list[Prompt]:
+        t = self.table("val")
+        return [self._prompt(t, i) for i in range(len(t.rows))]
+
+    def score(self, prompt: Prompt, completion: str) -> float:
+        return R.score(self.rewards, prompt.text, completion, prompt.row, self.spec.prompt_key,
+                       prompt.source or "?")
+
+    def warmup_examples(self, n: int) -> list[tuple[str, str]]:
+        t = self.table("train")
+        if not self.spec.answer_key or not all(isinstance(r[self.spec.prompt_key], str) for r in t.rows):
+            return []
+        rng = random.Random(f"warmup-{self.seed}")
+        return [(p.text, p.answer) for p in (self._prompt(t, rng.randrange(len(t.rows))) for _ in range(n))]
+
+    def __getstate__(self) -> dict[str, Any]:  # to a worker: the scorer, not the data
+        return {**self.__dict__, "_tables": {}}

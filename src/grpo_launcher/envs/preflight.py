@@ -1,0 +1,188 @@
+"""Pre-flight for what a user brings to the env section: the Env class, the data files, the reward functions
+and the prompts (length under the chat template). Each problem is a Violation naming the key and the file
+(and line); called by the `env_data_and_code` rule in spec/rules.py before anything is started."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Iterator
+
+from ..spec.errors import Violation
+from ..spec.schema import ClusterKind, RunSpec
+from .usercode import UserCodeError, describe, is_file_ref, is_ref, split_ref
+
+RULE = "env_data_and_code"
+
+
+def V(keys: str | tuple[str, ...], message: str, fix: str) -> Violation:  # noqa: N802
+    return Violation(RULE, (keys,) if isinstance(keys, str) else keys, message, fix)
+
+
+def here(s: RunSpec, path: str | None) -> bool:
+    """Whether a path can be checked from this machine (a Slurm job's may live on the cluster only)."""
+    return bool(path) and (s.cluster.kind == ClusterKind.local or Path(path).expanduser().exists())
+
+
+def check_env(s: RunSpec) -> Iterator[Violation]:
+    from . import ENVS, PLANNED_ONLY, env_class
+    from .dataset import DatasetEnv
+
+    e = s.env
+    if e.name not in ENVS and e.name not in PLANNED_ONLY and not is_ref(e.name):
+        yield V("env.name", f"env.name={e.name!r} is neither a built-in env nor a 'module:Class' reference",
+                f"use one of {', '.join([*ENVS, *PLANNED_ONLY])}, or package.module:Class / path/to/envs.py:Class")
+        return
+    if e.name in PLANNED_ONLY:
+        return
+    if is_ref(e.name) and not _code_here(s, e.name):
+        return
+    try:
+        cls = env_class(e.name)
+    except UserCodeError as exc:
+        yield V("env.name", str(exc), "fix the module/file and the class name (module:Class)")
+        return
+    if cls not in ENVS.values():
+        yield from _check_constructor(cls, s)
+    yield from _check_rewards_declared(s, cls)
+    if isinstance(cls, type) and issubclass(cls, DatasetEnv):
+        yield from check_dataset(s, cls)
+
+
+def _code_here(s: RunSpec, ref: str) -> bool:
+    head, _ = split_ref(ref)
+    return not is_file_ref(head) or here(s, head)
+
+
+def _check_constructor(cls: type, s: RunSpec) -> Iterator[Violation]:
+    try:
+        inspect.signature(cls).bind(s.env, seed=s.grpo.seed)
+    except TypeError as exc:
+        yield V("env.name", f"{describe(cls)} cannot be constructed as {cls.__name__}(env_spec, seed=...): {exc}",
+                "give the class __init__(self, spec, seed=0) (spec is the run's env section)")
+    except ValueError:
+        pass
+
+
+def _check_rewards_declared(s: RunSpec, cls: type) -> Iterator[Violation]:
+    from .toy import ReverseDigitsEnv
+
+    e = s.env
+    n = len(e.reward_fns)
+    if e.reward_weights and len(e.reward_weights) != n:
+        yield V(("env.reward_weights", "env.reward_fns"),
+                f"{len(e.reward_weights)} weights for {n} reward functions",
+                "give one weight per env.reward_fns entry (or none: all 1.0)")
+    if (e.reward_fn or e.reward_fns) and cls is ReverseDigitsEnv:
+        yield V("env.reward_fn", f"env={e.name} has its own scorer and ignores reward functions",
+                "use env=dataset (your files) or env=math with env.reward_fn / env.reward_fns")
+
+
+def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
+    from . import rewards as R
+    from .dataset import DataError, load_split
+
+    e = s.env
+    try:
+        fns = R.load_rewards(e, cls.DEFAULT_REWARD)
+    except UserCodeError as exc:
+        key = str(exc).split(":", 1)[0].split("=")[0]
+        yield V(key if key.startswith("env.") else "env.reward_fn", str(exc),
+                "point it at a function: package.module:function or path/to/rewards.py:function")
+        fns = None
+    if not R.reward_refs(e) and not e.answer_key:
+        yield V("env.reward_fn", f"env={e.name} has no answer column (env.answer_key=null) and no reward function",
+                "set env.reward_fn=path/to/rewards.py:function")
+    tables = {}
+    for which in ("train", "val"):
+        path = getattr(e, f"{which}_path")
+        if not path:
+            yield V(f"env.{which}_path", f"env={e.name} reads its prompts from files, and env.{which}_path is null",
+                    f"set env.{which}_path to a JSONL / Parquet file or a saved datasets directory")
+            continue
+        if not Path(path).expanduser().exists():
+            continue  # local_paths_exist names it (local runs); a Slurm job's file may live on the cluster
+        try:
+            tables[which] = load_split(e, which)
+        except DataError as exc:
+            yield V(f"env.{which}_path", str(exc).split(": ", 1)[1], _data_fix(str(exc)))
+    if fns and "train" in tables:
+        columns = sorted({k for r in tables["train"].rows for k in R.row_kwargs(r, e.prompt_key)})
+        for r in fns:
+            problem = R.signature_problem(r.fn, columns)
+            if problem:
+                yield V(r.key, problem, "def fn(prompt, completion, **kwargs) -> float")
+    if "train" in tables:
+        yield from _check_epochs(s, len(tables["train"].rows))
+    if tables:
+        yield from check_prompts(s, tables)
+
+
+def _data_fix(message: str) -> str:
+    if "no rows" in message:
+        return "point it at a file with rows"
+    if "not valid JSON" in message or "must be a JSON" in message:
+        return "fix that line (JSONL: one JSON object per line)"
+    if "the row has no" in message:
+        return "fix the row, or name the right column with env.prompt_key / env.answer_key"
+    return "fix the file or point the key at another one"
+
+
+def _check_epochs(s: RunSpec, rows: int) -> Iterator[Violation]:
+    e, g = s.env, s.grpo
+    if e.epochs is None:
+        return
+    want = -(-e.epochs * rows // g.num_prompts_per_step)  # steps for `epochs` passes, the last one may be partial
+    if g.max_steps != want:
+        have = g.max_steps * g.num_prompts_per_step / rows
+        yield V(("env.epochs", "grpo.max_steps"),
+                f"grpo.max_steps={g.max_steps} × {g.num_prompts_per_step} prompts/step = {have:.2f} epochs of "
+                f"{rows} rows, not env.epochs={e.epochs}",
+                f"set grpo.max_steps={want} (or env.epochs=null)")
+
+
+def load_tokenizer(s: RunSpec):
+    """The run's tokenizer (model.path, or the tiny model's), or None if it cannot be read here."""
+    try:
+        if s.model.path:
+            if not here(s, s.model.path):
+                return None
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(s.model.path)
+        from ..models.tiny import build_tokenizer
+
+        return build_tokenizer()
+    except Exception:  # noqa: BLE001 - an unreadable tokenizer is the model rules' to report
+        return None
+
+
+def check_prompts(s: RunSpec, tables: dict) -> Iterator[Violation]:
+    """Chat template present when asked for; every prompt within env.max_prompt_tokens once templated."""
+    from .prompting import encode, templating_on
+
+    e = s.env
+    tok = load_tokenizer(s)
+    if tok is None:
+        return
+    if e.chat_template and not getattr(tok, "chat_template", None):
+        yield V("env.chat_template", f"env.chat_template=true but the tokenizer of "
+                f"{s.model.path or 'the tiny model'} has no chat template",
+                "set env.chat_template=false (raw prompts), or use a tokenizer with a chat_template")
+        return
+    if not templating_on(tok, e) and any(isinstance(r[e.prompt_key], list) for t in tables.values()
+                                         for r in t.rows):
+        yield V("env.chat_template", "prompts are chat messages but no chat template is applied",
+                "set env.chat_template=true with a tokenizer that has a template")
+        return
+    for which, t in tables.items():
+        lengths = [len(encode(tok, r[e.prompt_key], e)) for r in t.rows]
+        over = [i for i, n in enumerate(lengths) if n > e.max_prompt_tokens]
+        if over:
+            worst = max(over, key=lambda i: lengths[i])
+            yield V(("env.max_prompt_tokens", f"env.{which}_path"),
+                    f"{len(over)} of {len(t.rows)} prompts exceed env.max_prompt_tokens={e.max_prompt_tokens}"
+                    f"{' (chat template on)' if templating_on(tok, e) else ''}; the longest, {lengths[worst]} tokens, "
+                    f"is at {t.where(worst)}",
+                    f"set env.max_prompt_tokens={max(lengths)} (and keep + rollout.max_new_tokens ≤ "
+                    "train.max_total_sequence_length), or shorten those prompts")

@@ -1,0 +1,36 @@
+"""The run's reward / validation curve as a PNG in the run dir (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CURVES = (("train/reward_mean", "train reward"), ("val/reward_mean", "validation reward"))
+
+
+def plot_curves(series: dict[str, list[tuple[int, float]]], out: Path, title: str) -> Path | None:
+    """series: metric key → [(step, value)]; draws the CURVES present. None when there is nothing to draw."""
+    drawn = [(key, label) for key, label in CURVES if series.get(key)]
+    if not drawn:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    try:
+        for key, label in drawn:
+            steps, values = zip(*series[key])
+            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel("reward")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        tmp = out.with_name(f".{out.name}.tmp.png")
+        fig.savefig(tmp)
+        tmp.replace(out)
+    finally:
+        plt.close(fig)
+    return out

@@ -1,0 +1,121 @@
+"""The end of a run: where everything is (run dir, checkpoints, MLflow, curve PNG, export command), and the
+clean stop when user code (a reward function, an Env class, a prompt) fails mid-run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..plan import Plan
+from ..spec.schema import RunSpec
+from .plot import CURVES, plot_curves
+
+CURVE_PNG = "reward_curve.png"
+PROMPTING = "prompting.json"
+
+
+def write_prompting(run_dir: Path, tokenizer, env, data_log=None, model_dir: Path | None = None) -> dict:
+    """How prompts are built (chat template, system prompt, an example): RUN_DIR/prompting.json, and beside
+    the train-data log (train_data/prompting.json) when that is on. Also RUN_DIR/model.json: the HF directory
+    the run loaded (where `launch.py export` finds the tokenizer)."""
+    from ..envs.prompting import prompting_record
+    from ..export import MODEL_RECORD
+    from ..launch.rundir import write_atomic
+
+    if model_dir is not None:
+        write_atomic(Path(run_dir) / MODEL_RECORD, json.dumps({"model_dir": str(Path(model_dir).resolve())}) + "\n")
+
+    record = prompting_record(tokenizer, env)
+    text = json.dumps(record, indent=1) + "\n"
+    write_atomic(Path(run_dir) / PROMPTING, text)
+    if data_log is not None:
+        Path(data_log.dir).mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(data_log.dir) / PROMPTING, text)
+    return record
+
+
+def read_metrics(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """RUN_DIR/metrics.jsonl → metric → [(step, value)]; a step logged twice (a resume) keeps its last line."""
+    by_step: dict[int, dict] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a crash
+            by_step[int(row.pop("step"))] = row
+    series: dict[str, list[tuple[int, float]]] = {}
+    for step in sorted(by_step):
+        for key, value in by_step[step].items():
+            if isinstance(value, (int, float)):
+                series.setdefault(key, []).append((step, float(value)))
+    return series
+
+
+def curves(spec: RunSpec, plan: Plan, state) -> Path | None:
+    """The reward/validation curve (from RUN_DIR/metrics.jsonl) → RUN_DIR/reward_curve.png, logged to MLflow."""
+    try:
+        series = read_metrics(plan.run_dir / "metrics.jsonl")
+        png = plot_curves(series, plan.run_dir / CURVE_PNG, f"{spec.name} ({spec.model.name}, env={spec.env.name})")
+        tracker = getattr(state, "tracker", None)
+        if png is not None and tracker is not None:
+            tracker.log_artifact(png)
+        return png
+    except Exception as exc:  # noqa: BLE001 - a plot must never fail a finished run
+        print(f"grpo-launcher: WARNING: no curve plot: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+
+
+def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None) -> str:
+    from ..checkpoint import CheckpointManager
+
+    ckpt = CheckpointManager(plan.checkpoint_dir, spec)
+    best, last = ckpt.best(), ckpt.latest()
+    tracker = getattr(state, "tracker", None)
+    rows = [("run dir", plan.run_dir), ("spec", plan.run_dir / "spec.yaml"),
+            ("summary", plan.run_dir / "summary.json")]
+    if best is not None:
+        rows.append((f"best checkpoint ({spec.checkpoint.metric})", best))
+    if last is not None and last != best:
+        rows.append(("last checkpoint", last))
+    if png is not None:
+        rows.append(("reward curve", png))
+    if tracker is not None:
+        rows.append(("MLflow", f"{plan.tracking_uri}  run {tracker.run_id}"))
+    if (plan.run_dir / "repro").is_dir():
+        rows.append(("reproduce", f"python launch.py rerun {plan.run_dir}"))
+    if best is not None or last is not None:
+        rows.append(("export (HF dir)", f"python launch.py export {plan.run_dir}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}} : {v}" for k, v in rows)
+
+
+def finish_run(spec: RunSpec, plan: Plan, state, rc: int) -> int:
+    """After the loop: plot, then say where everything is. Returns rc unchanged."""
+    png = curves(spec, plan, state)
+    status = {0: "finished"}.get(rc, "stopped")
+    print(f"grpo-launcher: run '{spec.name}' {status} at step {state.step}\n"
+          f"{where_everything_is(spec, plan, state, png)}", flush=True)
+    return rc
+
+
+def user_code_failed(exc: BaseException, trainer, state) -> int:
+    """A reward function / Env / prompt failed: name it and the row, keep what was trained, mark FAILED. → 1."""
+    cause = getattr(exc, "cause", None) or exc
+    saved = ""
+    try:
+        if trainer is not None and state.step > 0 and state.spec.checkpoint.enabled:
+            latest = state.ckpt.latest()
+            if latest is None or not latest.name.endswith(f"{state.step:06d}"):
+                trainer.save(state.step, dict(state.last))  # the weights after the last completed step
+            saved = f"; checkpoint of step {state.step} kept in {state.plan.checkpoint_dir}"
+    except Exception as save_exc:  # noqa: BLE001
+        saved = f"; saving a checkpoint failed too ({type(save_exc).__name__}: {save_exc})"
+    state.abort()
+    try:
+        state.finish("FAILED")
+    except Exception:  # noqa: BLE001
+        pass
+    print(f"error: {cause}\ngrpo-launcher: run stopped at step {state.step + 1}{saved}", file=sys.stderr, flush=True)
+    return 1
