@@ -101,16 +101,15 @@ FAILING = [
      "expert_parallelism", "train.expert_parallel_size"),
     (["train.backend=megatron", "train.context_parallel_size=2", "cluster.cpu_workers_per_node=2"],
      "megatron_layouts", "train.sequence_packing"),
-    (["train.backend=megatron", "train.pipeline_parallel_size=2", "train.dynamic_batching=true",
-      "cluster.cpu_workers_per_node=2"], "megatron_layouts", "train.dynamic_batching"),
+    (["train.backend=megatron", "train.tensor_parallel_size=1", "train.sequence_parallel=true"],
+     "megatron_layouts", "train.sequence_parallel"),
     (["model.num_kv_heads=3"], "heads_divide", "model.num_kv_heads"),
     (["rollout.max_new_tokens=60"], "sequence_lengths", "rollout.max_new_tokens"),
     (["rollout.max_model_len=10"], "sequence_lengths", "rollout.max_model_len"),
     (["env=nemo_gym", "rollout=vllm", "rollout.async_engine=false", "rollout.expose_http_server=true",
       "env.max_prompt_tokens=16"], "gym_needs_async_http_vllm", "rollout.async_engine"),
     (["rollout.async_engine=true"], "vllm_only_switches", "rollout.async_engine"),
-    (["rollout.top_p=0.9"], "sampling_keeps_logprobs_exact", "rollout.top_p"),
-    (["rollout.colocated=false"], "colocated_only", "rollout.colocated"),
+    (["rollout.temperature=0"], "sampling_keeps_logprobs_exact", "rollout.temperature"),
     (["loss.dual_clip_c=0.5"], "loss_ranges", "loss.dual_clip_c"),
     (["loss=gspo", "loss.aggregation=token_mean"], "sequence_ratios_need_sequence_loss", "loss.aggregation"),
     (["loss.is_truncation=tis"], "importance_sampling_truncation", "loss.importance_sampling_correction"),
@@ -128,6 +127,7 @@ FAILING = [
     (["name=a/b"], "safe_names", "name"),
     (["model.path=/nonexistent/model"], "local_paths_exist", "model.path"),
     (["env=dataset", "env.prompt_key=question"], "env_data_and_code", "env.train_path"),
+    ([f"output_root={Path(__file__).parent / 'data' / 'finished_run'}"], "run_name_not_finished", "name"),
     (["cluster=slurm", "cluster.python=/x y"], "shell_values", "cluster.python"),
     (["cluster=local_slurm", "cluster.gpus_per_node=8"], "slurm_node_shape", "cluster.gpus_per_node"),
     (["train.backend=megatron", "model.num_experts=4", "model.moe_top_k=2", "train.moe.token_dispatcher=nope"],
@@ -139,6 +139,42 @@ FAILING = [
     (["train.backend=megatron", "train.pipeline_parallel_size=2", "cluster.cpu_workers_per_node=2"],
      "megatron_worker_implements_layout", "train.pipeline_parallel_size"),
     (["rollout=vllm", "rollout.kv_cache_memory_mb=0"], "vllm_engine_memory_and_length", "rollout.kv_cache_memory_mb"),
+    (["cluster=slurm", "cluster.gpus_per_node=1", "cluster.gpu_memory_gib=-1", "dry_run=true"],
+     "gpu_memory_fits", "cluster.gpu_memory_gib"),
+    # issue 11: configs that passed pre-flight and failed after allocation
+    (["train.lr=0"], "optimizer_ranges", "train.lr"),
+    (["train.lr=-1e-4"], "optimizer_ranges", "train.lr"),
+    (["train.weight_decay=-0.1"], "optimizer_ranges", "train.weight_decay"),
+    (["train.max_grad_norm=0"], "optimizer_ranges", "train.max_grad_norm"),
+    (["train.warmup_steps=-1"], "optimizer_ranges", "train.warmup_steps"),
+    (["checkpoint.metric=train/loss"], "checkpoint_metric_direction", "checkpoint.higher_is_better"),
+    (["checkpoint.higher_is_better=false"], "checkpoint_metric_direction", "checkpoint.higher_is_better"),
+    (["cluster.object_store_memory_mb=50"], "ray_object_store_minimum", "cluster.object_store_memory_mb"),
+    (["train.backend=megatron", "train.tensor_parallel_size=4", "cluster.cpu_workers_per_node=4",
+      "model.num_kv_heads=4", "train.micro_batch_size=8", "train.logprob_batch_size=16"],
+     "tp4_logprob_batch_matches_micro_batch", "train.logprob_batch_size"),
+    (["rollout=vllm", "rollout.max_model_len=32", "train.max_total_sequence_length=64"],
+     "sequence_lengths", "rollout.max_model_len"),
+    (["name=.."], "safe_names", "name"),
+    (["name=.hidden"], "safe_names", "name"),
+    (["loss.importance_sampling_correction=true", "loss.is_truncation=icepop", "loss.is_threshold=5",
+      "loss.is_threshold_low=1.5"], "importance_sampling_truncation", "loss.is_threshold_low"),
+    (["loss.is_threshold_low=0.5"], "importance_sampling_truncation", "loss.is_threshold_low"),
+    # what this build cannot run: refused before submission (dry runs still plan)
+    (["+recipe=nanov3", "cluster=slurm"], "build_implements_run", "model.family"),
+    (["+recipe=nanov3", "cluster=slurm"], "build_implements_run", "env.name"),
+    (["+recipe=nanov3", "cluster=slurm"], "build_implements_run", "train.sequence_packing"),
+    (["model.family=llama"], "build_implements_run", "model.family"),
+    (["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true",
+      "env.max_prompt_tokens=16"], "build_implements_run", "env.name"),
+    # values that used to crash the validator or break the job's spec.yaml
+    (["train.lr=inf"], "field_values", "train.lr"),
+    (["loss.clip_high=nan"], "field_values", "loss.clip_high"),
+    (["grpo.seed=" + "9" * 300], "field_values", "grpo.seed"),
+    (["cluster.time='01:00:00\n'"], "field_values", "cluster.time"),  # a real line break in the value
+    (["output_root='out\nx'"], "field_values", "output_root"),
+    (["logging.experiment='\\${oops}'"], "field_values", "logging.experiment"),
+    (["cluster.env_passthrough=[[A]]"], "field_values", "cluster.env_passthrough"),
 ]
 
 
@@ -212,3 +248,112 @@ def test_cli_typo_did_you_mean(launch_cmd):
 def test_cli_unparsable_override(launch_cmd):
     p = run([*launch_cmd, "cluster=slurm", "dry_run=true", 'cluster.container_image=x";touch /tmp/p'])
     assert p.returncode == 2 and "cluster.container_image" in p.stderr and "Traceback" not in p.stderr
+
+
+# ------------------------------------------------------------------ issue 11: keys, groups, crashes, round-trip
+
+
+@pytest.mark.parametrize("key", sorted(__import__("grpo_launcher.spec.compose", fromlist=["x"]).REMOVED_KEYS))
+def test_removed_keys_say_why(key):
+    (v,) = violations([f"{key}=1"])
+    assert v.rule == "unknown_key" and v.keys == (key,) and v.fix.startswith("removed:")
+
+
+@pytest.mark.parametrize("override,rule,key", [
+    ("model=[tiny,tiny]", "config_group", "model"),
+    ("model=null", "config_group", "model"),
+    ("env=[]", "config_group", "env"),
+    ("+recipe=null", "config_group", "recipe"),
+    ("train=${model}", "composition", "train"),
+    ("train=5", "composition", "train"),
+    ("grpo.seed=1,2", "override_syntax", "grpo.seed"),
+    ("hydra.run.dir=/tmp/x", "hydra_key", "hydra.run.dir"),
+    ("hydra.job.chdir=true", "hydra_key", "hydra.job.chdir"),
+])
+def test_bad_shapes_of_overrides_are_config_errors(override, rule, key):
+    found = violations([override])
+    assert any(v.rule == rule and v.keys[0] == key for v in found), [v.render() for v in found]
+
+
+def test_validator_survives_a_crashing_rule(monkeypatch):
+    from grpo_launcher.spec import rules
+
+    def broken(spec):
+        raise TypeError("boom")
+
+    spec = load_spec([])
+    monkeypatch.setitem(rules.RULES, "broken", broken)
+    (v,) = [v for v in rules.validate(spec) if v.rule == "broken"]
+    assert "TypeError: boom" in v.message
+
+
+def test_spec_roundtrip_detects_what_the_job_would_read_differently():
+    import dataclasses
+
+    from grpo_launcher.spec.compose import roundtrip_problems
+
+    spec = load_spec([])
+    assert roundtrip_problems(spec) == []
+    bad = dataclasses.replace(spec, logging=dataclasses.replace(spec.logging, experiment="${oops}"))
+    assert any("logging.experiment" in v.keys or v.keys == ("<spec>",) for v in roundtrip_problems(bad))
+
+
+def test_preflight_renders_and_roundtrips_slurm():
+    from grpo_launcher.spec.preflight import preflight
+
+    spec, plan = preflight(["cluster=slurm", "dry_run=true"])
+    assert plan.world_size == 1 and spec.cluster.kind.value == "slurm"
+
+
+# ------------------------------------------------------------------ issue 13: model.path=DIR is enough
+
+
+def write_model_dir(path: Path, pad: bool = True, **config) -> Path:
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {"model_type": "qwen2", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "intermediate_size": 96, "vocab_size": 300, "max_position_embeddings": 256,
+           "tie_word_embeddings": False, **config}
+    (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    (path / "tokenizer.json").write_text("{}")
+    tokens = {"eos_token": "<eos>", **({"pad_token": "<pad>"} if pad else {})}
+    (path / "tokenizer_config.json").write_text(json.dumps(tokens))
+    return path
+
+
+def test_model_path_alone_gives_the_architecture(tmp_path):
+    d = write_model_dir(tmp_path / "my-qwen")
+    m = load_spec([f"model.path={d}", "train.max_total_sequence_length=64"]).model
+    assert (m.name, m.family, m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads,
+            m.ffn_hidden_size, m.vocab_size, m.max_position_embeddings) == ("my-qwen", "qwen2", 3, 64, 2, 1, 96, 300, 256)
+
+
+def test_model_path_contradiction_is_a_config_error(tmp_path):
+    d = write_model_dir(tmp_path / "m")
+    found = violations([f"model.path={d}", "model.num_layers=4"])
+    (v,) = [v for v in found if v.rule == "model_matches_checkpoint"]
+    assert v.keys == ("model.num_layers", "model.path") and "num_hidden_layers=3" in v.message
+
+
+def test_model_path_checkpoint_rules_check_the_checkpoint_shape(tmp_path):
+    d = write_model_dir(tmp_path / "m", num_attention_heads=3, hidden_size=64, num_key_value_heads=3)
+    assert "heads_divide" in {v.rule for v in violations([f"model.path={d}"])}  # 64 / 3 heads, from config.json
+
+
+@pytest.mark.parametrize("breakage,needle", [
+    ("no_config", "has no config.json"),
+    ("corrupt", "line 2"),
+    ("no_pad", "no pad_token"),
+    ("no_tokenizer", "has no tokenizer"),
+])
+def test_broken_model_dirs_are_named(tmp_path, breakage, needle):
+    d = write_model_dir(tmp_path / "m", pad=breakage != "no_pad")
+    if breakage == "no_config":
+        (d / "config.json").unlink()
+    elif breakage == "corrupt":
+        (d / "config.json").write_text('{\n  "model_type": qwen2\n}')
+    elif breakage == "no_tokenizer":
+        (d / "tokenizer.json").unlink()
+    found = violations([f"model.path={d}"])
+    assert any(needle in v.message and "model.path" in v.keys for v in found), [v.render() for v in found]

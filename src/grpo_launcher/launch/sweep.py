@@ -16,37 +16,58 @@ from typing import Optional, Sequence
 
 from omegaconf import DictConfig
 
-from ..spec.compose import to_spec
+from ..spec.compose import ConfigSource, to_spec
 from ..spec.errors import ConfigError
-from ..spec.rules import validate
 from ..spec.schema import RunSpec
 
 EXCLUDED_FROM_NAME = ("name", "output_root", "dry_run", "cluster.wait")
 PARENT_ENV = "GRPO_PARENT_RUN_ID"
 
 
-def multirun(argv: list[str]) -> int:
-    """Run Hydra's multirun with our launcher (and sweeper, when asked) over conf/."""
+def multirun(overrides: list[str], source: Optional[ConfigSource] = None, hydra_flags: Sequence[str] = ()) -> int:
+    """Run Hydra's multirun with our launcher (and sweeper, when asked) over conf/ (and the user's config dirs)."""
     import hydra
 
-    from ..spec.compose import CONF_DIR, check_override_keys, register_schema
+    from ..spec.compose import register_schema
 
+    source = source or ConfigSource()
     register_schema()
-    args = [a for a in argv if a not in ("-m", "--multirun")]
-    bad = check_override_keys(args)
-    if bad:
-        print(ConfigError(bad).render(), file=sys.stderr)
-        return 2
+    args = list(overrides)
     for group in ("launcher", "sweeper"):  # ours, unless the user picked others (e.g. hydra/sweeper=optuna)
         if not any(a.startswith(f"hydra/{group}=") for a in args):
             args.append(f"hydra/{group}=grpo")
-    app = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_point)
-    sys.argv = [sys.argv[0], "--multirun", *args]
+    bad = base_problems(args, source)
+    if bad:
+        print(ConfigError(bad).render(), file=sys.stderr)
+        return 2
+    app = hydra.main(config_path=str(source.conf_dir), config_name=source.config_name, version_base="1.3")(run_point)
+    saved, sys.argv = sys.argv, [sys.argv[0], "--multirun", *hydra_flags, *source.overrides(), *args]
     try:
         app()
     except SystemExit as exc:
-        return int(exc.code or 0)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    finally:
+        sys.argv = saved
     return 0
+
+
+def base_problems(args: list[str], source: ConfigSource) -> list:
+    """Unknown keys in any override, and the sweep's base (its overrides without the swept ones) composing:
+    what Hydra would otherwise report with its own error and exit 1."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from ..spec.compose import check_override_keys, compose
+
+    bad = check_override_keys(args, multirun=True)
+    if bad:
+        return bad
+    parser = OverridesParser.create()
+    fixed = [a for a, ov in zip(args, parser.parse_overrides(args)) if not ov.is_sweep_override()]
+    try:
+        compose([a for a in fixed if not a.startswith("hydra")], source=source)
+    except ConfigError as err:
+        return err.violations
+    return []
 
 
 def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:
@@ -70,21 +91,36 @@ def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:
 def run_point(cfg: DictConfig) -> Optional[float]:
     """The task of one sweep point: the same flow as a single run. Returns the objective when known."""
     from ..launch import execute
-    from ..plan import make_plan
+    from ..spec.preflight import preflight_config
 
-    spec = to_spec(cfg)
-    plan = make_plan(spec)
+    spec, plan = preflight_config(cfg, task_overrides())
     code = execute(spec, plan)
     if code != 0:
         raise RuntimeError(f"run {spec.name} exited with {code}")
     return read_objective(plan.run_dir, objective_metric())
 
 
-def point_problems(cfg: DictConfig) -> tuple[Optional[RunSpec], list[str]]:
-    """(the point's spec, its violations rendered): every rule, as for a single run."""
+def task_overrides() -> list[str]:
+    """The overrides of the point Hydra is running (for the model keys stated explicitly)."""
+    from hydra.core.hydra_config import HydraConfig
+
     try:
-        spec = to_spec(cfg)
-        return spec, [v.render() for v in validate(spec)]
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # not inside a Hydra job
+        return []
+
+
+def point_problems(cfg: Optional[DictConfig], overrides: Sequence[str] = (),
+                   compose_error: Optional[BaseException] = None) -> tuple[Optional[RunSpec], list[str]]:
+    """(the point's spec, its violations rendered): every pre-flight check, as for a single run."""
+    from ..spec.compose import _composition_violation
+    from ..spec.preflight import preflight_config
+
+    if cfg is None:  # the point did not even compose (e.g. model=nope in a,b)
+        return None, [_composition_violation(compose_error).render()]
+    try:
+        spec, _ = preflight_config(cfg, list(overrides))
+        return spec, []
     except ConfigError as err:
         return None, [v.render() for v in err.violations]
 

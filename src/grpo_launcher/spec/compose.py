@@ -6,10 +6,9 @@ import dataclasses
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError, Violation
 from .schema import GROUPS, RunSpec
@@ -17,6 +16,26 @@ from .schema import GROUPS, RunSpec
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 SCHEMA_NAME = "run_schema"
 SELECTORS = (*GROUPS, "recipe")  # override keys that pick a config group option
+OPTION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# Keys that existed and were removed because nothing read them: the fix says what to do instead.
+REMOVED_KEYS = {
+    "train.min_lr": "removed: the schedule is linear warm-up (train.warmup_steps) then constant train.lr",
+    "train.dynamic_batching": "removed: no backend of this build batches by tokens (micro batches are fixed)",
+    "rollout.top_p": "removed: engines sample the full distribution (top_p=1) so the importance ratios hold",
+    "rollout.top_k": "removed: engines sample the full distribution (no top-k) so the importance ratios hold",
+    "rollout.colocated": "removed: rollout and training always share the devices (colocated) in this build",
+    "rollout.expert_parallel_size": "removed: vLLM derives expert parallelism from the engine's TP; set "
+                                    "rollout.tensor_parallel_size",
+    "rollout.seq_logprob_error_threshold": "removed: nothing checked it; the driver logs "
+                                           "train/gen_vs_policy_logprob_absdiff every step",
+}
+# hydra.* keys a single run does not use: its run dir is output_root/name (Hydra's run dir, chdir and log files
+# are not used); sweeps honour hydra.sweep.* (multirun.yaml and the sweep's MLflow parent).
+HYDRA_REFUSED = {
+    "hydra.run.dir": "the run directory is output_root/name: set output_root=DIR and name=NAME instead",
+    "hydra.job.chdir": "runs never change directory: paths stay relative to where launch.py starts",
+    "hydra.output_subdir": "the resolved spec is written to output_root/name/spec.yaml, not a .hydra dir",
+}
 
 
 def dotted_keys(cls: type = RunSpec, prefix: str = "") -> Iterator[str]:
@@ -46,7 +65,7 @@ def register_schema() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=_unfreeze(OmegaConf.structured(RunSpec)))
 
 
-def check_override_keys(overrides: list[str]) -> list[Violation]:
+def check_override_keys(overrides: list[str], multirun: bool = False) -> list[Violation]:
     """Unparsable overrides and unknown keys, each named, with the nearest valid key suggested."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -54,19 +73,37 @@ def check_override_keys(overrides: list[str]) -> list[Violation]:
     parser, known, out = OverridesParser.create(), set(dotted_keys()), []
     for text in overrides:
         try:
-            key = parser.parse_override(text).key_or_group
+            ov = parser.parse_override(text)
         except HydraException as exc:
             key = text.split("=", 1)[0].lstrip("+~")
             msg = str(exc).splitlines()[0]
             out.append(Violation("override_syntax", (key,), f"cannot parse {text!r}: {msg}",
                                  f"quote the value: {key}='...' (and quote the whole override for your shell)"))
             continue
-        if key in SELECTORS or key.startswith("hydra") or key in known:
-            continue
+        out.extend(_override_problems(ov, text, known, multirun))
+    return out
+
+
+def _override_problems(ov: Any, text: str, known: set[str], multirun: bool) -> Iterator[Violation]:
+    key = ov.key_or_group
+    if ov.is_sweep_override() and not multirun:
+        yield Violation("override_syntax", (key,), f"{text!r} is a sweep (several values) in a single run",
+                        f"add -m to sweep over {key}, or give one value")
+    elif key in SELECTORS and not ov.is_delete() and not ov.is_sweep_override():
+        value = ov.value()
+        if not isinstance(value, str) or not OPTION_NAME.fullmatch(value):
+            yield Violation("config_group", (key,), f"{key}={ov.get_value_element_as_str()} is not one option of "
+                            f"the {key} group", f"choose one: {key}=NAME (a file {key}/NAME.yaml)")
+    elif key.startswith("hydra.") or key.startswith("hydra/"):
+        refused = next((why for k, why in HYDRA_REFUSED.items() if key == k or key.startswith(k + ".")), None)
+        if refused and not (multirun and key.startswith("hydra.sweep")):
+            yield Violation("hydra_key", (key,), f"{key} is not used by grpo-launcher", refused)
+    elif key in REMOVED_KEYS:
+        yield Violation("unknown_key", (key,), f"'{key}' is not a config key", REMOVED_KEYS[key])
+    elif key not in SELECTORS and key != "hydra" and key not in known:
         near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         hint = f"did you mean '{near[0]}'?" if near else "no similar key: see conf/ and spec/schema.py"
-        out.append(Violation("unknown_key", (key,), f"'{key}' is not a config key", hint))
-    return out
+        yield Violation("unknown_key", (key,), f"'{key}' is not a config key", hint)
 
 
 def _composition_violation(exc: BaseException) -> Violation:
@@ -89,56 +126,124 @@ def _composition_violation(exc: BaseException) -> Violation:
     return Violation("composition", (key,), text, fix)
 
 
-def compose(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
-    """Compose conf/config.yaml with the overrides; raise ConfigError naming the key on failure."""
+@dataclasses.dataclass(frozen=True)
+class ConfigSource:
+    """Where configs come from: the primary config (-cn) in conf_dir, plus the user's dirs (--config-dir,
+    hydra.searchpath) searched for group options (recipe/, model/, env/, ...) before conf/."""
+
+    conf_dir: Path = CONF_DIR
+    config_name: str = "config"
+    search_path: tuple[str, ...] = ()
+
+    def overrides(self) -> list[str]:
+        if not self.search_path:
+            return []
+        paths = [p if "://" in p else f"file://{Path(p).resolve()}" for p in self.search_path]
+        return ["hydra.searchpath=[" + ",".join(f"'{p}'" for p in paths) + "]"]
+
+
+def compose(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[ConfigSource] = None) -> DictConfig:
+    """Compose the primary config with the overrides (the hydra node kept, for the choices); raise ConfigError
+    naming the key on failure."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.errors import HydraException
 
+    source = source or ConfigSource(conf_dir=conf_dir)
     unknown = check_override_keys(overrides)
-    usable = [o for o in overrides if not any(o.lstrip("+~").startswith(v.keys[0] + "=") for v in unknown)]
+    bad = {v.keys[0] for v in unknown}
+    usable = [o for o in overrides if _override_key(o) not in bad]
     register_schema()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=usable)
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        with initialize_config_dir(config_dir=str(source.conf_dir), version_base="1.3"):
+            cfg = hydra_compose(config_name=source.config_name, overrides=[*source.overrides(), *usable],
+                                return_hydra_config=True)
+    except Exception as exc:  # Hydra, OmegaConf, ValueError, or a file it cannot read: named, never a traceback
         raise ConfigError([*unknown, _composition_violation(exc)]) from exc
     if unknown:
         raise ConfigError(unknown, partial=cfg)
     return cfg
 
 
+def _override_key(text: str) -> str:
+    return re.split(r"[=@]", text.lstrip("+~"), maxsplit=1)[0]
+
+
 def to_spec(cfg: Any) -> RunSpec:
     """DictConfig → frozen RunSpec (the only object passed downstream)."""
     try:
-        if OmegaConf.get_type(cfg) is not RunSpec:  # e.g. a spec read back from YAML
-            cfg = OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), cfg)
-        if "hydra" in cfg:  # a config composed with its hydra node (sweep points)
+        if "hydra" in cfg:  # a config composed with its hydra node (sweep points, compose)
             cfg = cfg.copy()
             with open_dict(cfg):
                 del cfg["hydra"]
+        if OmegaConf.get_type(cfg) is not RunSpec:  # e.g. a spec read back from YAML
+            cfg = OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), cfg)
         spec = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as exc:
+    except Exception as exc:  # OmegaConf (type, interpolation), or a value its converters choke on
         raise ConfigError([_composition_violation(exc)]) from exc
-    assert isinstance(spec, RunSpec), type(spec)
+    wrong = list(_misplaced_sections(spec))
+    if wrong:
+        raise ConfigError(wrong)
     return spec
 
 
-def load_spec(overrides: list[str], conf_dir: Path = CONF_DIR) -> RunSpec:
-    """Compose, convert and validate: raise ONE ConfigError holding every problem found."""
-    from .rules import validate
+def _misplaced_sections(obj: Any, prefix: str = "") -> Iterator[Violation]:
+    """A section replaced by another section (an interpolation such as train=${model}) or by a scalar."""
+    if not isinstance(obj, RunSpec) and not prefix:
+        yield Violation("composition", ("<config>",), f"the config is a {type(obj).__name__}, not a run spec",
+                        "compose from conf/config.yaml (or a primary config whose defaults start with run_schema)")
+        return
+    for f in dataclasses.fields(obj):
+        kind = f.default_factory if isinstance(f.default_factory, type) else None
+        if kind is None or not dataclasses.is_dataclass(kind):
+            continue
+        value = getattr(obj, f.name)
+        if type(value) is not kind:
+            yield Violation("composition", (f"{prefix}{f.name}",), f"section {prefix}{f.name} holds a "
+                            f"{type(value).__name__}, not its own keys", f"set keys inside it: {prefix}{f.name}.KEY=...")
+        else:
+            yield from _misplaced_sections(value, f"{prefix}{f.name}.")
 
+
+def load_spec(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[ConfigSource] = None) -> RunSpec:
+    """Compose, convert, read the model's checkpoint config and validate: ONE ConfigError holding every problem."""
     try:
-        spec = to_spec(compose(overrides, conf_dir))
-        unknown = []
+        cfg, unknown = compose(overrides, conf_dir, source), []
     except ConfigError as err:
         if err.partial is None:
             raise
-        spec, unknown = to_spec(err.partial), err.violations  # keep going: report the rules too
-    violations = [*unknown, *validate(spec)]
+        cfg, unknown = err.partial, err.violations  # keep going: report the rules too
+    return checked_spec(cfg, [_override_key(o) for o in overrides], unknown)
+
+
+def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violation] = ()) -> RunSpec:
+    """A composed config → the validated RunSpec (model architecture from model.path), or ONE ConfigError."""
+    from .model_dir import resolve_model
+    from .rules import validate
+
+    spec, problems = to_spec(cfg), list(known_problems)
+    spec, model_problems = resolve_model(spec, cli_keys)
+    violations = [*problems, *model_problems, *validate(spec)]
     if violations:
         raise ConfigError(violations)
     return spec
+
+
+def roundtrip_problems(spec: RunSpec) -> list[Violation]:
+    """The spec the job reads back from spec.yaml must be this spec: reload the YAML and compare, key by key."""
+    from .rules import leaf_values
+
+    try:
+        back = to_spec(OmegaConf.create(spec_to_yaml(spec)))
+    except ConfigError as err:
+        return [Violation("spec_roundtrip", v.keys, f"the job could not read spec.yaml back: {v.message}", v.fix)
+                for v in err.violations]
+    except Exception as exc:
+        return [Violation("spec_roundtrip", ("<spec>",), f"the job could not read spec.yaml back: {exc}",
+                          "use plain values")]
+    theirs = dict(leaf_values(back))
+    return [Violation("spec_roundtrip", (key,), f"{value!r} reads back from spec.yaml as {theirs.get(key)!r}",
+                      f"set {key} to a plain value")
+            for key, value in leaf_values(spec) if theirs.get(key) != value]
 
 
 def spec_to_yaml(spec: RunSpec) -> str:

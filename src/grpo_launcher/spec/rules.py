@@ -8,7 +8,10 @@ node, GPU or Ray process is asked for. Sources: NeMo-RL's 35 late-firing rules a
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
+from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -35,16 +38,19 @@ from .schema import (
 Rule = Callable[[RunSpec], Iterable[Violation]]
 RULES: dict[str, Rule] = {}
 
-# Metrics the trainer logs (tracking/metrics.py keeps the same names): checkpoint.metric must be one.
-KNOWN_METRICS = (
-    "val/reward_mean",
-    "val/accuracy",
-    "train/reward_mean",
-    "train/accuracy",
-    "train/loss",
-)
+# Metrics the trainer logs that checkpoint.metric may rank by, each with its direction (True = higher is better).
+METRIC_HIGHER_IS_BETTER = {
+    "val/reward_mean": True,
+    "val/accuracy": True,
+    "train/reward_mean": True,
+    "train/accuracy": True,
+    "train/loss": False,
+}
+KNOWN_METRICS = tuple(METRIC_HIGHER_IS_BETTER)
+RAY_MIN_OBJECT_STORE_MB = 75  # Ray refuses an object store below 75 MiB (ray._private.ray_constants)
 SAFE_SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:+=@%/-]+")
 SAFE_NAME = re.compile(r"[A-Za-z0-9_.+=,@-]+")
+MAX_NAME = 200  # a directory name (255 bytes) with room for the sweep suffixes
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CHECKPOINT_MARGIN_S = 300  # time a checkpoint write may take before Slurm's --time ends the job
 
@@ -64,8 +70,9 @@ def validate(spec: RunSpec) -> list[Violation]:
     for name, fn in RULES.items():
         try:
             out.extend(fn(spec))
-        except (ZeroDivisionError, ValueError) as exc:  # sizes so wrong that the arithmetic fails
-            out.append(V(name, "<spec>", f"could not evaluate: {exc}", "fix the sizes named above"))
+        except Exception as exc:  # values so wrong that the rule's arithmetic fails: the other rules name them
+            out.append(V(name, "<spec>", f"could not evaluate ({type(exc).__name__}: {exc})",
+                         "fix the values named by the other problems"))
     return out
 
 
@@ -94,7 +101,6 @@ def positive_sizes(s: RunSpec) -> Iterator[Violation]:
         "train.expert_tensor_parallel_size": s.train.expert_tensor_parallel_size,
         "rollout.tensor_parallel_size": s.rollout.tensor_parallel_size,
         "rollout.pipeline_parallel_size": s.rollout.pipeline_parallel_size,
-        "rollout.expert_parallel_size": s.rollout.expert_parallel_size,
         "rollout.max_new_tokens": s.rollout.max_new_tokens,
         "cluster.nodes": s.cluster.nodes,
         "checkpoint.save_period": s.checkpoint.save_period,
@@ -238,13 +244,6 @@ def megatron_layouts(s: RunSpec) -> Iterator[Violation]:
         yield V("megatron_layouts", ("train.sequence_packing", "train.context_parallel_size"),
                 f"context parallelism (CP={t.context_parallel_size}) needs sequence packing",
                 "set train.sequence_packing=true")
-    if t.pipeline_parallel_size > 1 and t.dynamic_batching:
-        yield V("megatron_layouts", ("train.dynamic_batching", "train.pipeline_parallel_size"),
-                f"dynamic batching cannot run with PP={t.pipeline_parallel_size}",
-                "set train.dynamic_batching=false (use train.sequence_packing)")
-    if t.dynamic_batching and t.sequence_packing:
-        yield V("megatron_layouts", ("train.dynamic_batching", "train.sequence_packing"),
-                "dynamic batching and sequence packing are exclusive", "keep only one of them")
     if t.sequence_parallel and t.tensor_parallel_size == 1:
         yield V("megatron_layouts", ("train.sequence_parallel", "train.tensor_parallel_size"),
                 "sequence parallelism splits activations over the TP group, but TP=1", "set train.sequence_parallel=false")
@@ -325,6 +324,19 @@ def megatron_worker_implements_layout(s: RunSpec) -> Iterator[Violation]:
 
 
 @rule
+def tp4_logprob_batch_matches_micro_batch(s: RunSpec) -> Iterator[Violation]:
+    """NeMo-RL's check 13: with TP ≥ 4, logprobs of the same tokens differ between batch sizes (reduction order),
+    so the 'old' logprobs (logprob batch) and the update's (micro batch) disagree on-policy."""
+    t = s.train
+    if t.tensor_parallel_size >= 4 and t.micro_batch_size != t.logprob_batch_size:
+        yield V("tp4_logprob_batch_matches_micro_batch",
+                ("train.logprob_batch_size", "train.micro_batch_size", "train.tensor_parallel_size"),
+                f"TP={t.tensor_parallel_size} ≥ 4 with train.micro_batch_size={t.micro_batch_size} ≠ "
+                f"train.logprob_batch_size={t.logprob_batch_size}: the on-policy ratio is not 1",
+                f"set train.logprob_batch_size={t.micro_batch_size}")
+
+
+@rule
 def megatron_shapes(s: RunSpec) -> Iterator[Violation]:
     """Shapes our HF↔Megatron mapping and the worker's row sharding need."""
     t, m = s.train, s.model
@@ -393,6 +405,10 @@ def sequence_lengths(s: RunSpec) -> Iterator[Violation]:
         yield V("sequence_lengths", ("rollout.max_model_len",),
                 f"the engine's max_model_len {mml} < prompt {prompt} + generation {new} = {prompt + new}",
                 f"set rollout.max_model_len ≥ {prompt + new} (or null to derive it)")
+    if mml is not None and s.rollout.backend == RolloutBackend.vllm and mml < total:
+        yield V("sequence_lengths", ("rollout.max_model_len", "train.max_total_sequence_length"),
+                f"the engine's max_model_len {mml} < train.max_total_sequence_length={total}: the engine refuses "
+                "sequences that training accepts", f"set rollout.max_model_len ≥ {total}, or null (derived)")
     if s.model.max_position_embeddings < total:
         yield V("sequence_lengths", ("train.max_total_sequence_length", "model.max_position_embeddings"),
                 f"{total} tokens exceed the model's {s.model.max_position_embeddings} positions",
@@ -431,10 +447,6 @@ def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
         if r.pipeline_parallel_size > 1 and not r.async_engine:
             yield V("vllm_only_switches", ("rollout.async_engine", "rollout.pipeline_parallel_size"),
                     "vLLM pipeline parallelism needs the async engine", "set rollout.async_engine=true")
-        if r.expert_parallel_size > 1 and r.expert_parallel_size % r.tensor_parallel_size:
-            yield V("vllm_only_switches", ("rollout.expert_parallel_size", "rollout.tensor_parallel_size"),
-                    f"engine EP={r.expert_parallel_size} must be a multiple of engine TP={r.tensor_parallel_size}",
-                    "fix the engine's EP")
         if r.expose_http_server and not r.async_engine:
             yield V("vllm_only_switches", ("rollout.expose_http_server", "rollout.async_engine"),
                     "the OpenAI-compatible server serves the async engine (AsyncLLM); the offline vllm.LLM "
@@ -445,7 +457,7 @@ def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
             yield V("vllm_only_switches", (f"rollout.{key}", "rollout.backend"),
                     f"rollout.{key} is a vLLM engine feature, but rollout.backend={r.backend.value}",
                     f"set rollout=vllm, or rollout.{key}=false")
-    if r.tensor_parallel_size * r.pipeline_parallel_size * r.expert_parallel_size != 1:
+    if r.tensor_parallel_size * r.pipeline_parallel_size != 1:
         yield V("vllm_only_switches", ("rollout.tensor_parallel_size", "rollout.backend"),
                 "the hf rollout backend runs one model copy per worker (no engine parallelism)",
                 "set rollout=vllm, or the rollout parallel sizes to 1")
@@ -488,18 +500,6 @@ def sampling_keeps_logprobs_exact(s: RunSpec) -> Iterator[Violation]:
     if r.temperature <= 0:
         yield V("sampling_keeps_logprobs_exact", "rollout.temperature",
                 f"RL sampling needs temperature > 0, got {r.temperature}", "set rollout.temperature=1.0")
-    if r.top_p != 1.0 or r.top_k not in (-1, 0):
-        yield V("sampling_keeps_logprobs_exact", ("rollout.top_p", "rollout.top_k"),
-                f"top_p={r.top_p}, top_k={r.top_k}: engines return logprobs of the unfiltered distribution, "
-                "so the importance ratios would be wrong", "set rollout.top_p=1.0 and rollout.top_k=-1")
-
-
-@rule
-def colocated_only(s: RunSpec) -> Iterator[Violation]:
-    if not s.rollout.colocated:
-        yield V("colocated_only", "rollout.colocated",
-                "separate rollout and training devices are not implemented yet (one colocated placement only)",
-                "set rollout.colocated=true")
 
 
 # ---------------------------------------------------------------- loss -----------------------
@@ -535,7 +535,15 @@ def sequence_ratios_need_sequence_loss(s: RunSpec) -> Iterator[Violation]:
 
 @rule
 def importance_sampling_truncation(s: RunSpec) -> Iterator[Violation]:
-    lo = s.loss
+    lo, low = s.loss, s.loss.is_threshold_low
+    if low is not None and lo.is_truncation != ISTruncation.icepop:
+        yield V("importance_sampling_truncation", ("loss.is_threshold_low", "loss.is_truncation"),
+                f"loss.is_threshold_low is icepop's lower bound, but loss.is_truncation={lo.is_truncation.value}",
+                "set loss.is_threshold_low=null, or loss.is_truncation=icepop")
+    elif low is not None and not 0 < low < 1:
+        yield V("importance_sampling_truncation", "loss.is_threshold_low",
+                f"icepop keeps weights in [low, high] around 1: low must be in (0, 1), got {low}",
+                "e.g. loss.is_threshold_low=0.5 (the IcePop paper's)")
     if lo.is_truncation == ISTruncation.none:
         return
     if not lo.importance_sampling_correction:
@@ -547,6 +555,24 @@ def importance_sampling_truncation(s: RunSpec) -> Iterator[Violation]:
         yield V("importance_sampling_truncation", ("loss.is_threshold",),
                 f"{lo.is_truncation.value} needs loss.is_threshold > {floor:g}, got {lo.is_threshold}",
                 "e.g. loss.is_threshold=2.0")
+
+
+@rule
+def optimizer_ranges(s: RunSpec) -> Iterator[Violation]:
+    """Values both backends would accept and then train wrongly with (or not at all)."""
+    t = s.train
+    if not t.lr > 0:
+        yield V("optimizer_ranges", "train.lr", f"the learning rate must be > 0, got {t.lr}", "e.g. train.lr=1e-6")
+    if t.weight_decay < 0:
+        yield V("optimizer_ranges", "train.weight_decay", f"must be ≥ 0, got {t.weight_decay} (it would grow the "
+                "weights)", "set train.weight_decay=0 (off) or e.g. 0.01")
+    if not t.max_grad_norm > 0:
+        yield V("optimizer_ranges", "train.max_grad_norm",
+                f"must be > 0, got {t.max_grad_norm}: the torch backend would scale every gradient to 0, while "
+                "megatron reads 0 as 'no clipping'", "set train.max_grad_norm=1.0 (clipping cannot be turned off)")
+    if t.warmup_steps < 0:
+        yield V("optimizer_ranges", "train.warmup_steps", f"must be ≥ 0, got {t.warmup_steps}",
+                "set train.warmup_steps=0 (no warm-up)")
 
 
 # ---------------------------------------------------------------- validation / checkpoints --
@@ -586,7 +612,27 @@ def checkpoint_metric_is_produced(s: RunSpec) -> Iterator[Violation]:
                     f"make checkpoint.save_period a multiple of {g.val_period}")
 
 
+@rule
+def checkpoint_metric_direction(s: RunSpec) -> Iterator[Violation]:
+    c = s.checkpoint
+    higher = METRIC_HIGHER_IS_BETTER.get(c.metric)
+    if c.enabled and higher is not None and higher != c.higher_is_better:
+        yield V("checkpoint_metric_direction", ("checkpoint.higher_is_better", "checkpoint.metric"),
+                f"{c.metric} is better when {'higher' if higher else 'lower'}, but checkpoint.higher_is_better="
+                f"{str(c.higher_is_better).lower()}: top-k would keep the worst checkpoints",
+                f"set checkpoint.higher_is_better={str(higher).lower()}")
+
+
 # ---------------------------------------------------------------- cluster --------------------
+
+
+@rule
+def ray_object_store_minimum(s: RunSpec) -> Iterator[Violation]:
+    mb = s.cluster.object_store_memory_mb
+    if mb < RAY_MIN_OBJECT_STORE_MB:
+        yield V("ray_object_store_minimum", "cluster.object_store_memory_mb",
+                f"Ray refuses an object store below {RAY_MIN_OBJECT_STORE_MB} MiB, got {mb} MiB "
+                "(ray start fails on every node)", f"set cluster.object_store_memory_mb ≥ {RAY_MIN_OBJECT_STORE_MB}")
 
 
 @rule
@@ -715,6 +761,10 @@ def safe_names(s: RunSpec) -> Iterator[Violation]:
     if not SAFE_NAME.fullmatch(s.name):
         yield V("safe_names", "name", f"run name {s.name!r} becomes a directory and a job name",
                 "use letters, digits and . _ - = + , @ only")
+    elif s.name.startswith(".") or len(s.name) > MAX_NAME:
+        yield V("safe_names", "name", f"run name {s.name[:40]!r}{'...' if len(s.name) > 40 else ''} must not start "
+                f"with '.' (output_root/{s.name[:8]} would leave or hide in output_root) and has ≤ {MAX_NAME} "
+                "characters", "use a name like my-run_1")
 
 
 @rule
@@ -732,6 +782,103 @@ def local_paths_exist(s: RunSpec) -> Iterator[Violation]:
                     f"point env.{key} at a JSONL / Parquet file or a saved datasets directory")
 
 
+# ---------------------------------------------------------------- values, and what this build runs --
+
+
+INT_LIMIT = 2**31 - 1  # every count, size, port and seed of the schema fits (torch, Ray and Slurm take int32)
+MAX_TEXT = 4096
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def leaf_values(obj: object, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted key, value) of every leaf field of a spec section."""
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from leaf_values(value, f"{key}.")
+        else:
+            yield key, value
+
+
+def value_problem(value: object) -> str | None:
+    """Why a single value cannot travel to the job and back (spec.yaml, sbatch, Ray), or None."""
+    if value is None or isinstance(value, (bool, Enum)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"must be a finite number, got {value}"
+    if isinstance(value, int):
+        return None if abs(value) <= INT_LIMIT else f"{str(value)[:12]}... ({len(str(value))} digits) is out of range"
+    if isinstance(value, str):
+        if CONTROL_CHARS.search(value):
+            return f"{value[:40]!r} holds a line break or control character"
+        if "${" in value:
+            return f"{value[:40]!r} holds '${{': the job would resolve it as an interpolation when it reads spec.yaml"
+        return None if len(value) <= MAX_TEXT else f"is {len(value)} characters long (at most {MAX_TEXT})"
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            if isinstance(item, (list, tuple, dict)):
+                return f"items must be plain values, got a nested {type(item).__name__}"
+            why = value_problem(item)
+            if why:
+                return f"item {why}"
+        return None
+    return f"unexpected value of type {type(value).__name__}"
+
+
+@rule
+def field_values(s: RunSpec) -> Iterator[Violation]:
+    """Every leaf value: finite floats, int32-sized integers, one-line text without `${`, flat lists."""
+    for key, value in leaf_values(s):
+        why = value_problem(value)
+        if why:
+            yield V("field_values", key, why, f"set {key} to a plain, finite, one-line value")
+
+
+def gym_available() -> bool:
+    """Can this build run env=nemo_gym? (NeMo Gym installed and its env registered.) Flip here when it lands."""
+    import importlib.util
+
+    if importlib.util.find_spec("nemo_gym") is None:
+        return False
+    try:
+        from ..envs import PLANNED_ONLY
+    except Exception:  # the env registry itself is broken: the run could not start either
+        return False
+    return "nemo_gym" not in PLANNED_ONLY
+
+
+def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
+    """(keys, what is missing, fix) for each part of the spec this build cannot run."""
+    m = s.model
+    if s.train.backend == TrainBackend.megatron:
+        from ..policy.megatron_convert import FAMILIES
+
+        if m.family not in FAMILIES:
+            yield (("model.family", "train.backend"), f"the megatron backend has no mapping for model.family="
+                   f"{m.family} (it maps {', '.join(FAMILIES)})", "use train.backend=torch (any transformers causal LM)")
+    if s.env.name == EnvName.nemo_gym and not gym_available():
+        yield (("env.name",), "env=nemo_gym needs NeMo Gym and its resource servers, which this build does not "
+               "have installed", "use env=toy|math|dataset, or install NeMo Gym (scripts/gym-install.sh)")
+    if s.train.sequence_packing:
+        yield (("train.sequence_packing",), "sequence packing is not implemented by this build's policy workers",
+               "set train.sequence_packing=false")
+    if m.path is None and (m.family != "qwen2" or m.tie_word_embeddings or m.num_experts):
+        yield (("model.path", "model.family", "model.num_experts", "model.tie_word_embeddings"),
+               f"model.path=null builds the tiny dense, untied Qwen2 model here, not family={m.family}, "
+               f"num_experts={m.num_experts}, tie_word_embeddings={m.tie_word_embeddings}",
+               "set model.path to an HF checkpoint directory of that architecture")
+
+
+@rule
+def build_implements_run(s: RunSpec) -> Iterator[Violation]:
+    """Backend × family × layout × env this build cannot run: refused before anything is started or submitted
+    (a dry run still plans and renders, so recipes for other builds stay inspectable)."""
+    if s.dry_run:
+        return
+    for keys, what, fix in build_gaps(s):
+        yield V("build_implements_run", keys, what, f"{fix}; dry_run=true still shows the plan")
+
+
 @rule
 def env_data_and_code(s: RunSpec) -> Iterator[Violation]:
     """What the user brings to the env section: Env class, data files (keys, rows, lines), reward functions
@@ -739,3 +886,24 @@ def env_data_and_code(s: RunSpec) -> Iterator[Violation]:
     from ..envs.preflight import check_env
 
     yield from check_env(s)
+
+
+@rule
+def run_name_not_finished(s: RunSpec) -> Iterator[Violation]:
+    """Re-launching a finished run's name would train nothing (and overwrite its summary): refused."""
+    from ..launch.finished import finished_problem
+
+    problem = finished_problem(s)
+    if problem:
+        yield V("run_name_not_finished", ("name", "checkpoint.resume", "grpo.max_steps"), *problem)
+
+
+# ---------------------------------------------------------------- memory (spec/memory.py) ----
+
+
+@rule
+def gpu_memory_fits(s: RunSpec) -> Iterator[Violation]:
+    """The memory pre-flight: the plan's peak per GPU against cluster.gpu_memory_gib (null: skipped)."""
+    from .memory import violations as memory_violations
+
+    yield from memory_violations(s)

@@ -75,10 +75,13 @@ class Resume(str, Enum):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str = "tiny"
+    """With model.path set, the architecture keys below are read from its config.json at pre-flight (a key
+    given explicitly that disagrees with the checkpoint is a config error); these defaults are the tiny model's."""
+
+    name: str = "tiny"  # with model.path and no explicit name: the checkpoint directory's name
     # HF checkpoint directory; null = build the tiny model locally (no hub access needed)
     path: Optional[str] = None
-    family: str = "qwen2"
+    family: str = "qwen2"  # HF model_type (config.json); the megatron backend maps llama, qwen2, qwen3, qwen3_moe
     num_layers: int = 2
     hidden_size: int = 128
     num_attention_heads: int = 4
@@ -88,7 +91,10 @@ class ModelSpec:
     max_position_embeddings: int = 1024
     num_experts: int = 0  # 0 = dense
     moe_top_k: int = 0
+    tie_word_embeddings: bool = False  # input and output embeddings shared (config.json tie_word_embeddings)
     dtype: Precision = Precision.float32
+    # model.path=null: supervised warm-start steps of the locally built model on the env's format (0 = random)
+    warm_start_steps: int = 80
 
 
 @dataclass(frozen=True)
@@ -96,21 +102,22 @@ class RolloutSpec:
     backend: RolloutBackend = RolloutBackend.hf
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    expert_parallel_size: int = 1
     async_engine: bool = False
     expose_http_server: bool = False
     http_host: str = "127.0.0.1"  # never 0.0.0.0 unless asked for explicitly
-    colocated: bool = True
+    # the HTTP server's API key: null = a fresh one per run (RUN_DIR/rollout_endpoints.json, 0600); "" = none
+    http_api_key: Optional[str] = None
+    # sampling temperature (> 0); engines always sample the full distribution (no top_p / top_k): the
+    # importance ratios need the logprobs of the distribution the policy trains on
     temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
     max_new_tokens: int = 8
     # null = prompt budget + max_new_tokens (derived in the plan)
     max_model_len: Optional[int] = None
     gpu_memory_utilization: float = 0.5
     kv_cache_memory_mb: int = 64  # CPU engines: always bounded
     enforce_eager: bool = True
-    seq_logprob_error_threshold: Optional[float] = None
+    # rollout=hf on CUDA: static KV cache + torch.compile(reduce-overhead) decoding (CUDA graphs); false = eager
+    hf_compile: bool = True
 
 
 @dataclass(frozen=True)
@@ -127,7 +134,10 @@ class LossSpec:
     kl_clamp: Optional[float] = None
     importance_sampling_correction: bool = False
     is_truncation: ISTruncation = ISTruncation.none
+    # tis: weights above it are capped; icepop: the upper bound of the kept band [is_threshold_low, is_threshold]
     is_threshold: Optional[float] = None
+    # icepop's lower bound (IcePop: 0.5); null = 1 / is_threshold
+    is_threshold_low: Optional[float] = None
     overlong_filtering: bool = False
     dynamic_sampling: bool = False
     dynamic_sampling_max_rounds: int = 3  # hard cap on refill generations per step
@@ -148,11 +158,10 @@ class TrainSpec:
     global_batch_size: int = 128
     micro_batch_size: int = 32
     logprob_batch_size: int = 64
-    lr: float = 3e-4
-    min_lr: Optional[float] = None
+    lr: float = 3e-4  # linear warm-up over warmup_steps, then constant
     warmup_steps: int = 0
     weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # gradients clipped to this global L2 norm (> 0; both backends)
     precision: Precision = Precision.float32
     max_total_sequence_length: int = 64
     tensor_parallel_size: int = 1
@@ -162,8 +171,8 @@ class TrainSpec:
     expert_tensor_parallel_size: int = 1
     sequence_parallel: bool = False
     activation_checkpointing: bool = False
+    # megatron layout of the recipes (CP needs it); this build's workers do not pack: a launch with it is refused
     sequence_packing: bool = False
-    dynamic_batching: bool = False
     distributed_optimizer: bool = False
     # megatron backend: core attention of the local layer spec: sdpa (torch flash/efficient kernels) | local
     core_attention: str = "sdpa"
@@ -211,6 +220,11 @@ class EnvSpec:
     system_prompt: Optional[str] = None  # the system message (chat template on)
     # NeMo Gym resource servers (config files the Gym side reads)
     gym_config_paths: list[str] = field(default_factory=list)
+    # env=nemo_gym (grpo_launcher/gym): Gym config overrides "dotted.key=value" (value read as YAML), e.g.
+    # math_with_judge.resources_servers.math_with_judge.should_use_judge=false
+    gym_overrides: list[str] = field(default_factory=list)
+    gym_tool_call_parser: Optional[str] = None  # the policy server's --tool-call-parser for tool envs (pythonic, ...)
+    gym_start_timeout_s: float = 600.0  # Gym's servers and its model-endpoint check must be up within this
 
 
 @dataclass(frozen=True)
@@ -246,6 +260,9 @@ class ClusterSpec:
     job_port_stride: int = 0
     wait: bool = False  # slurm: block until the job ends, streaming the driver log
     node_gpus: Optional[int] = None  # GPUs a node of this cluster has (set by its profile); null = unknown
+    # memory of one GPU in GiB as torch reports it (set by the profile: H100 79.6, H200 140.4); null = unknown:
+    # the memory pre-flight (spec/memory.py) then prints its estimate but skips the check, with a warning
+    gpu_memory_gib: Optional[float] = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -35,11 +35,15 @@ class GrpoLauncher(Launcher):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
-    def point_config(self, overrides: Sequence[str], idx: int) -> DictConfig:
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+    def point_config(self, overrides: Sequence[str], idx: int) -> Tuple[Optional[DictConfig], Optional[Exception]]:
+        """(the point's composed config, None), or (None, why it does not compose): reported as a config error."""
+        try:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        except Exception as exc:  # a point that does not compose (model=nope in model=tiny,nope): named, exit 2
+            return None, exc
         with open_dict(cfg):
             cfg.hydra.job.id = cfg.hydra.job.num = idx
-        return cfg
+        return cfg, None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from grpo_launcher.launch import execute
@@ -50,8 +54,9 @@ class GrpoLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         job_overrides = named_points(str(self.config.name), job_overrides)
-        configs = [self.point_config(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
-        checked = [point_problems(c) for c in configs]  # (spec, violations) per point
+        composed = [self.point_config(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
+        configs = [cfg for cfg, _ in composed]
+        checked = [point_problems(cfg, o, exc) for (cfg, exc), o in zip(composed, job_overrides)]  # (spec, problems)
         if not self.invalid_points_fail:
             check_points(checked, job_overrides)  # exits 2 naming each bad point and key: nothing launched
         sweep_dir = Path(str(self.config.hydra.sweep.dir))

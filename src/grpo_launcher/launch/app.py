@@ -1,0 +1,144 @@
+"""`launch.py` as a Hydra app: Hydra's own flags, our typed schema, and our all-at-once `config error`.
+
+    python launch.py [key=value ...]                 one run: compose → spec → validate → plan → execute
+    python launch.py -m key=a,b ...                  a sweep (one run per point; hydra/launcher=grpo)
+    python launch.py --help                          groups, options and every key with its doc
+    python launch.py --cfg job|hydra|all [--resolve] [--package PKG]    the composed config (Hydra)
+    python launch.py --info [all|config|defaults|defaults-tree|plugins|searchpath]
+    python launch.py --shell-completion install=bash      (eval "$(python launch.py -sc install=bash)")
+    python launch.py --config-dir DIR ...            the user's own recipe/, model/, env/ ... YAMLs (searched first)
+    python launch.py -cn NAME ...                    another primary config (conf/ or --config-dir)
+    python launch.py status|logs|cancel RUN          runs by name, job id or run dir
+
+Flags are Hydra's (its argument parser); what Hydra prints (--cfg, --info, --hydra-help, completion) it prints
+itself, after our composition check. A single run does not use Hydra's run dir: `hydra.run.dir` is refused
+with the reason (the run dir is output_root/name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+from ..spec.compose import CONF_DIR, ConfigSource
+from ..spec.errors import ConfigError
+
+HYDRA_PRINTS = ("cfg", "info", "hydra_help", "shell_completion")
+
+
+def parse_flags(argv: list[str]) -> tuple[Optional[argparse.Namespace], int]:
+    """Hydra's own argument parser (the flags a Hydra app takes): (flags, 0), or (None, exit code) when argparse
+    already answered (--version; a usage error, exit 2)."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        return get_args_parser().parse_args(argv), 0
+    except SystemExit as exc:
+        return None, 0 if not exc.code else 2
+
+
+def config_source(args: argparse.Namespace) -> ConfigSource:
+    """-cp/--config-path (primary dir; conf/ stays searchable), -cn/--config-name, -cd/--config-dir, hydra.searchpath."""
+    conf_dir = Path(args.config_path).resolve() if args.config_path else CONF_DIR
+    extra = [str(Path(args.config_dir).resolve())] if args.config_dir else []
+    if conf_dir != CONF_DIR:
+        extra.append(str(CONF_DIR))
+    return ConfigSource(conf_dir=conf_dir, config_name=args.config_name or "config", search_path=tuple(extra))
+
+
+def main(argv: list[str]) -> int:
+    from . import SUBCOMMANDS
+
+    if argv and argv[0] in SUBCOMMANDS:  # status | logs | cancel  <run name, job id or run dir>
+        return SUBCOMMANDS[argv[0]](argv[1:])
+    args, code = parse_flags(argv)
+    if args is None:
+        return code
+    if args.help:
+        print(app_help(config_source(args)))
+        return 0
+    if args.experimental_rerun:
+        print("config error: --experimental-rerun is not supported: relaunch with the run's overrides "
+              "(output_root/name/spec.yaml holds the resolved spec)", file=sys.stderr)
+        return 2
+    source = config_source(args)
+    if any(getattr(args, flag) for flag in HYDRA_PRINTS):  # Hydra prints these itself
+        return hydra_prints(argv, args, source)
+    if args.multirun:
+        from .sweep import multirun
+
+        return multirun(args.overrides, source, hydra_flags(args))
+    return single_run(args.overrides, source)
+
+
+def single_run(overrides: list[str], source: ConfigSource) -> int:
+    from ..spec.preflight import preflight
+    from . import execute
+
+    try:
+        spec, plan = preflight(overrides, source)  # every problem at once; nothing started or written
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
+        return 2
+    return execute(spec, plan)  # local driver | sbatch (dry run prints, submits nothing)
+
+
+def hydra_flags(args: argparse.Namespace) -> list[str]:
+    """The config-location flags, for the Hydra app a sweep runs."""
+    out = []
+    for flag, value in (("--config-path", args.config_path), ("--config-name", args.config_name),
+                        ("--config-dir", args.config_dir)):
+        if value:
+            out += [flag, str(Path(value).resolve()) if flag != "--config-name" else value]
+    return out
+
+
+def hydra_prints(argv: list[str], args: argparse.Namespace, source: ConfigSource) -> int:
+    """--cfg/--info/--hydra-help/--version/completion: Hydra prints them, once the config composes."""
+    from ..spec.compose import compose, register_schema, to_spec
+
+    if (args.cfg or args.info) and not args.shell_completion:
+        try:
+            to_spec(compose(args.overrides, source=source))  # composition errors as ours (exit 2, key named)
+        except ConfigError as err:
+            print(err.render(), file=sys.stderr)
+            return 2
+    import hydra
+
+    register_schema()
+    app = hydra.main(config_path=str(source.conf_dir), config_name=source.config_name, version_base="1.3")(_never)
+    saved, sys.argv = sys.argv, [sys.argv[0] or "launch.py", *argv]
+    try:
+        app()
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def _never(cfg) -> None:  # Hydra calls the task only for a run, and runs never come here
+    raise RuntimeError("hydra_prints ran a task")
+
+
+def group_options(source: ConfigSource) -> dict[str, list[str]]:
+    """Every config group and its options, over conf/ and the user's config dirs."""
+    dirs = [source.conf_dir, *(Path(p.removeprefix("file://")) for p in source.search_path if "pkg://" not in p)]
+    groups: dict[str, set[str]] = {}
+    for d in dirs:
+        for path in sorted(Path(d).glob("*/*.yaml")):
+            groups.setdefault(path.parent.name, set()).add(path.stem)
+    return {g: sorted(o) for g, o in sorted(groups.items())}
+
+
+def app_help(source: ConfigSource) -> str:
+    from ..spec.docs import render_key_docs
+
+    usage = (__doc__ or "").split("\n\n")[1]
+    groups = "\n".join(f"  {g:9s} {', '.join(opts)}" for g, opts in group_options(source).items())
+    return (f"grpo-launcher: Hydra config groups → one typed run spec → every pre-flight rule → local | Slurm\n\n"
+            f"usage:\n{usage}\n\nConfig groups (GROUP=OPTION; presets: +recipe=NAME; your own: --config-dir DIR):\n"
+            f"{groups}\n\nKeys (KEY=VALUE; type = default, then what it means):\n{render_key_docs()}\n\n"
+            "Hydra's own help: python launch.py --hydra-help")
