@@ -41,4 +41,8 @@ SUBCOMMANDS.update(rerun=_rerun, export=_export)
 
 def execute(spec: RunSpec, plan: Plan) -> int:
     print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
+    if plan.use_gpus:  # the memory pre-flight's budget per GPU and per node (spec/memory.py)
+        from ..spec.memory import report
+
+        print(report(spec), flush=True)
     return EXECUTORS[spec.cluster.kind.value](spec, plan)

@@ -98,6 +98,15 @@ HYBRID_LAYOUTS: dict[tuple[str, int], dict] = {
 }
 
 
+RESIDENT = ("weights", "grads", "optimizer", "reference")
+PHASE_PARTS = {  # what the policy holds in each phase (the engine's budget stays claimed in all of them)
+    "generate": RESIDENT,
+    "logprobs": (*RESIDENT, "autocast copies", "logprob logits"),
+    "train": (*RESIDENT, "autocast copies", "activations", "activation work", "logits"),
+    "optimizer step": (*RESIDENT, "optimizer step temp"),
+}
+
+
 def dtype_bytes(p: Precision) -> int:
     return 2 if p == Precision.bfloat16 else 4
 
@@ -671,8 +680,7 @@ def violations(spec: RunSpec) -> list[Violation]:
             "raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size, or lower rollout.max_model_len"))
     if est.peak_gib > c.gpu_memory_gib:
         p = est.policy
-        parts = ", ".join(f"{k} {p[k].gib:.1f}" for k in ("weights", "grads", "optimizer", "reference",
-                                                           "autocast copies", "activations", "logits") if k in p)
+        parts = ", ".join(f"{k} {p[k].gib:.1f}" for k in PHASE_PARTS[est.peak_phase] if k in p)
         fixes = _fixes(spec, est)
         t = spec.train
         keys = ("cluster.gpu_memory_gib", "train.micro_batch_size", "train.max_total_sequence_length",

@@ -1,0 +1,186 @@
+"""Memory pre-flight (spec/memory.py): the formulas on hand-computed cases; refusal and acceptance of plans."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from grpo_launcher.spec import memory as mem
+from grpo_launcher.spec.compose import compose, load_spec, to_spec
+from grpo_launcher.spec.errors import ConfigError
+from grpo_launcher.spec.schema import ModelSpec, Precision, RunSpec, TrainBackend, TrainSpec
+
+NANOV3 = ["+recipe=nanov3", "cluster=slurm", "dry_run=true"]
+LLAMA_1B = ModelSpec(name="llama1b", family="llama", num_layers=24, hidden_size=2048, num_attention_heads=16,
+                     num_kv_heads=4, ffn_hidden_size=5632, vocab_size=32000, max_position_embeddings=4096,
+                     dtype=Precision.bfloat16)
+
+
+def spec_of(overrides: list[str]) -> RunSpec:
+    """Composed but not validated (so a plan the rule refuses can still be estimated)."""
+    return to_spec(compose(overrides))
+
+
+# ------------------------------------------------------------------ formulas, by hand
+
+
+def test_param_count_llama_1b_matches_the_hf_model():
+    a = mem.arch_of(RunSpec(model=LLAMA_1B))
+    pc = mem.param_counts(a)
+    # per layer: q 2048² + k, v 2·2048·512 + o 2048² + norm 2048 = 10,487,808; MLP 3·2048·5632 + 2048 = 34,605,056
+    assert (pc.attention, pc.mlp) == (10_487_808, 34_605_056)
+    # 24 layers + embedding and output 2·32000·2048 + final norm 2048 = the HF LlamaForCausalLM's numel
+    assert pc.total(a) == 24 * (10_487_808 + 34_605_056) + 2 * 32000 * 2048 + 2048 == 1_213_302_784
+
+
+def test_param_count_tiny_qwen2_with_qkv_bias():
+    a = mem.arch_of(RunSpec())  # tiny: 2 layers, h 128, 4 heads / 2 KV (head_dim 32), FFN 256, vocab 512
+    pc = mem.param_counts(a)
+    attn = 128 * 128 + 2 * 128 * 64 + 128 * 128 + 128 + (128 + 2 * 64)  # + q/k/v biases
+    mlp = 3 * 128 * 256 + 128
+    assert (pc.attention, pc.mlp) == (attn, mlp) == (49_536, 98_432)
+    assert pc.total(a) == 2 * (attn + mlp) + 2 * 512 * 128 + 128 == 427_136
+
+
+def test_megatron_bytes_per_param_follow_megatrons_table():
+    """megatron-core docs: bf16 params + fp32 grads = 18 B/param; distributed optimizer 6 + 12/d."""
+    base = RunSpec(model=LLAMA_1B, train=TrainSpec(backend=TrainBackend.megatron, precision=Precision.bfloat16))
+    gpu = replace(base.cluster, gpus_per_node=8, gpu_memory_gib=140.4)
+    e = mem.estimate(replace(base, cluster=gpu))
+    n = 1_213_302_784
+    p = e.policy
+    assert p["weights"].bytes == 2 * n and p["grads"].bytes == 4 * n and p["optimizer"].bytes == 12 * n
+    e = mem.estimate(replace(base, cluster=gpu, train=replace(base.train, distributed_optimizer=True)))
+    assert e.policy["optimizer"].bytes == pytest.approx(12 * n / 8)  # d = DP·CP = 8
+    assert e.phases["generate"] == pytest.approx((6 + 12 / 8) * n / mem.GIB)
+
+
+def test_torch_backend_bytes_per_param():
+    """fp32 weights + fp32 grads + AdamW m, v = 16 B; bf16 autocast copies +2 B; a reference model +4 B."""
+    s = RunSpec(model=LLAMA_1B, train=TrainSpec(precision=Precision.bfloat16))
+    s = replace(s, cluster=replace(s.cluster, gpus_per_node=1), loss=replace(s.loss, kl_coef=0.1))
+    p = mem.estimate(s).policy
+    n = 1_213_302_784
+    assert [p[k].bytes for k in ("weights", "grads", "optimizer", "autocast copies", "reference")] == [
+        4 * n, 4 * n, 8 * n, 2 * n, 4 * n]
+
+
+def test_activation_bytes_per_token_per_layer():
+    a = mem.arch_of(RunSpec(model=LLAMA_1B))
+    h, q, kv, f = 2048, 2048, 512, 5632
+
+    def per_layer(tp: int, sp: bool) -> float:
+        k = mem.layer_activation_bytes(a, "megatron", 2, False, mem.Layout(tp, 1, 1, 1, 1, sp, 8))
+        return k["attention"] + k["mlp"]
+
+    # megatron bf16: two norms 2·(4h + 2·2h), attention 2·(4q + 3kv), SwiGLU MLP 4·2·f
+    full = 2 * 8 * h + 2 * (4 * q + 3 * kv) + 8 * f
+    assert per_layer(1, False) == full == 97_280
+    assert per_layer(2, False) == 2 * 8 * h + (2 * (4 * q + 3 * kv) + 8 * f) / 2  # norms replicated (no SP)
+    assert per_layer(2, True) == full / 2  # Korthikanti eq. 5: SP splits the rest too
+    # torch (HF, fp32 residual, bf16 autocast): 32h + 4kv + 8f
+    k = mem.layer_activation_bytes(a, "torch", 2, True, mem.Layout(1, 1, 1, 1, 1, False, 1))
+    assert k["attention"] + k["mlp"] == 32 * h + 4 * kv + 8 * f == 112_640
+
+
+def test_activation_checkpointing_keeps_layer_inputs():
+    """Full recomputation: 2·h bytes per token per layer (Korthikanti §5) + the final norm/output input."""
+    s = RunSpec(model=LLAMA_1B, train=TrainSpec(backend=TrainBackend.megatron, precision=Precision.bfloat16,
+                                                micro_batch_size=2, max_total_sequence_length=1024,
+                                                activation_checkpointing=True))
+    s = replace(s, cluster=replace(s.cluster, gpus_per_node=1))
+    e = mem.estimate(s)
+    tokens = 2 * 1024
+    assert e.policy["activations"].bytes == 24 * 2 * 2048 * tokens + (4 * 2048 + 4 * 2048) * tokens
+    assert e.policy["activation work"].bytes == 2 * 97_280 * tokens
+
+
+def test_logits_peak_vocab_times_tokens():
+    s = RunSpec(model=LLAMA_1B, train=TrainSpec(backend=TrainBackend.megatron, precision=Precision.bfloat16,
+                                                micro_batch_size=1, max_total_sequence_length=4096))
+    s = replace(s, cluster=replace(s.cluster, gpus_per_node=1), rollout=replace(s.rollout, max_new_tokens=2048))
+    # 4·V·L (bf16 logits + their transposed copy) + 16·V·T (fp32 log-softmax, its gradient, bf16 copies)
+    assert mem.estimate(s).policy["logits"].bytes == 4 * 32000 * 4096 + 16 * 32000 * 2048 == 1_572_864_000
+
+
+def test_kv_cache_bytes_per_token():
+    a = mem.arch_of(load_spec(["model=llama3_1_8b", "rollout.max_new_tokens=16", "cluster=slurm",
+                               "dry_run=true"]))
+    assert mem.kv_bytes_per_token(a, 1, 2) == 2 * 32 * 8 * 128 * 2 == 131_072  # Llama 3 8B: 128 KiB/token
+    assert mem.kv_bytes_per_token(a, 4, 2) == 131_072 / 4
+    assert mem.kv_bytes_per_token(a, 16, 2) == 2 * 32 * 1 * 128 * 2  # TP > KV heads: replicated, ≥ 1 per rank
+
+
+def test_phases_peak_and_summary_line():
+    e = mem.estimate(spec_of(NANOV3))
+    assert e.peak_gib == pytest.approx(e.policy_reserved_gib + e.rollout_gib + e.context_gib)
+    assert e.rollout_gib == pytest.approx(0.5 * 79.6)  # the engine claims its whole budget (no sleep mode)
+    assert e.policy_phase == max(e.phases, key=e.phases.get)
+    line = mem.summary_line(e)
+    assert line.startswith("memory per GPU: policy ") and "of 79.6 GiB (" in line and e.fits
+
+
+# ------------------------------------------------------------------ refusal and acceptance
+
+
+def test_nanov3_32_nodes_fits_and_2_nodes_is_refused_with_the_arithmetic():
+    load_spec(NANOV3)  # accepted (the memory rule included)
+    with pytest.raises(ConfigError) as info:
+        load_spec([*NANOV3, "cluster.nodes=2"])
+    (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
+    assert "cluster.nodes" in v.keys and "rollout.gpu_memory_utilization" in v.keys
+    assert "> 79.6 GiB" in v.message and "optimizer" in v.message and "logits" in v.message
+    assert "cluster.nodes=16" in v.fix and "rollout.gpu_memory_utilization=0." in v.fix
+
+
+def test_unknown_gpu_memory_skips_the_check_with_a_warning():
+    spec = load_spec([*NANOV3, "cluster.nodes=2", "cluster.gpu_memory_gib=null"])  # no refusal
+    text = mem.report(spec)
+    assert "check skipped" in text.splitlines()[0] and "warning: cluster.gpu_memory_gib is null" in text
+
+
+def test_h200_budget_and_torch_backend_refusal():
+    # an 8B model on the torch backend (data parallel only: 18 B/param on every GPU) cannot fit an 80 GB card
+    over = ["model=llama3_1_8b", "rollout.max_new_tokens=16", "cluster=slurm", "dry_run=true",
+            "cluster.gpus_per_node=8", "train.precision=bfloat16", "train.micro_batch_size=1",
+            "train.logprob_batch_size=1", "train.global_batch_size=128"]
+    with pytest.raises(ConfigError) as info:
+        load_spec(over)
+    (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
+    assert "no single change found" in v.fix  # the torch backend shards nothing: no key helps
+    # megatron without the distributed optimizer on an H200: the optimizer step's peak is refused ...
+    mega = [*over, "train.backend=megatron", "cluster.gpu_memory_gib=140.4"]
+    with pytest.raises(ConfigError) as info:
+        load_spec(mega)
+    (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
+    assert "optimizer step phase" in v.message and "train.distributed_optimizer=true → peak" in v.fix
+    ok = ["model=llama3_1_8b", "rollout.max_new_tokens=16", "cluster=slurm", "dry_run=true",
+          "cluster.gpus_per_node=8", "cluster.gpu_memory_gib=140.4", "train.precision=bfloat16",
+          "train.backend=megatron", "train.distributed_optimizer=true", "train.micro_batch_size=1",
+          "train.logprob_batch_size=1",
+          "train.global_batch_size=128", "train.max_total_sequence_length=2048", "env.max_prompt_tokens=1024"]
+    assert mem.estimate(load_spec(ok)).fits
+
+
+def test_engine_budget_too_small_for_one_sequence():
+    with pytest.raises(ConfigError) as info:
+        load_spec([*NANOV3, "rollout.gpu_memory_utilization=0.2"])
+    keys = [v.keys for v in info.value.violations if v.rule == "gpu_memory_fits"]
+    assert any(k[0] == "rollout.gpu_memory_utilization" for k in keys)
+
+
+def test_cpu_runs_have_no_gpu_budget():
+    spec = load_spec([])
+    assert mem.violations(spec) == [] and mem.report(spec) == "memory per GPU: CPU run (no GPU budget)"
+
+
+def test_cli_dry_run_prints_the_line_and_refuses_2_nodes(launch_cmd):
+    p = subprocess.run([*launch_cmd, *NANOV3], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "memory per GPU: policy " in p.stdout and "GiB of 79.6 GiB (" in p.stdout
+    assert "host RAM per node" in p.stdout and "extrapolated" in p.stdout
+    p = subprocess.run([*launch_cmd, *NANOV3, "cluster.nodes=2"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith("config error")
+    assert "gpu_memory_fits" in p.stderr and "cluster.nodes=16" in p.stderr and "Traceback" not in p.stderr
