@@ -395,3 +395,83 @@ def test_policy_loss_composes_components():
         per = isw * pg + 0.05 * kl_estimate(lp, ref, estimator="k2")
         assert_close(loss, aggregate_loss("seq_mean_token_mean", per, eff))
         assert m["kl"] == pytest.approx(masked_mean(kl_estimate(lp, ref, estimator="k2"), eff).item())
+
+
+# --------------------------------------------------------------------------- issue 11: numerics that must hold
+
+
+def _ref_group_norm(rewards: list[float], g: int, eps: float = 1e-6) -> list[float]:
+    """Independent float64 reference (statistics module), exact 0 for all-equal groups."""
+    out = []
+    for k in range(0, len(rewards), g):
+        grp = rewards[k:k + g]
+        if len(set(grp)) == 1:
+            out += [0.0] * g
+            continue
+        mu, sd = statistics.fmean(grp), statistics.stdev(grp)
+        out += [(r - mu) / (sd + eps) for r in grp]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("value", [0.7, 0.1, 1 / 3, 123.456])
+def test_zero_variance_groups_give_exactly_zero_in_float32(name, value):
+    rewards = torch.full((16,), value, dtype=torch.float32)
+    adv = compute_advantages(name, rewards, 8)
+    assert adv.dtype == torch.float32 and bool((adv == 0).all()), adv
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_group_norm_float32_matches_float64_reference(seed):
+    g = torch.Generator().manual_seed(seed)
+    rewards = (torch.rand(48, generator=g) * 3).round(decimals=1).to(torch.float32)  # ties and equal groups
+    rewards[:8] = 0.7
+    ref = torch.tensor(_ref_group_norm([float(r) for r in rewards], 8), dtype=D)
+    assert_close(compute_advantages("group_norm", rewards, 8).to(D), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_huge_log_ratio_on_a_clipped_token_has_a_finite_gradient():
+    lp = torch.tensor([[0.0, -1.0]], dtype=torch.float32, requires_grad=True)
+    old = torch.tensor([[-100.0, -1.0]], dtype=torch.float32)  # log-ratio 100 > 88: exp overflows float32
+    loss, _, m = policy_loss(lp, old, torch.tensor([1.0]), torch.ones(1, 2), clip_low=0.2, clip_high=0.2)
+    loss.backward()
+    assert torch.isfinite(loss) and bool(torch.isfinite(lp.grad).all()) and math.isfinite(m["ratio_max"])
+
+
+def test_is_weights_finite_for_minus_inf_rollout_logprobs():
+    prev = torch.tensor([[-1.0, -2.0, float("-inf")]])
+    gen = torch.tensor([[float("-inf"), -2.0, float("-inf")]])
+    w = is_correction_weights(prev, gen, torch.ones(1, 3), mode="none")
+    assert bool(torch.isfinite(w).all())
+    assert w[0, 1] == 1.0 and w[0, 2] == 0.0  # undefined (-inf - -inf) weighs nothing
+
+
+def test_icepop_two_bounds():
+    prev = torch.log(torch.tensor([[0.3, 0.6, 1.0, 4.0, 6.0]]))
+    gen = torch.zeros(1, 5)  # w = 0.3, 0.6, 1, 4, 6
+    w = is_correction_weights(prev, gen, torch.ones(1, 5), mode="icepop", threshold=5.0, low=0.5)
+    assert_close(w, torch.tensor([[0.0, 0.6, 1.0, 4.0, 0.0]]))
+    sym = is_correction_weights(prev, gen, torch.ones(1, 5), mode="icepop", threshold=5.0)  # low = 1/5
+    assert_close(sym, torch.tensor([[0.3, 0.6, 1.0, 4.0, 0.0]]))
+    with pytest.raises(ValueError):
+        is_correction_weights(prev, gen, torch.ones(1, 5), mode="tis", threshold=2.0, low=0.5)
+
+
+def test_no_loss_bearing_sample_means_no_step():
+    from grpo_launcher.algos import SKIPPED_STEPS_METRIC, has_loss
+
+    mask = torch.ones(4, 3)
+    assert has_loss(mask, torch.tensor([0.0, 0.0, 1.0, 0.0]))
+    assert not has_loss(mask, torch.zeros(4)) and not has_loss(torch.zeros(4, 3))
+    assert SKIPPED_STEPS_METRIC == "train/skipped_optimizer_steps"
+
+
+def test_ratio_max_is_a_max_and_entropy_follows_the_sample_mask():
+    from grpo_launcher.algos import combine_metrics
+
+    parts = [({"ratio_max": 1.5, "kl": 0.2}, 0.5), ({"ratio_max": 3.0, "kl": 0.4}, 0.5)]
+    assert combine_metrics(parts) == {"ratio_max": 3.0, "kl": pytest.approx(0.3)}
+    ent = torch.tensor([[1.0, 1.0], [9.0, 9.0]])
+    _, _, m = policy_loss(torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2), torch.ones(2, 2),
+                          sample_mask=torch.tensor([1.0, 0.0]), clip_low=0.2, clip_high=0.2, entropy=ent)
+    assert m["entropy"] == pytest.approx(1.0)  # the filtered sample's entropy is not in the metric

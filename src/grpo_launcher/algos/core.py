@@ -9,6 +9,10 @@ Conventions
 * ``sample_mask`` [B] is 1 for samples that contribute loss (0 = overlong-filtered).
 * Masked-out positions may hold garbage (even inf / NaN); every reduction here
   selects with ``torch.where`` before multiplying, so they never leak into results.
+* Advantages are computed in float64 and returned in the rewards' dtype; a group whose rewards
+  are all equal gets exactly 0 (not the rounding noise of a float32 std near 0).
+* Log-ratios are clamped to ±LOG_RATIO_CLAMP before ``exp`` (as verl does), so a ratio and its
+  gradient stay finite (exp(89) overflows float32; inf · 0 in the backward of a clipped token is NaN).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from typing import Callable
 
 import torch
 from torch import Tensor
+
+LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| cap before exp: exp(20) ≈ 4.9e8, finite in float32 and bf16
+SKIPPED_STEPS_METRIC = "train/skipped_optimizer_steps"  # minibatches with no loss-bearing sample: no step
 
 # --------------------------------------------------------------------------- helpers
 
@@ -82,34 +89,43 @@ def _grouped(rewards: Tensor, group_size: int) -> Tensor:
     return r.view(-1, group_size)
 
 
+def _finish(adv: Tensor, r: Tensor) -> Tensor:
+    """float64 advantages [num_groups, G] → [B] in the rewards' dtype; exactly 0 for all-equal groups."""
+    constant = (r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True))  # [num_groups, 1]
+    return torch.where(constant, torch.zeros_like(adv), adv).to(r.dtype).reshape(-1)
+
+
 def group_norm_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
-    """GRPO: (r - group mean) / (group sample std (correction=1) + eps)."""
+    """GRPO: (r - group mean) / (group sample std (correction=1) + eps), in float64."""
     # rewards: [B] -> [B]
     r = _grouped(rewards, group_size)
-    mean = r.mean(dim=1, keepdim=True)
-    std = r.std(dim=1, keepdim=True)  # unbiased, correction=1
-    return ((r - mean) / (std + eps)).reshape(-1)
+    r64 = r.to(torch.float64)  # [num_groups, G]
+    mean = r64.mean(dim=1, keepdim=True)
+    std = r64.std(dim=1, keepdim=True)  # unbiased, correction=1
+    return _finish((r64 - mean) / (std + eps), r)
 
 
 def leave_one_out_advantages(
     rewards: Tensor, group_size: int, *, eps: float = 1e-6, normalize_std: bool = False
 ) -> Tensor:
-    """RLOO: r_i - mean of the other G-1 rewards; optionally / (group std + eps)."""
+    """RLOO: r_i - mean of the other G-1 rewards; optionally / (group std + eps). In float64."""
     # rewards: [B] -> [B]
     r = _grouped(rewards, group_size)
-    others_mean = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
-    adv = r - others_mean
+    r64 = r.to(torch.float64)
+    others_mean = (r64.sum(dim=1, keepdim=True) - r64) / (group_size - 1)
+    adv = r64 - others_mean
     if normalize_std:
-        adv = adv / (r.std(dim=1, keepdim=True) + eps)
-    return adv.reshape(-1)
+        adv = adv / (r64.std(dim=1, keepdim=True) + eps)
+    return _finish(adv, r)
 
 
 def no_std_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
-    """Dr. GRPO: r - group mean (no std scaling; ``eps`` accepted for a uniform signature)."""
+    """Dr. GRPO: r - group mean (no std scaling; ``eps`` accepted for a uniform signature). In float64."""
     # rewards: [B] -> [B]
     del eps
     r = _grouped(rewards, group_size)
-    return (r - r.mean(dim=1, keepdim=True)).reshape(-1)
+    r64 = r.to(torch.float64)
+    return _finish(r64 - r64.mean(dim=1, keepdim=True), r)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
@@ -134,6 +150,13 @@ def compute_advantages(name: str, rewards: Tensor, group_size: int, **kw: object
 # --------------------------------------------------------------------------- ratios & surrogate
 
 
+def clamp_log_ratio(log_ratio: Tensor) -> Tensor:
+    """Clamp to ±LOG_RATIO_CLAMP (NaN → -LOG_RATIO_CLAMP: an undefined ratio weighs nothing)."""
+    # log_ratio: [...] -> [...]
+    safe = torch.nan_to_num(log_ratio, nan=-LOG_RATIO_CLAMP)
+    return safe.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
 def importance_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, *, level: str = "token") -> Tensor:
     """pi/pi_old per token ("token") or GSPO's length-normalised sequence ratio ("sequence").
 
@@ -145,11 +168,11 @@ def importance_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, *, le
     mb = mask.to(torch.bool)
     zero = torch.zeros_like(logprobs)
     lp = torch.where(mb, logprobs, zero)
-    log_ratio = lp - torch.where(mb, old_logprobs.detach(), zero)
+    log_ratio = clamp_log_ratio(lp - torch.where(mb, old_logprobs.detach(), zero))  # [B, T], finite
     if level == "token":
         return log_ratio.exp()
     if level == "sequence":
-        seq_log_ratio = masked_mean(log_ratio.detach(), mask, dim=-1)  # [B]
+        seq_log_ratio = clamp_log_ratio(masked_mean(log_ratio.detach(), mask, dim=-1))  # [B]
         return seq_log_ratio.exp()[:, None] * (lp - lp.detach()).exp()
     raise ValueError(f"unknown ratio level {level!r}; valid: ['sequence', 'token']")
 
@@ -288,10 +311,13 @@ def is_correction_weights(
     *,
     mode: str = "none",
     threshold: float | None = None,
+    low: float | None = None,
 ) -> Tensor:
     """Detached per-token weights w = pi_train_old / pi_rollout for the rollout/trainer mismatch.
 
-    none: w untruncated; tis: min(w, threshold); icepop: w if 1/threshold <= w <= threshold else 0.
+    none: w untruncated; tis: min(w, threshold); icepop (Ring-1T / IcePop): w if low <= w <= threshold
+    else 0, with ``low`` defaulting to 1/threshold (the paper uses low=0.5, high=5). The log-weight is
+    clamped to ±LOG_RATIO_CLAMP first, so a rollout logprob of -inf gives a finite weight (NaN → 0).
     Masked-out positions get weight 1. Multiply the per-token policy loss by the result.
     """
     # prev_logprobs, generation_logprobs: [B, T]; mask: [B, T] -> [B, T]
@@ -301,14 +327,18 @@ def is_correction_weights(
         raise ValueError(f"tis needs threshold > 0, got {threshold}")
     if mode == "icepop" and (threshold is None or threshold <= 1):
         raise ValueError(f"icepop needs threshold > 1, got {threshold}")
+    if low is not None and (mode != "icepop" or not 0 < low < 1):
+        raise ValueError(f"low is icepop's lower bound in (0, 1), got {low} with mode {mode!r}")
     mb = mask.to(torch.bool)
-    log_w = (prev_logprobs - generation_logprobs).detach()
+    log_w = clamp_log_ratio((prev_logprobs - generation_logprobs).detach())
+    undefined = torch.isnan(prev_logprobs - generation_logprobs)  # -inf - -inf: the token weighs nothing
     w = torch.where(mb, log_w, torch.zeros_like(log_w)).exp()
+    w = torch.where(mb & undefined, torch.zeros_like(w), w)
     if mode == "tis":
         w = w.clamp(max=threshold)
     elif mode == "icepop":
-        keep = (w >= 1.0 / threshold) & (w <= threshold)
-        w = torch.where(keep, w, torch.zeros_like(w))
+        keep = (w >= (1.0 / threshold if low is None else low)) & (w <= threshold)
+        w = torch.where(keep | ~mb, w, torch.zeros_like(w))
     return w
 
 
@@ -338,6 +368,41 @@ def group_rows(group_mask: Tensor, group_size: int) -> Tensor:
     return group_mask.to(torch.bool).repeat_interleave(group_size)
 
 
+# --------------------------------------------------------------------------- loss-bearing samples, metrics
+
+
+def loss_mask(mask: Tensor, sample_mask: Tensor | None = None) -> Tensor:
+    """The effective loss mask: response tokens of samples that carry loss (mask * sample_mask[:, None])."""
+    # mask: [B, T]; sample_mask: [B] -> [B, T] float
+    m = mask.to(torch.float32) if not mask.is_floating_point() else mask
+    return m if sample_mask is None else m * sample_mask.to(m.dtype)[:, None]
+
+
+def has_loss(mask: Tensor, sample_mask: Tensor | None = None) -> bool:
+    """False when no token of the minibatch carries loss (dynamic sampling / overlong filtering dropped every
+    sample): the optimizer must not step then (AdamW's momentum and weight decay would still move the weights).
+    Decide on the WHOLE minibatch (all DP ranks together), count skips under SKIPPED_STEPS_METRIC."""
+    # mask: [B, T]; sample_mask: [B]
+    return bool((loss_mask(mask, sample_mask) > 0).any())
+
+
+# How per-micro-batch metrics combine into a minibatch / step value: "max" or a weighted "mean".
+METRIC_REDUCTIONS: dict[str, str] = {"ratio_max": "max"}
+
+
+def combine_metrics(parts: list[tuple[dict[str, float], float]]) -> dict[str, float]:
+    """Combine (metrics, weight) of micro-batches: weighted mean (weights are shares of the global
+    denominator, summing to 1 over all ranks), except METRIC_REDUCTIONS' max keys, which stay maxima."""
+    out: dict[str, float] = {}
+    for metrics, weight in parts:
+        for k, v in metrics.items():
+            if METRIC_REDUCTIONS.get(k) == "max":
+                out[k] = max(out.get(k, float("-inf")), v)
+            else:
+                out[k] = out.get(k, 0.0) + v * weight
+    return out
+
+
 # --------------------------------------------------------------------------- top-level loss
 
 
@@ -359,17 +424,17 @@ def policy_loss(
     kl_estimator: str = "k3",
     kl_clamp: float | None = None,
     norm_len: int | None = None,
+    entropy: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """GRPO-family loss: per_token = is_weights * clipped_surrogate + kl_coef * kl, aggregated.
 
-    The effective mask is mask * sample_mask[:, None]. Returns (loss scalar, per_token_loss [B, T]
-    detached, metrics: pg_loss, kl, clip_fraction, ratio_mean, ratio_max).
+    The effective mask is mask * sample_mask[:, None]: every metric is over it too. Returns (loss scalar,
+    per_token_loss [B, T] detached, metrics: pg_loss, kl, clip_fraction, ratio_mean, ratio_max (a max:
+    combine micro-batches with ``combine_metrics``), and entropy when per-token ``entropy`` is given).
     """
     # logprobs, old_logprobs: [B, T]; advantages: [B]; mask: [B, T]; sample_mask: [B]
-    # is_weights, ref_logprobs: [B, T]
-    m = mask.to(logprobs.dtype)
-    if sample_mask is not None:
-        m = m * sample_mask.to(logprobs.dtype)[:, None]
+    # is_weights, ref_logprobs, entropy: [B, T]
+    m = loss_mask(mask, sample_mask).to(logprobs.dtype)
     mb = m.to(torch.bool)
     zero = torch.zeros_like(logprobs)
     lp = torch.where(mb, logprobs, zero)  # keep garbage at padding out of every op and gradient
@@ -397,4 +462,6 @@ def policy_loss(
             "ratio_mean": masked_mean(ratio, m).item(),
             "ratio_max": ratio_max,
         }
+        if entropy is not None:
+            metrics["entropy"] = masked_mean(entropy.detach(), m).item()
     return loss, per_token.detach(), metrics
