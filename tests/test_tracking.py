@@ -45,7 +45,10 @@ def test_flatten_redacts_secret_keys():
     assert flat["a.hf_token"] == flat["a.api_key"] == flat["a.db_password"] == "***"
     assert flat["a.key"] == flat["a.client_secret"] == "***"
     assert flat["a.max_new_tokens"] == "16" and flat["a.names"] == '["A", "B"]'
-    assert "***" not in flat_params(spec_as_dict(RunSpec())).values()  # no schema key looks secret
+    assert "***" not in flat_params(spec_as_dict(RunSpec())).values()  # no schema key looks secret, unset ones shown
+    assert flat_params({"rollout": {"http_api_key": None}})["rollout.http_api_key"] == "None"
+    flat = flat_params({"logging": {"tracking_uri": "postgresql://ml:hunter2@db:5432/mlflow?token=abc&x=1"}})
+    assert flat["logging.tracking_uri"] == "postgresql://ml:***@db:5432/mlflow?token=***&x=1"
 
 
 def test_metrics_buffered_until_commit(tmp_path, uri):

@@ -1,5 +1,7 @@
-"""Atomic, pruned checkpoints and the resume compatibility guard."""
+"""Atomic, verified, pruned checkpoints and the resume compatibility guard."""
 
-from .manager import COMPAT_KEYS, CheckpointManager, IncompatibleCheckpoint, compat_fingerprint, load_meta
+from .manager import (COMPAT_KEYS, CheckpointManager, CheckpointRefused, IncompatibleCheckpoint, compat_fingerprint,
+                      load_meta, verify_checkpoint)
 
-__all__ = ["COMPAT_KEYS", "CheckpointManager", "IncompatibleCheckpoint", "compat_fingerprint", "load_meta"]
+__all__ = ["COMPAT_KEYS", "CheckpointManager", "CheckpointRefused", "IncompatibleCheckpoint", "compat_fingerprint",
+           "load_meta", "verify_checkpoint"]

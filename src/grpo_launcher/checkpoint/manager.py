@@ -1,27 +1,42 @@
-"""Atomic, pruned checkpoints with a resume guard.
+"""Atomic, verified, pruned checkpoints with a resume guard.
 
 Layout under `ckpt_dir`:
-    step_000010/            a complete checkpoint (caller's files + meta.json)
+    step_000010/            a complete checkpoint (caller's files + meta.json + manifest.json)
     .tmp-step_000020-<pid>/ one being written; renamed to step_000020 only once complete
-A crash never leaves a half checkpoint under a `step_*` name: meta.json is written last, every file is
-fsync'd, then the directory is renamed. Stale `.tmp-*` dirs are ignored by `latest` and removed by `save`.
+    .invalid-step_000030-*/ one that failed verification on resume (kept for inspection, never loaded)
+Save order (each phase boundary is a named fault point, see `fault_point`): payload → meta.json (with the
+MLflow metrics not yet committed: `pending_metrics`) → manifest.json LAST (size + sha256 of every file)
+→ fsync → rename into place → prune. The caller commits the metrics to MLflow after the rename; a crash
+in between is repaired on resume by replaying `pending_metrics` (the tracker skips (key, step) pairs
+MLflow already holds), so the step axis has every step exactly once.
+Resume (`resume_point`) verifies the newest checkpoint against its manifest (sizes, hashes, meta.json
+readable and naming its own step, every `*.pt` loadable with `torch.load(weights_only=True)`: a pickle
+that would run code is refused, not loaded), falls back to the newest valid one with a message naming
+what was wrong, and refuses a checkpoint beyond `grpo.max_steps`.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ..spec.schema import RunSpec
 
 META = "meta.json"
+MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"step_(\d+)")
 TMP_PREFIX = ".tmp-"
+INVALID_PREFIX = ".invalid-"
+FAULT_ENV = "GRPO_FAULT_AT"  # tests: SIGKILL this process at the named phase boundary (see fault_point)
+SAVE_PHASES = ("payload", "meta", "manifest", "fsync", "rename", "prune")
 # Spec fields a resumed run must share with the checkpoint (a trailing "." = the whole section).
 COMPAT_KEYS = (
     "model.",
@@ -39,6 +54,127 @@ MISSING = "<missing>"
 
 class IncompatibleCheckpoint(Exception):
     """The checkpoint was written under a spec whose model/parallelism/env differs from this one."""
+
+
+class CheckpointRefused(Exception):
+    """No checkpoint can be resumed from as asked (e.g. its step is beyond grpo.max_steps)."""
+
+
+def fault_point(name: str) -> None:
+    """Die here, as a kill -9 would, when GRPO_FAULT_AT names this point (crash-order tests only).
+
+    `GRPO_FAULT_AT=after:<phase>` kills on every save; `after:<phase>@<step>` only when saving <step>."""
+    want = os.environ.get(FAULT_ENV)
+    if want and want in (name, name.split("@")[0]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                return h.hexdigest()
+            h.update(block)
+
+
+def payload_files(root: Path) -> list[Path]:
+    """Every regular file below `root` but the manifest, as paths relative to root (sorted)."""
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            rel = Path(dirpath, name).relative_to(root)
+            if rel.as_posix() != MANIFEST:
+                out.append(rel)
+    return sorted(out)
+
+
+def write_manifest(root: Path) -> dict:
+    files = {rel.as_posix(): {"size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
+             for rel in payload_files(root)}
+    manifest = {"version": 1, "files": files}
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    return manifest
+
+
+def pickle_is_safe(path: Path) -> Optional[str]:
+    """None when a torch file loads with weights_only=True (tensors and plain containers only), else why not."""
+    import torch
+
+    try:
+        torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 — any refusal means: not loaded
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+        why = next((ln for ln in lines if "Unsupported" in ln or "global" in ln.lower()), lines[0])
+        return f"{path.name} is not plain tensor state (torch.load(weights_only=True) refused it: {why[:200]})"
+    return None
+
+
+def is_torch_pickle(path: Path) -> bool:
+    """*.pt / *.pth, or a *.bin holding a torch zip archive or a raw pickle (HF's pytorch_model.bin)."""
+    if path.suffix in (".pt", ".pth"):
+        return True
+    if path.suffix != ".bin":
+        return False
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
+def verify_checkpoint(path: Path) -> Optional[str]:
+    """None when the checkpoint dir is complete and intact, else what is wrong (one line, names the file)."""
+    path = Path(path)
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        return f"{MANIFEST} is missing (the save did not finish, or an older version wrote it)"
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = manifest["files"]
+        assert isinstance(files, dict)
+    except (OSError, ValueError, KeyError, AssertionError, TypeError) as exc:
+        return f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})"
+    for rel, want in sorted(files.items()):
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        size = f.stat().st_size
+        if size != want.get("size"):
+            return f"{rel} has {size} bytes, the manifest says {want.get('size')} (truncated or overwritten)"
+        if sha256_file(f) != want.get("sha256"):
+            return f"{rel} does not match its sha256 in the manifest (corrupted or modified)"
+    extra = [r.as_posix() for r in payload_files(path) if r.as_posix() not in files]
+    if extra:
+        return f"files not in the manifest: {', '.join(extra[:5])}"
+    try:
+        meta = json.loads((path / META).read_text())
+        step = int(meta["step"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{META} is unreadable ({type(exc).__name__}: {exc})"
+    if step != step_of(path):
+        return f"{META} says step {meta.get('step')!r} but the directory is {path.name}"
+    for rel in sorted(files):
+        if is_torch_pickle(path / rel):
+            why = pickle_is_safe(path / rel)
+            if why:
+                return why
+    return None
+
+
+def disk_full_message(path: Path, exc: BaseException) -> Optional[str]:
+    """'no space left on device at PATH (N MiB free)' when `exc` (or the disk) says so, else None."""
+    text = f"{exc!r} {exc}"
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        free = None
+    full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left" in text \
+        or (("iostream error" in text or "unexpected pos" in text or "PytorchStreamWriter" in text)
+            and free is not None and free < 256 * 2**20)
+    if not full:
+        return None
+    where = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
+    return f"no space left on device writing the checkpoint at {path} ({where}); free space there and resume"
 
 
 def spec_as_dict(spec: RunSpec) -> dict[str, Any]:
@@ -127,10 +263,12 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ listing --
     def complete(self) -> list[Path]:
-        """Complete checkpoints (step_* dirs holding meta.json), by ascending step."""
+        """Checkpoints that look complete (step_* dirs holding meta.json or manifest.json), by ascending step.
+        `resume_point` verifies them; this listing does not."""
         if not self.ckpt_dir.is_dir():
             return []
-        found = [p for p in self.ckpt_dir.iterdir() if p.is_dir() and step_of(p) is not None and (p / META).is_file()]
+        found = [p for p in self.ckpt_dir.iterdir() if p.is_dir() and step_of(p) is not None
+                 and ((p / META).is_file() or (p / MANIFEST).is_file())]
         return sorted(found, key=lambda p: step_of(p) or 0)
 
     def latest(self) -> Path | None:
@@ -143,7 +281,10 @@ class CheckpointManager:
         sign = 1.0 if self.higher_is_better else -1.0
 
         def key(path: Path) -> tuple[int, float, int]:
-            value = load_meta(path).get("metrics", {}).get(self.metric)
+            try:
+                value = load_meta(path).get("metrics", {}).get(self.metric)
+            except (OSError, ValueError, AttributeError):  # unreadable meta: ranked last, never pruned first
+                value = None
             if value is None or value != value:  # missing or NaN
                 return (1, 0.0, -(step_of(path) or 0))
             return (0, -sign * float(value), -(step_of(path) or 0))
@@ -153,13 +294,20 @@ class CheckpointManager:
     def best(self) -> Path | None:
         """The best checkpoint by `checkpoint.metric`; None when no checkpoint has that metric."""
         ranked = self.ranked()
-        if not ranked or self.metric not in load_meta(ranked[0]).get("metrics", {}):
+        try:
+            if not ranked or self.metric not in load_meta(ranked[0]).get("metrics", {}):
+                return None
+        except (OSError, ValueError, AttributeError):
             return None
         return ranked[0]
 
     # ------------------------------------------------------------------- saving --
-    def save(self, step: int, write_fn: Callable[[Path], None], state: dict, metrics: dict[str, float]) -> Path:
-        """write_fn(tmp_dir) writes the payload; meta.json goes last; then rename into place and prune."""
+    def save(self, step: int, write_fn: Callable[[Path], None], state: dict, metrics: dict[str, float],
+             pending_metrics: Optional[list] = None) -> Path:
+        """write_fn(tmp_dir) writes the payload; meta.json, then manifest.json last; rename into place; prune.
+
+        `pending_metrics` ([key, value, timestamp_ms, step] not yet in MLflow) are kept in meta.json so that
+        a crash between this rename and the caller's MLflow commit is replayed on resume."""
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.remove_stale_tmp()
         final = self.ckpt_dir / f"step_{step:06d}"
@@ -167,20 +315,32 @@ class CheckpointManager:
         tmp.mkdir()
         try:
             write_fn(tmp)
-            self.write_meta(tmp, step, state, metrics)
+            fault_point(f"after:payload@{step}")
+            self.write_meta(tmp, step, state, metrics, pending_metrics)
+            fault_point(f"after:meta@{step}")
+            write_manifest(tmp)
+            fault_point(f"after:manifest@{step}")
             fsync_tree(tmp)
+            fault_point(f"after:fsync@{step}")
             self.move_into_place(tmp, final)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            full = disk_full_message(self.ckpt_dir, exc)
+            if full:
+                raise OSError(errno.ENOSPC, full) from exc
             raise
+        fault_point(f"after:rename@{step}")
         self.prune()
+        fault_point(f"after:prune@{step}")
         return final
 
-    def write_meta(self, tmp: Path, step: int, state: dict, metrics: dict[str, float]) -> None:
+    def write_meta(self, tmp: Path, step: int, state: dict, metrics: dict[str, float],
+                   pending_metrics: Optional[list] = None) -> None:
         meta = {
             "step": step,
             "state": state,
             "metrics": {k: float(v) for k, v in metrics.items()},
+            "pending_metrics": [list(m) for m in (pending_metrics or [])],
             "spec": spec_as_dict(self.spec),
             "compat": compat_fingerprint(self.spec),
             "saved_at": time.time(),
@@ -215,6 +375,25 @@ class CheckpointManager:
         return removed
 
     # ------------------------------------------------------------------- resume --
+    def resume_point(self, max_steps: Optional[int] = None, say: Callable[[str], None] = print) -> Optional[Path]:
+        """The newest checkpoint that verifies (None: start fresh). Invalid newer ones are moved aside to
+        `.invalid-<name>-<time>` with a message naming what was wrong; a valid one beyond `max_steps`
+        raises CheckpointRefused (raise grpo.max_steps, or start fresh)."""
+        for path in reversed(self.complete()):
+            problem = verify_checkpoint(path)
+            if problem is None:
+                step = step_of(path) or 0
+                if max_steps is not None and step > max_steps:
+                    raise CheckpointRefused(
+                        f"checkpoint {path} is at step {step}, beyond grpo.max_steps={max_steps}: "
+                        f"raise grpo.max_steps to continue it, or start over with checkpoint.resume=fresh")
+                return path
+            dest = self.ckpt_dir / f"{INVALID_PREFIX}{path.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            os.replace(path, dest)
+            say(f"grpo-launcher: WARNING: checkpoint {path} is not usable: {problem}; moved aside to {dest.name}, "
+                f"falling back to the previous checkpoint")
+        return None
+
     def check_compatible(self, path: Path) -> None:
         """Raise IncompatibleCheckpoint listing every differing compat key (old → new)."""
         meta = load_meta(path)

@@ -1,32 +1,187 @@
-"""The run directory: resolved spec, sbatch script, logs, status, checkpoints — one place per run name."""
+"""The run directory: resolved spec, sbatch script, logs, status, checkpoints — one place per run name.
+
+Files that can hold credentials are private: the run dir and logs/ are 0700; `spec.yaml` (redacted: secret
+values are `***`) and `.secrets.json` (the real values, read back by `load_spec_file`) are 0600.
+
+Run exclusivity: `.run.lock` (JSON: owner kind, job id, pid, host, time) is taken under an `flock` of
+`.run.lock.guard` — check-and-take is atomic, so of two launches of one run name at once exactly one wins —
+before anything is submitted or started, and held by the job (released when it records an end state, see
+launch/status.py) or by the local process (released when it returns). A lock whose holder is gone (a Slurm
+job no longer queued or running, a dead local pid) is stale and taken over; a live one refuses the launch,
+naming the holder.
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
+import shutil
+import socket
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator, Optional
 
 from ..plan import Plan
 from ..spec.compose import spec_to_yaml
 from ..spec.schema import RunSpec
+from .secrets import load_secrets, redact_text, save_secrets, secret_values, write_private
+
+LOCK = ".run.lock"
+GUARD = ".run.lock.guard"
+SUBMIT_GRACE_S = 300  # a lock taken by a launcher that has not yet recorded its job id
 
 
-def write_atomic(path: Path, text: str) -> None:
+class RunBusy(Exception):
+    """The run dir is held by a live job or process (the message names it)."""
+
+
+def write_atomic(path: Path, text: str, mode: Optional[int] = None) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        if mode is not None:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        else:
+            tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(exc.errno, no_space_message(path)) from exc
+        raise
+
+
+def no_space_message(path: Path) -> str:
+    try:
+        free = f"{shutil.disk_usage(Path(path).parent).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return f"no space left on device writing {path} ({free})"
+
+
+def make_private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
 
 
 def prepare(spec: RunSpec, plan: Plan) -> Path:
-    (plan.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    write_atomic(plan.run_dir / "spec.yaml", spec_to_yaml(spec))
+    """Run dir (0700), logs/ (0700), the redacted spec.yaml (0600) and the secrets beside it (0600)."""
+    from ..checkpoint.manager import spec_as_dict
+
+    make_private_dir(plan.run_dir)
+    make_private_dir(plan.run_dir / "logs")
+    save_secrets(plan.run_dir, secret_values(spec_as_dict(spec)))
+    write_atomic(plan.run_dir / "spec.yaml", redact_text(spec_to_yaml(spec)), mode=0o600)
     return plan.run_dir
 
 
 def load_spec_file(path: Path) -> RunSpec:
-    """The driver's entry: a saved, resolved spec → RunSpec (typed again; no Hydra composition)."""
+    """The driver's entry: a saved, resolved spec (+ the run dir's secrets) → RunSpec (typed again)."""
     from omegaconf import OmegaConf
 
     from ..spec.compose import _unfreeze, to_spec
 
     # the structured schema of a frozen dataclass is read-only: unfreeze it before merging the file in
-    return to_spec(OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), OmegaConf.load(path)))
+    cfg = OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), OmegaConf.load(path))
+    for key, value in load_secrets(Path(path).parent).items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return to_spec(cfg)
+
+
+# ------------------------------------------------------------------ the run lock
+
+
+@contextmanager
+def _guard(run_dir: Path) -> Iterator[None]:
+    make_private_dir(run_dir)
+    fd = os.open(run_dir / GUARD, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def read_lock(run_dir: Path) -> dict:
+    try:
+        return json.loads((Path(run_dir) / LOCK).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_holder(lock: dict) -> Optional[str]:
+    """A description of the lock's holder when it is still alive, else None (stale or empty)."""
+    if not lock:
+        return None
+    job = lock.get("job_id")
+    if job:
+        from .status import SLURM_ACTIVE, scheduler_job
+
+        info = scheduler_job(str(job))
+        if info is not None and info.get("JobState") in SLURM_ACTIVE:
+            return f"Slurm job {job} ({info.get('JobState')})"
+        return None
+    pid, host = lock.get("pid"), lock.get("host")
+    if isinstance(pid, int) and host == socket.gethostname() and pid_alive(pid):
+        if lock.get("owner") == "slurm":  # a launcher between taking the lock and sbatch answering
+            if time.time() - float(lock.get("since", 0)) < SUBMIT_GRACE_S:
+                return f"a submission in progress (launcher pid {pid})"
+            return None
+        return f"a local run (pid {pid} on {host})"
+    return None
+
+
+def acquire_run_lock(run_dir: Path, owner: str, job_id: Optional[str] = None) -> dict:
+    """Take the run's lock for `owner` ('local' | 'slurm'), or raise RunBusy naming the live holder."""
+    run_dir = Path(run_dir)
+    with _guard(run_dir):
+        holder = live_holder(read_lock(run_dir))
+        if holder is None and owner == "slurm":
+            from .status import read_status, SLURM_ACTIVE, scheduler_job  # run dirs from before the lock existed
+
+            job = read_status(run_dir).get("job_id")
+            info = scheduler_job(str(job)) if job else None
+            if info is not None and info.get("JobState") in SLURM_ACTIVE:
+                holder = f"Slurm job {job} ({info.get('JobState')})"
+        if holder is not None:
+            raise RunBusy(holder)
+        lock = {"owner": owner, "job_id": job_id, "pid": os.getpid(), "host": socket.gethostname(),
+                "since": round(time.time(), 3)}
+        write_atomic(run_dir / LOCK, json.dumps(lock) + "\n", mode=0o600)
+        return lock
+
+
+def record_job(run_dir: Path, job_id: str) -> None:
+    """The submitted job now holds the lock (its id is what a second launch is told)."""
+    with _guard(Path(run_dir)):
+        lock = read_lock(run_dir)
+        lock.update(job_id=str(job_id), since=round(time.time(), 3))
+        write_atomic(Path(run_dir) / LOCK, json.dumps(lock) + "\n", mode=0o600)
+
+
+def release_run_lock(run_dir: Path, job_id: Optional[str] = None) -> bool:
+    """Drop the lock if this holder (job id, or this pid for a local run) still has it."""
+    run_dir = Path(run_dir)
+    if not (run_dir / LOCK).exists():
+        return False
+    with _guard(run_dir):
+        lock = read_lock(run_dir)
+        mine = (job_id is not None and str(lock.get("job_id")) == str(job_id)) or \
+            (job_id is None and lock.get("pid") == os.getpid() and lock.get("host") == socket.gethostname())
+        if mine:
+            (run_dir / LOCK).unlink(missing_ok=True)
+        return mine

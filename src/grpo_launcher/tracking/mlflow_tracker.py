@@ -1,7 +1,10 @@
 """MLflow tracking through `MlflowClient` (no fluent global run: several trackers may share a process).
 
-Metrics are buffered until `commit()`, which the driver calls right after each checkpoint is written:
-after a crash and a resume from the last checkpoint, MLflow's step axis has no gap and no repeat.
+Metrics are buffered until `commit()`, which the driver calls right after each checkpoint is written;
+the buffered metrics also go into that checkpoint's meta.json (`pending()`), and a resumed run `replay()`s
+them. A reopened run knows which (key, step) pairs MLflow already holds and never sends one twice: after
+a crash at any point of a save, and a resume from any checkpoint, the step axis has every step exactly once.
+Secret values (by key name, or a password inside a URI) are redacted in params and the logged spec.yaml.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from ..checkpoint.manager import flatten, spec_as_dict
+from ..launch.secrets import redact_text, redact_value
 from ..spec.compose import spec_to_yaml
 from ..spec.schema import RunSpec
 
@@ -27,7 +31,7 @@ MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_VALUE = 6000
 # Matched against the LAST part of a dotted key. `token` is anchored so that max_new_tokens stays visible.
-SECRET_KEY = re.compile(r"token$|secret|password|passwd|api_key|key$", re.IGNORECASE)
+SECRET_KEY = re.compile(r"token$|secret|password|passwd|api_key|access_key|private_key|^key$", re.IGNORECASE)
 REDACTED = "***"
 STATUSES = ("FINISHED", "FAILED", "KILLED")
 
@@ -43,8 +47,9 @@ def is_secret(key: str) -> bool:
 
 
 def flat_params(tree: dict[str, Any]) -> dict[str, str]:
-    """Nested dict → {dotted.key: string}, secret-looking keys redacted."""
-    return {k: REDACTED if is_secret(k) else param_value(v) for k, v in flatten(tree).items()}
+    """Nested dict → {dotted.key: string}, secret-looking keys (and passwords inside URIs) redacted."""
+    return {k: REDACTED if is_secret(k) and v not in (None, "", []) else param_value(redact_value(v))
+            for k, v in flatten(tree).items()}
 
 
 def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -88,6 +93,7 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.experiment_id = self._experiment(spec.logging.experiment, tracking_uri)
         self._buffer: list[Metric] = []
+        self._logged: set[tuple[str, int]] = set()  # (key, step) pairs MLflow holds for this run
         self._closed = False
         self._run_id = self._reopen(run_id) if run_id else self._start(parent_run_id)
 
@@ -110,6 +116,8 @@ class Tracker:
         run = self.client.get_run(run_id)
         if run.info.status != "RUNNING":
             self.client.update_run(run_id, status="RUNNING")
+        for key in run.data.metrics:  # what a previous start already committed: never sent twice
+            self._logged.update((key, m.step) for m in self.client.get_metric_history(run_id, key))
         return run_id
 
     def _start(self, parent_run_id: str | None) -> str:
@@ -125,7 +133,7 @@ class Tracker:
         params = [Param(k, v) for k, v in flat_params(spec_as_dict(self.spec)).items()]
         for part in chunks(params, MAX_PARAMS_PER_BATCH):
             self.client.log_batch(run_id, params=part)
-        self._log_text(run_id, spec_to_yaml(self.spec), "spec.yaml")
+        self._log_text(run_id, redact_text(spec_to_yaml(self.spec)), "spec.yaml")
         return run_id
 
     def _log_text(self, run_id: str, text: str, name: str) -> None:
@@ -147,11 +155,28 @@ class Tracker:
             self.commit()
 
     def commit(self) -> int:
-        """Send the buffered metrics (log_batch, ≤1000 per call). Returns how many were sent."""
-        sent, self._buffer = self._buffer, []
+        """Send the buffered metrics (log_batch, ≤1000 per call), minus (key, step) pairs MLflow already has
+        (a step redone after a resume from an older checkpoint). Returns how many were sent."""
+        buffered, self._buffer = self._buffer, []
+        sent, seen = [], set()
+        for m in buffered:
+            if (m.key, m.step) not in self._logged and (m.key, m.step) not in seen:
+                seen.add((m.key, m.step))
+                sent.append(m)
         for part in chunks(sent, MAX_METRICS_PER_BATCH):
             self.client.log_batch(self._run_id, metrics=part)
+            self._logged.update((m.key, m.step) for m in part)
         return len(sent)
+
+    def pending(self) -> list[list]:
+        """The buffered (uncommitted) metrics as [key, value, timestamp_ms, step] (kept in the checkpoint)."""
+        return [[m.key, m.value, m.timestamp, m.step] for m in self._buffer]
+
+    def replay(self, pending: list) -> int:
+        """Commit a checkpoint's `pending()` metrics that never reached MLflow (crash after the checkpoint
+        became visible, before its commit). Returns how many were sent."""
+        self._buffer = [Metric(str(k), float(v), int(ts), int(step)) for k, v, ts, step in pending] + self._buffer
+        return self.commit()
 
     def discard(self) -> int:
         """Drop uncommitted metrics (steps a resume will redo). Returns how many were dropped."""

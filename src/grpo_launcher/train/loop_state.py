@@ -13,25 +13,59 @@ from ..plan import Plan
 from ..spec.schema import RunSpec
 
 
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+REQUEUE_EXIT = 3  # checkpoint saved (SIGUSR1, must_save_by): requeue me
+EXIT_CODES = {signal.SIGUSR1: REQUEUE_EXIT, signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
+
+
 @dataclass
 class StopRequest:
-    """SIGUSR1 (Slurm's warning before --time) → checkpoint and requeue; SIGTERM/SIGINT → checkpoint and stop."""
+    """One signal path for every stop: SIGUSR1 (Slurm's warning before --time, or a preemption notice) →
+    finish the step, checkpoint, exit 3 (requeue me); SIGTERM (scancel, preemption, requeue, kill) and SIGINT
+    (Ctrl-C) → finish the step, checkpoint, exit 143 / 130 (the sbatch script asks Slurm whether the job is
+    being requeued). A second signal abandons the step at once (SystemExit with the same code: the last
+    checkpoint stands). `install()` runs first thing; `reinstall()` right after `ray.init()`, which replaces
+    the SIGTERM handler with its own (that one exits without saving)."""
 
     requested: bool = False
     requeue: bool = False
     reason: str = ""
+    signum: int = 0
+    count: int = 0
 
     @classmethod
     def install(cls) -> "StopRequest":
         req = cls()
-
-        def handler(signum, _frame):
-            req.requested, req.reason = True, signal.Signals(signum).name
-            req.requeue = req.requeue or signum == signal.SIGUSR1
-
-        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, handler)
+        req.reinstall()
         return req
+
+    def handler(self, signum, _frame) -> None:
+        self.count += 1
+        self.requested, self.reason = True, signal.Signals(signum).name
+        self.requeue = self.requeue or signum == signal.SIGUSR1
+        self.signum = self.signum or signum
+        if self.count == 1:
+            print(f"grpo-launcher: {self.reason}: finishing the current step, then checkpoint and exit "
+                  f"(a second signal abandons the step)", file=sys.stderr, flush=True)
+        else:
+            print(f"grpo-launcher: {self.reason} again: abandoning the step; resume starts from the last checkpoint",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(self.exit_code)
+
+    def reinstall(self) -> None:
+        """(Re)take SIGUSR1/SIGTERM/SIGINT: call after anything that installs its own handlers (ray.init)."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self.handler)
+
+    def installed(self) -> bool:
+        return all(signal.getsignal(sig) == self.handler for sig in STOP_SIGNALS)
+
+    @property
+    def exit_code(self) -> int:
+        """3 (requeue) after SIGUSR1, else 128 + the first signal (143 SIGTERM, 130 SIGINT)."""
+        if self.requeue:
+            return REQUEUE_EXIT
+        return EXIT_CODES.get(self.signum, 130) if self.signum else 130
 
 
 @dataclass
@@ -55,7 +89,14 @@ class LoopState:
         meta = ckpt.load_meta(path)
         run_id = meta["state"].get("mlflow_run_id")
         print(f"grpo-launcher: resuming from {path.name} (step {meta['step']})", flush=True)
-        return cls(spec, plan, ckpt, _tracker(spec, plan, run_id), step=meta["step"], checkpoint_path=path,
+        tracker = _tracker(spec, plan, run_id)
+        if tracker is not None and meta.get("pending_metrics"):
+            # the checkpoint became visible but the process died before its MLflow commit: replay it
+            sent = tracker.replay(meta["pending_metrics"])
+            if sent:
+                print(f"grpo-launcher: replayed {sent} metric value(s) of {path.name} that never reached MLflow",
+                      flush=True)
+        return cls(spec, plan, ckpt, tracker, step=meta["step"], checkpoint_path=path,
                    data_log=_data_log(spec, plan))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -74,10 +115,18 @@ class LoopState:
         self.data_log.write_step(step, train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer))
 
     def save_checkpoint(self, step: int, write: Callable[[Path], None], metrics: dict[str, float]) -> None:
+        """Metrics are durable before the checkpoint is visible: they go into its meta.json (pending), the
+        checkpoint is renamed into place, then they are committed to MLflow (a crash in between: replayed
+        on resume). MLflow's step axis only ever holds checkpointed steps: no repeats, no gaps."""
+        from ..checkpoint.manager import fault_point
+
         state = {"mlflow_run_id": self.tracker.run_id if self.tracker else None}
-        self.ckpt.save(step, write, state, {k: v for k, v in metrics.items() if isinstance(v, float)})
+        pending = self.tracker.pending() if self.tracker is not None else []
+        self.ckpt.save(step, write, state, {k: v for k, v in metrics.items() if isinstance(v, float)},
+                       pending_metrics=pending)
         if self.tracker is not None:
-            self.tracker.commit()  # MLflow's step axis only ever holds checkpointed steps: no repeats on resume
+            self.tracker.commit()
+        fault_point(f"after:commit@{step}")
 
     def abort(self) -> None:
         if self.tracker is not None:
