@@ -4,7 +4,7 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help demo test test-fast slurm-up slurm-down mlflow-ui bench clean
+.PHONY: help demo test test-fast slurm-up slurm-down mlflow-ui bench clean gym
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -26,6 +26,11 @@ test: $(VENV)/.installed slurm-up  ## run every test tier that runs without a GP
 
 test-fast: $(VENV)/.installed  ## only the quick tests (no Ray, vLLM or Slurm)
 	$(PY) -m pytest -m "not slow and not slurm and not gpu" $(PYTEST_ARGS)
+
+gym: .gym/.installed  ## NeMo Gym's own venv for env=nemo_gym (CPython >= 3.13.14 built from Debian's source; ~7 min)
+
+.gym/.installed: scripts/gym-install.sh
+	bash scripts/gym-install.sh
 
 slurm-up:  ## install (apt) and start the local two-node Slurm cluster (n1, n2)
 	bash scripts/local-slurm.sh install

@@ -441,6 +441,17 @@ def gym_needs_async_http_vllm(s: RunSpec) -> Iterator[Violation]:
 
 
 @rule
+def gym_preflight(s: RunSpec) -> Iterator[Violation]:
+    """env=nemo_gym: Gym configs, servers installed, rows and one agent per agent_ref (grpo_launcher/gym/preflight.py)."""
+    if s.env.name != EnvName.nemo_gym:
+        return
+    from ..gym.preflight import check as gym_check
+
+    for keys, message, fix in gym_check(s):
+        yield V("gym_preflight", keys, message, fix)
+
+
+@rule
 def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
     r = s.rollout
     if r.backend == RolloutBackend.vllm:
@@ -835,16 +846,12 @@ def field_values(s: RunSpec) -> Iterator[Violation]:
 
 
 def gym_available() -> bool:
-    """Can this build run env=nemo_gym? (NeMo Gym installed and its env registered.) Flip here when it lands."""
-    import importlib.util
-
-    if importlib.util.find_spec("nemo_gym") is None:
-        return False
+    """Can this build run env=nemo_gym? NeMo Gym's own venv (`make gym`; grpo_launcher/gym/install.py) is there."""
     try:
-        from ..envs import PLANNED_ONLY
-    except Exception:  # the env registry itself is broken: the run could not start either
+        from ..gym.install import installed
+    except Exception:  # the gym package itself is broken: the run could not start either
         return False
-    return "nemo_gym" not in PLANNED_ONLY
+    return installed()
 
 
 def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:

@@ -1,0 +1,27 @@
+"""env=nemo_gym: NeMo Gym's agents and resources servers as the environment, over our vLLM HTTP servers.
+
+    install.py    where `make gym` put Gym's own venv (Python >= 3.13.14, nemo-gym 0.7.0); `installed()`
+    servers.py    Gym's lifecycle for one run: env.yaml, `gym env start`, readiness, liveness, stop by PID
+    rollouts.py   rows → agents' /run, concurrently; failures counted, dead servers fail fast
+    samples.py    a /run result → a sample: the engine's token ids, logprobs, per-token loss mask, contiguity
+    env.py        GymEnv: Gym JSONL rows per step
+    trainer.py    GymTrainer: the driver's loop with Gym for rollouts and rewards
+    serving.py    what our HTTP server needs for Gym (chat template, tool-call parser)
+    preflight.py  checks before launch (files, install, one agent per agent_ref)
+"""
+
+from __future__ import annotations
+
+
+def register_env() -> None:
+    """Make env.name=nemo_gym constructible through the env registry (envs.ENVS) in this process."""
+    from ..envs import ENVS
+    from .env import GymEnv
+
+    ENVS.setdefault("nemo_gym", GymEnv)
+
+
+def installed() -> bool:
+    from .install import installed as _installed
+
+    return _installed()

@@ -1,0 +1,83 @@
+"""env=nemo_gym's Env: Gym JSONL rows (env.train_path / env.val_path), drawn per step like the other envs.
+
+A row is Gym's dataset row (`responses_create_params`, `agent_ref`, task fields such as `expected_answer`);
+it goes to its agent as is. Rewards come from Gym's resources servers (through the agent's `/run`), so
+`score` is not used: GymTrainer takes each rollout's reward from its result.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Optional
+
+from .samples import GymPrompt
+
+DATA = Path(__file__).parent / "data"
+
+
+def load_rows(path: Optional[str]) -> list[dict]:
+    if not path:
+        return []
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{n}: not a JSON line ({exc})") from exc
+                if not isinstance(row, dict) or "responses_create_params" not in row:
+                    raise ValueError(f"{path}:{n}: a Gym row needs responses_create_params")
+                rows.append(row)
+    return rows
+
+
+def prompt_text(row: dict) -> str:
+    """The row's last user message, for logs (the agent gets the whole row)."""
+    inp = (row.get("responses_create_params") or {}).get("input")
+    if isinstance(inp, str):
+        return inp
+    for msg in reversed(inp or []):
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            c = msg.get("content")
+            if isinstance(c, list):
+                return " ".join(str(p.get("text", "")) for p in c if isinstance(p, dict))
+            return str(c)
+    return ""
+
+
+def to_prompt(row: dict, index: int) -> GymPrompt:
+    ref = row.get("agent_ref") or {}
+    return GymPrompt(text=prompt_text(row), answer=str(row.get("expected_answer", "")),
+                     agent_ref=str(ref.get("name", "")) if isinstance(ref, dict) else str(ref), row=row, index=index)
+
+
+class GymEnv:
+    def __init__(self, spec, seed: int = 0):
+        self.spec, self.seed = spec, seed
+        self.train = [to_prompt(r, i) for i, r in enumerate(load_rows(spec.train_path))]
+        self.val = [to_prompt(r, i) for i, r in enumerate(load_rows(spec.val_path))]
+        if not self.train:
+            raise ValueError(f"env.train_path={spec.train_path!r}: no Gym rows")
+
+    def train_prompts(self, step: int, round_: int, n: int) -> list[GymPrompt]:
+        """Epochs of a seeded shuffle; (step, round_) picks the same rows on every resume."""
+        start = ((step - 1) + round_ * 7919) * n  # rounds > 0 (dynamic sampling) draw elsewhere in the stream
+        out = []
+        for k in range(start, start + n):
+            epoch, pos = divmod(k, len(self.train))
+            order = list(range(len(self.train)))
+            random.Random(f"{self.seed}/{epoch}").shuffle(order)
+            out.append(self.train[order[pos]])
+        return out
+
+    def val_prompts(self) -> list[GymPrompt]:
+        return list(self.val)
+
+    def score(self, prompt, completion: str) -> float:  # noqa: ARG002
+        raise RuntimeError("env=nemo_gym is scored by Gym's resources servers, not by the driver")
+
+    def warmup_examples(self, n: int) -> list[tuple[str, str]]:  # noqa: ARG002
+        return []  # the tiny model starts random: Gym's rewards are what it learns from

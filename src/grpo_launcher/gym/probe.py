@@ -1,0 +1,156 @@
+"""Real-component checks of the Gym path, outside the loop (tests/test_nemo_gym.py runs this; so can you):
+
+    .venv/bin/python -m grpo_launcher.gym.probe OUT.json [--kill-server]
+
+One VLLMRolloutWorker (async + HTTP, the tiny model refit from its HF weights) and `gym env start` with
+math_with_judge + example_single_tool_call over it. Rows → Gym `/run`; then, per sample:
+* prompt ids == the HF tokenizer's chat-template tokenisation of the row's messages (what vLLM rendered);
+* the response ids Gym returned are scored by the HF model: |engine logprob − policy logprob| on every
+  policy token (T = 1, so processed logprobs = raw log-softmax);
+With --kill-server: SIGKILL one Gym server and time how long the next rollout batch takes to fail, and how.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONFIGS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
+           "resources_servers/math_with_judge/configs/math_with_judge.yaml",
+           "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"]
+
+
+def tiny_spec(output_root: Path, new_tokens: int = 16, extra: tuple = ()):
+    from .env import DATA
+    from ..spec.compose import load_spec
+
+    return load_spec(["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true",
+                      f"env.train_path={DATA / 'tiny_train.jsonl'}", f"env.val_path={DATA / 'tiny_val.jsonl'}",
+                      f"env.gym_config_paths=[{','.join(CONFIGS)}]", "env.gym_tool_call_parser=pythonic",
+                      "env.max_prompt_tokens=256", f"rollout.max_new_tokens={new_tokens}",
+                      "train.max_total_sequence_length=512", f"output_root={output_root}", "name=h14-gym-probe",
+                      "dry_run=true", *extra])
+
+
+def tiny_engine(spec):
+    """(model_dir, worker, env): the tiny model (built once, cached under output_root/.models) served over HTTP."""
+    from . import register_env
+    from .env import GymEnv
+    from ..plan import make_plan
+    from ..rollout.vllm import VLLMRolloutWorker
+    from ..train.setup import prepare_model
+
+    register_env()
+    env = GymEnv(spec.env, seed=0)
+    model_dir = prepare_model(spec, make_plan(spec), env)
+    worker = VLLMRolloutWorker(spec, str(model_dir))
+    try:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(model_dir)
+        worker.update_weights({k: v.detach() for k, v in hf.state_dict().items()})
+    except BaseException:
+        worker.shutdown()
+        raise
+    return model_dir, worker, env
+
+
+def policy_logprobs(model_dir, gens) -> list[list[float]]:
+    """log p(token) under the HF model, for every response token of every sample (T = 1)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    out = []
+    with torch.no_grad():
+        for g in gens:
+            seq = torch.tensor([g.prompt_ids + g.response_ids])
+            logits = model(seq).logits[0].float()
+            lp = torch.log_softmax(logits, -1)
+            P = len(g.prompt_ids)
+            out.append([float(lp[P - 1 + j, t]) for j, t in enumerate(g.response_ids)])
+    return out
+
+
+def main(argv: list[str]) -> int:
+    from transformers import AutoTokenizer
+
+    from .rollouts import RolloutStats, run_rollouts, stamp_row
+    from .servers import GymError, GymServers
+    from .serving import CHATML
+
+    out_path = Path(argv[0])
+    kill = "--kill-server" in argv
+    root = Path(os.environ.get("GYM_PROBE_OUTPUT_ROOT", Path.cwd() / "outputs"))
+    spec = tiny_spec(root)
+    report: dict = {}
+    t0 = time.perf_counter()
+    model_dir, worker, env = tiny_engine(spec)
+    report["engine_start_s"] = round(time.perf_counter() - t0, 1)
+    servers = None
+    try:
+        t1 = time.perf_counter()
+        servers = GymServers.start(CONFIGS, [worker.http_url()], spec.model.name,
+                                   Path(tempfile.mkdtemp(prefix="h14-gym-probe-")) / "gym")
+        report["gym_start_s"] = round(time.perf_counter() - t1, 1)
+        agents = servers.agents()
+        report["agents"] = sorted(agents)
+        report["servers"] = [f"{i.get('process_name')} ({i.get('server_type')}) pid {i.get('pid')}"
+                             for i in servers.instances]
+        prompts = env.train
+        rows = [stamp_row(p.row, 1.0, 1.0, spec.rollout.max_new_tokens) for p in prompts for _ in range(2)]
+        stats = RolloutStats()
+        gens = run_rollouts(rows, agents, servers.check, stats=stats, max_model_len=512)
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        template = CHATML.read_text()
+        expect = [tok(tok.apply_chat_template(r["responses_create_params"]["input"], chat_template=template,
+                                              add_generation_prompt=True, tokenize=False),
+                      add_special_tokens=False)["input_ids"] for r in rows]
+        ok = [g for g in gens if not g.failed]
+        lps = policy_logprobs(model_dir, ok)
+        diffs = [abs(a - b) for g, ref in zip(ok, lps) for a, b, m in zip(g.logprobs, ref, g.loss_mask) if m]
+        report.update({
+            "rollouts": len(gens), "failed": stats.failed, "errors": stats.errors[:5],
+            "non_contiguous": stats.non_contiguous, "turns": sorted({g.turns for g in gens}),
+            "prompt_ids_equal_chat_template": sum(g.prompt_ids == e for g, e in zip(gens, expect)),
+            "policy_tokens": len(diffs), "max_abs_logprob_diff": max(diffs) if diffs else None,
+            "rewards": sorted({g.reward for g in gens}), "truncated": sum(g.truncated for g in gens),
+            "agent_refs": sorted({g.agent_ref for g in gens}),
+            "eos_terminated": sum(bool(g.response_ids) and g.response_ids[-1] == tok.eos_token_id for g in ok)})
+        if kill:
+            victim = next(i for i in servers.instances if i.get("server_type") == "resources_servers")
+            os.kill(int(victim["pid"]), signal.SIGKILL)
+            t2 = time.perf_counter()
+            try:
+                run_rollouts(rows, agents, servers.check)
+                report["dead_server_error"] = None
+            except GymError as exc:
+                report["dead_server_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            report["dead_server_fail_s"] = round(time.perf_counter() - t2, 2)
+            report["killed"] = victim.get("process_name")
+    finally:
+        t3 = time.perf_counter()
+        if servers is not None:
+            servers.stop()
+            report["gym_stop_s"] = round(time.perf_counter() - t3, 1)
+            report["left_running"] = _left(servers)
+        worker.shutdown()
+    out_path.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+def _left(servers) -> list[int]:
+    from .servers import _pid_alive
+
+    pids = [servers.proc.pid, *(int(i["pid"]) for i in servers.instances if i.get("pid"))]
+    return [p for p in pids if _pid_alive(p)]
+
+
+if __name__ == "__main__":  # the engine's processes re-import this module
+    sys.exit(main(sys.argv[1:]))
