@@ -143,8 +143,7 @@ class ConfigSource:
 
 
 def compose(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[ConfigSource] = None) -> DictConfig:
-    """Compose the primary config with the overrides (the hydra node kept, for the choices); raise ConfigError
-    naming the key on failure."""
+    """Compose the primary config with the overrides; raise ConfigError naming the key on failure."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -156,7 +155,7 @@ def compose(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[Co
     try:
         with initialize_config_dir(config_dir=str(source.conf_dir), version_base="1.3"):
             cfg = hydra_compose(config_name=source.config_name, overrides=[*source.overrides(), *usable],
-                                return_hydra_config=True)
+                                return_hydra_config=False)
     except Exception as exc:  # Hydra, OmegaConf, ValueError, or a file it cannot read: named, never a traceback
         raise ConfigError([*unknown, _composition_violation(exc)]) from exc
     if unknown:
