@@ -41,11 +41,15 @@ def parse_flags(argv: list[str]) -> tuple[Optional[argparse.Namespace], int]:
 
 def config_source(args: argparse.Namespace) -> ConfigSource:
     """-cp/--config-path (primary dir; conf/ stays searchable), -cn/--config-name, -cd/--config-dir, hydra.searchpath."""
+    name = args.config_name or "config"
     conf_dir = Path(args.config_path).resolve() if args.config_path else CONF_DIR
-    extra = [str(Path(args.config_dir).resolve())] if args.config_dir else []
+    user = Path(args.config_dir).resolve() if args.config_dir else None
+    if user is not None and not (conf_dir / f"{name}.yaml").exists() and (user / f"{name}.yaml").exists():
+        conf_dir = user  # -cn NAME names the user's own primary config: it is the primary dir then
+    extra = [str(user)] if user is not None and user != conf_dir else []
     if conf_dir != CONF_DIR:
         extra.append(str(CONF_DIR))
-    return ConfigSource(conf_dir=conf_dir, config_name=args.config_name or "config", search_path=tuple(extra))
+    return ConfigSource(conf_dir=conf_dir, config_name=name, search_path=tuple(extra))
 
 
 def main(argv: list[str]) -> int:
@@ -109,7 +113,7 @@ def hydra_prints(argv: list[str], args: argparse.Namespace, source: ConfigSource
 
     register_schema()
     app = hydra.main(config_path=str(source.conf_dir), config_name=source.config_name, version_base="1.3")(_never)
-    saved, sys.argv = sys.argv, [sys.argv[0] or "launch.py", *argv]
+    saved, sys.argv = sys.argv, [sys.argv[0] or "launch.py", *argv, *source.overrides()]
     try:
         app()
     except SystemExit as exc:

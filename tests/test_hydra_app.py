@@ -1,0 +1,110 @@
+"""launch.py as a Hydra app, run as a user runs it (subprocesses): Hydra's flags, the user's own config dirs outside
+the repo, hydra.run.dir refused with its reason, the subcommands, and model.path=DIR alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def launch(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def no_traceback(p: subprocess.CompletedProcess) -> bool:
+    return "Traceback" not in p.stdout + p.stderr
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory) -> Path:
+    """A user's own configs, outside the package: a recipe, a model option, an env option, a primary config."""
+    d = tmp_path_factory.mktemp("my-configs")
+    (d / "recipe").mkdir()
+    (d / "model").mkdir()
+    (d / "env").mkdir()
+    (d / "recipe" / "quick.yaml").write_text("# @package _global_\ndefaults:\n  - override /env: my_toy\n"
+                                             "name: quick-run\ngrpo:\n  max_steps: 3\n")
+    (d / "model").joinpath("my_tiny.yaml").write_text("name: my_tiny\nnum_layers: 2\n")
+    (d / "env").joinpath("my_toy.yaml").write_text("name: toy\nnum_val_prompts: 16\n")
+    (d / "experiment.yaml").write_text("defaults:\n  - config\n  - _self_\nname: from-my-primary\n")
+    return d
+
+
+def test_help_lists_groups_options_and_key_docs(user_dir):
+    p = launch("--help", "--config-dir", str(user_dir))
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "model     " in out and "tiny" in out and "my_tiny" in out and "quick" in out  # conf/ and the user's
+    assert "grpo.max_val_samples: Optional[int] = None" in out and "the whole validation set" in out
+    assert "--cfg job|hydra|all" in out and "status|logs|cancel" in out
+    h = launch("--hydra-help")
+    assert h.returncode == 0 and "--shell-completion" in h.stdout
+
+
+def test_cfg_job_hydra_all_and_resolve():
+    job = launch("--cfg", "job", "grpo.max_steps=7")
+    assert job.returncode == 0 and "max_steps: 7" in job.stdout and "hydra:" not in job.stdout, job.stderr
+    hyd = launch("--cfg", "hydra")
+    assert hyd.returncode == 0 and "hydra:" in hyd.stdout and "searchpath" in hyd.stdout
+    res = launch("--cfg", "all", "--resolve", "--package", "grpo")
+    assert res.returncode == 0 and "max_steps: 150" in res.stdout, res.stderr
+
+
+def test_cfg_with_a_bad_key_is_a_config_error():
+    p = launch("--cfg", "job", "grpo.num_promts_per_step=3")
+    assert p.returncode == 2 and p.stderr.startswith("config error") and "grpo.num_prompts_per_step" in p.stderr
+    assert no_traceback(p)
+
+
+def test_info_and_shell_completion():
+    info = launch("--info", "searchpath")
+    assert info.returncode == 0 and "file://" in info.stdout, info.stderr
+    install = launch("--shell-completion", "install=bash")
+    assert install.returncode == 0 and "complete" in install.stdout, install.stderr
+    query = launch("--shell-completion", "query=bash", env={"COMP_LINE": "python launch.py rollout="})
+    assert query.returncode == 0 and "rollout=vllm" in query.stdout, query.stdout + query.stderr
+
+
+def test_user_config_dir_outside_the_repo(user_dir, tmp_path):
+    p = launch("--config-dir", str(user_dir), "+recipe=quick", "model=my_tiny", "dry_run=true",
+               f"output_root={tmp_path}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "run 'quick-run'" in p.stdout and str(tmp_path / "quick-run") in p.stdout
+    sp = launch(f"hydra.searchpath=[file://{user_dir}]", "+recipe=quick", "dry_run=true")
+    assert sp.returncode == 0 and "run 'quick-run'" in sp.stdout, sp.stderr
+    cn = launch("--config-dir", str(user_dir), "-cn", "experiment", "dry_run=true")
+    assert cn.returncode == 0 and "run 'from-my-primary'" in cn.stdout, cn.stderr
+    nope = launch("--config-dir", str(user_dir), "+recipe=nope", "dry_run=true")
+    assert nope.returncode == 2 and "recipe" in nope.stderr and "quick" in nope.stderr and no_traceback(nope)
+
+
+def test_hydra_run_dir_is_refused_with_the_reason():
+    p = launch("hydra.run.dir=/tmp/x", "dry_run=true")
+    assert p.returncode == 2 and "hydra.run.dir" in p.stderr and "output_root" in p.stderr and no_traceback(p)
+
+
+def test_subcommands_still_work(tmp_path):
+    st = launch("status", "--root", str(tmp_path))
+    assert st.returncode == 0 and "no runs" in st.stdout, st.stderr
+    for cmd in ("logs", "cancel"):
+        p = launch(cmd, "no-such-run", "--root", str(tmp_path))
+        assert p.returncode == 1 and "no run 'no-such-run'" in p.stderr and no_traceback(p)
+
+
+def test_model_path_dir_is_enough(tmp_path):
+    from test_spec import write_model_dir
+
+    d = write_model_dir(tmp_path / "my-model")
+    ok = launch(f"model.path={d}", "dry_run=true", "--cfg", "job")
+    assert ok.returncode == 0, ok.stderr
+    run = launch(f"model.path={d}", "dry_run=true", f"output_root={tmp_path}")
+    assert run.returncode == 0 and "run 'tiny-grpo'" in run.stdout, run.stderr
+    bad = launch(f"model.path={d}", "model.num_layers=9", "dry_run=true")
+    assert bad.returncode == 2 and "model.num_layers" in bad.stderr and "num_hidden_layers=3" in bad.stderr
