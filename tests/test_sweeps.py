@@ -37,6 +37,18 @@ def test_bad_point_stops_the_sweep_before_anything_runs(tmp_path):
     assert "sweep not launched" in p.stderr and not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.parametrize("sweep,key", [
+    ("model=tiny,nope", "model"),  # a point that does not compose: was exit 1 with Hydra's error
+    ("train.lr=1e-4,inf", "train.lr"),
+    ("name=a,..", "name"),
+    ("model=nope", "model"),  # the sweep's base does not compose
+])
+def test_every_point_failure_is_a_config_error(tmp_path, sweep, key):
+    p = launch("-m", sweep, "grpo.seed=1,2", "dry_run=true", f"output_root={tmp_path}")
+    assert p.returncode == 2 and p.stderr.startswith("config error"), p.stderr[-2000:]
+    assert f"  - {key}" in p.stderr and "Traceback" not in p.stdout + p.stderr
+
+
 @pytest.mark.slow
 def test_2x2_local_sweep_four_runs_under_one_parent(tmp_path):
     p = launch("-m", "loss.clip_high=0.2,0.28", "train.lr=1e-4,3e-4", f"output_root={tmp_path}", *SHORT)
