@@ -75,14 +75,15 @@ def test_activation_bytes_per_token_per_layer():
         k = mem.layer_activation_bytes(a, "megatron", 2, False, mem.Layout(tp, 1, 1, 1, 1, sp, 8))
         return k["attention"] + k["mlp"]
 
-    # megatron bf16: two norms 2·(4h + 2·2h), attention 2·(4q + 3kv), SwiGLU MLP 4·2·f
-    full = 2 * 8 * h + 2 * (4 * q + 3 * kv) + 8 * f
-    assert per_layer(1, False) == full == 97_280
-    assert per_layer(2, False) == 2 * 8 * h + (2 * (4 * q + 3 * kv) + 8 * f) / 2  # norms replicated (no SP)
+    # megatron bf16: two norms 2·(4h + 3·2·h) (fp32 upcast, normalised, the next linear's input), attention
+    # 2·(3q + 3kv) (fused QKV kept by the V view, RoPE'd q, k, SDPA output), SwiGLU MLP 5·2·f
+    full = 2 * 10 * h + 2 * (3 * q + 3 * kv) + 10 * f
+    assert per_layer(1, False) == full == 20 * h + 6 * q + 6 * kv + 10 * f == 112_640
+    assert per_layer(2, False) == 2 * 10 * h + (2 * (3 * q + 3 * kv) + 10 * f) / 2 == 76_800  # norms replicated
     assert per_layer(2, True) == full / 2  # Korthikanti eq. 5: SP splits the rest too
-    # torch (HF, fp32 residual, bf16 autocast): 32h + 4kv + 8f
+    # torch (HF, fp32 residual, bf16 autocast): norms 2·8h, casts 6h + 4h, SDPA 2·(2q + 2kv), SwiGLU 8f
     k = mem.layer_activation_bytes(a, "torch", 2, True, mem.Layout(1, 1, 1, 1, 1, False, 1))
-    assert k["attention"] + k["mlp"] == 32 * h + 4 * kv + 8 * f == 112_640
+    assert k["attention"] + k["mlp"] == 30 * h + 4 * kv + 8 * f == 108_544
 
 
 def test_activation_checkpointing_keeps_layer_inputs():
@@ -93,8 +94,9 @@ def test_activation_checkpointing_keeps_layer_inputs():
     s = replace(s, cluster=replace(s.cluster, gpus_per_node=1))
     e = mem.estimate(s)
     tokens = 2 * 1024
-    assert e.policy["activations"].bytes == 24 * 2 * 2048 * tokens + (4 * 2048 + 4 * 2048) * tokens
-    assert e.policy["activation work"].bytes == 2 * 97_280 * tokens
+    final = 10 * 2048 + 4 * 128  # final norm + output layer input, RoPE's fp32 cos/sin
+    assert e.policy["activations"].bytes == 24 * 2 * 2048 * tokens + final * tokens
+    assert e.policy["activation work"].bytes == 2 * 112_640 * tokens
 
 
 def test_logits_peak_vocab_times_tokens():

@@ -29,7 +29,10 @@ Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Larg
 arXiv:2205.05198, §4): count the tensors each layer saves for its backward, per token. Their GPT layer
 gives s·b·h·(34 + 5·a·s/h) bytes; our layers differ (no dropout masks, SwiGLU, GQA, RMSNorm, and SDPA/flash
 attention, which never stores the a·s² score matrices: Dao et al. 2022, arXiv:2205.14135), so
-`layer_activation_bytes` counts our code's tensors the same way. TP divides the tensors between the
+`layer_activation_bytes` counts our code's tensors the same way. The per-token coefficients were checked
+tensor by tensor with torch.autograd.graph.saved_tensors_hooks on both workers' models (CPU build, bf16
+autocast / bf16 megatron; per layer and token: torch 30h + 4kv + 8f, megatron 20h + 6q + 6kv + 10f; for the
+1.21 B Llama shape 108,544 B and 112,640 B). TP divides the tensors between the
 column- and row-parallel linears; the norms' and the residual's tensors are divided only with sequence
 parallelism (their eq. 4 vs eq. 5). CP divides the tokens. Full recomputation keeps only each layer's input
 (2·s·b·h bytes per layer, their §5) plus one layer re-materialised during its backward. With PP the first
@@ -265,20 +268,22 @@ def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay:
     if backend == "torch":
         # HF Llama/Qwen2 on fp32 weights: fp32 residual stream; RMSNorm saves its input and the normalised
         # tensor (4h + 4h); under autocast every linear casts its fp32 input to bf16 separately (q/k/v: 3 casts,
-        # gate/up: 2); RoPE's fp32 outputs are cast again for SDPA, which saves q, k, v and its output; o_proj
-        # saves the contiguous attention output; SwiGLU saves gate, silu(gate), up and their product.
-        norm = 8 * h + (0 if autocast else 4 * h)
-        attn = norm + (3 * 2 * h if autocast else 0) + act * (3 * q + 2 * kv)
-        mlp = norm + (2 * 2 * h if autocast else 0) + 4 * act * f
-        moe_routed = a.top_k * (2 * act * h + 4 * act * f) if a.experts else 0
+        # gate/up: 2; without autocast the norm's fp32 output is saved once); RoPE's outputs are cast again for
+        # SDPA, which saves q, k, v and its output (o_proj's input is that output, no copy); SwiGLU saves
+        # gate, silu(gate), up and their product. Counted with saved-tensor hooks on CPU (the module docstring).
+        norm = 8 * h
+        attn = norm + (3 * 2 * h if autocast else 4 * h) + act * (2 * q + 2 * kv)
+        mlp = norm + (2 * 2 * h if autocast else 4 * h) + 4 * act * f
+        moe_routed = a.top_k * (2 * act * h + 5 * act * f) if a.experts else 0
         moe = norm + a.experts * 4 * 3 + moe_routed
         return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": 0.0}
-    # megatron-core local spec: torch RMSNorm (fp32 upcast 4h + normalised 2h + its output saved by the next
-    # linear 2h); fused QKV output (kept alive by the V view), RoPE'd q and k, SDPA output, the projection's
-    # input; fc1's fused gate|up output, silu(gate) and the product saved by fc2.
-    norm = (4 * h + 2 * act * h) / rep
-    attn = norm + act * (4 * q + 3 * kv) / tp
-    act_f = 4 * act if a.gated else 3 * act  # bytes per ffn unit: SwiGLU 4 tensors, squared ReLU 3
+    # megatron-core local spec: torch RMSNorm in bf16 saves 4h + 2·2h, and the next linear its output (2h);
+    # the fused QKV output (kept alive by the V view), RoPE'd q and k, the SDPA output (linear_proj's input is
+    # a view of it); fc1's fused gate|up output, silu(gate), one more f-sized tensor and the product (fc2's
+    # input): 5 tensors of f. Counted with saved-tensor hooks on the CPU build (the module docstring).
+    norm = (4 * h + 3 * act * h) / rep
+    attn = norm + act * (3 * q + 3 * kv) / tp
+    act_f = 5 * act if a.gated else 4 * act  # bytes per ffn unit: SwiGLU 5 tensors, squared ReLU 4
     mlp = norm + act_f * f / tp
     # MoE: router logits/probs in fp32 (3 tensors of E), every routed copy of a token (top-k) saves its
     # permuted input, the expert's ffn tensors (split over ETP) and the output the combine weights.
@@ -404,7 +409,11 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     rows = t.global_batch_size // max(lay.dp, 1)
     in_flight = min(lay.pp, max(1, math.ceil(rows / t.micro_batch_size))) if lay.pp > 1 else 1
     rep = lay.tp if lay.sp else 1
-    final = 4 * a.hidden + 2 * act * a.hidden / rep  # final norm + the output layer's input
+    # final norm + the output layer's input, and RoPE's cos/sin (fp32, shared by the layers)
+    if backend == "torch":
+        final = 8 * a.hidden + (2 if autocast else 4) * a.hidden + 2 * 4 * a.head_dim
+    else:
+        final = (4 * a.hidden + 3 * act * a.hidden) / rep + 4 * a.head_dim
     if ckpt:
         stored = len(stage) * act * a.hidden / rep * tokens * in_flight
         how = f"{len(stage)} layers × {act}·h B (layer inputs, full recompute) × {tokens:.0f} tok"
@@ -428,10 +437,10 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     g = lambda *keys: sum(it[k].bytes for k in keys if k in it)  # noqa: E731
     resident = g("weights", "grads", "optimizer", "reference")
     cast = g("autocast copies")
-    ref_cast = cast if (autocast and "reference" in it) else 0
     est.phases = {
         "generate": gib(resident),
-        "logprobs": gib(resident + cast + ref_cast + g("logprob logits") + 2 * max(stage) * lp_tokens),
+        # (the frozen reference model's casts are not cached: autocast caches leaves that require grad)
+        "logprobs": gib(resident + cast + g("logprob logits") + 2 * max(stage) * lp_tokens),
         "train": gib(resident + cast + g("activations", "activation work", "logits")),
         "optimizer step": gib(resident + g("optimizer step temp")),
     }
