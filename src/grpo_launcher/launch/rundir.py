@@ -181,7 +181,8 @@ def release_run_lock(run_dir: Path, job_id: Optional[str] = None) -> bool:
     with _guard(run_dir):
         lock = read_lock(run_dir)
         mine = (job_id is not None and str(lock.get("job_id")) == str(job_id)) or \
-            (job_id is None and lock.get("pid") == os.getpid() and lock.get("host") == socket.gethostname())
+            (job_id is None and not lock.get("job_id") and lock.get("pid") == os.getpid()
+             and lock.get("host") == socket.gethostname())
         if mine:
             (run_dir / LOCK).unlink(missing_ok=True)
         return mine

@@ -38,8 +38,6 @@ def active_job(run_dir: Path) -> str | None:
 
 
 def submit_slurm(spec: RunSpec, plan: Plan) -> int:
-    from .status import slurm, write_status  # imported here: `python -m ...launch.status` must not find it loaded
-
     spec = for_slurm(spec)
     script = render(spec, plan)
     if spec.dry_run:
@@ -50,12 +48,23 @@ def submit_slurm(spec: RunSpec, plan: Plan) -> int:
         print("error: sbatch not found on PATH (cluster=slurm submits with sbatch; for the local test cluster: "
               "bash scripts/local-slurm.sh install && bash scripts/local-slurm.sh start)", file=sys.stderr)
         return 1
-    busy = active_job(plan.run_dir)
-    if busy:
-        print(f"error: run '{spec.name}' is already queued/running as job {busy} (its run dir {plan.run_dir} "
+    try:  # atomic: of two launches of one run at once, one gets the run dir; the job holds it from here on
+        rundir.acquire_run_lock(plan.run_dir, "slurm")
+    except rundir.RunBusy as holder:
+        print(f"error: run '{spec.name}' is already in use by {holder} (its run dir {plan.run_dir} "
               f"would be shared); `python launch.py cancel {spec.name}` first, or pick another name=",
               file=sys.stderr)
         return 1
+    try:
+        return _submit_locked(spec, plan, script)
+    except BaseException:
+        rundir.release_run_lock(plan.run_dir)  # this launcher still holds it (no job took it over)
+        raise
+
+
+def _submit_locked(spec: RunSpec, plan: Plan, script: str) -> int:
+    from .status import slurm, write_status  # imported here: `python -m ...launch.status` must not find it loaded
+
     missing = [n for n in spec.cluster.env_passthrough if n not in os.environ]
     if missing:  # names only: values are never printed
         print(f"warning: cluster.env_passthrough names unset variable(s): {', '.join(missing)}", file=sys.stderr)
@@ -64,12 +73,14 @@ def submit_slurm(spec: RunSpec, plan: Plan) -> int:
     rundir.prepare(spec, plan)
     path = script_path(plan)
     rundir.write_atomic(path, script)
-    path.chmod(0o755)
+    path.chmod(0o700)
     proc = slurm(["sbatch", "--parsable", str(path)], timeout=60)
     if proc.returncode != 0:
         print(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}", file=sys.stderr)
+        rundir.release_run_lock(plan.run_dir)
         return 1
     job_id = proc.stdout.strip().split(";")[0]
+    rundir.record_job(plan.run_dir, job_id)
     write_status(plan.run_dir, "SUBMITTED", reset=True, job_id=job_id, name=spec.name, run_dir=str(plan.run_dir),
                  submitted=round(T_COMMAND, 3))
     logs = plan.run_dir / "logs"

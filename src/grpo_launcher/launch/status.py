@@ -50,9 +50,25 @@ def write_status(run_dir: Path, state: str, /, reset: bool = False, **fields: ob
         current.setdefault("events", {})[str(event)] = round(time.time(), 3)
     current.update(state=state, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
     tmp = run_dir / f".status.json.{os.getpid()}"
-    tmp.write_text(json.dumps(current, indent=1) + "\n")
-    os.replace(tmp, run_dir / "status.json")
+    try:
+        tmp.write_text(json.dumps(current, indent=1) + "\n")
+        os.replace(tmp, run_dir / "status.json")
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in (28, 122):  # ENOSPC, EDQUOT
+            raise OSError(exc.errno, f"no space left on device writing {run_dir / 'status.json'} "
+                          f"({_free_mib(run_dir)})") from exc
+        raise
     return current
+
+
+def _free_mib(path: Path) -> str:
+    import shutil
+
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB free"
+    except OSError:
+        return "free space unknown"
 
 
 def read_status(run_dir: Path) -> dict:
@@ -144,6 +160,10 @@ def main() -> None:
     a = ap.parse_args()
     write_status(a.run_dir, a.state, job_id=a.job_id, exit_code=a.exit_code, message=a.message,
                  restarts=a.restarts, event=a.event)
+    if a.state in TERMINAL and a.job_id:  # the job is done with its run dir: a new launch may take it
+        from .rundir import release_run_lock
+
+        release_run_lock(a.run_dir, job_id=a.job_id)
 
 
 if __name__ == "__main__":
