@@ -409,6 +409,65 @@ def test_rendered_script_never_executes_a_payload(style, tmp_path, stubs):
             m.unlink(missing_ok=True)
 
 
+STUB_SQUEUE_OWNER = r"""#!/bin/bash
+{ printf 'squeue'; printf '\x1f%s' "$@"; printf '\x1e'; } >> "$STUB_LOG"
+case " $* " in *" -j $STUB_RUNNING_JOB "*) echo "$STUB_RUNNING_JOB";; esac
+exit 0
+"""
+
+
+def gcs_port_used(log: Path) -> int:
+    (port,) = [int(a.split("=", 1)[1]) for r in records(log) if r[0] == "py" and "--head" in r
+               for a in r if a.startswith("--port=")]
+    return port
+
+
+@pytest.mark.parametrize("case", ["held-by-a-running-job", "stale-claim", "port-busy"])
+def test_port_slot_never_shared(case, tmp_path, stubs):
+    """Jobs sharing hosts: job 990001's first choice is slot 990001 % 16 = 1. A slot held by a running job,
+    or whose ports answer, is skipped (slot 2); a claim left by a job that no longer runs is reclaimed."""
+    import socket as sock_mod
+
+    stubs_dir, stub_py = stubs
+    write_stub(stubs_dir / "squeue", STUB_SQUEUE_OWNER)
+    stride, base = 300, 20000 + (os.getpid() % 40) * 100  # below the ephemeral range
+    spec = base_spec(root=tmp_path / "out")
+    spec = dataclasses.replace(spec, cluster=dataclasses.replace(
+        spec.cluster, python=str(stub_py), ray_port=base, job_port_stride=stride, ray_temp_dir=str(tmp_path / "ray")))
+    plan = make_plan(spec)
+    plan.run_dir.mkdir(parents=True)
+    (plan.run_dir / "spec.yaml").write_text("stub\n")
+    slots = tmp_path / "ray" / "port-slots"
+    (slots / "slot-1").mkdir(parents=True)
+    (slots / "slot-1" / "job").write_text("777\n")
+    listener = None
+    if case == "port-busy":
+        (slots / "slot-1" / "job").unlink()
+        (slots / "slot-1").rmdir()
+        listener = sock_mod.socket()
+        listener.bind(("127.0.0.1", base + 1 * stride + 3))  # slot 1's node manager port on node 0
+        listener.listen(1)
+    try:
+        proc = run_rendered(render(spec, plan), tmp_path, stubs_dir,
+                            {"STUB_RUNNING_JOB": "777" if case == "held-by-a-running-job" else "999999"})
+    finally:
+        if listener is not None:
+            listener.close()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # other processes on a shared machine may hold ports of some slots too: those are skipped as well
+    slot = int(re.search(r"Ray port slot (\d+) ", proc.stdout).group(1))
+    assert gcs_port_used(tmp_path / "calls.log") == base + slot * stride, proc.stdout
+    if case == "stale-claim":
+        assert slot == 1 or re.search(r"port slot 1: \S+ is in use", proc.stdout), proc.stdout
+    else:
+        assert slot >= 2, proc.stdout
+    if case == "port-busy":
+        assert f"port slot 1: n1:{base + stride + 3} is in use" in proc.stdout
+    assert not (slots / f"slot-{slot}").exists()  # released when the job ends
+    if case == "held-by-a-running-job":
+        assert (slots / "slot-1" / "job").read_text().strip() == "777"  # never taken from a live job
+
+
 # ------------------------------------------------------------------ the real local Slurm cluster
 
 
@@ -628,8 +687,9 @@ def test_injection_payloads_submitted_for_real(cluster, jobs, tmp_path, stubs):
         marks += fields.values()
         p = {f: PAYLOADS[style].format(m=m) for f, m in fields.items()}
         spec = base_spec(root=tmp_path / style)
-        spec = dataclasses.replace(spec, cluster=dataclasses.replace(
-            spec.cluster, python=str(stub_py), ray_port=free_port_block(), job_port_stride=0))
+        spec = dataclasses.replace(spec, cluster=dataclasses.replace(  # sbatch --export: the stubs' variables by name
+            spec.cluster, python=str(stub_py), ray_port=free_port_block(), job_port_stride=0,
+            env_passthrough=["STUB_LOG", "REAL_PY", "REAL_SRUN"]))
         for f in ("account", "qos", "job_name", "container_image", "container_mounts", "ray_temp_dir"):
             spec = with_payload(spec, f, p[f])
         images[style] = p["container_image"]
@@ -676,8 +736,9 @@ def test_time_limit_signal_requeues_and_resumes(cluster, jobs, tmp_path, stubs):
     env = {**slurm_env(), "PATH": f"{stubs_dir}:{os.environ['PATH']}", "STUB_LOG": str(tmp_path / "calls.log"),
            "REAL_PY": PY, "REAL_SRUN": shutil.which("srun"), "STUB_DRIVER": "wait_usr1"}
     spec = base_spec("cluster.time=00:02:00", "cluster.signal_before_s=100", "name=time-limit", root=tmp_path)
-    spec = dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, python=str(stub_py),
-                                                                 ray_port=free_port_block(), job_port_stride=0))
+    spec = dataclasses.replace(spec, cluster=dataclasses.replace(
+        spec.cluster, python=str(stub_py), ray_port=free_port_block(), job_port_stride=0,
+        env_passthrough=["STUB_LOG", "REAL_PY", "REAL_SRUN", "STUB_DRIVER"]))  # sbatch --export: by name
     plan = make_plan(spec)
     (plan.run_dir / "logs").mkdir(parents=True)
     (plan.run_dir / "spec.yaml").write_text("stub\n")
