@@ -141,6 +141,9 @@ FAILING = [
     (["rollout=vllm", "rollout.kv_cache_memory_mb=0"], "vllm_engine_memory_and_length", "rollout.kv_cache_memory_mb"),
     (["cluster=slurm", "cluster.gpus_per_node=1", "cluster.gpu_memory_gib=-1", "dry_run=true"],
      "gpu_memory_fits", "cluster.gpu_memory_gib"),
+    (["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true",
+      "env.max_prompt_tokens=16", "env.gym_start_timeout_s=0", "dry_run=true"], "gym_preflight",
+     "env.gym_start_timeout_s"),
     # issue 11: configs that passed pre-flight and failed after allocation
     (["train.lr=0"], "optimizer_ranges", "train.lr"),
     (["train.lr=-1e-4"], "optimizer_ranges", "train.lr"),
@@ -162,11 +165,8 @@ FAILING = [
     (["loss.is_threshold_low=0.5"], "importance_sampling_truncation", "loss.is_threshold_low"),
     # what this build cannot run: refused before submission (dry runs still plan)
     (["+recipe=nanov3", "cluster=slurm"], "build_implements_run", "model.family"),
-    (["+recipe=nanov3", "cluster=slurm"], "build_implements_run", "env.name"),
     (["+recipe=nanov3", "cluster=slurm"], "build_implements_run", "train.sequence_packing"),
     (["model.family=llama"], "build_implements_run", "model.family"),
-    (["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true",
-      "env.max_prompt_tokens=16"], "build_implements_run", "env.name"),
     # values that used to crash the validator or break the job's spec.yaml
     (["train.lr=inf"], "field_values", "train.lr"),
     (["loss.clip_high=nan"], "field_values", "loss.clip_high"),
@@ -357,3 +357,14 @@ def test_broken_model_dirs_are_named(tmp_path, breakage, needle):
         (d / "tokenizer.json").unlink()
     found = violations([f"model.path={d}"])
     assert any(needle in v.message and "model.path" in v.keys for v in found), [v.render() for v in found]
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_nemo_gym_refused_for_a_real_launch_unless_installed(monkeypatch, installed):
+    from grpo_launcher.spec import rules
+
+    monkeypatch.setattr(rules, "gym_available", lambda: installed)
+    spec = load_spec(["+recipe=nanov3", "cluster=slurm", "dry_run=true"])
+    real = __import__("dataclasses").replace(spec, dry_run=False)
+    gym = [v for v in rules.validate(real) if v.rule == "build_implements_run" and "env.name" in v.keys]
+    assert bool(gym) != installed
