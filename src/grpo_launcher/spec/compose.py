@@ -227,12 +227,13 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
     return spec
 
 
-def roundtrip_problems(spec: RunSpec) -> list[Violation]:
-    """The spec the job reads back from spec.yaml must be this spec: reload the YAML and compare, key by key."""
+def roundtrip_problems(spec: RunSpec, read_back: Optional[Any] = None) -> list[Violation]:
+    """The spec the job reads back must be this spec: reload it (read_back(spec), default: its YAML text, in memory)
+    and compare, key by key."""
     from .rules import leaf_values
 
     try:
-        back = to_spec(OmegaConf.create(spec_to_yaml(spec)))
+        back = read_back(spec) if read_back else to_spec(OmegaConf.create(spec_to_yaml(spec)))
     except ConfigError as err:
         return [Violation("spec_roundtrip", v.keys, f"the job could not read spec.yaml back: {v.message}", v.fix)
                 for v in err.violations]

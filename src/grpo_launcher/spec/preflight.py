@@ -7,6 +7,7 @@ foresaw is still reported (rule `preflight_<stage>`, the exception's text) inste
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
@@ -45,13 +46,26 @@ def render_job(spec: RunSpec, plan: Any) -> Optional[str]:
     return render(job_spec(spec), plan)
 
 
+def read_back_as_the_job(plan: Any) -> Callable[[RunSpec], RunSpec]:
+    """Write the spec as a run dir gets it (launch/rundir.py: redacted spec.yaml + secrets), into a temporary
+    directory, and read it as the job's driver does (rundir.load_spec_file)."""
+    def read_back(spec: RunSpec) -> RunSpec:
+        from ..launch import rundir
+
+        with tempfile.TemporaryDirectory(prefix="grpo-spec-") as tmp:
+            rundir.prepare(spec, dataclasses.replace(plan, run_dir=Path(tmp)))
+            return rundir.load_spec_file(Path(tmp) / "spec.yaml")
+
+    return read_back
+
+
 def finish(spec: RunSpec) -> tuple[RunSpec, Any]:
     """A validated spec → (spec, plan): the plan derived, the job script rendered, spec.yaml round-tripped."""
     from ..plan import make_plan
 
     plan = guarded("plan", lambda: make_plan(spec))
     guarded("render", lambda: render_job(spec, plan))
-    problems = guarded("roundtrip", lambda: roundtrip_problems(job_spec(spec)))
+    problems = guarded("roundtrip", lambda: roundtrip_problems(job_spec(spec), read_back_as_the_job(plan)))
     if problems:
         raise ConfigError(problems)
     return spec, plan
