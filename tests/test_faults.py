@@ -399,3 +399,26 @@ def test_driver_signal_after_ray_init_saves_and_exits_with_its_code(tmp_path, si
     assert f"resuming from step_{stopped:06d}" in again.stdout
     steps = mlflow_steps(f"sqlite:///{tmp_path / 'mlflow.db'}", name, "train/reward_mean")
     assert steps == list(range(1, total + 1))
+
+
+# ------------------------------------------------------------------ the sweep's MLflow parent run
+
+
+def test_sweep_parent_run_is_ended_finished_or_failed(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from grpo_launcher.launch.sweep import end_sweep_parent_run, sweep_parent_run
+    from grpo_launcher.spec.compose import load_spec
+
+    spec = load_spec([f"output_root={tmp_path}", "logging.experiment=h12-sweep"])
+    sweep_dir = tmp_path / "multirun" / "s1"
+    sweep_dir.mkdir(parents=True)
+    run_id = sweep_parent_run(spec, sweep_dir)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert end_sweep_parent_run(spec, sweep_dir, ok=True) == "FINISHED"
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert sweep_parent_run(spec, sweep_dir) == run_id  # continued (Optuna's next batch): running again
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert end_sweep_parent_run(spec, sweep_dir, ok=False) == "FAILED"
+    assert client.get_run(run_id).info.status == "FAILED"

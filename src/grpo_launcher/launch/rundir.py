@@ -134,6 +134,8 @@ def live_holder(lock: dict) -> Optional[str]:
         info = scheduler_job(str(job))
         if info is not None and info.get("JobState") in SLURM_ACTIVE:
             return f"Slurm job {job} ({info.get('JobState')})"
+        if info is not None and _still_completing(str(job)):  # cancelled, its processes not yet gone
+            return f"Slurm job {job} ({info.get('JobState')}, still completing)"
         return None
     pid, host = lock.get("pid"), lock.get("host")
     if isinstance(pid, int) and host == socket.gethostname() and pid_alive(pid):
@@ -143,6 +145,13 @@ def live_holder(lock: dict) -> Optional[str]:
             return None
         return f"a local run (pid {pid} on {host})"
     return None
+
+
+def _still_completing(job: str) -> bool:
+    from .status import slurm
+
+    proc = slurm(["squeue", "-h", "-j", job, "-o", "%T"])
+    return proc.returncode == 0 and "COMPLETING" in proc.stdout
 
 
 def acquire_run_lock(run_dir: Path, owner: str, job_id: Optional[str] = None) -> dict:
