@@ -62,6 +62,7 @@ def test_2x2_local_sweep_four_runs_under_one_parent(tmp_path):
     parents = [r for r in runs if r.info.run_name.startswith("sweep-")]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
     assert len(parents) == 1 and len(children) == 4
+    assert parents[0].info.status == "FINISHED"  # ended with the sweep, never left RUNNING
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert {c.data.params["loss.clip_high"] for c in children} == {"0.2", "0.28"}
     (multirun_yaml,) = tmp_path.glob("multirun/*/multirun.yaml")  # the sweep, re-creatable

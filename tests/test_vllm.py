@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -247,8 +248,9 @@ def _get(url: str) -> dict:
         return json.loads(r.read())
 
 
-def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def _post(url: str, body: dict, api_key: str | None = None) -> dict:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
 
@@ -321,10 +323,14 @@ def test_http_completion_during_a_run(tmp_path, model_dir):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         published = json.loads(endpoints.read_text())
+        assert endpoints.stat().st_mode & 0o777 == 0o600 and published["api_key"]  # a fresh key per run
         for url in published["base_urls"]:
             assert url.startswith("http://127.0.0.1:"), url
-            out = _post(f"{url}/completions", {"model": published["model"], "prompt": "1234>", "max_tokens": 5,
-                                              "temperature": 0})
+            body = {"model": published["model"], "prompt": "1234>", "max_tokens": 5, "temperature": 0}
+            with pytest.raises(urllib.error.HTTPError) as anonymous:
+                _post(f"{url}/completions", body)
+            assert anonymous.value.code == 401
+            out = _post(f"{url}/completions", body, published["api_key"])
             assert out["choices"][0]["finish_reason"] in ("stop", "length")
         assert proc.poll() is None, "the run ended before the request: it did not happen during the run"
         assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]

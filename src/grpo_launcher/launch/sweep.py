@@ -142,6 +142,9 @@ def sweep_parent_run(spec: RunSpec, sweep_dir: Path) -> Optional[str]:
     marker = sweep_dir / "mlflow_parent_run_id"
     if marker.exists():
         run_id = marker.read_text().strip()
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(make_plan(spec).tracking_uri).update_run(run_id, status="RUNNING")  # a continued sweep
     else:
         from mlflow.tracking import MlflowClient
 
@@ -153,6 +156,20 @@ def sweep_parent_run(spec: RunSpec, sweep_dir: Path) -> Optional[str]:
         marker.write_text(run_id + "\n")
     os.environ[PARENT_ENV] = run_id
     return run_id
+
+
+def end_sweep_parent_run(spec: RunSpec, sweep_dir: Path, ok: bool) -> Optional[str]:
+    """End the sweep's MLflow parent run: FINISHED when every point ran (or was submitted) fine, else FAILED."""
+    from ..plan import make_plan
+
+    marker = sweep_dir / "mlflow_parent_run_id"
+    if not spec.logging.mlflow or spec.dry_run or not marker.exists():
+        return None
+    from mlflow.tracking import MlflowClient
+
+    status = "FINISHED" if ok else "FAILED"
+    MlflowClient(make_plan(spec).tracking_uri).set_terminated(marker.read_text().strip(), status=status)
+    return status
 
 
 def objective_metric() -> str:

@@ -46,10 +46,8 @@ class GrpoLauncher(Launcher):
         return cfg, None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from grpo_launcher.launch import execute
-        from grpo_launcher.launch.sweep import (check_points, named_points, point_problems, print_summary,
-                                                sweep_parent_run)
-        from grpo_launcher.plan import make_plan
+        from grpo_launcher.launch.sweep import (check_points, end_sweep_parent_run, named_points, point_problems,
+                                                print_summary, sweep_parent_run)
 
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -64,7 +62,20 @@ class GrpoLauncher(Launcher):
         first = next((spec for spec, bad in checked if not bad), None)
         if first is not None:
             sweep_parent_run(first, sweep_dir)  # one MLflow parent run per sweep; children find it via env
-        runs = []
+        runs: list = []
+        try:
+            self._run_points(configs, checked, job_overrides, initial_job_idx, runs)
+        finally:  # the parent run never stays RUNNING: FINISHED when every point succeeded, else FAILED
+            if first is not None:
+                ok = len(runs) == len(configs) and all(r.status == JobStatus.COMPLETED for r in runs)
+                end_sweep_parent_run(first, sweep_dir, ok)
+        print_summary([spec for spec, _ in checked if spec is not None])
+        return runs
+
+    def _run_points(self, configs, checked, job_overrides, initial_job_idx: int, runs: list) -> None:
+        from grpo_launcher.launch import execute
+        from grpo_launcher.plan import make_plan
+
         for i, (cfg, (spec, problems)) in enumerate(zip(configs, checked)):
             log.info(f"#{initial_job_idx + i}: {' '.join(filter_overrides(job_overrides[i]))}")
             if problems:  # only with the optuna sweeper: a point that breaks a rule is a failed trial
@@ -76,8 +87,6 @@ class GrpoLauncher(Launcher):
             runs.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=cfg,
                                 job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        print_summary([spec for spec, _ in checked if spec is not None])
-        return runs
 
 
 class GrpoSweeper(BasicSweeper):
