@@ -85,6 +85,8 @@ class Plan:
     tracking_uri: str
 
     def summary(self) -> str:
+        from .launch.secrets import redact_value
+
         kind = "GPU" if self.use_gpus else "CPU slot"
         return "\n".join(
             [
@@ -96,7 +98,7 @@ class Plan:
                 f"max model len        : {self.max_model_len}",
                 f"Ray bundle / device  : {self.bundle}",
                 f"run dir              : {self.run_dir}",
-                f"tracking             : {self.tracking_uri}",
+                f"tracking             : {redact_value(self.tracking_uri)}",  # a password in the URI: ***
             ]
         )
 

@@ -146,7 +146,8 @@ class VLLMRolloutWorker:
         port = sock.getsockname()[1]
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(
             ["--model", self.model_dir, "--served-model-name", self.served_model_name, "--host", host,
-             "--port", str(port), "--disable-uvicorn-access-log", "--disable-log-stats"])
+             "--port", str(port), "--disable-uvicorn-access-log", "--disable-log-stats",
+             *(["--api-key", self.spec.rollout.http_api_key] if self.spec.rollout.http_api_key else [])])
         tasks = await self.engine.get_supported_tasks()
         app = build_app(args, tasks, self.engine.model_config)
         await init_app_state(self.engine, app.state, args, tasks)

@@ -17,6 +17,7 @@ from .. import algos
 from ..plan import Plan, make_plan, parse_duration
 from ..spec.schema import RunSpec
 from .batch import Generation, TrainBatch, collate, shard_rows
+from ..launch.secrets import with_http_api_key
 from .loop_state import LoopState, StopRequest
 from .workers import Workers, create_workers, ray_session
 
@@ -42,7 +43,9 @@ def run(spec: RunSpec, plan: Plan) -> int:
     from ..launch.repro import record_launch
 
     record_launch(spec, plan, state)  # RUN_DIR/repro/: git commit, uncommitted diff, pip freeze (+ MLflow)
+    spec = with_http_api_key(spec)
     with ray_session(spec, plan):
+        stop.reinstall()  # ray.init() replaced the SIGTERM handler with Ray's (which exits without saving)
         workers = create_workers(spec, plan, str(model_dir))
         trainer = None
         try:
@@ -68,8 +71,9 @@ def publish_rollout_endpoints(spec: RunSpec, plan: Plan, workers: Workers) -> No
     from ..launch.rundir import write_atomic
 
     urls = ray.get([r.http_url.remote() for r in workers.rollout])
-    write_atomic(plan.run_dir / "rollout_endpoints.json",
-                 json.dumps({"model": spec.model.name, "base_urls": urls}, indent=1) + "\n")
+    write_atomic(plan.run_dir / "rollout_endpoints.json",  # 0600: it holds the servers' API key
+                 json.dumps({"model": spec.model.name, "base_urls": urls, "api_key": spec.rollout.http_api_key or None},
+                            indent=1) + "\n", mode=0o600)
     print(f"grpo-launcher: rollout endpoints {' '.join(urls)}", flush=True)
 
 
@@ -120,7 +124,7 @@ class Trainer:
                 print(f"grpo-launcher: stopped after step {step} ({self.stop.reason or 'must_save_by'}); "
                       "checkpoint saved", flush=True)
                 st.finish("KILLED")
-                return REQUEUE_EXIT if self.stop.requeue or self.deadline else 130
+                return REQUEUE_EXIT if self.stop.requeue or self.deadline else self.stop.exit_code
         progress.close()
         st.finish("FINISHED")
         return 0

@@ -31,7 +31,13 @@ def resume_or_start(spec: RunSpec, plan: Plan) -> LoopState | None:
         if moved:
             print(f"grpo-launcher: starting fresh; previous checkpoints moved to {moved}", flush=True)
         return LoopState.start(spec, plan, ckpt)
-    latest = ckpt.latest()
+    from ..checkpoint import CheckpointRefused
+
+    try:  # the newest checkpoint that verifies against its manifest (an invalid one is named and moved aside)
+        latest = ckpt.resume_point(spec.grpo.max_steps)
+    except CheckpointRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
     if latest is None:
         return LoopState.start(spec, plan, ckpt)
     try:
