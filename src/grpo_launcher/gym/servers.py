@@ -20,7 +20,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from .install import GymInstall, find_install
 
@@ -41,10 +41,26 @@ class GymStartTimeout(GymError):
     pass
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host: str = "127.0.0.1", low: int = 0, high: int = 0) -> int:
+    """A port nobody holds now: the kernel's pick (low=0), or a random one in [low, high]."""
+    import random
+
+    for _ in range(200 if low else 1):
+        port = random.randint(low, high) if low else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise GymError(f"no free port in {low}-{high} on {host}")
+
+
+# The head's port is picked before `gym env start` binds it, ~20 s later (Ray starts first): outside the
+# ephemeral range (32768+, where Ray's and everyone's outgoing sockets land), Ray's worker ports (10002-19999)
+# and the servers' range below.
+HEAD_PORTS = (30000, 32700)
+SERVER_PORTS = (20001, 29999)
 
 
 def gym_config(config_paths: list[str], base_urls: list[str], model: str, api_key: Optional[str], host: str,
@@ -59,8 +75,8 @@ def gym_config(config_paths: list[str], base_urls: list[str], model: str, api_ke
         "head_server": {"host": host, "port": head_port},
         "skip_venv_if_present": True,  # `make gym` built one shared venv; Gym's per-server uv venvs link to it
         "uv_venv_dir": str(server_venvs),
-        "port_range_low": 20001,  # the servers' random ports: away from local Slurm's and vLLM's
-        "port_range_high": 29999,
+        "port_range_low": SERVER_PORTS[0],  # the servers' random ports (Gym picks them)
+        "port_range_high": SERVER_PORTS[1],
     }
     import yaml
 
@@ -93,7 +109,8 @@ class GymServers:
     @classmethod
     def start(cls, config_paths: list[str], base_urls: list[str], model: str, workdir: Path,
               api_key: Optional[str] = None, host: str = "127.0.0.1", timeout_s: float = 600.0,
-              overrides: Optional[list[str]] = None, inst: Optional[GymInstall] = None) -> "GymServers":
+              overrides: Optional[list[str]] = None, inst: Optional[GymInstall] = None,
+              abort: Optional[Callable[[], bool]] = None) -> "GymServers":
         inst = inst or find_install()
         if inst is None:
             raise GymNotInstalled("NeMo Gym's environment is not installed: run `make gym` (scripts/gym-install.sh)")
@@ -101,7 +118,7 @@ class GymServers:
 
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        head_port = free_port(host)
+        head_port = free_port(host, *HEAD_PORTS)
         cfg = gym_config(config_paths, base_urls, model, api_key, host, head_port, inst.server_venvs, overrides)
         (workdir / "env.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         os.chmod(workdir / "env.yaml", 0o600)  # it may hold the engines' API key
@@ -114,29 +131,36 @@ class GymServers:
                     "VIRTUAL_ENV": str(inst.python.parent.parent), "PYTHONUNBUFFERED": "1",
                     "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"})
         log_path = workdir / "gym.log"
-        log = open(log_path, "ab")
+        log = open(log_path, "wb")
         proc = subprocess.Popen([str(inst.bin / "gym"), "env", "start"], cwd=workdir, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         (workdir / "gym.pid").write_text(f"{proc.pid}\n")
         self = cls(inst=inst, workdir=workdir, proc=proc, head_url=f"http://{_url_host(host)}:{head_port}",
                    log_path=log_path, _log=log, ray_tmp=ray_tmp)
         try:
-            self.wait_ready(timeout_s)
+            self.wait_ready(timeout_s, abort)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float, abort: Optional[Callable[[], bool]] = None) -> None:
         """Until the head's /readyz is 200 (every server and model endpoint up). On timeout, the error names
-        the servers that did not answer; if `gym env start` exits first, the error carries its log's tail."""
+        the servers that did not answer; if `gym env start` exits first, the error carries its log's tail;
+        `abort()` true (the run was asked to stop) ends the wait at once."""
         import requests
 
         deadline = time.monotonic() + timeout_s
+        port = self.head_url.rsplit(":", 1)[1]
         while True:
             if self.proc.poll() is not None:
                 raise GymServerDied(f"`gym env start` exited with code {self.proc.returncode} during start-up; "
                                     f"last lines of {self.log_path}:\n{self.log_tail()}")
+            if abort is not None and abort():
+                raise GymError("stop requested while NeMo Gym was starting")
+            if f"{port}): address already in use" in self.log_tail(60):  # Gym would wait for its head forever
+                raise GymError(f"NeMo Gym's head server could not bind {self.head_url} (address already in use)")
             try:
                 if requests.get(f"{self.head_url}/readyz", timeout=5).status_code == 200:
                     break
@@ -278,6 +302,17 @@ class GymServers:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the trainer dies, even by SIGKILL (`gym env start` then stops its
+    servers and its Ray itself), so a crashed run leaves no Gym behind. Linux only; elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _url_host(host: str) -> str:

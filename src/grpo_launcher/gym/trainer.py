@@ -32,7 +32,7 @@ def endpoints(run_dir: Path) -> tuple[str, list[str], str | None]:
     return data["model"], list(data["base_urls"]), data.get("api_key")
 
 
-def start_servers(spec, plan) -> GymServers:
+def start_servers(spec, plan, abort=None) -> GymServers:
     model, urls, key = endpoints(plan.run_dir)
     host = getattr(spec.env, "gym_host", None) or spec.rollout.http_host or "127.0.0.1"
     if host in ("0.0.0.0", "::"):
@@ -41,7 +41,7 @@ def start_servers(spec, plan) -> GymServers:
           flush=True)
     servers = GymServers.start(list(spec.env.gym_config_paths), urls, model, plan.run_dir / "gym", api_key=key,
                                host=host, timeout_s=float(getattr(spec.env, "gym_start_timeout_s", 600.0)),
-                               overrides=list(getattr(spec.env, "gym_overrides", []) or []))
+                               overrides=list(getattr(spec.env, "gym_overrides", []) or []), abort=abort)
     print(f"grpo-launcher: NeMo Gym ready at {servers.head_url} (agents: {', '.join(sorted(servers.agents()))})",
           flush=True)
     return servers
@@ -57,7 +57,7 @@ class GymTrainer(Trainer):
 
     def train(self) -> int:
         """Gym's servers for the duration of the loop: started over the published engine URLs, stopped by PID."""
-        self.servers = start_servers(self.spec, self.plan)
+        self.servers = start_servers(self.spec, self.plan, abort=lambda: self.stop.requested)
         try:
             self.agents = self.servers.agents()
             missing = sorted({p.agent_ref for p in [*self.env.train, *self.env.val]} - set(self.agents))
@@ -74,7 +74,7 @@ class GymTrainer(Trainer):
     # ------------------------------------------------------------------ rollouts through Gym
     def generate(self, prompts: list, n: int, seed: int) -> list[GymGeneration]:  # noqa: ARG002 (Gym has no seed)
         r = self.spec.rollout
-        rows = [stamp_row(p.row, r.temperature, r.top_p, r.max_new_tokens) for p in prompts for _ in range(n)]
+        rows = [stamp_row(p.row, r.temperature, getattr(r, "top_p", 1.0), r.max_new_tokens) for p in prompts for _ in range(n)]
         before = self.stats.failed
         gens = run_rollouts(rows, self.agents, check=self.servers.check, max_model_len=self.plan.max_model_len,
                             stats=self.stats, log_path=self.plan.run_dir / "gym" / "rejected_rows.jsonl")
