@@ -139,6 +139,8 @@ class VLLMRolloutWorker:
             from vllm.entrypoints.openai.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+        from ..gym.serving import http_server_args
+
         host = self.spec.rollout.http_host
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -147,7 +149,8 @@ class VLLMRolloutWorker:
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(
             ["--model", self.model_dir, "--served-model-name", self.served_model_name, "--host", host,
              "--port", str(port), "--disable-uvicorn-access-log", "--disable-log-stats",
-             *(["--api-key", self.spec.rollout.http_api_key] if self.spec.rollout.http_api_key else [])])
+             *(["--api-key", self.spec.rollout.http_api_key] if self.spec.rollout.http_api_key else []),
+             *http_server_args(self.spec, self.model_dir)])  # env=nemo_gym: chat template, tool-call parser
         tasks = await self.engine.get_supported_tasks()
         app = build_app(args, tasks, self.engine.model_config)
         await init_app_state(self.engine, app.state, args, tasks)

@@ -31,6 +31,10 @@ def run(spec: RunSpec, plan: Plan) -> int:
     from ..tracking.report import finish_run, user_code_failed
     from .setup import prepare_model, resume_or_start
 
+    if spec.env.name == "nemo_gym":  # NeMo Gym's env (grpo_launcher/gym) joins the registry make_env reads
+        from ..gym import register_env
+
+        register_env()
     try:
         env = make_env(spec)
     except (EnvNotAvailable, UserCodeError, ValueError) as exc:
@@ -50,7 +54,7 @@ def run(spec: RunSpec, plan: Plan) -> int:
         trainer = None
         try:
             publish_rollout_endpoints(spec, plan, workers)
-            trainer = Trainer(spec, plan, env, workers, state, stop, model_dir)
+            trainer = trainer_class(spec)(spec, plan, env, workers, state, stop, model_dir)
             return finish_run(spec, plan, state, trainer.train())  # + where everything is, the curve PNG
         except UserCodeError as exc:  # a reward fn / Env / prompt failed: named with its row; progress kept
             return user_code_failed(exc, trainer, state)
@@ -60,6 +64,15 @@ def run(spec: RunSpec, plan: Plan) -> int:
         finally:
             workers.shutdown()
             (plan.run_dir / "rollout_endpoints.json").unlink(missing_ok=True)  # its URLs die with the engines
+
+
+def trainer_class(spec: RunSpec) -> type:
+    """The loop: Trainer, or for env=nemo_gym GymTrainer (Gym's servers around it, rollouts through its agents)."""
+    if spec.env.name == "nemo_gym":
+        from ..gym.trainer import GymTrainer
+
+        return GymTrainer
+    return Trainer
 
 
 def publish_rollout_endpoints(spec: RunSpec, plan: Plan, workers: Workers) -> None:
