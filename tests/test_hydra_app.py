@@ -81,6 +81,9 @@ def test_user_config_dir_outside_the_repo(user_dir, tmp_path):
     assert sp.returncode == 0 and "run 'quick-run'" in sp.stdout, sp.stderr
     cn = launch("--config-dir", str(user_dir), "-cn", "experiment", "dry_run=true")
     assert cn.returncode == 0 and "run 'from-my-primary'" in cn.stdout, cn.stderr
+    sweep = launch("-m", "--config-dir", str(user_dir), "+recipe=quick", "grpo.seed=1,2", "dry_run=true",
+                   f"output_root={tmp_path}")
+    assert sweep.returncode == 0 and "run 'quick-run_grpo.seed=2'" in sweep.stdout, sweep.stderr[-2000:]
     nope = launch("--config-dir", str(user_dir), "+recipe=nope", "dry_run=true")
     assert nope.returncode == 2 and "recipe" in nope.stderr and "quick" in nope.stderr and no_traceback(nope)
 
