@@ -7,6 +7,7 @@ implementing the Env protocol (envs/base.py), constructed as Class(env_spec, see
 
 from __future__ import annotations
 
+import os
 import re
 
 from .base import Env, Prompt
@@ -48,12 +49,22 @@ class EnvFactory:
     the one that scores, never a fresh re-import of the package's registry."""
 
     def __init__(self, spec):
-        from .usercode import pickle_by_value_if_local
+        from .rewards import reward_refs
+        from .usercode import load_ref, loaded_snapshot, pickle_by_value_if_local
 
         self.cls, self.env_spec, self.seed = env_class(spec.env.name), spec.env, spec.grpo.seed
-        pickle_by_value_if_local(self.cls)
+        refs = [ref for key, ref, _ in reward_refs(spec.env)]
+        for key, ref, _ in reward_refs(spec.env):
+            load_ref(ref, key)
+        self.loaded = loaded_snapshot(refs)  # the reward functions as loaded here, whatever the worker's cwd
+        self.pid = os.getpid()
+        pickle_by_value_if_local(self.cls, *self.loaded.values())
 
     def __call__(self) -> Env:
+        from .usercode import seed_loaded
+
+        if os.getpid() != self.pid:  # in the env worker: use what the driver loaded
+            seed_loaded(self.loaded)
         return self.cls(self.env_spec, seed=self.seed)
 
 

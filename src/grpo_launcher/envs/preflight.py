@@ -10,13 +10,17 @@ from typing import Iterator
 
 from ..spec.errors import Violation
 from ..spec.schema import ClusterKind, RunSpec
-from .usercode import UserCodeError, describe, is_file_ref, is_ref, split_ref
+from .usercode import UserCodeError, describe, is_file_ref, is_ref, load_ref, split_ref
 
 RULE = "env_data_and_code"
 
 
 def V(keys: str | tuple[str, ...], message: str, fix: str) -> Violation:  # noqa: N802
-    return Violation(RULE, (keys,) if isinstance(keys, str) else keys, message, fix)
+    keys = (keys,) if isinstance(keys, str) else keys
+    for prefix in (f"{keys[0]}: ", f"{keys[0]}="):  # the key is shown in front already
+        if message.startswith(prefix) and prefix.endswith(": "):
+            message = message[len(prefix):]
+    return Violation(RULE, keys, message, fix)
 
 
 def here(s: RunSpec, path: str | None) -> bool:
@@ -71,7 +75,7 @@ def _check_rewards_declared(s: RunSpec, cls: type) -> Iterator[Violation]:
     n = len(e.reward_fns)
     if e.reward_weights and len(e.reward_weights) != n:
         yield V(("env.reward_weights", "env.reward_fns"),
-                f"{len(e.reward_weights)} weights for {n} reward functions",
+                f"{len(e.reward_weights)} weight(s) for {n} reward functions",
                 "give one weight per env.reward_fns entry (or none: all 1.0)")
     if (e.reward_fn or e.reward_fns) and cls is ReverseDigitsEnv:
         yield V("env.reward_fn", f"env={e.name} has its own scorer and ignores reward functions",
@@ -83,13 +87,22 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
     from .dataset import DataError, load_split
 
     e = s.env
-    try:
-        fns = R.load_rewards(e, cls.DEFAULT_REWARD)
-    except UserCodeError as exc:
-        key = str(exc).split(":", 1)[0].split("=")[0]
-        yield V(key if key.startswith("env.") else "env.reward_fn", str(exc),
-                "point it at a function: package.module:function or path/to/rewards.py:function")
-        fns = None
+    fns: list = []
+    default = [("env.reward_fn", cls.DEFAULT_REWARD, 1.0)] if cls.DEFAULT_REWARD else []
+    refs = R.reward_refs(e) or default
+    for key, ref, weight in refs:  # each named on its own: every broken one is reported
+        head, _ = split_ref(ref) if is_ref(ref) else (ref, "")
+        if is_ref(ref) and is_file_ref(head) and not here(s, head):
+            continue  # a Slurm job's file, on the cluster only
+        try:
+            fn = load_ref(ref, key)
+        except UserCodeError as exc:
+            yield V(key, str(exc), "point it at a function: package.module:function or path/to/rewards.py:function")
+            continue
+        if not callable(fn):
+            yield V(key, f"{key}={ref}: {fn!r} is not callable", "point it at a function")
+            continue
+        fns.append(R.Reward(ref, fn, weight, key))
     if not R.reward_refs(e) and not e.answer_key:
         yield V("env.reward_fn", f"env={e.name} has no answer column (env.answer_key=null) and no reward function",
                 "set env.reward_fn=path/to/rewards.py:function")
@@ -105,7 +118,7 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
         try:
             tables[which] = load_split(e, which)
         except DataError as exc:
-            yield V(f"env.{which}_path", str(exc).split(": ", 1)[1], _data_fix(str(exc)))
+            yield V(f"env.{which}_path", str(exc), _data_fix(str(exc)))
     if fns and "train" in tables:
         columns = sorted({k for r in tables["train"].rows for k in R.row_kwargs(r, e.prompt_key)})
         for r in fns:
@@ -147,9 +160,13 @@ def load_tokenizer(s: RunSpec):
         if s.model.path:
             if not here(s, s.model.path):
                 return None
+            import os
+
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")  # pre-flight never waits on the network
+            os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
             from transformers import AutoTokenizer
 
-            return AutoTokenizer.from_pretrained(s.model.path)
+            return AutoTokenizer.from_pretrained(s.model.path, local_files_only=True)
         from ..models.tiny import build_tokenizer
 
         return build_tokenizer()

@@ -44,8 +44,8 @@ class Reward:
 def reward_refs(spec: EnvSpec) -> list[tuple[str, str, float]]:
     """(config key, ref, weight) for every configured reward function, in order."""
     out = [("env.reward_fn", spec.reward_fn, 1.0)] if spec.reward_fn else []
-    weights = list(spec.reward_weights) or [1.0] * len(spec.reward_fns)
-    out += [(f"env.reward_fns[{i}]", ref, w) for i, (ref, w) in enumerate(zip(spec.reward_fns, weights))]
+    weights = list(spec.reward_weights) + [1.0] * (len(spec.reward_fns) - len(spec.reward_weights))  # pre-flight
+    out += [(f"env.reward_fns[{i}]", ref, w) for i, (ref, w) in enumerate(zip(spec.reward_fns, weights))]  # checks n
     return out
 
 

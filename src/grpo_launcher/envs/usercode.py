@@ -17,7 +17,8 @@ import sysconfig
 from pathlib import Path
 from typing import Any, Callable
 
-_LOADED: dict[str, Any] = {}  # ref → object (seeded in a worker from what the driver loaded)
+_LOADED: dict[str, Any] = {}  # resolved ref (a file ref by its absolute path) → object
+_SEEDED: dict[str, Any] = {}  # ref as configured → object: what the driver loaded, in an env worker
 
 
 class UserCodeError(Exception):
@@ -41,17 +42,21 @@ def is_file_ref(head: str) -> bool:
 
 def load_ref(ref: str, key: str) -> Any:
     """The object a ref names; UserCodeError naming `key`, the file and the reason when it cannot be had."""
-    if ref in _LOADED:
-        return _LOADED[ref]
+    if ref in _SEEDED:
+        return _SEEDED[ref]
     if not is_ref(ref):
         raise UserCodeError(f"{key}={ref!r}: expected 'package.module:name' or 'path/to/file.py:name'")
     head, attr = split_ref(ref)
+    resolved = f"{Path(head).expanduser().resolve()}:{attr}" if is_file_ref(head) else ref
+    if resolved in _LOADED:
+        _SEEN[ref] = _LOADED[resolved]
+        return _LOADED[resolved]
     module = _load_file(head, key) if is_file_ref(head) else _import(head, key)
     if not hasattr(module, attr):
         names = sorted(n for n in vars(module) if not n.startswith("_"))
         raise UserCodeError(f"{key}={ref}: {getattr(module, '__file__', head)} defines no {attr!r} "
                             f"(it defines: {', '.join(names[:12]) or 'nothing'})")
-    _LOADED[ref] = obj = getattr(module, attr)
+    _LOADED[resolved] = _SEEN[ref] = obj = getattr(module, attr)
     return obj
 
 
@@ -100,12 +105,16 @@ def _where(exc: BaseException, path: Path | None) -> str:
     return f"{type(exc).__name__}: {exc}{at}"
 
 
-def loaded_snapshot() -> dict[str, Any]:
-    return dict(_LOADED)
+_SEEN: dict[str, Any] = {}  # ref as configured → object, for this process's last loads (what a worker gets)
+
+
+def loaded_snapshot(refs: list[str]) -> dict[str, Any]:
+    """The objects these refs name, as loaded here (for the env worker)."""
+    return {r: _SEEN[r] for r in refs if r in _SEEN}
 
 
 def seed_loaded(objects: dict[str, Any]) -> None:
-    _LOADED.update(objects)
+    _SEEDED.update(objects)
 
 
 def is_local_code(obj: Any) -> bool:
@@ -121,11 +130,20 @@ def is_local_code(obj: Any) -> bool:
 
 
 def pickle_by_value_if_local(*objs: Any) -> None:
-    import cloudpickle
-
+    """Register the modules of user code for by-value pickling (Ray's vendored cloudpickle, and the package)."""
+    picklers = []
+    for name in ("ray.cloudpickle", "cloudpickle"):
+        try:
+            picklers.append(importlib.import_module(name))
+        except ImportError:
+            pass
     for obj in objs:
         if is_local_code(obj):
-            cloudpickle.register_pickle_by_value(sys.modules[obj.__module__])
+            for pickler in picklers:
+                try:
+                    pickler.register_pickle_by_value(sys.modules[obj.__module__])
+                except ValueError:  # already registered
+                    pass
 
 
 def describe(fn: Callable) -> str:

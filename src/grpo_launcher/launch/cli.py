@@ -90,6 +90,10 @@ def last_step(driver_log: Path) -> Optional[str]:
 
 def describe(run_dir: Path) -> dict:
     st = read_status(run_dir)
+    if st.get("kind") == "local":  # cluster=local runs (launch/local_status.py)
+        from .local_status import describe_local
+
+        return describe_local(run_dir, st)
     job = str(st.get("job_id", "")) or None
     sched = scheduler_job(job) if job else None
     state, note = effective_state(st, sched)
@@ -195,6 +199,10 @@ def ended(run_dir: Path) -> tuple[bool, dict]:
     st = read_status(run_dir)
     if st.get("state") in TERMINAL:
         return True, st
+    if st.get("kind") == "local":
+        from .local_status import local_state
+
+        return local_state(st)[0] in TERMINAL, st
     job = st.get("job_id")
     state, _ = effective_state(st, scheduler_job(str(job)) if job else None)
     return state in (*TERMINAL, "UNKNOWN"), st
@@ -236,7 +244,8 @@ def logs(args: list[str]) -> int:
     except NotFound as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    job = read_status(run_dir).get("job_id")
+    st = read_status(run_dir)
+    job = "local" if st.get("kind") == "local" else st.get("job_id")
     if not job:
         print(f"error: {run_dir} has no job id in status.json (was it submitted?)", file=sys.stderr)
         return 1
@@ -271,6 +280,10 @@ def cancel(args: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     info = describe(run_dir)
+    if info.get("kind") == "local":
+        from .local_status import cancel_local
+
+        return cancel_local(info, a.timeout)
     job = info["job_id"]
     if not job or info["state"] in TERMINAL:
         print(f"run '{info['name']}' (job {job}) already ended: {info['state']}")
