@@ -422,3 +422,12 @@ def test_sweep_parent_run_is_ended_finished_or_failed(tmp_path):
     assert client.get_run(run_id).info.status == "RUNNING"
     assert end_sweep_parent_run(spec, sweep_dir, ok=False) == "FAILED"
     assert client.get_run(run_id).info.status == "FAILED"
+
+
+def test_backslash_in_a_slurm_run_dir_is_a_config_error(tmp_path):
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.spec.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_spec(["cluster=local_slurm", f"output_root={tmp_path}/a\\\\b"])
+    assert any(v.rule == "slurm_log_paths" and "output_root" in v.keys for v in info.value.violations)

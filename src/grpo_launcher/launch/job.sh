@@ -96,24 +96,36 @@ on_usr1() {
   fi
 }
 job_state() { scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.*JobState=\([^ ]*\).*/\1/p'; }
+job_fate() {  # what Slurm is doing to this job: "requeued", "cancelled", or its JobState
+  local info st restarts
+  info=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null)
+  st=$(sed -n 's/.*JobState=\([^ ]*\).*/\1/p' <<<"$info")
+  restarts=$(sed -n 's/.*Restarts=\([0-9]*\).*/\1/p' <<<"$info")
+  # a requeue (scontrol requeue, preemption, node failure) counts the next start before this one has ended
+  if [ "${restarts:-0}" -gt "${SLURM_RESTART_COUNT:-0}" ]; then echo requeued; return; fi
+  case "$st" in
+    PENDING|REQUEUED|REQUEUE_FED|REQUEUE_HOLD|PREEMPTED) echo requeued;;
+    CANCELLED) echo cancelled;;
+    *) echo "$st";;
+  esac
+}
 on_term() {  # scancel, scontrol requeue, preemption, or `scancel --batch --signal=TERM` (this script only)
   [ "$REQUEUING" -eq 1 ] && return
   trap - TERM USR1
   local st
-  st=$(job_state)
-  case "$st" in
-    PENDING|REQUEUED|REQUEUE_FED|REQUEUE_HOLD|PREEMPTED|CONFIGURING)  # Slurm puts the job back in the queue
-      say "SIGTERM: Slurm requeues the job ($st); stopping (the next start resumes from the newest checkpoint)"
-      status REQUEUED --exit-code 143 --message "SIGTERM: requeued by Slurm ($st)"
-      stop_all
-      exit 143;;
-  esac
-  say "SIGTERM: job cancelled (or preempted); stopping"
-  status CANCELLED --exit-code 143 --message "SIGTERM (scancel or preemption; Slurm: ${st:-unknown})"
+  st=$(job_fate)
+  if [ "$st" = requeued ]; then
+    say "SIGTERM: Slurm requeues the job; stopping (the next start resumes from the newest valid checkpoint)"
+    status REQUEUED --exit-code 143 --message "SIGTERM: requeued by Slurm (scontrol requeue, preemption or node failure)"
+    stop_all
+    exit 143
+  fi
+  say "SIGTERM: job cancelled; stopping"
+  status CANCELLED --exit-code 143 --message "SIGTERM (scancel; Slurm: ${st:-unknown})"
   stop_all
   # a SIGTERM sent to this script alone (scancel --batch --signal=TERM): the driver has saved; end the job
   # as cancelled in Slurm too, so that Slurm and status.json agree
-  [ "$st" = CANCELLED ] || scancel "$SLURM_JOB_ID" 2>/dev/null
+  [ "$st" = cancelled ] || scancel "$SLURM_JOB_ID" 2>/dev/null
   exit 143
 }
 trap on_usr1 USR1
@@ -141,7 +153,7 @@ wait_first() {  # wait_first PID: until PID or any node step ends; sets ENDED an
 node_died() {  # node_died PID RC: a node's Ray step ended while the job needs it
   local node=${STEP_NODE[$1]:-?}
   unset "STEP_NODE[$1]"
-  case "$(job_state)" in CANCELLED|PENDING|REQUEUED|PREEMPTED) on_term;; esac  # Slurm's signal reached the step first
+  case "$(job_fate)" in requeued|cancelled) on_term;; esac  # Slurm's signal reached the step first
   echo "----- last lines of $LOG/ray-$SLURM_JOB_ID-$node.log" >&2
   tail -n 15 "$LOG/ray-$SLURM_JOB_ID-$node.log" >&2 2>/dev/null
   fail 1 "the Ray step on node $node ended (exit $2); stopping the job (node log: $LOG/ray-$SLURM_JOB_ID-$node.log)"
@@ -278,7 +290,7 @@ if [ "$ENDED" != "$DRIVER" ]; then
 fi
 rc=$RC; DRIVER=""
 if [ "$rc" -ne 0 ]; then
-  case "$(job_state)" in CANCELLED|PENDING|REQUEUED|PREEMPTED) on_term;; esac
+  case "$(job_fate)" in requeued|cancelled) on_term;; esac
 fi
 dead=$(dead_nodes)
 [ -z "$dead" ] || fail 1 "the driver ended (exit $rc) and the Ray step on node(s) $dead is gone; stopping the job"

@@ -709,6 +709,18 @@ def shell_values(s: RunSpec) -> Iterator[Violation]:
 
 
 @rule
+def slurm_log_paths(s: RunSpec) -> Iterator[Violation]:
+    """sbatch/srun --output expand %-patterns (a % is escaped as %%), and one backslash switches every pattern
+    of the name off (the job log would lose its %j): the run dir must not hold a backslash."""
+    if s.cluster.kind != ClusterKind.slurm:
+        return
+    for key, value in (("output_root", s.output_root), ("name", s.name)):
+        if "\\" in value:
+            yield V("slurm_log_paths", key, f"{value!r} holds a backslash: Slurm would not expand %j in the log names",
+                    "use a path without backslashes")
+
+
+@rule
 def slurm_node_shape(s: RunSpec) -> Iterator[Violation]:
     """GPUs per node vs the cluster's nodes; containers; the Ray port block per node."""
     c = s.cluster
