@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .spec.schema import RunSpec
+from .spec.schema import RolloutBackend, RunSpec
 
 # Fixed Ray port block, offsets from cluster.ray_port (documented in README "Ports").
 PORT_OFFSETS = {
@@ -77,6 +77,10 @@ class Plan:
     rollout_engines: int  # = world / (rollout TP·PP), colocated with the policy
     rollouts_per_step: int  # prompts × generations
     optimizer_steps_per_rollout: int  # rollouts_per_step / global_batch_size
+    hybrid_rollout: bool  # rollout=hf: the policy workers generate themselves (no rollout actors, no transfer)
+    # exactly on-policy (one optimizer step per rollout, no IS correction): the update's own forward gives the
+    # old logprobs (detached) instead of a separate logprob pass
+    logprobs_from_update: bool
     max_model_len: int
     bundle: dict[str, float]  # resources of one placement-group bundle (one per device)
     ports: dict[str, int]
@@ -95,6 +99,8 @@ class Plan:
                 f"rollout engines      : {self.rollout_engines}",
                 f"rollouts per step    : {self.rollouts_per_step} "
                 f"({self.optimizer_steps_per_rollout} optimizer step(s))",
+                f"rollout engine       : {'hybrid (in the policy workers)' if self.hybrid_rollout else 'separate workers'}",
+                f"old logprobs         : {'from the update forward (on-policy)' if self.logprobs_from_update else 'separate pass'}",
                 f"max model len        : {self.max_model_len}",
                 f"Ray bundle / device  : {self.bundle}",
                 f"run dir              : {self.run_dir}",
@@ -121,6 +127,9 @@ def make_plan(spec: RunSpec) -> Plan:
         rollout_engines=world // rollout_model_parallel(spec),
         rollouts_per_step=rollouts,
         optimizer_steps_per_rollout=rollouts // spec.train.global_batch_size,
+        hybrid_rollout=spec.rollout.backend == RolloutBackend.hf,
+        logprobs_from_update=(rollouts == spec.train.global_batch_size
+                              and not spec.loss.importance_sampling_correction),
         max_model_len=engine_max_model_len(spec),
         bundle=bundle,
         ports={k: spec.cluster.ray_port + v for k, v in PORT_OFFSETS.items()},

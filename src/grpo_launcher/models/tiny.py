@@ -16,7 +16,8 @@ from pathlib import Path
 from ..spec.schema import ModelSpec
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # pad, (reserved), eos
-WARMUP = {"steps": 80, "batch": 64, "lr": 1e-3}
+WARMUP = {"batch": 64, "lr": 1e-3}  # steps: model.warm_start_steps
+BIG_ON_CPU = 100_000_000  # parameters above which a CPU build says how long it will take
 
 
 def build_tokenizer():
@@ -35,7 +36,7 @@ def build_tokenizer():
                                    model_max_length=1024)
 
 
-def build_model(spec: ModelSpec, tokenizer, seed: int):
+def build_model(spec: ModelSpec, tokenizer, seed: int, device: str = "cpu"):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -46,22 +47,24 @@ def build_model(spec: ModelSpec, tokenizer, seed: int):
         num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=False,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    return Qwen2ForCausalLM(cfg).to(torch.float32)
+    with torch.device(device):  # initialised where it will be warmed up: a GPU when the driver has one
+        return Qwen2ForCausalLM(cfg).to(torch.float32)
 
 
-def warm_start(model, tokenizer, examples: list[tuple[str, str]], seed: int) -> float:
+def warm_start(model, tokenizer, examples: list[tuple[str, str]], seed: int, steps: int) -> float:
     """A few supervised steps on the env's format, so RL starts from a non-zero reward. Returns last loss."""
     import torch
 
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=WARMUP["lr"])
     loss = torch.tensor(0.0)
-    for _ in range(WARMUP["steps"]):
+    dev = next(model.parameters()).device
+    for i in range(steps):
         batch = rng.sample(examples, min(WARMUP["batch"], len(examples)))
         prompts = [tokenizer(p)["input_ids"] for p, _ in batch]
         seqs = [p + tokenizer(a)["input_ids"] + [tokenizer.eos_token_id] for p, (_, a) in zip(prompts, batch)]
         width = max(map(len, seqs))
-        ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs])
+        ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs], device=dev)
         labels = ids.clone()
         for i, (p, s) in enumerate(zip(prompts, seqs)):
             labels[i, : len(p)] = -100  # loss on the answer and EOS only
@@ -70,6 +73,8 @@ def warm_start(model, tokenizer, examples: list[tuple[str, str]], seed: int) -> 
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if steps >= 20 and (i + 1) % (steps // 4) == 0:
+            print(f"grpo-launcher: warm start {i + 1}/{steps} (loss {float(loss):.3f})", flush=True)
     return float(loss.detach())
 
 
@@ -87,10 +92,17 @@ def ensure_tiny_model(spec: ModelSpec, env, env_name: str, cache_root: Path, see
 
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
-    model = build_model(spec, tokenizer, seed)
-    examples = env.warmup_examples(4096)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build_model(spec, tokenizer, seed, device)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"grpo-launcher: building the tiny model ({n / 1e6:.1f}M parameters, {spec.warm_start_steps} "
+          f"warm-start steps on the {device}) into {out}", flush=True)
+    if device == "cpu" and n > BIG_ON_CPU and spec.warm_start_steps:
+        print(f"grpo-launcher: warning: warming up {n / 1e6:.0f}M parameters on the CPU takes a long time; "
+              "run on a GPU node, set model.warm_start_steps=0 (random weights) or give model.path", flush=True)
+    examples = env.warmup_examples(4096) if spec.warm_start_steps else []
     if examples:
-        warm_start(model, tokenizer, examples, seed)
+        warm_start(model, tokenizer, examples, seed, spec.warm_start_steps)
     tmp = cache_root / f".tmp-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)

@@ -40,6 +40,7 @@ from ..algos import entropy_from_logits, masked_mean, policy_loss, token_logprob
 from ..spec.schema import Precision, RunSpec
 from ..train.batch import TrainBatch
 from . import megatron_convert as mc
+from .hybrid import HybridRollout
 
 SHIM_ENV = "GRPO_MEGATRON_CPU_SHIM"
 
@@ -161,7 +162,7 @@ def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
 # ------------------------------------------------------------------------------ the worker
 
 
-class MegatronPolicyWorker:
+class MegatronPolicyWorker(HybridRollout):
     def __init__(self, spec: RunSpec, model_dir: str, rank: int, world: int, threads: int = 1):
         from transformers import AutoConfig
 
@@ -224,6 +225,7 @@ class MegatronPolicyWorker:
             self.ref = self._build_and_load(full).eval().requires_grad_(False)
         del full
         self._build_optimizer()
+        self.init_engine()  # rollout=hf: an HF copy on this device, refit from the gathered weights
 
     def _build_and_load(self, full: dict[str, torch.Tensor]):
         model = build_gpt(self.arch, self.spec, use_cpu_init=not self.cuda)
@@ -337,19 +339,33 @@ class MegatronPolicyWorker:
         """One optimizer step per minibatch; denominators are global per minibatch (as the torch backend)."""
         sums: dict[str, float] = {}
         reporter = self.mp_ranks.index(self.rank) == 0  # one rank per replica reports (the driver sums ranks)
+        prev, ref = [], []  # on-policy minibatches (no prev_logprobs): the update's own, for my rows
         for b, den in zip(minibatches, denominators):
-            b, _ = self._replica_batch(b)
+            b, mine = self._replica_batch(b)
             self._zero_grad()
+            lps, refs = [], []
             for rows in _chunks(len(b), self.spec.train.micro_batch_size):
-                for k, v in self._micro_step(b.select(rows), den).items():
+                mb = b.select(rows)
+                if mb.prev_logprobs is None and self.ref is not None:
+                    with torch.no_grad():
+                        mb = mb.with_(ref_logprobs=self._token_logprobs(self._logits(self.ref, mb), mb.response_ids))
+                    refs.append(mb.ref_logprobs.cpu())
+                metrics, lp = self._micro_step(mb, den)
+                lps.append(lp)
+                for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + (v if reporter else 0.0)
             grad_norm = self._step()
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
-        sums = {k: v / len(minibatches) for k, v in sums.items()}
-        sums["lr"] = self._lr_used
-        return sums
+            prev.append(torch.cat(lps)[mine])
+            ref.extend([torch.cat(refs)[mine]] if refs else [])
+        out: dict = {k: v / len(minibatches) for k, v in sums.items()}
+        out["lr"] = self._lr_used
+        if minibatches[0].prev_logprobs is None:
+            out["prev_logprobs"] = torch.cat(prev)
+            out["ref_logprobs"] = torch.cat(ref) if ref else None
+        return out
 
-    def _micro_step(self, mb: TrainBatch, den: float) -> dict[str, float]:
+    def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], torch.Tensor]:
         from .torch_policy import local_denominator
 
         lo = self.spec.loss
@@ -359,8 +375,9 @@ class MegatronPolicyWorker:
         lp = self._token_logprobs(logits, mb.response_ids)
         mask, smask = mb.response_mask.to(dev), mb.sample_mask.to(dev)
         opt = lambda x: None if x is None else x.to(dev)  # noqa: E731
+        old = lp.detach() if mb.prev_logprobs is None else mb.prev_logprobs.to(dev)
         loss, _, m = policy_loss(
-            lp, mb.prev_logprobs.to(dev), mb.advantages.to(dev), mask, sample_mask=smask,
+            lp, old, mb.advantages.to(dev), mask, sample_mask=smask,
             clip_low=lo.clip_low, clip_high=lo.clip_high, dual_clip_c=lo.dual_clip_c,
             ratio_level=lo.ratio_level.value, aggregation=lo.aggregation.value, is_weights=opt(mb.is_weights),
             ref_logprobs=opt(mb.ref_logprobs), kl_coef=lo.kl_coef, kl_estimator=lo.kl_estimator.value,
@@ -368,8 +385,8 @@ class MegatronPolicyWorker:
         share = local_denominator(lo.aggregation.value, mb.response_mask * mb.sample_mask[:, None]) / den
         (loss * share).backward()
         ent = masked_mean(ent_tok, mask)
-        return {"loss": float(loss.detach()) * share, "entropy": float(ent) * share,
-                **{k: float(v) * share for k, v in m.items()}}
+        return ({"loss": float(loss.detach()) * share, "entropy": float(ent) * share,
+                 **{k: float(v) * share for k, v in m.items()}}, old.detach().cpu())
 
     def _zero_grad(self) -> None:
         if self.megatron_opt:
@@ -433,8 +450,8 @@ class MegatronPolicyWorker:
         return {mc.local_to_global(n, self.layer_offset, self.expert_offset): p.detach()
                 for n, p in self.model.named_parameters()}
 
-    def full_state(self) -> dict[str, torch.Tensor]:
-        """Full-form megatron weights, gathered over TP and EP (collective). CPU tensors."""
+    def full_state(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """Full-form megatron weights, gathered over TP and EP (collective). CPU tensors unless on_device."""
         from megatron.core import parallel_state as ps
 
         local = self._megatron_params()
@@ -445,7 +462,7 @@ class MegatronPolicyWorker:
                 parts = [torch.empty_like(w) for _ in range(self.tp_size)]
                 dist.all_gather(parts, w.contiguous(), group=tp_group)
                 w = mc.unshard(name, parts)
-            out[name] = w.cpu()
+            out[name] = w if on_device else w.cpu()
         if self.ep_size > 1:
             experts = {k: v for k, v in out.items() if ".local_experts." in k}
             parts: list = [None] * self.ep_size
@@ -463,6 +480,10 @@ class MegatronPolicyWorker:
         """
         full = self.full_state()
         return mc.full_to_hf(full, self.arch) if self.rank == 0 else {}
+
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """HF-named full weights on this device, on every rank (collective): the hybrid engine's refit."""
+        return mc.full_to_hf(self.full_state(on_device=True), self.arch)
 
     def save(self, directory: str) -> None:
         """Every rank: its optimizer state; rank 0: HF weights (policy/model.safetensors + config)."""
@@ -500,7 +521,7 @@ class MegatronPolicyWorker:
         module = self.model.module if self.megatron_opt else self.model
         mc.load_local(module, full, tp_rank=self.tp_rank, tp_size=self.tp_size, layer_offset=self.layer_offset,
                       expert_offset=self.expert_offset, tie=self.arch.tie_embeddings)
-        state = torch.load(path / f"megatron_optim_rank{self.rank}.pt", weights_only=False)
+        state = torch.load(path / f"megatron_optim_rank{self.rank}.pt", weights_only=True)  # no code runs
         self.steps = state["steps"]
         if state["opt"] is not None:
             self.opt.load_state_dict(state["opt"])

@@ -16,26 +16,33 @@ import torch
 import torch.distributed as dist
 
 from ..algos import entropy_from_logits, masked_mean, policy_loss, token_logprobs
+from ..rollout.hf import engine_dtype
 from ..spec.schema import RunSpec
 from ..train.batch import TrainBatch, response_logits
+from .hybrid import HybridRollout
 
 
-class TorchPolicyWorker:
+class TorchPolicyWorker(HybridRollout):
     def __init__(self, spec: RunSpec, model_dir: str, rank: int, world: int, threads: int = 1):
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(threads)
         torch.manual_seed(spec.grpo.seed + rank)
-        self.spec, self.rank, self.world = spec, rank, world
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.spec, self.model_dir, self.rank, self.world = spec, str(model_dir), rank, world
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         # fp32 master weights; bf16 compute on GPUs when train.precision=bfloat16
         self.autocast = spec.train.precision.value == "bfloat16" and self.device.type == "cuda"
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if spec.loss.kl_coef > 0 else None
         t = spec.train
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
+                                     fused=self.device.type == "cuda")
         warm = max(1, t.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
+        # an fp32 CPU run generates with the policy model itself; a GPU run with a copy in its precision
+        same = self.device.type == "cpu" and engine_dtype(spec, self.device) == torch.float32
+        self.init_engine(share_model=self.model if same else None)
 
     # ------------------------------------------------------------------ distributed set-up
     def address(self) -> tuple[str, int]:
@@ -55,9 +62,12 @@ class TorchPolicyWorker:
 
     # ------------------------------------------------------------------ logprobs
     def _logits(self, model, b: TrainBatch) -> torch.Tensor:
+        """Response logits [B, T, V] / temperature; the LM head runs only from the shortest prompt's end on."""
+        L = b.input_ids.shape[1]
+        keep = L - int(b.prompt_lens.min()) + 1  # positions L-keep .. L-1 hold every response prediction
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits  # [B, L, V]
-        return response_logits(logits, b.prompt_lens, b.response_ids.shape[1]) / self.spec.rollout.temperature
+            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=keep).logits
+        return response_logits(logits, b.prompt_lens - (L - keep), b.response_ids.shape[1]) / self.spec.rollout.temperature
 
     @torch.no_grad()
     def logprobs(self, b: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -72,30 +82,47 @@ class TorchPolicyWorker:
         return torch.cat(prev).cpu(), (torch.cat(ref).cpu() if ref else None)
 
     # ------------------------------------------------------------------ update
-    def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict[str, float]:
-        """One optimizer step per minibatch (this rank's shard); denominators are global per minibatch."""
+    def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict:
+        """One optimizer step per minibatch (this rank's shard); denominators are global per minibatch.
+
+        A minibatch without prev_logprobs is exactly on-policy (one step per rollout batch, decided by the
+        plan): the update's own forward gives them (detached), returned as "prev_logprobs" (and
+        "ref_logprobs" when loss.kl_coef > 0) so that the separate logprob pass is skipped.
+        """
         sums: dict[str, float] = {}
+        prev, ref = [], []
         for b, den in zip(minibatches, denominators):
             b = b.to(self.device)
             self.opt.zero_grad(set_to_none=True)
             for rows in _chunks(len(b), self.spec.train.micro_batch_size):
-                for k, v in self._micro_step(b.select(rows), den).items():
+                mb = b.select(rows)
+                if mb.prev_logprobs is None and self.ref is not None:
+                    with torch.no_grad():
+                        mb = mb.with_(ref_logprobs=token_logprobs(self._logits(self.ref, mb), mb.response_ids))
+                    ref.append(mb.ref_logprobs.cpu())
+                metrics, lp = self._micro_step(mb, den)
+                prev.append(lp)
+                for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
             grad_norm = self._sync_and_clip()
             self.opt.step()
             self.sched.step()
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
-        sums = {k: v / len(minibatches) for k, v in sums.items()}
-        sums["lr"] = self.sched.get_last_lr()[0]
-        return sums
+        out: dict = {k: v / len(minibatches) for k, v in sums.items()}
+        out["lr"] = self.sched.get_last_lr()[0]
+        if minibatches[0].prev_logprobs is None:
+            out["prev_logprobs"] = torch.cat(prev)
+            out["ref_logprobs"] = torch.cat(ref) if ref else None
+        return out
 
-    def _micro_step(self, mb: TrainBatch, den: float) -> dict[str, float]:
+    def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], torch.Tensor]:
         lo = self.spec.loss
         logits = self._logits(self.model, mb)
         lp = token_logprobs(logits, mb.response_ids)
         mask = mb.response_mask
+        old = lp.detach() if mb.prev_logprobs is None else mb.prev_logprobs
         loss, _, m = policy_loss(
-            lp, mb.prev_logprobs, mb.advantages, mask, sample_mask=mb.sample_mask,
+            lp, old, mb.advantages, mask, sample_mask=mb.sample_mask,
             clip_low=lo.clip_low, clip_high=lo.clip_high, dual_clip_c=lo.dual_clip_c,
             ratio_level=lo.ratio_level.value, aggregation=lo.aggregation.value,
             is_weights=mb.is_weights,
@@ -106,8 +133,8 @@ class TorchPolicyWorker:
         with torch.no_grad():
             ent = masked_mean(entropy_from_logits(logits), mask)
         weight = float(share)  # metrics become global-batch weighted averages after the driver sums ranks
-        return {"loss": float(loss.detach()) * weight, "entropy": float(ent) * weight,
-                **{k: float(v) * weight for k, v in m.items()}}
+        return ({"loss": float(loss.detach()) * weight, "entropy": float(ent) * weight,
+                 **{k: float(v) * weight for k, v in m.items()}}, old.detach().cpu())
 
     def _sync_and_clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -118,7 +145,11 @@ class TorchPolicyWorker:
 
     # ------------------------------------------------------------------ weights
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """CPU copy of the weights (refit source for a separate rollout worker, e.g. vLLM)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def save(self, directory: str) -> None:
         """Rank 0 writes HF weights + optimizer state into a checkpoint's (temporary) directory."""
@@ -136,7 +167,7 @@ class TorchPolicyWorker:
 
         path = Path(directory)
         self.model.load_state_dict(load_file(path / "policy" / "model.safetensors"), strict=True)
-        state = torch.load(path / "optim.pt", weights_only=False)
+        state = torch.load(path / "optim.pt", weights_only=True)  # tensors and plain values only: no code runs
         self.opt.load_state_dict(state["opt"])
         self.sched.load_state_dict(state["sched"])
 

@@ -1,23 +1,60 @@
-"""rollout=hf: transformers `generate` in a worker; weights refit in place from the policy."""
+"""rollout=hf: transformers `generate` inside the policy worker (a hybrid engine, as verl's).
+
+The policy worker owns an `HFEngine` and generates with its own weights: on a CPU in fp32 the engine
+*is* the policy model (no second copy, nothing to refit); on a GPU it is a copy in the run's precision
+(bf16 for train.precision=bfloat16) that a refit overwrites in place on the device, in milliseconds.
+On CUDA with `rollout.hf_compile=true` decoding uses transformers' static KV cache, whose forward
+`generate` compiles with torch.compile(mode="reduce-overhead") — CUDA graphs, so the per-token Python
+cost that bounds eager decoding of small models goes away. Prompt widths are bucketed so that the
+cache (and the captured graphs) keep one shape from step to step.
+"""
 
 from __future__ import annotations
-
-import time
 
 import torch
 
 from ..spec.schema import RunSpec
 from ..train.batch import Generation
 
+WIDTH_BUCKET = 64  # compiled decoding: left-pad prompts to a multiple of this (one cache shape per bucket)
 
-class HFRolloutWorker:
-    def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1):
+
+class SampledLogprobs:
+    """A logits processor that keeps log p(token) of every sampled token under softmax(logits / T).
+
+    Called once per decoding step with that step's raw scores; the token sampled from step t is visible
+    (as input_ids[:, -1]) at step t + 1, so only one [B, V] row of log-probabilities is ever held.
+    `generate` applies its own temperature warper after user processors: the division here is ours.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None  # [B, V] log-probs of the last step
+        self.picked: list[torch.Tensor] = []  # per step [B, 1]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.picked.append(self.prev.gather(-1, input_ids[:, -1:]))
+        self.prev = (scores.float() / self.temperature).log_softmax(-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, T] log-probs, given the last sampled token of each row [B]."""
+        self.picked.append(self.prev.gather(-1, last_tokens[:, None]))
+        return torch.cat(self.picked, 1)
+
+
+class HFEngine:
+    def __init__(self, spec: RunSpec, model_dir: str, device: torch.device, model=None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        torch.set_num_threads(threads)
-        self.spec = spec
+        self.spec, self.device = spec, device
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.shared = model is not None  # the policy's own model: nothing to refit
+        if model is None:  # a separate inference copy in the run's precision, refit in place
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine_dtype(spec, device)).to(device)
+        self.model = model
+        self.compiled = device.type == "cuda" and spec.rollout.hf_compile
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]:
@@ -27,28 +64,45 @@ class HFRolloutWorker:
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         rows = [p for p in prompt_ids for _ in range(n)]
         width = max(map(len, rows))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])  # left-padded for generate
-        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
-        out = self.model.generate(
-            input_ids=ids, attention_mask=attn, do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
-            max_new_tokens=r.max_new_tokens, pad_token_id=pad, eos_token_id=eos,
-            return_dict_in_generate=True, output_scores=True)
-        new = out.sequences[:, width:]  # [B, T]
-        logp = torch.stack(out.scores, 1).float().log_softmax(-1)  # [B, T, V] of the sampling distribution
-        tok_lp = logp.gather(-1, new[..., None]).squeeze(-1)
-        return [self._one(rows[i], new[i], tok_lp[i], eos) for i in range(len(rows))]
+        if self.compiled:
+            width = -(-width // WIDTH_BUCKET) * WIDTH_BUCKET
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=self.device)  # left-padded
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
+        rec = SampledLogprobs(r.temperature)
+        extra = {"cache_implementation": "static"} if self.compiled else {"disable_compile": True}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(
+                input_ids=ids, attention_mask=attn, do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
+                max_new_tokens=r.max_new_tokens, pad_token_id=pad, eos_token_id=eos, logits_processor=[rec],
+                **extra)
+        finally:
+            self.model.train(was_training)
+        new = out[:, width:]  # [B, T]
+        tok_lp = rec.finish(new[:, -1]).cpu()  # [B, T]
+        new = new.cpu()
+        return [_one(rows[i], new[i], tok_lp[i], eos) for i in range(len(rows))]
 
-    @staticmethod
-    def _one(prompt: list[int], tokens: torch.Tensor, lps: torch.Tensor, eos: int) -> Generation:
-        toks = tokens.tolist()
-        end = toks.index(eos) + 1 if eos in toks else len(toks)
-        return Generation(prompt_ids=list(prompt), response_ids=toks[:end], logprobs=lps[:end].tolist(),
-                          truncated=eos not in toks)
+    @torch.no_grad()
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Refit: copy HF-named tensors into the engine's parameters in place (any device, any dtype)."""
+        own = self.model.state_dict()
+        missing = [k for k in own if k not in state and not k.endswith("rotary_emb.inv_freq")]
+        if missing:
+            raise KeyError(f"refit is missing {len(missing)} weights, e.g. {missing[:3]}")
+        for k, v in state.items():
+            own[k].copy_(v, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
-    def update_weights(self, state_dict: dict) -> float:
-        t0 = time.perf_counter()
-        self.model.load_state_dict(state_dict, strict=True)
-        return (time.perf_counter() - t0) * 1e3
 
-    def shutdown(self) -> None:
-        pass
+def engine_dtype(spec: RunSpec, device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" and spec.train.precision.value == "bfloat16" else torch.float32
+
+
+def _one(prompt: list[int], tokens: torch.Tensor, lps: torch.Tensor, eos: int) -> Generation:
+    toks = tokens.tolist()
+    end = toks.index(eos) + 1 if eos in toks else len(toks)
+    return Generation(prompt_ids=list(prompt), response_ids=toks[:end], logprobs=lps[:end].tolist(),
+                      truncated=eos not in toks)

@@ -83,7 +83,8 @@ def response_logits(logits: Tensor, prompt_lens: Tensor, T: int) -> Tensor:
     """Pick the logits that predict each response token: position prompt_len - 1 + j for token j."""
     # logits: [B, L, V]; prompt_lens: [B] -> [B, T, V]
     B, L, V = logits.shape
-    idx = (prompt_lens[:, None] - 1 + torch.arange(T)[None, :]).clamp(max=L - 1)  # [B, T]
+    steps = torch.arange(T, device=logits.device)
+    idx = (prompt_lens.to(logits.device)[:, None] - 1 + steps[None, :]).clamp(min=0, max=L - 1)  # [B, T]
     return logits.gather(1, idx[:, :, None].expand(B, T, V))
 
 

@@ -127,6 +127,7 @@ class Trainer:
             if s.grpo.val_period and step % s.grpo.val_period == 0 or (step == s.grpo.max_steps and s.grpo.val_at_end):
                 metrics.update(self.validate())
             st.log(step, metrics)
+            append_metrics(self.plan.run_dir / "metrics.jsonl", step, metrics)
             progress.update(step, metrics)
             last = step == s.grpo.max_steps
             stopping = self.stop.requested or (self.deadline is not None and time.monotonic() > self.deadline)
@@ -146,10 +147,12 @@ class Trainer:
         t = Timer()
         gens, prompts, rewards, rounds = self.rollout_and_score(step, t)
         batch, m = self.make_batch(gens, rewards)
-        with t("logprobs"):
-            batch = self.compute_logprobs(batch)
+        if not self.plan.logprobs_from_update:  # else the update's own forward gives them (on-policy)
+            with t("logprobs"):
+                batch = self.compute_logprobs(batch)
         with t("update"):
-            m.update(self.update(batch))
+            batch, update_metrics = self.update(batch)
+            m.update(update_metrics)
         with t("refit"):
             m["time/refit_ms"] = self.refit()
         with t("log"):
@@ -226,7 +229,9 @@ class Trainer:
                                               mode=lo.is_truncation.value, threshold=lo.is_threshold)
         return batch.with_(prev_logprobs=prev, ref_logprobs=ref, is_weights=isw)
 
-    def update(self, batch: TrainBatch) -> dict[str, float]:
+    def update(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
+        """One optimizer step per minibatch over the DP ranks. Returns the batch (with the old logprobs
+        the update itself computed, when the plan takes them from it) and the summed metrics."""
         from ..policy.torch_policy import local_denominator
 
         gbs, dp = self.spec.train.global_batch_size, len(self.w.policy)
@@ -235,17 +240,28 @@ class Trainer:
         dens = [max(local_denominator(agg, mb.response_mask * mb.sample_mask[:, None]), 1.0) for mb in minibatches]
         results = ray.get([p.update.remote([mb.select(shard_rows(len(mb), dp, r)) for mb in minibatches], dens)
                            for r, p in enumerate(self.w.policy)])
+        if self.plan.logprobs_from_update:  # rank r returned the old logprobs of its shard
+            ref = [res.pop("ref_logprobs") for res in results]
+            batch = batch.with_(prev_logprobs=torch.cat([res.pop("prev_logprobs") for res in results]),
+                                ref_logprobs=torch.cat(ref) if ref[0] is not None else None)
         out = {f"train/{k}": sum(res[k] for res in results) for k in results[0] if k not in ("grad_norm", "lr")}
-        out.update({"train/grad_norm": results[0]["grad_norm"], "train/lr": results[0]["lr"]})
+        out.update({"train/grad_norm": results[0]["grad_norm"], "train/lr": results[0]["lr"],
+                    "train/logprobs_from_update": float(self.plan.logprobs_from_update)})
         diff = (batch.prev_logprobs - batch.generation_logprobs).abs() * batch.response_mask
         out["train/gen_vs_policy_logprob_absdiff"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
-        return out
+        return batch, out
 
     def refit(self) -> float:
-        """Policy rank 0's weights → every rollout engine (one object-store copy). Returns ms."""
+        """Policy weights → every rollout engine. Returns ms.
+
+        Hybrid (rollout=hf): each policy worker copies its weights into its own engine, on its device.
+        Separate engines (vLLM): every policy rank joins (a sharded megatron model gathers collectively),
+        rank 0 returns the full HF-named dict (the others {}), one object-store copy feeds every engine.
+        """
         t0 = time.perf_counter()
-        # every policy rank joins: a sharded (megatron TP/EP) model gathers its weights collectively;
-        # rank 0 returns the full HF-named dict, the others {}
+        if self.plan.hybrid_rollout:
+            ray.get([p.refit_engine.remote() for p in self.w.policy])
+            return (time.perf_counter() - t0) * 1e3
         refs = [p.state_dict.remote() for p in self.w.policy]
         ray.get([r.update_weights.remote(refs[0]) for r in self.w.rollout] + refs[1:])
         return (time.perf_counter() - t0) * 1e3
@@ -268,6 +284,15 @@ class Trainer:
             ray.get([p.save.remote(str(tmp)) for p in self.w.policy])
 
         self.state.save_checkpoint(step, write, metrics)
+
+
+def append_metrics(path: Path, step: int, metrics: dict[str, float]) -> None:
+    """One JSON line per step (with or without MLflow): what benchmarks and scripts read. A resumed run
+    appends again from its checkpoint's step, so a reader keeps the last line of each step."""
+    import json
+
+    with open(path, "a") as f:
+        f.write(json.dumps({"step": step, **metrics}) + "\n")
 
 
 class Timer:

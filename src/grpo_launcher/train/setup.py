@@ -18,7 +18,9 @@ def prepare_model(spec: RunSpec, plan: Plan, env) -> Path:
 
     cache = Path(spec.output_root).resolve() / ".models"
     cache.mkdir(parents=True, exist_ok=True)
-    return ensure_tiny_model(spec.model, env, spec.env.name.value, cache, seed=spec.grpo.seed)
+    env_name = getattr(spec.env.name, "value", spec.env.name)  # an enum, or a user class "module:Class"
+    return ensure_tiny_model(spec.model, env, str(env_name).replace(":", "-").replace("/", "-"), cache,
+                             seed=spec.grpo.seed)
 
 
 def resume_or_start(spec: RunSpec, plan: Plan) -> LoopState | None:

@@ -48,34 +48,39 @@ def _src() -> str:
 @dataclass
 class Workers:
     policy: list[Any]  # one actor per DP rank (x model-parallel ranks for megatron)
-    rollout: list[Any]  # one actor per engine
+    rollout: list[Any]  # one actor per engine (rollout=hf: the policy actors themselves)
     env: Any
     pg: Any
 
     def shutdown(self) -> None:
-        ray.get([r.shutdown.remote() for r in self.rollout])
-        for a in [*self.policy, *self.rollout, self.env]:
+        separate = [r for r in self.rollout if r not in self.policy]  # hybrid: the policy workers are the engines
+        ray.get([r.shutdown.remote() for r in separate])
+        for a in [*self.policy, *separate, self.env]:
             ray.kill(a)
         remove_placement_group(self.pg)
 
 
 def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
+    """Policy rank i on bundle i; with rollout=hf it is also engine i (hybrid), else engine e shares bundle e·TP."""
     pg = placement_group([dict(plan.bundle) for _ in range(plan.world_size)], strategy="PACK")
     ray.get(pg.ready(), timeout=spec.cluster.ray_join_timeout_s)
-    per_bundle = plan.bundle.get("CPU", 1.0) / 2  # policy and rollout share a device slot
+    share = 1.0 if plan.hybrid_rollout else 0.5  # of a device slot: the policy's, or half with an engine beside it
     threads = max(1, int(plan.bundle.get("CPU", 1.0)))
 
-    def on(i: int, **res: float):
+    def on(i: int) -> dict:
+        gpu = {"num_gpus": share} if plan.use_gpus else {}
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-                "num_cpus": per_bundle, **res}
+                "num_cpus": plan.bundle.get("CPU", 1.0) * share, **gpu}
 
-    gpu = {"num_gpus": 0.5} if plan.use_gpus else {}
     P = ray.remote(policy_class(spec.train.backend.value))
-    policy = [P.options(**on(i, **gpu)).remote(spec, model_dir, i, plan.world_size, threads)
+    policy = [P.options(**on(i)).remote(spec, model_dir, i, plan.world_size, threads)
               for i in range(plan.world_size)]
-    R = ray.remote(rollout_class(spec.rollout.backend.value))
-    tp = spec.rollout.tensor_parallel_size
-    rollout = [R.options(**on(e * tp, **gpu)).remote(spec, model_dir, threads) for e in range(plan.rollout_engines)]
+    if plan.hybrid_rollout:
+        rollout = policy
+    else:
+        R = ray.remote(rollout_class(spec.rollout.backend.value))
+        tp = spec.rollout.tensor_parallel_size
+        rollout = [R.options(**on(e * tp)).remote(spec, model_dir, threads) for e in range(plan.rollout_engines)]
     from ..envs import EnvFactory
 
     env = ray.remote(EnvWorker).options(num_cpus=0).remote(spec, EnvFactory(spec))  # the driver's env class

@@ -1,0 +1,137 @@
+"""Side by side on one GPU: our full GRPO step through `launch.py` vs TRL GRPOTrainer, same work.
+
+Same model shape (1.21B: 24 layers, hidden 2048, 16/4 heads, FFN 5632, vocab 32000, untied; Qwen2 family on
+both sides), same batch (8 prompts x 8 generations, prompt 1536 tokens + 512 new, micro-batch 4), same
+precision (fp32 master weights + bf16 compute), random weights (speed only). Ours runs as a user runs it:
+`python launch.py ... cluster.gpus_per_node=1` (Ray, the hybrid HF engine, the policy workers), and its
+per-phase times are read from RUN_DIR/metrics.jsonl. TRL runs the harness in ../shared/peers/trl
+(trl_grpo_gpu.py, carried into the kit with its wheels).
+
+    python benchmarks/gpu_step.py --steps 4 --trl-dir .gpu-kit/trl --trl-wheels .gpu-kit/trlwhl --out OUT
+    python benchmarks/gpu_step.py --only ours-torch,ours-megatron      # a subset
+
+Update-phase tokens/s = 64 x (1536 + mean generated length) / update seconds; MFU = 6 N tokens / s / peak,
+peak = a measured 8192^3 bf16 matmul (as the TRL harness measures it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = dict(num_layers=24, hidden_size=2048, num_attention_heads=16, num_kv_heads=4, ffn_hidden_size=5632,
+             vocab_size=32000, max_position_embeddings=4096)
+PROMPT, NEW, PROMPTS, GENS, MICRO = 1536, 512, 8, 8, 4
+
+
+def write_prompts(path: Path, n: int, seed: int = 0) -> None:
+    """Questions of exactly PROMPT byte-tokens (the tiny model's tokenizer is one token per byte)."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            f.write(json.dumps({"question": "".join(rng.choice("abcdefgh ") for _ in range(PROMPT)),
+                                "answer": "0"}) + "\n")
+
+
+def ours_overrides(backend: str, steps: int, data: Path, out: Path, separate_logprobs: bool) -> list[str]:
+    gbs = PROMPTS * GENS // (2 if separate_logprobs else 1)  # 2 optimizer steps force the separate pass
+    return [
+        f"name=bench-{backend}{'-sep' if separate_logprobs else ''}", f"output_root={out}", "checkpoint.resume=fresh",
+        *(f"model.{k}={v}" for k, v in SHAPE.items()), "model.warm_start_steps=0",
+        "env=math", f"env.train_path={data}", f"env.val_path={data}", f"env.max_prompt_tokens={PROMPT}",
+        f"rollout.max_new_tokens={NEW}", f"train.max_total_sequence_length={PROMPT + NEW}",
+        f"grpo.num_prompts_per_step={PROMPTS}", f"grpo.num_generations_per_prompt={GENS}",
+        f"train.global_batch_size={gbs}", f"train.micro_batch_size={MICRO}", f"train.logprob_batch_size={MICRO * 2}",
+        "train.precision=bfloat16", "train.lr=1e-6", f"train.backend={backend}", "cluster.gpus_per_node=1",
+        f"grpo.max_steps={steps}", "grpo.val_period=0", "grpo.val_at_end=false", "checkpoint.enabled=false",
+        "logging.mlflow=false",
+    ]
+
+
+def run_ours(name: str, backend: str, args, data: Path, separate: bool) -> dict:
+    cmd = [sys.executable, str(ROOT / "launch.py"), *ours_overrides(backend, args.steps, data, args.out, separate)]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+    wall = time.time() - t0
+    (args.out / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:] + proc.stderr[-6000:], flush=True)
+        return {"name": name, "error": f"exit {proc.returncode}"}
+    run_dir = args.out / f"bench-{backend}{'-sep' if separate else ''}"
+    rows = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    steady = [rows[s] for s in sorted(rows) if s > args.skip]
+    med = lambda k: statistics.median(r.get(k, 0.0) for r in steady)  # noqa: E731
+    gen_len = med("train/gen_len_mean")
+    tokens = PROMPTS * GENS * (PROMPT + gen_len)
+    phases = {p: med(f"time/{p}_s") for p in ("rollout", "logprobs", "update", "refit", "step")}
+    return {"name": name, "wall_s": wall, "gen_len": gen_len, "phases": phases,
+            "update_tok_s": tokens / phases["update"],
+            "logprob_tok_s": tokens / phases["logprobs"] if phases["logprobs"] else None,
+            "gen_tok_s": PROMPTS * GENS * gen_len / phases["rollout"],
+            "first_step_s": rows[min(rows)]["time/step_s"]}
+
+
+def run_trl(args) -> dict:
+    out = args.out / "trl"
+    cmd = ["bash", str(args.trl_dir / "run_gpu.sh"), str(args.trl_wheels), str(out), "--arch", "qwen2",
+           "--param-dtype", "fp32", "--steps", str(args.steps), "--skip", str(args.skip)]
+    proc = subprocess.run(cmd, text=True, capture_output=True)
+    (args.out / "trl.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:] + proc.stderr[-6000:], flush=True)
+        return {"name": "trl", "error": f"exit {proc.returncode}"}
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    return {"name": "trl", "summary": summary, "log_tail": proc.stdout[-2500:]}
+
+
+def matmul_peak() -> float:
+    import torch
+
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        x @ x
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        x @ x
+    torch.cuda.synchronize()
+    return 2 * 8192 ** 3 * 10 / (time.perf_counter() - t0) / 1e12
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--skip", type=int, default=1, help="warm-up steps left out of the medians")
+    ap.add_argument("--only", default="ours-torch,ours-megatron,ours-megatron-sep,trl")
+    ap.add_argument("--trl-dir", type=Path, default=ROOT / ".gpu-kit" / "trl")
+    ap.add_argument("--trl-wheels", type=Path, default=ROOT / ".gpu-kit" / "trlwhl")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/gpu-step"))
+    args = ap.parse_args()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = args.out / "prompts.jsonl"
+    write_prompts(data, 256)
+    peak = matmul_peak()
+    print(f"bf16 matmul peak: {peak:.0f} TFLOP/s", flush=True)
+    results = []
+    for name in args.only.split(","):
+        print(f"--- {name}", flush=True)
+        if name == "trl":
+            results.append(run_trl(args))
+        else:
+            backend = name.split("-")[1]
+            results.append(run_ours(name, backend, args, data, separate=name.endswith("-sep")))
+        print(json.dumps(results[-1], indent=1, default=str)[:3000], flush=True)
+    (args.out / "results.json").write_text(json.dumps({"peak_tflops": peak, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

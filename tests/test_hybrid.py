@@ -1,0 +1,79 @@
+"""The hybrid HF engine (rollout=hf inside the policy worker) and the on-policy logprob path, on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_launcher.envs import make_env
+from grpo_launcher.models.tiny import ensure_tiny_model
+from grpo_launcher.policy.torch_policy import TorchPolicyWorker
+from grpo_launcher.rollout.hf import HFEngine
+from grpo_launcher.spec.compose import load_spec
+from grpo_launcher.train.batch import collate
+
+SMALL = ["grpo.num_prompts_per_step=4", "train.global_batch_size=32", "train.micro_batch_size=8",
+         "train.logprob_batch_size=32", "logging.mlflow=false"]
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+def setup(root):
+    spec = load_spec([f"output_root={root}", *SMALL])
+    env = make_env(spec)
+    return spec, env, str(ensure_tiny_model(spec.model, env, "toy", root, seed=0))
+
+
+def rollout_batch(worker, env):
+    tok = worker.engine.tokenizer
+    prompts = [tok(p.text)["input_ids"] for p in env.train_prompts(1, 0, 4)]
+    gens = worker.generate(prompts, 8, seed=3)
+    adv = torch.linspace(-1, 1, len(gens))
+    return collate(gens, adv, torch.ones(len(gens)), tok.pad_token_id)
+
+
+def test_cpu_engine_is_the_policy_and_samples_its_distribution(model_root):
+    spec, env, model_dir = setup(model_root)
+    w = TorchPolicyWorker(spec, model_dir, 0, 1)
+    assert w.engine.shared and w.engine.model is w.model and w.refit_engine() == 0.0
+    batch = rollout_batch(w, env)
+    prev, _ = w.logprobs(batch)
+    mask = batch.response_mask.bool()
+    assert (prev - batch.generation_logprobs)[mask].abs().max() < 1e-4
+
+
+def test_a_separate_engine_is_refit_in_place(model_root):
+    """What a GPU run does (a copy in the run's precision): after an update the engine holds the new weights."""
+    spec, env, model_dir = setup(model_root)
+    w = TorchPolicyWorker(spec, model_dir, 0, 1)
+    w.engine = HFEngine(spec, model_dir, torch.device("cpu"))  # not shared: the GPU layout
+    assert not w.engine.shared
+    batch = rollout_batch(w, env)
+    before = {k: v.clone() for k, v in w.engine.model.state_dict().items()}
+    w.update([batch], [float(batch.response_mask.sum())])
+    w.refit_engine()
+    engine = w.engine.model.state_dict()
+    changed = 0
+    for k, v in w.hf_weights().items():
+        assert torch.equal(engine[k], v), k
+        changed += not torch.equal(before[k], v)
+    assert changed > 0  # the update moved weights, and the refit carried them
+
+
+def test_on_policy_update_equals_the_separate_logprob_pass(model_root):
+    """prev_logprobs from the update's own forward (plan.logprobs_from_update) = the separate pass."""
+    spec, env, model_dir = setup(model_root)
+    a, b = TorchPolicyWorker(spec, model_dir, 0, 1), TorchPolicyWorker(spec, model_dir, 0, 1)
+    batch = rollout_batch(a, env)
+    den = [float(batch.response_mask.sum())]
+    prev, _ = b.logprobs(batch)
+    out_a = a.update([batch], den)  # no prev_logprobs: on-policy path
+    out_b = b.update([batch.with_(prev_logprobs=prev)], den)
+    mask = batch.response_mask.bool()
+    assert (out_a["prev_logprobs"] - prev)[mask].abs().max() < 1e-5
+    assert abs(out_a["loss"] - out_b["loss"]) < 1e-6 and abs(out_a["grad_norm"] - out_b["grad_norm"]) < 1e-5
+    for (k, pa), pb in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.allclose(pa, pb, atol=1e-6), k
