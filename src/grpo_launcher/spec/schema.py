@@ -117,7 +117,7 @@ class RolloutSpec:
     kv_cache_memory_mb: int = 64  # CPU engines: always bounded
     enforce_eager: bool = True
     # rollout=hf on CUDA: static KV cache + torch.compile(reduce-overhead) decoding (CUDA graphs); false = eager
-    hf_compile: bool = True
+    hf_compile: bool = False  # measured on an H200: no gain over eager as wired (benchmarks/results/gpu_step.md)
 
 
 @dataclass(frozen=True)
