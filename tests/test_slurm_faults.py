@@ -137,3 +137,19 @@ def test_two_launches_at_once_one_job_other_refused_naming_it(cluster, jobs, roo
     assert again.returncode == 1 and f"already in use by Slurm job {ids[0]} (" in again.stderr
     sh(["scancel", ids[0]])
     wait_until(lambda: job_state(ids[0]) in ENDED, 180, "the job to end")
+
+
+def test_percent_in_output_root_job_logs_where_expected(cluster, jobs, tmp_path):
+    """A `%` in the run dir: sbatch/srun would expand it (%j, %x...) and write the logs nowhere to be found."""
+    root = tmp_path / "pct%j%x"
+    root.mkdir()
+    from test_slurm_run import MODEL_CACHE
+
+    (root / ".models").symlink_to(MODEL_CACHE)
+    job, _, _ = submit(root, jobs, "h12-pct", "grpo.max_steps=2", *ARGS[1:4])
+    run_dir = root / "h12-pct"
+    wait_until(lambda: job_state(job) in ENDED, 900, f"job {job} to end")
+    slurm_log = run_dir / "logs" / f"slurm-{job}.out"
+    assert slurm_log.exists(), sorted(str(p) for p in tmp_path.rglob("*.out"))
+    assert job_state(job) == "COMPLETED", slurm_log.read_text()[-3000:]
+    assert (run_dir / "logs" / f"driver-{job}.log").exists()

@@ -129,6 +129,7 @@ FAILING = [
     (["env=dataset", "env.prompt_key=question"], "env_data_and_code", "env.train_path"),
     ([f"output_root={Path(__file__).parent / 'data' / 'finished_run'}"], "run_name_not_finished", "name"),
     (["cluster=slurm", "cluster.python=/x y"], "shell_values", "cluster.python"),
+    (["cluster=slurm", "output_root=/tmp/a\\b"], "slurm_log_paths", "output_root"),
     (["cluster=local_slurm", "cluster.gpus_per_node=8"], "slurm_node_shape", "cluster.gpus_per_node"),
     (["train.backend=megatron", "model.num_experts=4", "model.moe_top_k=2", "train.moe.token_dispatcher=nope"],
      "megatron_moe", "train.moe.token_dispatcher"),
