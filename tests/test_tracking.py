@@ -150,3 +150,20 @@ def test_partial_file_is_not_final(tmp_path):
     log.write_step(2, [record(2)])  # the resumed step starts the file over
     assert log.steps() == [1, 2]
     assert json.loads(log.path_for(2).read_text())["step"] == 2
+
+
+def test_resume_from_an_older_checkpoint_never_logs_a_step_twice(tmp_path, uri):
+    """The newest checkpoint was invalid, the run fell back to step 2: steps 3-4 are redone, MLflow already has
+    them. A reopened run skips (key, step) pairs MLflow holds; a checkpoint's pending metrics are replayed."""
+    first = Tracker(spec(), uri, tmp_path / "run")
+    for step in (1, 2, 3, 4):
+        first.log_metrics(step, {"train/loss": float(step)})
+    first.commit()
+    first.close("FAILED")
+    resumed = Tracker(spec(), uri, tmp_path / "run", run_id=first.run_id)
+    for step in (3, 4, 5):
+        resumed.log_metrics(step, {"train/loss": 10.0 + step})
+    assert resumed.commit() == 1  # only step 5 was new
+    assert resumed.replay([["train/loss", 6.0, 0, 6], ["train/loss", 99.0, 0, 5]]) == 1  # 6 new, 5 known
+    assert [s for s, _ in resumed.metric_history("train/loss")] == [1, 2, 3, 4, 5, 6]
+    resumed.close()
