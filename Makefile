@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed  ## run the embedded default: tiny model, CPU, local Ray (python launch.py)
 	$(PY) launch.py
 
-test: $(VENV)/.installed slurm-up  ## run every test tier that runs without a GPU (starts the local Slurm)
+test: $(VENV)/.installed slurm-up gym  ## run every test tier that runs without a GPU (starts the local Slurm; builds Gym's venv)
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed  ## only the quick tests (no Ray, vLLM or Slurm)

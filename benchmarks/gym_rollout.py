@@ -20,56 +20,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-CONFIGS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
-           "resources_servers/math_with_judge/configs/math_with_judge.yaml",
-           "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"]
-
-
-def tiny_setup(workdir: Path, new_tokens: int):
-    """(spec, model_dir, worker): the tiny model built under workdir, served by an async + HTTP vLLM worker."""
-    from grpo_launcher.gym import register_env
-    from grpo_launcher.gym.env import DATA
-    from grpo_launcher.spec.compose import load_spec
-    from grpo_launcher.plan import make_plan
-    from grpo_launcher.train.setup import prepare_model
-
-    register_env()
-    spec = load_spec(["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true",
-                      f"env.train_path={DATA / 'tiny_train.jsonl'}", f"env.val_path={DATA / 'tiny_val.jsonl'}",
-                      f"env.gym_config_paths=[{','.join(CONFIGS)}]", "env.gym_tool_call_parser=pythonic",
-                      "env.max_prompt_tokens=256", f"rollout.max_new_tokens={new_tokens}", "train.max_total_sequence_length=512",
-                      f"output_root={workdir}", "name=h14-gym-bench", "dry_run=true"])
-    from grpo_launcher.gym.env import GymEnv
-
-    env = GymEnv(spec.env, seed=0)
-    model_dir = prepare_model(spec, make_plan(spec), env)
-    from grpo_launcher.rollout.vllm import VLLMRolloutWorker
-
-    worker = VLLMRolloutWorker(spec, str(model_dir))
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model_dir)
-    worker.update_weights({k: v.detach() for k, v in hf.state_dict().items()})
-    return spec, model_dir, worker, env
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
 
     from transformers import AutoTokenizer
 
+    from grpo_launcher.gym.probe import CONFIGS, tiny_engine, tiny_spec
     from grpo_launcher.gym.rollouts import RolloutStats, run_rollouts, stamp_row
     from grpo_launcher.gym.servers import GymServers
 
     work = Path(tempfile.mkdtemp(prefix="h14-gym-bench-"))
     t0 = time.perf_counter()
-    spec, model_dir, worker, env = tiny_setup(REPO / "outputs", a.new_tokens)
+    spec = tiny_spec(REPO / "outputs", a.new_tokens)
+    model_dir, worker, env = tiny_engine(spec)
     t_engine = time.perf_counter() - t0
     servers = None
     try:

@@ -38,7 +38,7 @@ CONFIGS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
 GYM = ["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true",
        f"env.train_path={DATA / 'tiny_train.jsonl'}", f"env.val_path={DATA / 'tiny_val.jsonl'}",
        f"env.gym_config_paths=[{','.join(CONFIGS)}]", "env.gym_tool_call_parser=pythonic",
-       "env.max_prompt_tokens=256", "train.max_total_sequence_length=512", "rollout.max_new_tokens=16"]
+       "env.max_prompt_tokens=256", "train.max_total_sequence_length=512", "rollout.max_new_tokens=32"]
 needs_gym = pytest.mark.skipif(find_install() is None, reason="NeMo Gym's venv is not installed: run `make gym`")
 
 MATH_ROW = {"responses_create_params": {"input": [{"role": "user", "content": "What is 2+2?"}],

@@ -79,5 +79,31 @@ class GymEnv:
     def score(self, prompt, completion: str) -> float:  # noqa: ARG002
         raise RuntimeError("env=nemo_gym is scored by Gym's resources servers, not by the driver")
 
-    def warmup_examples(self, n: int) -> list[tuple[str, str]]:  # noqa: ARG002
-        return []  # the tiny model starts random: Gym's rewards are what it learns from
+    def warmup_examples(self, n: int) -> list[tuple[str, str]]:
+        """The tiny model's warm start (model.path=null only): the shipped tiny rows' formats, rendered with the
+        chat template the server uses, so the model starts near Gym's rewards: `\\boxed{a+b}` for math rows
+        (right about as often as not: the rewards vary within a group), a pythonic `get_weather` call for
+        tool rows (so the agent runs a tool and a second turn: the multi-turn path is exercised for real)."""
+        rng = random.Random(self.seed)
+        out = []
+        for _ in range(n):
+            if rng.random() < 0.5:
+                a, b = rng.randint(1, 9), rng.randint(1, 9)
+                msgs = [{"role": "user", "content": f"What is {a}+{b}? Answer in \\boxed{{}}."}]
+                answer = f"\\boxed{{{a + b + rng.choice([0, 0, 1, -1])}}}"
+            else:
+                city = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 5)))
+                msgs = [{"role": "user", "content": f"weather in {city}?"}]
+                answer = f'[get_weather(city="{city}")]'
+            out.append((render_chat(msgs), answer))
+        return out
+
+
+def render_chat(messages: list[dict]) -> str:
+    """data/chatml.jinja as vLLM renders it (the template the tiny model's server gets)."""
+    import jinja2
+
+    from .serving import CHATML
+
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(CHATML.read_text()).render(messages=messages, add_generation_prompt=True)

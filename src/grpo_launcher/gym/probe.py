@@ -25,7 +25,7 @@ CONFIGS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
            "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"]
 
 
-def tiny_spec(output_root: Path, new_tokens: int = 16, extra: tuple = ()):
+def tiny_spec(output_root: Path, new_tokens: int = 32, extra: tuple = ()):
     from .env import DATA
     from ..spec.compose import load_spec
 
@@ -105,7 +105,9 @@ def main(argv: list[str]) -> int:
         prompts = env.train
         rows = [stamp_row(p.row, 1.0, 1.0, spec.rollout.max_new_tokens) for p in prompts for _ in range(2)]
         stats = RolloutStats()
-        gens = run_rollouts(rows, agents, servers.check, stats=stats, max_model_len=512)
+        from ..plan import make_plan
+
+        gens = run_rollouts(rows, agents, servers.check, stats=stats, max_model_len=make_plan(spec).max_model_len)
         tok = AutoTokenizer.from_pretrained(model_dir)
         template = CHATML.read_text()
         expect = [tok(tok.apply_chat_template(r["responses_create_params"]["input"], chat_template=template,
@@ -119,7 +121,10 @@ def main(argv: list[str]) -> int:
             "non_contiguous": stats.non_contiguous, "turns": sorted({g.turns for g in gens}),
             "prompt_ids_equal_chat_template": sum(g.prompt_ids == e for g, e in zip(gens, expect)),
             "policy_tokens": len(diffs), "max_abs_logprob_diff": max(diffs) if diffs else None,
-            "rewards": sorted({g.reward for g in gens}), "truncated": sum(g.truncated for g in gens),
+            "rewards": sorted({g.reward for g in gens}), "reward_mean": sum(g.reward for g in gens) / len(gens),
+            "multi_turn": sum(g.turns > 1 for g in gens), "truncated": sum(g.truncated for g in gens),
+            "masked_tokens_in_multi_turn": sum(g.loss_mask.count(0) for g in gens if g.turns > 1),
+            "example_multi_turn": next((tok.decode(g.prompt_ids + g.response_ids) for g in gens if g.turns > 1), None),
             "agent_refs": sorted({g.agent_ref for g in gens}),
             "eos_terminated": sum(bool(g.response_ids) and g.response_ids[-1] == tok.eos_token_id for g in ok)})
         if kill:
