@@ -42,9 +42,10 @@ recomputation).
 
 Logits (the GRPO peak at long sequences and large vocabularies): the output layer makes [tokens, V/TP]
 in the compute dtype; the response positions are gathered and divided by the temperature, then
-log-softmaxed in fp32 (algos.token_logprobs; the entropy metric does it again). Counted per micro-batch as
-(2·a)·V·L + c·V·T bytes for L sequence and T response tokens (a = compute dtype bytes; c = 16 megatron,
-14 torch, from the tensors alive in the backward: fp32 log-softmax saved, its gradient, the bf16 copies).
+log-softmaxed in fp32 (algos.token_logprobs; the entropy metric does it again). The gather saves its whole
+input for the backward, which then allocates a zero-filled gradient of that shape. Counted per micro-batch
+as k·V·L + c·V·T bytes for L sequence and T response tokens (`LOGITS_COEF`: megatron k = 3a, c = 16; torch
+k = 2a, c = 2a + 6; a = compute dtype bytes).
 
 Rollout engines (vLLM, Kwon et al. 2023, arXiv:2309.06180; vLLM docs, `gpu_memory_utilization`: the
 fraction of the GPU's *total* memory this engine instance may use, weights + activations + KV cache): the
@@ -57,7 +58,8 @@ budget stays claimed while the policy trains, so every phase's peak is policy + 
 
 CUDA context and allocator: each process that touches a GPU holds a context outside PyTorch's counters
 (~0.5 GiB on Hopper with CUDA 12/13, plus NCCL's buffers in a distributed job); PyTorch's caching allocator
-reserves more than it hands out (fragmentation: reserved ≈ allocated × (1 + ALLOCATOR_SLACK)).
+reserves more than it hands out (fragmentation of the transient allocations: reserved ≈ allocated +
+ALLOCATOR_SLACK × the phase's transient part).
 
 Host RAM per node: the Ray object store (cluster.object_store_memory_mb), each GPU process's own footprint
 (CUDA, torch and library pages), the model loaded on the CPU before it is moved to the GPU (every policy rank
@@ -72,8 +74,8 @@ hybrids) are extrapolated from the same counting and say so in the report.
 
 from __future__ import annotations
 
-import dataclasses
 import math
+import os
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -83,18 +85,25 @@ from .schema import Precision, RolloutBackend, RunSpec, TrainBackend
 GIB = 2**30
 
 # Constants the calibration may adjust (benchmarks/results/memory.md says how they were checked).
-ALLOCATOR_SLACK = 0.05  # reserved = allocated × (1 + this): caching-allocator fragmentation
+ALLOCATOR_SLACK = 0.10  # reserved = allocated + this × the phase's transient part (caching-allocator fragmentation)
 CUDA_CONTEXT_GIB = 0.6  # one process's CUDA context + cuBLAS/cuDNN handles, outside torch's counters
 NCCL_GIB = 0.5  # NCCL communicator buffers of one process in a distributed job
 VLLM_ACTIVATION_GIB = 1.5  # vLLM's profiled forward peak inside its budget (max_num_batched_tokens=8192)
 VLLM_CUDA_GRAPH_GIB = 1.0  # captured CUDA graphs (enforce_eager=false)
 HOST_PROCESS_GIB = 2.0  # resident footprint of one GPU process (CUDA/torch/library pages)
-LOGITS_TAIL = {"megatron": 16, "torch": 14}  # c in the logits formula above (bytes·V per response token)
+# Logits bytes per vocab entry: (per sequence token, per response token) for compute dtype bytes `a`. The
+# response gather saves its whole input for the backward (torch's gather_backward takes `self`), so the full
+# [tokens, V] logits live until the backward, which adds a zero-filled gradient of the same shape (and
+# megatron a contiguous copy for the output layer's backward): megatron 3a·V·L, torch 2a·V·L. Per response
+# token: the fp32 log-softmax (saved), its gradient, the bf16 copies. Fitted on the CPU build with the
+# profiler's allocation events (megatron bf16, L 1024, T 128: 8.0·V·L measured = 6·V·L + 16·V·T).
+LOGITS_COEF = {"megatron": lambda a: (3 * a, 16 if a == 2 else 20),
+               "torch": lambda a: (2 * a, 2 * a + 6)}
 
 # Hybrid layer layouts the ModelSpec does not carry. Nemotron 3 Nano 30B-A3B (from its published HF config:
 # hybrid_override_pattern of 23 Mamba-2, 23 MoE and 6 GQA layers of head_dim 128; 128 routed experts top-6
-# plus one shared expert of 3712; squared-ReLU experts; Mamba-2 with 64 heads × 64, 8 groups, state 128, conv 4). Not read
-# from model.path: figures for this family are extrapolated.
+# plus one shared expert of 3712; squared-ReLU experts; Mamba-2 with 64 heads × 64, 8 groups, state 128,
+# conv 4). Not read from model.path: figures for this family are extrapolated.
 HYBRID_LAYOUTS: dict[tuple[str, int], dict] = {
     ("nemotron_h", 52): dict(attention=6, mlp=0, moe=23, mamba=23, gated=False, shared_ffn=3712, head_dim=128,
                              mamba_heads=64, mamba_head_dim=64, groups=8, state=128, conv=4),
@@ -427,9 +436,9 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     add("activations", stored + final * tokens, how)
     add("activation work", work, "one layer re-materialised/back-propagated" if ckpt else "one layer's gradients")
     v = a.vocab / lay.tp
-    c = LOGITS_TAIL[backend] + (4 if act == 4 else 0)
-    add("logits", 2 * act * v * tokens + c * v * rtokens,
-        f"{2 * act}·V·L + {c}·V·T = V {v:.0f} × (L {tokens:.0f}, T {rtokens:.0f} tok)")
+    lead, c = LOGITS_COEF[backend](act)
+    add("logits", lead * v * tokens + c * v * rtokens,
+        f"{lead}·V·L + {c}·V·T = V {v:.0f} × (L {tokens:.0f}, T {rtokens:.0f} tok)")
     lp_tokens, lp_rtokens = t.logprob_batch_size * seq / lay.cp, t.logprob_batch_size * resp / lay.cp
     add("logprob logits", 2 * act * v * lp_tokens + 12 * v * lp_rtokens,
         f"forward only: {2 * act}·V·L + 12·V·T for train.logprob_batch_size={t.logprob_batch_size}")
@@ -446,7 +455,8 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     }
     est.policy_phase = max(est.phases, key=est.phases.get)
     est.policy_alloc_gib = est.phases[est.policy_phase]
-    est.policy_reserved_gib = est.policy_alloc_gib * (1 + ALLOCATOR_SLACK)
+    # the big resident blocks (weights, grad buffer, optimizer states) do not fragment; the transients do
+    est.policy_reserved_gib = est.policy_alloc_gib + ALLOCATOR_SLACK * (est.policy_alloc_gib - est.phases["generate"])
     if a.hybrid:
         est.notes.append(f"extrapolated: the {spec.model.family} layer layout (23 Mamba / 23 MoE / 6 attention) "
                          "is the published one, not read from model.path; Mamba/MoE activations are counted, "
@@ -533,7 +543,11 @@ def host_estimate(spec: RunSpec, est: Estimate) -> None:
     it["model load (start-up)"] = Item("model load (start-up)", load, how)
     it["refit copies (node 0)"] = Item("refit copies (node 0)", 2 * total * refit_b,
                                        "rank 0's state_dict() + the serialized copy sent to the engines")
-    est.host_gib = gib(it["object store"].bytes + it["processes"].bytes
+    files = [p for p in (spec.env.train_path, spec.env.val_path) if p]
+    size = sum(os.path.getsize(p) for p in files if os.path.isfile(p))
+    it["dataloader"] = Item("dataloader", 3 * size, "3 × the env's data files (parsed rows in the driver); "
+                            "built-in generators ≈ 0" if files else "built-in prompt generator (≈ 0)")
+    est.host_gib = gib(it["object store"].bytes + it["processes"].bytes + it["dataloader"].bytes
                        + max(it["model load (start-up)"].bytes, it["refit copies (node 0)"].bytes))
 
 
@@ -580,7 +594,7 @@ def report(spec: RunSpec, est: Optional[Estimate] = None) -> str:
     lines.append(f"  {'CUDA contexts + NCCL':<26}{est.context_gib:>8.2f}  outside torch's counters")
     phases = " | ".join(f"{k} {v:.1f}" for k, v in est.phases.items())
     lines.append(f"  policy phases (allocated GiB): {phases}; peak phase: {est.policy_phase} "
-                 f"(reserved ≈ × {1 + ALLOCATOR_SLACK:g})")
+                 f"(reserved ≈ + {ALLOCATOR_SLACK:g} × its transient part)")
     if est.kv and est.kv.get("available") is not None and est.device_gib is not None:
         k = est.kv
         fit = k["available"] / k["one_seq"] if k["one_seq"] else 0
@@ -700,7 +714,7 @@ def violations(spec: RunSpec) -> list[Violation]:
             "gpu_memory_fits", keys,
             f"peak per GPU {est.peak_gib:.1f} GiB > {c.gpu_memory_gib:g} GiB "
             f"({100 * est.peak_gib / c.gpu_memory_gib:.0f} %) in the {est.peak_phase} phase: policy "
-            f"{est.policy_reserved_gib:.1f} ({parts}; ×{1 + ALLOCATOR_SLACK:g} allocator) + rollout "
+            f"{est.policy_reserved_gib:.1f} ({parts}; + allocator slack) + rollout "
             f"{est.rollout_gib:.1f} + CUDA contexts {est.context_gib:.1f}",
             ("cheapest: " + "; or ".join(fixes)) if fixes else
             "no single change found: lower the sequence length or raise several of the keys above"))
