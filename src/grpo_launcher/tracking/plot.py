@@ -22,6 +22,9 @@ def plot_curves(series: dict[str, list[tuple[int, float]]], out: Path, title: st
         for key, label in drawn:
             steps, values = zip(*series[key])
             ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
         ax.set_ylabel("reward")
         ax.set_title(title)
