@@ -103,6 +103,9 @@ def finish_run(spec: RunSpec, plan: Plan, state, rc: int) -> int:
 def user_code_failed(exc: BaseException, trainer, state) -> int:
     """A reward function / Env / prompt failed: name it and the row, keep what was trained, mark FAILED. → 1."""
     cause = getattr(exc, "cause", None) or exc
+    if state is None:  # before the loop state existed: nothing trained, nothing to keep
+        print(f"error: {cause}", file=sys.stderr, flush=True)
+        return 1
     saved = ""
     try:
         if trainer is not None and state.step > 0 and state.spec.checkpoint.enabled:
