@@ -24,8 +24,9 @@ from .workers import Workers, create_workers, ray_session
 REQUEUE_EXIT = 3  # checkpoint saved because of SIGUSR1 / the must_save_by budget: requeue me
 
 
-def run(spec: RunSpec, plan: Plan) -> int:
+def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
     stop = StopRequest.install()  # first: Slurm's SIGUSR1 during start-up must not kill the driver
+    clock = StartupClock(t_start or process_start())
     quiet_libraries()
     from ..envs import EnvNotAvailable, UserCodeError, make_env
     from ..tracking.report import finish_run, user_code_failed
@@ -36,34 +37,65 @@ def run(spec: RunSpec, plan: Plan) -> int:
 
         register_env()
     try:
+        clock.mark("imports")
         env = make_env(spec)
     except (EnvNotAvailable, UserCodeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     model_dir = prepare_model(spec, plan, env)
-    state = resume_or_start(spec, plan)
-    if state is None:
-        return 2
-    from ..launch.repro import record_launch
-
-    record_launch(spec, plan, state)  # RUN_DIR/repro/: git commit, uncommitted diff, pip freeze (+ MLflow)
+    clock.mark("model")
     spec = with_http_api_key(spec)
     with ray_session(spec, plan):
         stop.reinstall()  # ray.init() replaced the SIGTERM handler with Ray's (which exits without saving)
-        workers = create_workers(spec, plan, str(model_dir))
-        trainer = None
+        clock.mark("ray")
+        workers = create_workers(spec, plan, str(model_dir))  # they import and load while the driver sets up
+        trainer = state = None
         try:
-            publish_rollout_endpoints(spec, plan, workers)
+            state = resume_or_start(spec, plan)  # checkpoint + MLflow run
+            if state is None:
+                return 2
+            from ..launch.repro import record_launch
+
+            record_launch(spec, plan, state)  # RUN_DIR/repro/: git commit, uncommitted diff, pip freeze (+ MLflow)
             trainer = trainer_class(spec)(spec, plan, env, workers, state, stop, model_dir)
+            clock.mark("driver set-up")
+            workers.ready()
+            clock.mark("workers")
+            publish_rollout_endpoints(spec, plan, workers)
+            trainer.clock = clock
             return finish_run(spec, plan, state, trainer.train())  # + where everything is, the curve PNG
         except UserCodeError as exc:  # a reward fn / Env / prompt failed: named with its row; progress kept
             return user_code_failed(exc, trainer, state)
         except BaseException:
-            state.abort()  # metrics after the last checkpoint are dropped: a resume logs those steps again
+            if state is not None:
+                state.abort()  # metrics after the last checkpoint are dropped: a resume logs those steps again
             raise
         finally:
             workers.shutdown()
             (plan.run_dir / "rollout_endpoints.json").unlink(missing_ok=True)  # its URLs die with the engines
+
+
+def process_start() -> float:
+    import psutil  # a Ray dependency
+
+    return psutil.Process().create_time()
+
+
+class StartupClock:
+    """Where the time before step 1 went: one line in the log after the first step."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = self.last = t0
+        self.parts: list[tuple[str, float]] = []
+
+    def mark(self, name: str) -> None:
+        now = time.time()
+        self.parts.append((name, now - self.last))
+        self.last = now
+
+    def report(self) -> str:
+        parts = ", ".join(f"{n} {s:.1f}" for n, s in self.parts)
+        return f"grpo-launcher: start-up {self.last - self.t0:.1f} s to the end of step 1 ({parts})"
 
 
 def trainer_class(spec: RunSpec) -> type:
@@ -101,6 +133,8 @@ def quiet_libraries() -> None:
 
 
 class Trainer:
+    clock: "StartupClock | None" = None  # set by run(): the start-up line after this process's first step
+
     def __init__(self, spec: RunSpec, plan: Plan, env, workers: Workers, state: LoopState, stop: StopRequest,
                  model_dir: Path):
         from transformers import AutoTokenizer
@@ -124,6 +158,10 @@ class Trainer:
         progress = st.progress_bar(s.grpo.max_steps)
         for step in range(st.step + 1, s.grpo.max_steps + 1):
             metrics = self.step(step)
+            if self.clock is not None:
+                self.clock.mark("step 1")
+                print(self.clock.report(), flush=True)
+                self.clock = None
             if s.grpo.val_period and step % s.grpo.val_period == 0 or (step == s.grpo.max_steps and s.grpo.val_at_end):
                 metrics.update(self.validate())
             st.log(step, metrics)

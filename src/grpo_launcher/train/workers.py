@@ -52,6 +52,11 @@ class Workers:
     env: Any
     pg: Any
 
+    def ready(self) -> None:
+        """Wait for the actors (they import and load meanwhile) and join the policy ranks' process group."""
+        host, port = ray.get(self.policy[0].address.remote())
+        ray.get([p.init_distributed.remote(host, port) for p in self.policy])
+
     def shutdown(self) -> None:
         separate = [r for r in self.rollout if r not in self.policy]  # hybrid: the policy workers are the engines
         ray.get([r.shutdown.remote() for r in separate])
@@ -61,7 +66,9 @@ class Workers:
 
 
 def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
-    """Policy rank i on bundle i; with rollout=hf it is also engine i (hybrid), else engine e shares bundle e·TP."""
+    """Policy rank i on bundle i; with rollout=hf it is also engine i (hybrid), else engine e shares bundle e·TP.
+
+    Returns at once: the actors start (imports, model load) while the driver sets up; `ready()` waits."""
     pg = placement_group([dict(plan.bundle) for _ in range(plan.world_size)], strategy="PACK")
     ray.get(pg.ready(), timeout=spec.cluster.ray_join_timeout_s)
     share = 1.0 if plan.hybrid_rollout else 0.5  # of a device slot: the policy's, or half with an engine beside it
@@ -84,8 +91,6 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
     from ..envs import EnvFactory
 
     env = ray.remote(EnvWorker).options(num_cpus=0).remote(spec, EnvFactory(spec))  # the driver's env class
-    host, port = ray.get(policy[0].address.remote())
-    ray.get([p.init_distributed.remote(host, port) for p in policy])
     return Workers(policy=policy, rollout=rollout, env=env, pg=pg)
 
 
