@@ -141,7 +141,15 @@ def child(cfg: dict) -> dict:
     from grpo_launcher.policy.torch_policy import local_denominator
     from grpo_launcher.spec.compose import load_spec
 
-    spec = load_spec(cfg["overrides"])
+    from grpo_launcher.spec.compose import compose, to_spec
+    from grpo_launcher.spec.errors import ConfigError
+
+    unvalidated = False
+    try:
+        spec = load_spec(cfg["overrides"])
+    except ConfigError as err:  # a rule unrelated to memory must not cost the measurement: say so, go on
+        print(err.render(), file=sys.stderr, flush=True)
+        spec, unvalidated = to_spec(compose(cfg["overrides"])), True
     cuda = torch.cuda.is_available() and cfg["gpu"]
     t0 = time.perf_counter()
     worker = policy_class(spec.train.backend.value)(spec, cfg["model_dir"], 0, 1)
@@ -160,7 +168,7 @@ def child(cfg: dict) -> dict:
         worker.update([b], [den])
         return t_lp, time.perf_counter() - t
 
-    out: dict = {"init_s": round(init_s, 1)}
+    out: dict = {"init_s": round(init_s, 1), **({"spec_unvalidated": True} if unvalidated else {})}
     if cuda:
         step()  # warm-up: the optimizer states exist from here on (the steady state)
         torch.cuda.synchronize()
