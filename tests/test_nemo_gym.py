@@ -299,15 +299,35 @@ def test_nemo_gym_is_refused_without_gym_outside_dry_runs(tmp_path, monkeypatch)
 # ---------------------------------------------------------------- real Gym (make gym)
 
 
+def run_group(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    """Run cmd in its own process group; past the timeout, SIGTERM the group (the command's own clean-up stops
+    Gym and the engine), then SIGKILL whatever is left, and fail with the output so far."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            **kw)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd[:4])} ... ran past {timeout:.0f} s; output:\n{out[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
 @pytest.mark.slow
 @needs_gym
 def test_probe_token_alignment_and_dead_server(tmp_path):
     """Real engine + real Gym: ids as the engine produced them, logprobs = the policy's, a killed server named."""
     out = tmp_path / "probe.json"
     env = dict(os.environ, GYM_PROBE_OUTPUT_ROOT=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "grpo_launcher.gym.probe", str(out), "--kill-server"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_group([sys.executable, "-m", "grpo_launcher.gym.probe", str(out), "--kill-server"], 2400, cwd=ROOT,
+                     env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:]
     r = json.loads(out.read_text())
     assert r["failed"] == 0 and r["rollouts"] == 36
     assert r["prompt_ids_equal_chat_template"] == r["rollouts"]
@@ -340,12 +360,10 @@ def test_launch_trains_through_gym(tmp_path):
            "grpo.num_generations_per_prompt=4", "train.global_batch_size=16", "train.micro_batch_size=16",
            "train.logprob_batch_size=16", "grpo.val_period=2", "logging.train_data_log=true", "logging.progress=false",
            f"output_root={tmp_path}", "name=h14-gym-train"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
+    proc = run_group(cmd, 2400, cwd=ROOT)
+    out = proc.stdout
     assert proc.returncode == 0, out[-4000:]
     assert "NeMo Gym ready" in out and "NeMo Gym stopped" in out
-    run_dir = next(p for p in tmp_path.rglob("rollout_endpoints.json")).parent if list(
-        tmp_path.rglob("rollout_endpoints.json")) else next(tmp_path.rglob("train_data_step_000001.jsonl")).parent.parent
     lines = [json.loads(x) for x in next(tmp_path.rglob("train_data_step_000002.jsonl")).read_text().splitlines()]
     assert len(lines) == 16
     agents = {x["agent_ref"] for x in lines}
@@ -356,4 +374,4 @@ def test_launch_trains_through_gym(tmp_path):
     metrics = [json.loads(x) for x in next(tmp_path.rglob("metrics.jsonl")).read_text().splitlines()]
     last = [m for m in metrics if m["step"] == 2][-1]
     assert last["gym/failed_rollouts"] == 0 and "val/reward_mean" in last
-    assert run_dir.exists()
+    assert not list(tmp_path.rglob("gym.pid")), "Gym was stopped by PID at the end of the run"

@@ -84,6 +84,7 @@ def main(argv: list[str]) -> int:
     from .servers import GymError, GymServers
     from .serving import CHATML
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped probe still stops Gym and the engine
     out_path = Path(argv[0])
     kill = "--kill-server" in argv
     root = Path(os.environ.get("GYM_PROBE_OUTPUT_ROOT", Path.cwd() / "outputs"))
