@@ -36,11 +36,12 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..algos import entropy_from_logits, masked_mean, policy_loss, token_logprobs
+from ..algos import entropy_from_logits, policy_loss, token_logprobs
 from ..spec.schema import Precision, RunSpec
 from ..train.batch import TrainBatch
 from . import megatron_convert as mc
 from .hybrid import HybridRollout
+from .update_log import UpdateLog
 
 SHIM_ENV = "GRPO_MEGATRON_CPU_SHIM"
 
@@ -335,37 +336,39 @@ class MegatronPolicyWorker(HybridRollout):
         return prev_t, (torch.cat(ref)[mine] if ref else None)
 
     # ------------------------------------------------------------------ update
-    def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict[str, float]:
-        """One optimizer step per minibatch; denominators are global per minibatch (as the torch backend)."""
-        sums: dict[str, float] = {}
+    def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict:
+        """One optimizer step per minibatch; denominators are global per minibatch (as the torch backend:
+        0 = no loss-bearing sample, no step; on-policy minibatches return their old logprobs)."""
+        log = UpdateLog()
         reporter = self.mp_ranks.index(self.rank) == 0  # one rank per replica reports (the driver sums ranks)
-        prev, ref = [], []  # on-policy minibatches (no prev_logprobs): the update's own, for my rows
+        on_policy = minibatches[0].prev_logprobs is None
         for b, den in zip(minibatches, denominators):
+            if den <= 0:
+                log.skipped += 1
+                if on_policy:
+                    prev, ref = self.logprobs(b)  # collective over my model-parallel group, as the update
+                    log.prev.append(prev)
+                    log.ref.extend([ref] if ref is not None else [])
+                continue
             b, mine = self._replica_batch(b)
             self._zero_grad()
             lps, refs = [], []
             for rows in _chunks(len(b), self.spec.train.micro_batch_size):
                 mb = b.select(rows)
-                if mb.prev_logprobs is None and self.ref is not None:
+                if on_policy and self.ref is not None:
                     with torch.no_grad():
                         mb = mb.with_(ref_logprobs=self._token_logprobs(self._logits(self.ref, mb), mb.response_ids))
                     refs.append(mb.ref_logprobs.cpu())
-                metrics, lp = self._micro_step(mb, den)
+                metrics, weight, lp = self._micro_step(mb, den)
                 lps.append(lp)
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + (v if reporter else 0.0)
-            grad_norm = self._step()
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
-            prev.append(torch.cat(lps)[mine])
-            ref.extend([torch.cat(refs)[mine]] if refs else [])
-        out: dict = {k: v / len(minibatches) for k, v in sums.items()}
-        out["lr"] = self._lr_used
-        if minibatches[0].prev_logprobs is None:
-            out["prev_logprobs"] = torch.cat(prev)
-            out["ref_logprobs"] = torch.cat(ref) if ref else None
-        return out
+                if reporter:
+                    log.parts.append((metrics, weight))
+            log.grad_norms.append(self._step())
+            log.prev.append(torch.cat(lps)[mine])
+            log.ref.extend([torch.cat(refs)[mine]] if refs else [])
+        return log.result(getattr(self, "_lr_used", self._lr()), on_policy)
 
-    def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], torch.Tensor]:
+    def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], float, torch.Tensor]:
         from .torch_policy import local_denominator
 
         lo = self.spec.loss
@@ -381,12 +384,10 @@ class MegatronPolicyWorker(HybridRollout):
             clip_low=lo.clip_low, clip_high=lo.clip_high, dual_clip_c=lo.dual_clip_c,
             ratio_level=lo.ratio_level.value, aggregation=lo.aggregation.value, is_weights=opt(mb.is_weights),
             ref_logprobs=opt(mb.ref_logprobs), kl_coef=lo.kl_coef, kl_estimator=lo.kl_estimator.value,
-            kl_clamp=lo.kl_clamp, norm_len=self.spec.rollout.max_new_tokens)
+            kl_clamp=lo.kl_clamp, norm_len=self.spec.rollout.max_new_tokens, entropy=ent_tok)
         share = local_denominator(lo.aggregation.value, mb.response_mask * mb.sample_mask[:, None]) / den
         (loss * share).backward()
-        ent = masked_mean(ent_tok, mask)
-        return ({"loss": float(loss.detach()) * share, "entropy": float(ent) * share,
-                 **{k: float(v) * share for k, v in m.items()}}, old.detach().cpu())
+        return {"loss": float(loss.detach()), **m}, float(share), old.detach().cpu()
 
     def _zero_grad(self) -> None:
         if self.megatron_opt:

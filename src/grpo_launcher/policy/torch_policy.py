@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..algos import entropy_from_logits, masked_mean, policy_loss, token_logprobs
+from ..algos import entropy_from_logits, policy_loss, token_logprobs
 from ..rollout.hf import engine_dtype
 from ..spec.schema import RunSpec
 from ..train.batch import TrainBatch, response_logits
 from .hybrid import HybridRollout
+from .update_log import UpdateLog
 
 
 class TorchPolicyWorker(HybridRollout):
@@ -83,39 +84,41 @@ class TorchPolicyWorker(HybridRollout):
 
     # ------------------------------------------------------------------ update
     def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict:
-        """One optimizer step per minibatch (this rank's shard); denominators are global per minibatch.
+        """One optimizer step per minibatch (this rank's shard); denominators are global per minibatch
+        (0: no loss-bearing sample anywhere, so no step). See UpdateLog for what comes back.
 
         A minibatch without prev_logprobs is exactly on-policy (one step per rollout batch, decided by the
         plan): the update's own forward gives them (detached), returned as "prev_logprobs" (and
         "ref_logprobs" when loss.kl_coef > 0) so that the separate logprob pass is skipped.
         """
-        sums: dict[str, float] = {}
-        prev, ref = [], []
+        log = UpdateLog()
+        on_policy = minibatches[0].prev_logprobs is None
         for b, den in zip(minibatches, denominators):
             b = b.to(self.device)
+            if den <= 0:
+                log.skipped += 1
+                if on_policy:
+                    prev, ref = self.logprobs(b)
+                    log.prev.append(prev)
+                    log.ref.extend([ref] if ref is not None else [])
+                continue
             self.opt.zero_grad(set_to_none=True)
             for rows in _chunks(len(b), self.spec.train.micro_batch_size):
                 mb = b.select(rows)
-                if mb.prev_logprobs is None and self.ref is not None:
+                if on_policy and self.ref is not None:
                     with torch.no_grad():
                         mb = mb.with_(ref_logprobs=token_logprobs(self._logits(self.ref, mb), mb.response_ids))
-                    ref.append(mb.ref_logprobs.cpu())
-                metrics, lp = self._micro_step(mb, den)
-                prev.append(lp)
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
-            grad_norm = self._sync_and_clip()
+                    log.ref.append(mb.ref_logprobs.cpu())
+                metrics, weight, lp = self._micro_step(mb, den)
+                log.parts.append((metrics, weight))
+                log.prev.append(lp)
+            log.grad_norms.append(self._sync_and_clip())
             self.opt.step()
             self.sched.step()
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
-        out: dict = {k: v / len(minibatches) for k, v in sums.items()}
-        out["lr"] = self.sched.get_last_lr()[0]
-        if minibatches[0].prev_logprobs is None:
-            out["prev_logprobs"] = torch.cat(prev)
-            out["ref_logprobs"] = torch.cat(ref) if ref else None
-        return out
+        return log.result(self.sched.get_last_lr()[0], on_policy)
 
-    def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], torch.Tensor]:
+    def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], float, torch.Tensor]:
+        """Backward of this micro-batch's share of the loss; (metrics, share of the global denominator, old lp)."""
         lo = self.spec.loss
         logits = self._logits(self.model, mb)
         lp = token_logprobs(logits, mb.response_ids)
@@ -127,14 +130,10 @@ class TorchPolicyWorker(HybridRollout):
             ratio_level=lo.ratio_level.value, aggregation=lo.aggregation.value,
             is_weights=mb.is_weights,
             ref_logprobs=mb.ref_logprobs, kl_coef=lo.kl_coef, kl_estimator=lo.kl_estimator.value,
-            kl_clamp=lo.kl_clamp, norm_len=self.spec.rollout.max_new_tokens)
+            kl_clamp=lo.kl_clamp, norm_len=self.spec.rollout.max_new_tokens, entropy=entropy_from_logits(logits))
         share = local_denominator(lo.aggregation.value, mask * mb.sample_mask[:, None]) / den
         (loss * share).backward()
-        with torch.no_grad():
-            ent = masked_mean(entropy_from_logits(logits), mask)
-        weight = float(share)  # metrics become global-batch weighted averages after the driver sums ranks
-        return ({"loss": float(loss.detach()) * weight, "entropy": float(ent) * weight,
-                 **{k: float(v) * weight for k, v in m.items()}}, old.detach().cpu())
+        return {"loss": float(loss.detach()), **m}, float(share), old.detach().cpu()
 
     def _sync_and_clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]

@@ -264,7 +264,8 @@ class Trainer:
         isw = None
         if lo.importance_sampling_correction:
             isw = algos.is_correction_weights(prev, batch.generation_logprobs, batch.response_mask,
-                                              mode=lo.is_truncation.value, threshold=lo.is_threshold)
+                                              mode=lo.is_truncation.value, threshold=lo.is_threshold,
+                                              low=lo.is_threshold_low)
         return batch.with_(prev_logprobs=prev, ref_logprobs=ref, is_weights=isw)
 
     def update(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
@@ -275,15 +276,20 @@ class Trainer:
         gbs, dp = self.spec.train.global_batch_size, len(self.w.policy)
         minibatches = [batch.select(slice(i, i + gbs)) for i in range(0, len(batch), gbs)]
         agg = self.spec.loss.aggregation.value
-        dens = [max(local_denominator(agg, mb.response_mask * mb.sample_mask[:, None]), 1.0) for mb in minibatches]
+        # global denominators; 0 = no loss-bearing sample in the minibatch: every rank skips its step
+        dens = [local_denominator(agg, algos.loss_mask(mb.response_mask, mb.sample_mask)) for mb in minibatches]
         results = ray.get([p.update.remote([mb.select(shard_rows(len(mb), dp, r)) for mb in minibatches], dens)
                            for r, p in enumerate(self.w.policy)])
         if self.plan.logprobs_from_update:  # rank r returned the old logprobs of its shard
             ref = [res.pop("ref_logprobs") for res in results]
             batch = batch.with_(prev_logprobs=torch.cat([res.pop("prev_logprobs") for res in results]),
                                 ref_logprobs=torch.cat(ref) if ref[0] is not None else None)
-        out = {f"train/{k}": sum(res[k] for res in results) for k in results[0] if k not in ("grad_norm", "lr")}
+        first = ("grad_norm", "lr", "skipped_optimizer_steps")  # the same on every rank
+        keys = {k for res in results for k in res if k not in first}
+        out = {f"train/{k}": (max if algos.METRIC_REDUCTIONS.get(k) == "max" else sum)(res[k] for res in results if k in res)
+               for k in keys}  # ranks' weighted means add up; maxima stay maxima
         out.update({"train/grad_norm": results[0]["grad_norm"], "train/lr": results[0]["lr"],
+                    algos.SKIPPED_STEPS_METRIC: results[0]["skipped_optimizer_steps"],
                     "train/logprobs_from_update": float(self.plan.logprobs_from_update)})
         diff = (batch.prev_logprobs - batch.generation_logprobs).abs() * batch.response_mask
         out["train/gen_vs_policy_logprob_absdiff"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
