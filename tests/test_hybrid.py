@@ -77,3 +77,15 @@ def test_on_policy_update_equals_the_separate_logprob_pass(model_root):
     assert abs(out_a["loss"] - out_b["loss"]) < 1e-6 and abs(out_a["grad_norm"] - out_b["grad_norm"]) < 1e-5
     for (k, pa), pb in zip(a.model.state_dict().items(), b.model.state_dict().values()):
         assert torch.allclose(pa, pb, atol=1e-6), k
+
+
+def test_a_minibatch_without_loss_takes_no_optimizer_step(model_root):
+    """Every sample masked (overlong filtering / dynamic sampling): no AdamW step (it would still move the
+    weights through momentum and decay), the skip is counted, the on-policy logprobs still come back."""
+    spec, env, model_dir = setup(model_root)
+    w = TorchPolicyWorker(spec, model_dir, 0, 1)
+    batch = rollout_batch(w, env).with_(sample_mask=torch.zeros(32))
+    before = {k: v.clone() for k, v in w.model.state_dict().items()}
+    out = w.update([batch], [0.0])
+    assert out["skipped_optimizer_steps"] == 1.0 and out["prev_logprobs"].shape == batch.response_ids.shape
+    assert all(torch.equal(before[k], v) for k, v in w.model.state_dict().items())
