@@ -117,6 +117,11 @@ def main(argv: list[str]) -> int:
         ok = [g for g in gens if not g.failed]
         lps = policy_logprobs(model_dir, ok)
         diffs = [abs(a - b) for g, ref in zip(ok, lps) for a, b, m in zip(g.logprobs, ref, g.loss_mask) if m]
+        worst = max(((abs(a - b), g.turns, j, a, b) for g, ref in zip(ok, lps)
+                     for j, (a, b, m) in enumerate(zip(g.logprobs, ref, g.loss_mask)) if m), default=None)
+        report["worst_logprob"] = worst and {"diff": worst[0], "turns": worst[1], "position": worst[2],
+                                             "engine": worst[3], "policy": worst[4]}
+        report["logprob_diff_over_1e-4"] = sum(d > 1e-4 for d in diffs)
         report.update({
             "rollouts": len(gens), "failed": stats.failed, "errors": stats.errors[:5],
             "non_contiguous": stats.non_contiguous, "turns": sorted({g.turns for g in gens}),
