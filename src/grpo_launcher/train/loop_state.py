@@ -172,7 +172,8 @@ class Progress:
     """A live line per step: a tqdm bar on a terminal, one printed line per step in logs."""
 
     KEYS = (("reward", "train/reward_mean"), ("val", "val/reward_mean"), ("loss", "train/loss"),
-            ("len", "train/gen_len_mean"), ("s", "time/step_s"))
+            ("len", "train/gen_len_mean"), ("kl", "train/kl"), ("clip", "train/clip_fraction"),
+            ("tok/s", "train/tokens_per_s"), ("s", "time/step_s"))
 
     def __init__(self, total: int, initial: int, enabled: bool = True):
         self.enabled, self.tty = enabled, sys.stderr.isatty()
