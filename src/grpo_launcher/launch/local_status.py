@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, TextIO
 
+from .rundir import pid_alive
+
 LOCAL_LOG = "driver-local.log"
 LOCAL = "local"
 
@@ -71,14 +73,6 @@ def recorded(spec, plan) -> Iterator[dict]:
                          event="ended")
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def local_state(st: dict) -> tuple[str, str]:
