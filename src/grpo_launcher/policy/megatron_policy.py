@@ -361,8 +361,7 @@ class MegatronPolicyWorker(HybridRollout):
                     refs.append(mb.ref_logprobs.cpu())
                 metrics, weight, lp = self._micro_step(mb, den)
                 lps.append(lp)
-                if reporter:
-                    log.parts.append((metrics, weight))
+                log.parts.append((metrics, weight if reporter else 0.0))  # the same keys on every rank
             log.grad_norms.append(self._step())
             log.prev.append(torch.cat(lps)[mine])
             log.ref.extend([torch.cat(refs)[mine]] if refs else [])

@@ -46,15 +46,24 @@ class SampledLogprobs:
 
 class HFEngine:
     def __init__(self, spec: RunSpec, model_dir: str, device: torch.device, model=None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
-        self.spec, self.device = spec, device
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.spec, self.device, self.model_dir = spec, device, model_dir
+        self._tokenizer = None
         self.shared = model is not None  # the policy's own model: nothing to refit
         if model is None:  # a separate inference copy in the run's precision, refit in place
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine_dtype(spec, device)).to(device)
         self.model = model
         self.compiled = device.type == "cuda" and spec.rollout.hf_compile
+
+    @property
+    def tokenizer(self):
+        """Loaded on first use (pad/eos for generate): a worker that never generates needs none."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        return self._tokenizer
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]:
