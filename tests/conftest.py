@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,3 +18,14 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 @pytest.fixture
 def launch_cmd() -> list[str]:
     return [sys.executable, str(ROOT / "launch.py")]
+
+
+def wait_until(pred, timeout: float, what: str, poll: float = 0.3):
+    """Poll `pred` until it returns something truthy (returned), or fail after `timeout` seconds naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")

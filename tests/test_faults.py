@@ -28,18 +28,12 @@ from grpo_launcher.checkpoint import CheckpointManager, CheckpointRefused, verif
 from grpo_launcher.checkpoint.manager import MANIFEST, META
 from grpo_launcher.spec.schema import CheckpointSpec, RunSpec
 
+from conftest import wait_until  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
-def wait_until(pred, timeout: float, what: str, poll: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 # ------------------------------------------------------------------ checkpoint integrity

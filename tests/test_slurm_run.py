@@ -40,6 +40,8 @@ from grpo_launcher.plan import make_plan
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.rules import validate
 
+from conftest import wait_until  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 NODES = ("n1", "n2")
@@ -58,14 +60,6 @@ def base_spec(*overrides: str, root: Path | None = None):
     return load_spec(["cluster=local_slurm", "dry_run=true", *extra, *overrides])
 
 
-def wait_until(pred, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def sh(args: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:

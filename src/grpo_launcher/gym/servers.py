@@ -322,12 +322,10 @@ def _url_host(host: str) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    from ..launch.rundir import pid_alive
+
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:  # a zombie (exited, not yet reaped) is dead for our purposes
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
