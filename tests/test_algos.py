@@ -475,3 +475,28 @@ def test_ratio_max_is_a_max_and_entropy_follows_the_sample_mask():
     _, _, m = policy_loss(torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2), torch.ones(2, 2),
                           sample_mask=torch.tensor([1.0, 0.0]), clip_low=0.2, clip_high=0.2, entropy=ent)
     assert m["entropy"] == pytest.approx(1.0)  # the filtered sample's entropy is not in the metric
+
+
+def test_spec_policy_loss_is_policy_loss_with_the_spec_settings():
+    """The workers' typed call (LossInputs + LossSpec) is policy_loss with loss.*'s values; the denominators."""
+    from grpo_launcher.algos import LossInputs, local_denominator, spec_policy_loss
+    from grpo_launcher.spec.schema import Aggregation, KLEstimator, LossSpec, RatioLevel
+
+    torch.manual_seed(1)
+    lp, old, ref = (-torch.rand(4, 3, dtype=D) for _ in range(3))
+    adv, mask, smask = torch.randn(4, dtype=D), t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]]), t([1, 0, 1, 1])
+    spec = LossSpec(clip_low=0.1, clip_high=0.3, dual_clip_c=2.0, ratio_level=RatioLevel.sequence,
+                    aggregation=Aggregation.seq_mean_token_sum_norm, kl_coef=0.2, kl_estimator=KLEstimator.k2,
+                    kl_clamp=5.0)
+    x = LossInputs(old, adv, mask, sample_mask=smask, ref_logprobs=ref)
+    got = spec_policy_loss(lp, x, spec, norm_len=3)
+    want = policy_loss(lp, old, adv, mask, sample_mask=smask, clip_low=0.1, clip_high=0.3, dual_clip_c=2.0,
+                       ratio_level="sequence", aggregation="seq_mean_token_sum_norm", ref_logprobs=ref,
+                       kl_coef=0.2, kl_estimator="k2", kl_clamp=5.0, norm_len=3)
+    assert_close(got[0], want[0])
+    assert_close(got[1], want[1])
+    assert got[2] == want[2]
+    # effective mask: rows 0 and 2 carry loss (row 1 filtered, row 3 empty): 2 + 3 tokens, 2 sequences
+    assert_close(x.effective_mask, t([[1, 1, 0], [0, 0, 0], [1, 1, 1], [0, 0, 0]]))
+    assert local_denominator(Aggregation.token_mean, x.effective_mask) == 5.0
+    assert local_denominator(Aggregation.seq_mean_token_mean, x.effective_mask) == 2.0

@@ -191,7 +191,7 @@ def _worker_job(rank: int, world: int, spec, model_dir: str, batch, out: str, po
     import torch.distributed as dist
 
     from grpo_launcher.policy.megatron_policy import MegatronPolicyWorker
-    from grpo_launcher.policy.torch_policy import local_denominator
+    from grpo_launcher.algos import local_denominator
     from grpo_launcher.train.batch import shard_rows
 
     w = MegatronPolicyWorker(spec, model_dir, rank, world)
@@ -237,7 +237,8 @@ def _megatron_spec(**train):
 def test_tp2_equals_tp1_equals_torch_backend(tmp_path):
     """One driver step (logprobs, GRPO update with clipping) on the tiny Qwen2: TP=2 ≡ TP=1 ≡ torch backend."""
     pytest.importorskip("megatron.core")
-    from grpo_launcher.policy.torch_policy import TorchPolicyWorker, local_denominator
+    from grpo_launcher.algos import local_denominator
+    from grpo_launcher.policy.torch_policy import TorchPolicyWorker
 
     model_dir = _tiny_qwen2(tmp_path)
     batch = _batch(8, 259)

@@ -31,6 +31,7 @@ from grpo_launcher.algos.core import (
     token_logprobs,
     token_mean,
 )
+from grpo_launcher.algos.loss import LossInputs, local_denominator, spec_policy_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -39,6 +40,7 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "METRIC_REDUCTIONS",
     "SKIPPED_STEPS_METRIC",
+    "LossInputs",
     "aggregate_loss",
     "clamp_log_ratio",
     "clipped_surrogate",
@@ -52,6 +54,7 @@ __all__ = [
     "is_correction_weights",
     "kl_estimate",
     "leave_one_out_advantages",
+    "local_denominator",
     "loss_mask",
     "masked_mean",
     "no_std_advantages",
@@ -60,6 +63,7 @@ __all__ = [
     "policy_loss",
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
+    "spec_policy_loss",
     "token_logprobs",
     "token_mean",
 ]

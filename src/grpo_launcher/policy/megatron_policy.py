@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..algos import entropy_from_logits, policy_loss, token_logprobs
+from ..algos import LossInputs, entropy_from_logits, local_denominator, spec_policy_loss, token_logprobs
 from ..spec.schema import Precision, RunSpec
 from ..train.batch import TrainBatch
 from . import megatron_convert as mc
@@ -368,23 +368,14 @@ class MegatronPolicyWorker(HybridRollout):
         return log.result(getattr(self, "_lr_used", self._lr()), on_policy)
 
     def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], float, torch.Tensor]:
-        from .torch_policy import local_denominator
-
         lo = self.spec.loss
-        dev = self.device
         logits = self._logits(self.model, mb)
         ent_tok = self._entropy(logits)
         lp = self._token_logprobs(logits, mb.response_ids)
-        mask, smask = mb.response_mask.to(dev), mb.sample_mask.to(dev)
-        opt = lambda x: None if x is None else x.to(dev)  # noqa: E731
-        old = lp.detach() if mb.prev_logprobs is None else mb.prev_logprobs.to(dev)
-        loss, _, m = policy_loss(
-            lp, old, mb.advantages.to(dev), mask, sample_mask=smask,
-            clip_low=lo.clip_low, clip_high=lo.clip_high, dual_clip_c=lo.dual_clip_c,
-            ratio_level=lo.ratio_level.value, aggregation=lo.aggregation.value, is_weights=opt(mb.is_weights),
-            ref_logprobs=opt(mb.ref_logprobs), kl_coef=lo.kl_coef, kl_estimator=lo.kl_estimator.value,
-            kl_clamp=lo.kl_clamp, norm_len=self.spec.rollout.max_new_tokens, entropy=ent_tok)
-        share = local_denominator(lo.aggregation.value, mb.response_mask * mb.sample_mask[:, None]) / den
+        old = lp.detach() if mb.prev_logprobs is None else mb.prev_logprobs
+        x = LossInputs.of(mb, old).to(self.device)
+        loss, _, m = spec_policy_loss(lp, x, lo, norm_len=self.spec.rollout.max_new_tokens, entropy=ent_tok)
+        share = local_denominator(lo.aggregation, x.effective_mask) / den
         (loss * share).backward()
         return {"loss": float(loss.detach()), **m}, float(share), old.detach().cpu()
 

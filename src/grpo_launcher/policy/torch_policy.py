@@ -15,12 +15,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..algos import entropy_from_logits, policy_loss, token_logprobs
+from ..algos import LossInputs, entropy_from_logits, local_denominator, spec_policy_loss, token_logprobs
 from ..rollout.hf import engine_dtype
 from ..spec.schema import RunSpec
 from ..train.batch import TrainBatch, response_logits
 from .hybrid import HybridRollout
 from .update_log import UpdateLog
+
+__all__ = ["TorchPolicyWorker", "local_denominator"]  # local_denominator (algos/loss.py): old import path
 
 
 class TorchPolicyWorker(HybridRollout):
@@ -122,16 +124,11 @@ class TorchPolicyWorker(HybridRollout):
         lo = self.spec.loss
         logits = self._logits(self.model, mb)
         lp = token_logprobs(logits, mb.response_ids)
-        mask = mb.response_mask
         old = lp.detach() if mb.prev_logprobs is None else mb.prev_logprobs
-        loss, _, m = policy_loss(
-            lp, old, mb.advantages, mask, sample_mask=mb.sample_mask,
-            clip_low=lo.clip_low, clip_high=lo.clip_high, dual_clip_c=lo.dual_clip_c,
-            ratio_level=lo.ratio_level.value, aggregation=lo.aggregation.value,
-            is_weights=mb.is_weights,
-            ref_logprobs=mb.ref_logprobs, kl_coef=lo.kl_coef, kl_estimator=lo.kl_estimator.value,
-            kl_clamp=lo.kl_clamp, norm_len=self.spec.rollout.max_new_tokens, entropy=entropy_from_logits(logits))
-        share = local_denominator(lo.aggregation.value, mask * mb.sample_mask[:, None]) / den
+        x = LossInputs.of(mb, old)
+        loss, _, m = spec_policy_loss(lp, x, lo, norm_len=self.spec.rollout.max_new_tokens,
+                                      entropy=entropy_from_logits(logits))
+        share = local_denominator(lo.aggregation, x.effective_mask) / den
         (loss * share).backward()
         return {"loss": float(loss.detach()), **m}, float(share), old.detach().cpu()
 
@@ -172,14 +169,6 @@ class TorchPolicyWorker(HybridRollout):
 
     def ping(self) -> float:
         return time.time()
-
-
-def local_denominator(aggregation: str, mask: torch.Tensor) -> float:
-    """This shard's part of the aggregation's denominator: tokens (token_mean) or non-empty sequences."""
-    # mask: [B, T] effective loss mask
-    if aggregation == "token_mean":
-        return float(mask.sum())
-    return float((mask.sum(-1) > 0).sum())
 
 
 def _chunks(n: int, size: int) -> list[slice]:

@@ -12,13 +12,8 @@ from ..spec.schema import RunSpec
 
 def per_token_loss(batch, spec: RunSpec) -> torch.Tensor:
     """Each response token's loss at the start of the update (ratio 1), same math as the policy workers."""
-    lo = spec.loss
-    _, per_token, _ = algos.policy_loss(
-        batch.prev_logprobs, batch.prev_logprobs, batch.advantages, batch.response_mask,
-        sample_mask=batch.sample_mask, clip_low=lo.clip_low, clip_high=lo.clip_high, dual_clip_c=lo.dual_clip_c,
-        ratio_level=lo.ratio_level.value, aggregation=lo.aggregation.value, is_weights=batch.is_weights,
-        ref_logprobs=batch.ref_logprobs, kl_coef=lo.kl_coef, kl_estimator=lo.kl_estimator.value,
-        kl_clamp=lo.kl_clamp, norm_len=spec.rollout.max_new_tokens)
+    x = algos.LossInputs.of(batch, batch.prev_logprobs)
+    _, per_token, _ = algos.spec_policy_loss(batch.prev_logprobs, x, spec.loss, norm_len=spec.rollout.max_new_tokens)
     return per_token * batch.response_mask * batch.sample_mask[:, None]
 
 
