@@ -63,7 +63,7 @@ def figures(step_s: list[float], rewards: list[float], first_step_end: float, pe
 def run_ours(i: int, args) -> dict:
     root = args.out / "ours"  # one output root: run 0 builds the tiny model, later runs find it cached
     rc, peak = timed_run([sys.executable, "launch.py", f"output_root={root}", f"name=run-{i}",
-                          f"grpo.max_steps={args.steps}"], args.out / f"ours-{i}.log")
+                          "checkpoint.resume=fresh", f"grpo.max_steps={args.steps}"], args.out / f"ours-{i}.log")
     if rc:
         return {"side": "ours", "error": f"exit {rc}"}
     rows = [json.loads(line) for line in (root / f"run-{i}" / "metrics.jsonl").read_text().splitlines()]
