@@ -4,7 +4,7 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help demo test test-fast test-gpu gpu-kit slurm-up slurm-down mlflow-ui bench clean gym
+.PHONY: help demo lint lint-ratchet test test-fast test-gpu gpu-kit slurm-up slurm-down mlflow-ui bench clean gym
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -21,7 +21,14 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed  ## run the embedded default: tiny model, CPU, local Ray (python launch.py)
 	$(PY) launch.py
 
-test: $(VENV)/.installed slurm-up gym  ## run every test tier that runs without a GPU (starts the local Slurm; builds Gym's venv)
+lint: $(VENV)/.installed  ## ruff over the repo, mypy on src/ held by its ratchet (.ci/mypy-ratchet.txt: not typed yet)
+	$(VENV)/bin/ruff check
+	$(PY) .ci/mypy_ratchet.py
+
+lint-ratchet: $(VENV)/.installed  ## after typing a module: rewrite .ci/mypy-ratchet.txt from mypy's counts
+	$(PY) .ci/mypy_ratchet.py --update
+
+test: $(VENV)/.installed lint slurm-up gym  ## make lint, then every test tier that runs without a GPU (starts the local Slurm; builds Gym's venv)
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed  ## only the quick tests (no Ray, vLLM or Slurm)

@@ -7,7 +7,6 @@ down, the tests fail and say so.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
