@@ -164,6 +164,18 @@ FAILING = [
     (["loss.importance_sampling_correction=true", "loss.is_truncation=icepop", "loss.is_threshold=5",
       "loss.is_threshold_low=1.5"], "importance_sampling_truncation", "loss.is_threshold_low"),
     (["loss.is_threshold_low=0.5"], "importance_sampling_truncation", "loss.is_threshold_low"),
+    # async GRPO and separate rollout devices (train/async_loop.py)
+    (["cluster.rollout_devices=1"], "separate_rollout_devices", "cluster.rollout_devices"),
+    (["cluster.rollout_devices=-1"], "separate_rollout_devices", "cluster.rollout_devices"),
+    (["grpo.async_grpo.enabled=true"], "async_grpo_combinations", "cluster.rollout_devices"),
+    (["grpo.async_grpo.max_trajectory_age_steps=0"], "async_grpo_combinations",
+     "grpo.async_grpo.max_trajectory_age_steps"),
+    (["grpo.async_grpo.in_flight_weight_updates=true"], "async_grpo_combinations",
+     "grpo.async_grpo.in_flight_weight_updates"),
+    (["grpo.async_grpo.enabled=true", "cluster.cpu_workers_per_node=2", "cluster.rollout_devices=1", "loss=dapo"],
+     "async_grpo_combinations", "loss.dynamic_sampling"),
+    (["grpo.async_grpo.enabled=true", "cluster.cpu_workers_per_node=2", "cluster.rollout_devices=1", "rollout=vllm"],
+     "async_grpo_combinations", "loss.importance_sampling_correction"),
     # what this build cannot run: refused before submission (dry runs still plan)
     (["+recipe=nanov3", "cluster=slurm"], "build_implements_run", "model.family"),
     (["+recipe=nanov3", "cluster=slurm"], "build_implements_run", "train.sequence_packing"),

@@ -38,6 +38,21 @@ def world_size(spec: RunSpec) -> int:
     return spec.cluster.nodes * devices_per_node(spec)
 
 
+def rollout_devices(spec: RunSpec) -> int:
+    """Devices the rollout engines have to themselves (cluster.rollout_devices); 0 = colocated with the policy."""
+    return spec.cluster.rollout_devices
+
+
+def train_devices(spec: RunSpec) -> int:
+    """Devices the policy workers run on: all of them, less the separate rollout devices."""
+    return world_size(spec) - rollout_devices(spec)
+
+
+def engine_devices(spec: RunSpec) -> int:
+    """Devices the engines run on: their own (non-colocated), else the policy's."""
+    return rollout_devices(spec) or world_size(spec)
+
+
 def train_model_parallel(spec: RunSpec) -> int:
     t = spec.train
     return t.tensor_parallel_size * t.pipeline_parallel_size * t.context_parallel_size
@@ -72,9 +87,9 @@ class Plan:
     nodes: int
     devices_per_node: int
     use_gpus: bool
-    world_size: int
-    dp_size: int  # policy data-parallel size = world / (TP·PP·CP)
-    rollout_engines: int  # = world / (rollout TP·PP), colocated with the policy
+    world_size: int  # every device of the job (policy + separate rollout devices)
+    dp_size: int  # policy data-parallel size = train_devices / (TP·PP·CP)
+    rollout_engines: int  # = engine devices / (rollout TP·PP): the policy's (colocated) or their own
     rollouts_per_step: int  # prompts × generations
     optimizer_steps_per_rollout: int  # rollouts_per_step / global_batch_size
     hybrid_rollout: bool  # rollout=hf: the policy workers generate themselves (no rollout actors, no transfer)
@@ -87,6 +102,16 @@ class Plan:
     run_dir: Path
     checkpoint_dir: Path
     tracking_uri: str
+    # policy ranks on bundles [0, train_devices); separate engines (rollout_devices > 0) on the bundles after them
+    train_devices: int = 0
+    rollout_devices: int = 0  # 0 = colocated: engine e shares bundle e·TP with the policy
+    async_grpo: bool = False  # grpo.async_grpo.enabled: generation overlaps the update (train/async_loop.py)
+    max_trajectory_age: int = 0  # grpo.async_grpo.max_trajectory_age_steps (async only)
+
+    @property
+    def engine_bundle0(self) -> int:
+        """The first bundle of the engines: after the policy's when they have devices of their own."""
+        return self.train_devices if self.rollout_devices else 0
 
     def summary(self) -> str:
         from .launch.secrets import redact_value
@@ -100,6 +125,10 @@ class Plan:
                 f"rollouts per step    : {self.rollouts_per_step} "
                 f"({self.optimizer_steps_per_rollout} optimizer step(s))",
                 f"rollout engine       : {'hybrid (in the policy workers)' if self.hybrid_rollout else 'separate workers'}",
+                "placement            : " + (f"separate: {self.train_devices} policy + {self.rollout_devices} rollout "
+                                              f"device(s)" if self.rollout_devices else "colocated"),
+                "loop                 : " + (f"async (max trajectory age {self.max_trajectory_age} step(s))"
+                                              if self.async_grpo else "sync"),
                 f"old logprobs         : {'from the update forward (on-policy)' if self.logprobs_from_update else 'separate pass'}",
                 f"max model len        : {self.max_model_len}",
                 f"Ray bundle / device  : {self.bundle}",
@@ -111,24 +140,25 @@ class Plan:
 
 def make_plan(spec: RunSpec) -> Plan:
     """Derive the plan. Call only on a spec that passed `validate` (divisions are exact then)."""
-    world = world_size(spec)
+    world, train, separate = world_size(spec), train_devices(spec), rollout_devices(spec)
     use_gpus = spec.cluster.gpus_per_node > 0
     rollouts = spec.grpo.num_prompts_per_step * spec.grpo.num_generations_per_prompt
     root = Path(spec.output_root).resolve()
     run_dir = root / spec.name
     bundle = {"GPU": 1.0, "CPU": 1.0} if use_gpus else {"CPU": spec.cluster.cpus_per_worker}
     tracking = spec.logging.tracking_uri or f"sqlite:///{root / 'mlflow.db'}"
+    a = spec.grpo.async_grpo
     return Plan(
         nodes=spec.cluster.nodes,
         devices_per_node=devices_per_node(spec),
         use_gpus=use_gpus,
         world_size=world,
-        dp_size=world // train_model_parallel(spec),
-        rollout_engines=world // rollout_model_parallel(spec),
+        dp_size=train // train_model_parallel(spec),
+        rollout_engines=engine_devices(spec) // rollout_model_parallel(spec),
         rollouts_per_step=rollouts,
         optimizer_steps_per_rollout=rollouts // spec.train.global_batch_size,
-        hybrid_rollout=spec.rollout.backend == RolloutBackend.hf,
-        logprobs_from_update=(rollouts == spec.train.global_batch_size
+        hybrid_rollout=spec.rollout.backend == RolloutBackend.hf and not separate,
+        logprobs_from_update=(rollouts == spec.train.global_batch_size and not a.enabled  # async: off-policy
                               and not spec.loss.importance_sampling_correction),
         max_model_len=engine_max_model_len(spec),
         bundle=bundle,
@@ -136,4 +166,8 @@ def make_plan(spec: RunSpec) -> Plan:
         run_dir=run_dir,
         checkpoint_dir=run_dir / "checkpoints",
         tracking_uri=tracking,
+        train_devices=train,
+        rollout_devices=separate,
+        async_grpo=a.enabled,
+        max_trajectory_age=a.max_trajectory_age_steps if a.enabled else 0,
     )

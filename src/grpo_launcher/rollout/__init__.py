@@ -1,11 +1,13 @@
 """Rollout backends, keyed by rollout.backend. Each is a plain class the driver wraps in a Ray actor.
 
-rollout=hf has no class here: it is a hybrid engine inside the policy workers (policy/hybrid.py, rollout/hf.py).
+rollout=hf colocated (cluster.rollout_devices=0) has no actor: it is a hybrid engine inside the policy workers
+(policy/hybrid.py, rollout/hf.py); with devices of its own it is HFRolloutWorker.
 
 Interface (what the loop calls):
     generate(prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]   # n per prompt, grouped
-    update_weights(state_dict) -> float                                            # refit; returns ms
+    update_weights(state_dict, version=None) -> float                              # refit; returns ms
     shutdown() -> None
+and for async GRPO (rollout/versions.py): stage_weights(state_dict, version), generate_versioned(...).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ..registry import load
 
 ROLLOUT_BACKENDS = {
     "vllm": "grpo_launcher.rollout.vllm:VLLMRolloutWorker",
+    "hf": "grpo_launcher.rollout.hf:HFRolloutWorker",  # non-colocated only (colocated: the hybrid engine)
 }
 
 

@@ -1,4 +1,5 @@
-"""rollout=hf: transformers `generate` inside the policy worker (a hybrid engine, as verl's).
+"""rollout=hf: transformers `generate` inside the policy worker (a hybrid engine, as verl's), or (HFRolloutWorker)
+as an engine of its own when cluster.rollout_devices > 0 (non-colocated; what async GRPO needs).
 
 The policy worker owns an `HFEngine` and generates with its own weights: on a CPU in fp32 the engine
 *is* the policy model (no second copy, nothing to refit); on a GPU it is a copy in the run's precision
@@ -11,10 +12,13 @@ cache (and the captured graphs) keep one shape from step to step.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..spec.schema import RunSpec
 from ..train.batch import Generation
+from .versions import VersionedEngine
 
 WIDTH_BUCKET = 64  # compiled decoding: left-pad prompts to a multiple of this (one cache shape per bucket)
 
@@ -104,6 +108,36 @@ class HFEngine:
             own[k].copy_(v, non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+class HFRolloutWorker(VersionedEngine):
+    """rollout=hf as an engine of its own (cluster.rollout_devices > 0: non-colocated, async GRPO): an HFEngine
+    with its own model copy on its own device slot, refit by state dict (the contract of rollout/vllm.py)."""
+
+    def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1):
+        torch.set_num_threads(threads)
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+        self.engine = HFEngine(spec, str(model_dir), device)  # the driver refits before the first rollout
+        self._versions_init()
+
+    def generate(self, prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]:
+        self._apply_staged()
+        return self.engine.generate(prompt_ids, n, seed)
+
+    def update_weights(self, state_dict: dict, version: int | None = None) -> float:
+        """HF-named tensors → the engine's parameters in place. Returns ms."""
+        t0 = time.perf_counter()
+        self.engine.load_weights(state_dict)
+        if version is not None:
+            self.version = version
+        return (time.perf_counter() - t0) * 1e3
+
+    def http_url(self) -> None:
+        return None  # no HTTP server for the HF engine (rollout.expose_http_server is vLLM's)
+
+    def shutdown(self) -> None:
+        pass
 
 
 def engine_dtype(spec: RunSpec, device: torch.device) -> torch.dtype:

@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 from ..spec.schema import RunSpec
 from ..train.batch import Generation
+from .versions import VersionedEngine
 
 # Before vLLM is imported anywhere in this process: quiet logs, no usage reports, loopback-only sockets.
 for _k, _v in {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}.items():
@@ -58,7 +59,7 @@ class WeightRefitExtension:
         return len(state)
 
 
-class VLLMRolloutWorker:
+class VLLMRolloutWorker(VersionedEngine):
     def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1):
         from transformers import AutoTokenizer
 
@@ -79,6 +80,7 @@ class VLLMRolloutWorker:
         self._closed = False
         self.refits = 0
         self.last_generate_s = 0.0  # engine time of the last generate call (the caller adds Ray's round trip)
+        self._versions_init()  # async GRPO: policy version, staged weights (rollout/versions.py)
         kwargs = self._engine_kwargs()  # `threads` is not used: vLLM's CPU backend binds its own OpenMP threads
         try:
             if r.async_engine or r.expose_http_server:  # rules.py: the server needs the async engine
@@ -179,6 +181,7 @@ class VLLMRolloutWorker:
         """n samples per prompt, grouped: rows [k*n, (k+1)*n) belong to prompt k."""
         from vllm.inputs import TokensPrompt
 
+        self._apply_staged()  # async GRPO with in-flight weight updates: the newest staged weights, if any
         params = sampling_params(self.spec, n, seed, len(prompt_ids), self.eos_ids)
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         t0 = time.perf_counter()
@@ -224,8 +227,9 @@ class VLLMRolloutWorker:
                                    truncated=c.finish_reason == "length"))
         return gens
 
-    def update_weights(self, state_dict: dict) -> float:
-        """Refit in place: HF-named tensors → every engine worker's reload_weights; then drop stale KV. ms."""
+    def update_weights(self, state_dict: dict, version: int | None = None) -> float:
+        """Refit in place: HF-named tensors → every engine worker's reload_weights; then drop stale KV. ms.
+        `version`: the policy version of these weights (async GRPO records it per sample)."""
         t0 = time.perf_counter()
         if self.llm is not None:
             if _in_process(self.llm):
@@ -237,6 +241,8 @@ class VLLMRolloutWorker:
         else:
             self._call(self._aupdate(_to_bytes(state_dict)))
         self.refits += 1
+        if version is not None:
+            self.version = version
         return (time.perf_counter() - t0) * 1e3
 
     async def _aupdate(self, blob: bytes) -> None:

@@ -17,9 +17,12 @@ from typing import Callable, Iterable, Iterator
 
 from ..plan import (
     devices_per_node,
+    engine_devices,
     engine_max_model_len,
     parse_duration,
+    rollout_devices,
     rollout_model_parallel,
+    train_devices,
     train_model_parallel,
     world_size,
 )
@@ -131,7 +134,7 @@ def group_size_at_least_two(s: RunSpec) -> Iterator[Violation]:
 
 @rule
 def train_parallel_divides_world(s: RunSpec) -> Iterator[Violation]:
-    world, mp = world_size(s), train_model_parallel(s)
+    world, mp = train_devices(s), train_model_parallel(s)  # = world_size unless cluster.rollout_devices
     if mp > 0 and world % mp:
         t = s.train
         yield V("train_parallel_divides_world",
@@ -144,7 +147,7 @@ def train_parallel_divides_world(s: RunSpec) -> Iterator[Violation]:
 
 @rule
 def rollout_parallel_divides_world(s: RunSpec) -> Iterator[Violation]:
-    world, mp = world_size(s), rollout_model_parallel(s)
+    world, mp = engine_devices(s), rollout_model_parallel(s)  # the engines' own devices when separate
     if mp > 0 and world % mp:
         yield V("rollout_parallel_divides_world",
                 ("rollout.tensor_parallel_size", "rollout.pipeline_parallel_size", "cluster.gpus_per_node"),
@@ -175,7 +178,7 @@ def rollout_batch_divisible_by_gbs(s: RunSpec) -> Iterator[Violation]:
 
 @rule
 def gbs_divisible_by_dp(s: RunSpec) -> Iterator[Violation]:
-    mp, world, gbs = train_model_parallel(s), world_size(s), s.train.global_batch_size
+    mp, world, gbs = train_model_parallel(s), train_devices(s), s.train.global_batch_size
     if mp <= 0 or world % mp:
         return
     dp = world // mp
@@ -192,7 +195,7 @@ def gbs_divisible_by_dp(s: RunSpec) -> Iterator[Violation]:
 
 @rule
 def logprob_batch_divides(s: RunSpec) -> Iterator[Violation]:
-    mp, world = train_model_parallel(s), world_size(s)
+    mp, world = train_model_parallel(s), train_devices(s)
     if mp <= 0 or world % mp or s.train.sequence_packing or s.train.logprob_batch_size < 1:
         return
     dp = world // mp
@@ -230,7 +233,7 @@ def expert_parallelism(s: RunSpec) -> Iterator[Violation]:
         yield V("expert_parallelism", ("train.expert_parallel_size", "model.num_experts"),
                 f"{m.num_experts} experts cannot be split over EP={ep} ({m.num_experts} % {ep} ≠ 0)",
                 f"use an EP that divides {m.num_experts}")
-    world = world_size(s)
+    world = train_devices(s)
     if pp > 0 and (world % pp or (world // pp) % (ep * etp)):
         yield V("expert_parallelism", ("train.expert_parallel_size", "train.expert_tensor_parallel_size"),
                 f"(world/PP) = {world}/{pp} must be a multiple of EP·ETP = {ep}·{etp} = {ep * etp}",
@@ -357,7 +360,7 @@ def megatron_shapes(s: RunSpec) -> Iterator[Violation]:
     if t.core_attention not in ("sdpa", "local"):
         yield V("megatron_shapes", "train.core_attention", f"{t.core_attention!r} is not sdpa or local",
                 "set train.core_attention=sdpa")
-    world = world_size(s)
+    world = train_devices(s)
     rollouts = s.grpo.num_prompts_per_step * s.grpo.num_generations_per_prompt
     if world > 0 and (t.global_batch_size % world or rollouts % world):
         yield V("megatron_shapes", ("train.global_batch_size", "grpo.num_prompts_per_step"),
@@ -566,6 +569,64 @@ def importance_sampling_truncation(s: RunSpec) -> Iterator[Violation]:
         yield V("importance_sampling_truncation", ("loss.is_threshold",),
                 f"{lo.is_truncation.value} needs loss.is_threshold > {floor:g}, got {lo.is_threshold}",
                 "e.g. loss.is_threshold=2.0")
+
+
+# ---------------------------------------------------------------- placement / async GRPO ---
+
+
+@rule
+def separate_rollout_devices(s: RunSpec) -> Iterator[Violation]:
+    """cluster.rollout_devices: engines on devices of their own, after the policy's (train/workers.py)."""
+    n, world = rollout_devices(s), world_size(s)
+    per_node = "cluster.gpus_per_node" if s.cluster.gpus_per_node > 0 else "cluster.cpu_workers_per_node"
+    if n < 0:
+        yield V("separate_rollout_devices", "cluster.rollout_devices", f"must be ≥ 0, got {n}",
+                "0 = engines colocated with the policy, else the number of devices the engines get")
+    elif n >= world > 0:
+        yield V("separate_rollout_devices", ("cluster.rollout_devices", per_node),
+                f"{n} of the job's {world} device(s) for the engines leaves none for the policy",
+                f"set cluster.rollout_devices ≤ {world - 1}, or give the job more devices ({per_node})")
+
+
+@rule
+def async_grpo_combinations(s: RunSpec) -> Iterator[Violation]:
+    """grpo.async_grpo (train/async_loop.py): what async GRPO needs, and what it does not support."""
+    a, name = s.grpo.async_grpo, "async_grpo_combinations"
+    if a.max_trajectory_age_steps < 1:
+        yield V(name, "grpo.async_grpo.max_trajectory_age_steps",
+                f"must be ≥ 1, got {a.max_trajectory_age_steps} (age 0 is the synchronous loop)",
+                "set grpo.async_grpo.max_trajectory_age_steps=1 (one step off-policy), or grpo.async_grpo.enabled=false")
+    if not a.enabled:
+        if a.in_flight_weight_updates:
+            yield V(name, ("grpo.async_grpo.in_flight_weight_updates", "grpo.async_grpo.enabled"),
+                    "in-flight weight updates only exist in the async loop (the sync loop never generates while "
+                    "it updates)", "set grpo.async_grpo.enabled=true, or grpo.async_grpo.in_flight_weight_updates=false")
+        return
+    if rollout_devices(s) < 1:
+        world = world_size(s)
+        per_node = "cluster.gpus_per_node" if s.cluster.gpus_per_node > 0 else "cluster.cpu_workers_per_node"
+        fix = (f"set cluster.rollout_devices=1 and {per_node}={devices_per_node(s) + 1} (one more device for the "
+               "engine)" if world < 2 else f"set cluster.rollout_devices (1 ≤ it < {world}), e.g. {max(1, world // 4)}")
+        yield V(name, ("cluster.rollout_devices", "grpo.async_grpo.enabled"),
+                f"async GRPO generates while the trainer updates, so the engines need devices of their own; "
+                f"cluster.rollout_devices=0 keeps them on the policy's {world} device(s)", fix)
+    if s.loss.dynamic_sampling:
+        yield V(name, ("loss.dynamic_sampling", "grpo.async_grpo.enabled"),
+                "dynamic sampling refills a step's batch until its groups' rewards vary; async generates batches "
+                "steps ahead, so the refills would come from a staler policy and their number would change how far "
+                "ahead the engines run: not implemented", "set loss.dynamic_sampling=false, or run sync")
+    if s.env.name == EnvName.nemo_gym:
+        yield V(name, ("grpo.async_grpo.enabled", "env.name"),
+                "env=nemo_gym rolls out through Gym's agents (GymTrainer), which has no async loop yet",
+                "set grpo.async_grpo.enabled=false")
+    gpu_bf16 = s.cluster.gpus_per_node > 0 and "bfloat16" in (s.train.precision.value, s.model.dtype.value)
+    if not s.loss.importance_sampling_correction and (s.rollout.backend == RolloutBackend.vllm or gpu_bf16):
+        why = "vLLM's kernels" if s.rollout.backend == RolloutBackend.vllm else "a bf16 engine"
+        yield V(name, ("loss.importance_sampling_correction", "grpo.async_grpo.enabled"),
+                f"async trains on samples up to {a.max_trajectory_age_steps} policy version(s) old from an engine "
+                f"whose numerics differ from the trainer's ({why}): without the importance-sampling correction "
+                "pi_trainer / pi_rollout is ignored and the update is biased",
+                "set loss.importance_sampling_correction=true (e.g. with loss.is_truncation=tis loss.is_threshold=2)")
 
 
 @rule

@@ -183,6 +183,19 @@ class TrainSpec:
 
 
 @dataclass(frozen=True)
+class AsyncGrpoSpec:
+    """Async GRPO (NeMo-RL's key names): engines on devices of their own (cluster.rollout_devices) generate the
+    next steps' batches while the trainer updates; train/async_loop.py."""
+
+    enabled: bool = False  # true: generation of steps k+1..k+N overlaps the update of step k
+    # N: a sample generated with policy version v is trained on at step k only if (k - 1) - v <= N (≥ 1)
+    max_trajectory_age_steps: int = 1
+    # true: new weights reach an engine at once and apply from its next generate call (calls already queued run
+    # on them); false: they queue behind the calls already submitted. A call in flight is never interrupted.
+    in_flight_weight_updates: bool = False
+
+
+@dataclass(frozen=True)
 class GrpoSpec:
     num_prompts_per_step: int = 16
     num_generations_per_prompt: int = 8
@@ -194,6 +207,7 @@ class GrpoSpec:
     # null = the whole validation set
     max_val_samples: Optional[int] = None
     seed: int = 0
+    async_grpo: AsyncGrpoSpec = field(default_factory=AsyncGrpoSpec)
 
 
 @dataclass(frozen=True)
@@ -234,6 +248,9 @@ class ClusterSpec:
     gpus_per_node: int = 0  # 0 = CPU-only run
     cpu_workers_per_node: int = 1  # CPU runs: worker slots per node (a slot stands in for a GPU)
     cpus_per_worker: float = 1.0
+    # devices (GPUs; CPU worker slots on a CPU run) of the job's total given to rollout engines alone, after the
+    # policy's (non-colocated: needed by grpo.async_grpo); 0 = the engines share the policy's devices (colocated)
+    rollout_devices: int = 0
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None

@@ -99,11 +99,16 @@ class StartupClock:
 
 
 def trainer_class(spec: RunSpec) -> type:
-    """The loop: Trainer, or for env=nemo_gym GymTrainer (Gym's servers around it, rollouts through its agents)."""
+    """The loop: Trainer, or for env=nemo_gym GymTrainer (Gym's servers around it, rollouts through its agents),
+    or with grpo.async_grpo.enabled AsyncTrainer (generation overlaps the update; train/async_loop.py)."""
     if spec.env.name == "nemo_gym":
         from ..gym.trainer import GymTrainer
 
         return GymTrainer
+    if spec.grpo.async_grpo.enabled:
+        from .async_loop import AsyncTrainer
+
+        return AsyncTrainer
     return Trainer
 
 
@@ -184,6 +189,7 @@ class Trainer:
     def step(self, step: int) -> dict[str, float]:
         t = Timer()
         gens, prompts, rewards, rounds = self.rollout_and_score(step, t)
+        pipeline = self.pipeline_metrics(step, t)  # buffer depth, sample ages, idle times: sync and async alike
         batch, m = self.make_batch(gens, rewards)
         if not self.plan.logprobs_from_update:  # else the update's own forward gives them (on-policy)
             with t("logprobs"):
@@ -195,21 +201,47 @@ class Trainer:
             m["time/refit_ms"] = self.refit()
         with t("log"):
             self.state.train_data(step, prompts, gens, rewards, batch, self.tok)
+            self.state.train_versions(step, self.sample_versions(step, len(gens)), step - 1)
         gen_tokens = int(batch.response_mask.sum())
         m.update(t.as_metrics(), **{"train/dynamic_sampling_rounds": rounds,
-                                    "train/tokens_per_s": gen_tokens / max(t.seconds["rollout"], 1e-9)})
+                                    "train/tokens_per_s": gen_tokens / max(self.generation_seconds(t), 1e-9)})
+        m.update(pipeline)
+        if "time/generation_idle_s" not in m:  # sync: the engines idle through everything but the rollout
+            m["time/generation_idle_s"] = max(m["time/step_s"] - t.seconds["rollout"], 0.0)
         return m
+
+    # ------------------------------------------------------------------ the same metrics in sync and async
+    def pipeline_metrics(self, step: int, t: Timer) -> dict[str, float]:
+        """Sync: nothing is generated ahead (buffer depth 0, every sample from version step - 1, age 0); the
+        trainer waits through the rollout. (AsyncTrainer reports its buffer's figures under the same keys.)"""
+        return {"buffer/depth": 0.0, "buffer/sample_age_mean": 0.0, "buffer/sample_age_max": 0.0,
+                "train/policy_version": float(step - 1), "time/trainer_idle_s": t.seconds["rollout"]}
+
+    def sample_versions(self, step: int, n: int) -> list[int]:
+        """The policy version each of this step's samples was generated with (sync: the weights of step - 1)."""
+        return [step - 1] * n
+
+    def generation_seconds(self, t: Timer) -> float:
+        """Seconds the engines spent generating this step's batch (sync: the rollout phase)."""
+        return t.seconds["rollout"]
 
     # ------------------------------------------------------------------ phases
     def generate(self, prompts: list, n: int, seed: int) -> list[Generation]:
+        return [g for part in ray.get(self.submit_generate(prompts, n, seed)) for g in part]
+
+    def submit_generate(self, prompts: list, n: int, seed: int, method: str = "generate") -> list:
+        """The prompts split over the engines, one call each (`method` of the engine); the calls' ObjectRefs."""
         from ..envs.prompting import encode_prompts
 
         ids = encode_prompts(self.tok, prompts, self.spec.env)  # env.chat_template / system_prompt; same for hf and vllm
         engines = self.w.rollout
         per = -(-len(ids) // len(engines))
-        futures = [e.generate.remote(ids[i * per:(i + 1) * per], n, seed + i) for i, e in enumerate(engines)
-                   if ids[i * per:(i + 1) * per]]
-        return [g for part in ray.get(futures) for g in part]
+        return [getattr(e, method).remote(ids[i * per:(i + 1) * per], n, seed + i) for i, e in enumerate(engines)
+                if ids[i * per:(i + 1) * per]]
+
+    def train_seed(self, step: int, round_: int) -> int:
+        """The sampling seed of a step's generation round (the same in sync and async)."""
+        return (self.spec.grpo.seed * 1_000_003 + step * 101 + round_) % 2**31
 
     def score(self, prompts: list, gens: list[Generation], n: int) -> torch.Tensor:
         texts = [self.tok.decode(g.response_ids, skip_special_tokens=True) for g in gens]
@@ -226,7 +258,7 @@ class Trainer:
         for r in range(rounds):
             prompts = self.env.train_prompts(step, r, P)
             with t("rollout"):
-                gens = self.generate(prompts, G, seed=(s.grpo.seed * 1_000_003 + step * 101 + r) % 2**31)
+                gens = self.generate(prompts, G, seed=self.train_seed(step, r))
             with t("score"):
                 rewards = self.score(prompts, gens, G)
             varies = algos.nonzero_variance_groups(rewards, G) if s.loss.dynamic_sampling else torch.ones(P, dtype=torch.bool)

@@ -114,6 +114,21 @@ class LoopState:
 
         self.data_log.write_step(step, train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer))
 
+    def train_versions(self, step: int, versions: list[int], trained_from: int) -> None:
+        """Beside the step's train-data file (same cadence): the policy version each sample was generated with,
+        the version the step trained from, and the age (trained_from - version). One JSON line per sample, in
+        the train-data file's order; written whole (a temporary file renamed into place)."""
+        if self.data_log is None or not self.data_log.enabled_for(step):
+            return
+        import json
+
+        from ..launch.rundir import write_atomic
+
+        lines = [json.dumps({"step": step, "sample": i, "policy_version": v, "trained_version": trained_from,
+                             "age": trained_from - v}) for i, v in enumerate(versions)]
+        self.data_log.dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.data_log.dir / f"train_versions_step_{step:06d}.jsonl", "".join(x + "\n" for x in lines))
+
     def save_checkpoint(self, step: int, write: Callable[[Path], None], metrics: dict[str, float]) -> None:
         """Metrics are durable before the checkpoint is visible: they go into its meta.json (pending), the
         checkpoint is renamed into place, then they are committed to MLflow (a crash in between: replayed

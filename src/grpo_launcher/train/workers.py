@@ -1,7 +1,8 @@
 """Ray bring-up for one run: a placement group from the Plan, then policy, rollout and env actors in it.
 
-Bundle i stands for device i (a GPU, or a CPU worker slot). Policy rank i and rollout engine i share
-bundle i (colocated); an engine with TP > 1 is anchored on the first bundle of its TP group.
+Bundle i stands for device i (a GPU, or a CPU worker slot). Colocated (cluster.rollout_devices=0): policy
+rank i and rollout engine i share bundle i; an engine with TP > 1 is anchored on the first bundle of its TP
+group. Non-colocated (async GRPO): the policy ranks hold bundles [0, T), the engines the bundles after them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ..plan import Plan
 from ..policy import policy_class
 from ..rollout import rollout_class
+from ..rollout.versions import WEIGHTS_GROUP
 from ..spec.schema import RunSpec
 
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
@@ -66,12 +68,14 @@ class Workers:
 
 
 def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
-    """Policy rank i on bundle i; with rollout=hf it is also engine i (hybrid), else engine e shares bundle e·TP.
+    """Policy rank i on bundle i; with rollout=hf it is also engine i (hybrid), else engine e shares bundle e·TP;
+    with devices of their own (plan.rollout_devices) engine e is on bundle train_devices + e·TP.
 
     Returns at once: the actors start (imports, model load) while the driver sets up; `ready()` waits."""
     pg = placement_group([dict(plan.bundle) for _ in range(plan.world_size)], strategy="PACK")
     ray.get(pg.ready(), timeout=spec.cluster.ray_join_timeout_s)
-    share = 1.0 if plan.hybrid_rollout else 0.5  # of a device slot: the policy's, or half with an engine beside it
+    # of a device slot: the policy's alone (hybrid engine, or engines elsewhere), or half with an engine beside it
+    share = 1.0 if plan.hybrid_rollout or plan.rollout_devices else 0.5
     threads = max(1, int(plan.bundle.get("CPU", 1.0)))
 
     def on(i: int) -> dict:
@@ -80,14 +84,18 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
                 "num_cpus": plan.bundle.get("CPU", 1.0) * share, **gpu}
 
     P = ray.remote(policy_class(spec.train.backend.value))
-    policy = [P.options(**on(i)).remote(spec, model_dir, i, plan.world_size, threads)
-              for i in range(plan.world_size)]
+    ranks = plan.train_devices or plan.world_size
+    policy = [P.options(**on(i)).remote(spec, model_dir, i, ranks, threads) for i in range(ranks)]
     if plan.hybrid_rollout:
         rollout = policy
     else:
-        R = ray.remote(rollout_class(spec.rollout.backend.value))
+        # async GRPO with in-flight weight updates: stage_weights runs beside a generate call (rollout/versions.py)
+        cls = rollout_class(spec.rollout.backend.value)
+        staged = plan.async_grpo and spec.grpo.async_grpo.in_flight_weight_updates
+        R = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(cls) if staged else ray.remote(cls)
         tp = spec.rollout.tensor_parallel_size
-        rollout = [R.options(**on(e * tp)).remote(spec, model_dir, threads) for e in range(plan.rollout_engines)]
+        rollout = [R.options(**on(plan.engine_bundle0 + e * tp)).remote(spec, model_dir, threads)
+                   for e in range(plan.rollout_engines)]
     from ..envs import EnvFactory
 
     env = ray.remote(EnvWorker).options(num_cpus=0).remote(spec, EnvFactory(spec))  # the driver's env class

@@ -1,0 +1,199 @@
+"""Async GRPO (grpo.async_grpo.enabled=true): the engines generate the next steps' batches while the trainer
+updates on this one, with a bound on how old a trajectory may be when it is trained on.
+
+Layout (plan.py, train/workers.py): non-colocated. The policy ranks hold the first devices, the engines
+(`cluster.rollout_devices` of them: CPU worker slots or GPUs) the devices after them; rollout=hf runs as
+HFRolloutWorker (rollout/hf.py), rollout=vllm as it is. The weights travel as a state dict (policy rank 0's).
+
+Versions. The policy version v is the number of optimizer updates applied (= the last finished step): step k
+trains from version k - 1. Every sample records the version of the weights its engine generated it with, and
+its age at step k is (k - 1) - v. With N = grpo.async_grpo.max_trajectory_age_steps, step j's batch is
+submitted right after version j - 1 - N was pushed to the engines (the start: steps 1..N+1 on the initial
+weights), so no sample can be older than N; `RolloutBuffer.ages` checks every sample anyway and raises
+StaleTrajectory rather than train on an older one. Up to N + 1 batches are in flight at once.
+
+Weight pushes (grpo.async_grpo.in_flight_weight_updates), after every update:
+  false: `update_weights` is queued on each engine behind the generate calls already submitted (Ray runs an
+         actor's calls in order): those finish on the weights they were submitted with;
+  true:  `stage_weights` reaches each engine at once (its own concurrency group) and the engine applies the
+         weights at the start of its next generate call, so calls already queued run on fresher weights.
+In both, a generate call in flight is never interrupted: it finishes on the weights it started with, and
+every sample of one call carries that call's version (rollout/versions.py).
+
+Off-policy math: the old logprobs are always recomputed by the trainer (plan.logprobs_from_update is False in
+async), and with loss.importance_sampling_correction the loss weighs each token by pi_trainer / pi_rollout
+against the behaviour (generation) logprobs, truncated by loss.is_truncation (tis / icepop) as in sync.
+
+Checkpoints and stops: the buffer is never written to a checkpoint. A checkpoint holds the policy after step
+k; batches generated ahead are dropped when the run stops, and a resume generates steps k+1.. again from the
+checkpoint's weights (version k), so the step axis (MLflow, metrics.jsonl, the data log) stays exact.
+
+Metrics (the same keys as the sync loop): buffer/depth (batches generated or in flight when a step takes its
+own, that one included), buffer/sample_age_mean|max, train/policy_version, time/trainer_idle_s (the trainer
+waiting for its batch; = time/rollout_s in async), time/generation_idle_s (the engines' mean idle time before
+the calls of the step's batch).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+
+from ..rollout.versions import WEIGHTS_GROUP
+from ..train.batch import Generation, TrainBatch
+from .driver import Timer, Trainer
+
+
+class StaleTrajectory(RuntimeError):
+    """A sample older than grpo.async_grpo.max_trajectory_age_steps reached the trainer (never trained on)."""
+
+
+@dataclass
+class InFlight:
+    step: int  # the step that trains on this batch
+    prompts: list  # the step's prompts (env.train_prompts(step, 0, P))
+    calls: list  # ObjectRefs of the engines' generate_versioned calls, in prompt order
+    submitted_version: int  # the newest version pushed when the batch was submitted
+
+
+class RolloutBuffer:
+    """Batches generated ahead of the trainer, by step, and the age bound every sample is checked against."""
+
+    def __init__(self, max_age: int) -> None:
+        if max_age < 1:
+            raise ValueError(f"max_trajectory_age_steps must be ≥ 1, got {max_age}")
+        self.max_age = max_age
+        self.pending: dict[int, InFlight] = {}
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def add(self, entry: InFlight) -> None:
+        if entry.step in self.pending:
+            raise RuntimeError(f"step {entry.step}'s batch was submitted twice")
+        self.pending[entry.step] = entry
+
+    def take(self, step: int) -> InFlight:
+        if step not in self.pending:
+            raise RuntimeError(f"no batch was submitted for step {step} (in flight: {sorted(self.pending)})")
+        return self.pending.pop(step)
+
+    def ages(self, versions: list[int], trainer_version: int) -> list[int]:
+        """Each sample's age at a step that trains from `trainer_version`; StaleTrajectory past the bound."""
+        ages = [trainer_version - v for v in versions]
+        bad = [a for a in ages if not 0 <= a <= self.max_age]
+        if bad:
+            raise StaleTrajectory(f"{len(bad)} of {len(ages)} samples are {max(bad)} policy versions old (or newer "
+                                  f"than the trainer: {min(bad)}), past grpo.async_grpo.max_trajectory_age_steps="
+                                  f"{self.max_age}; not trained on")
+        return ages
+
+    def drop(self) -> int:
+        """Forget every batch not yet trained on (a stop: they are generated again on resume). Returns how many."""
+        n = len(self.pending)
+        self.pending.clear()
+        return n
+
+
+class AsyncTrainer(Trainer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        a = self.spec.grpo.async_grpo
+        self.buffer = RolloutBuffer(a.max_trajectory_age_steps)
+        self.in_flight = a.in_flight_weight_updates
+        self.version = 0  # optimizer updates applied to the policy = the last finished step
+        self.submitted = 0  # the last step whose batch was submitted
+        self.pushes: list = []  # update_weights calls queued on the engines, not yet seen to finish
+        self._versions: list[int] = []
+        self._gen_s = 0.0
+        self._pipeline: dict[str, float] = {}
+        if not self.spec.loss.importance_sampling_correction:
+            print(f"grpo-launcher: async GRPO without loss.importance_sampling_correction: samples up to "
+                  f"{a.max_trajectory_age_steps} version(s) old are trained as if on-policy (the old logprobs are the "
+                  "trainer's own); set it for the pi_trainer / pi_rollout weights", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> int:
+        self.version = self.submitted = self.state.step  # a resume starts from the checkpoint's version
+        try:
+            code = super().train()
+            ray.get(self.pushes)  # the last push landed (an engine's refit error surfaces here)
+            return code
+        finally:
+            dropped = self.buffer.drop()
+            if dropped:
+                print(f"grpo-launcher: dropped {dropped} batch(es) generated ahead (never checkpointed; a resume "
+                      "generates them again from the checkpoint's weights)", flush=True)
+
+    def fill(self) -> None:
+        """Submit every batch the age bound allows now: steps up to version + N + 1 (and max_steps)."""
+        g = self.spec.grpo
+        last = min(self.version + self.buffer.max_age + 1, g.max_steps)
+        while self.submitted < last:
+            j = self.submitted + 1
+            prompts = self.env.train_prompts(j, 0, g.num_prompts_per_step)
+            calls = self.submit_generate(prompts, g.num_generations_per_prompt, self.train_seed(j, 0),
+                                         method="generate_versioned")
+            self.buffer.add(InFlight(j, prompts, calls, self.version))
+            self.submitted = j
+
+    def rollout_and_score(self, step: int, t: Timer) -> tuple[list[Generation], list, torch.Tensor, int]:
+        G = self.spec.grpo.num_generations_per_prompt
+        depth = len(self.buffer)  # this step's batch and the ones generated ahead of it
+        entry = self.buffer.take(step)
+        with t("rollout"):  # the trainer waits for its batch (0 when it was generated meanwhile)
+            parts = ray.get(entry.calls)
+        gens = [x for p in parts for x in p["gens"]]
+        self._versions = [p["version"] for p in parts for _ in p["gens"]]
+        ages = self.buffer.ages(self._versions, self.version)  # StaleTrajectory: never trained on
+        with t("score"):
+            rewards = self.score(entry.prompts, gens, G)
+        self._gen_s = max(p["gen_s"] for p in parts)  # the engines run side by side
+        self._pipeline = {"buffer/depth": float(depth), "buffer/sample_age_mean": sum(ages) / len(ages),
+                          "buffer/sample_age_max": float(max(ages)), "train/policy_version": float(self.version),
+                          "time/generation_idle_s": sum(p["idle_s"] for p in parts) / len(parts)}
+        return gens, entry.prompts, rewards, 1
+
+    def pipeline_metrics(self, step: int, t: Timer) -> dict[str, float]:
+        return {**self._pipeline, "time/trainer_idle_s": t.seconds["rollout"]}
+
+    def sample_versions(self, step: int, n: int) -> list[int]:
+        return list(self._versions)
+
+    def generation_seconds(self, t: Timer) -> float:
+        return self._gen_s
+
+    def generate(self, prompts: list, n: int, seed: int) -> list[Generation]:
+        """Validation: through the versioned calls too (so the engines' idle time stays right), on the newest
+        weights pushed (queued behind the batches generated ahead)."""
+        return [x for part in ray.get(self.submit_generate(prompts, n, seed, "generate_versioned"))
+                for x in part["gens"]]
+
+    # ------------------------------------------------------------------ phases
+    def update(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
+        out = super().update(batch)
+        self.version += 1
+        return out
+
+    def refit(self) -> float:
+        """Push version `self.version` to every engine (see the module doc for the two ways), then submit
+        the batches the age bound now allows. Returns ms the trainer spent."""
+        t0 = time.perf_counter()
+        refs = [p.state_dict.remote() for p in self.w.policy]  # rank 0 returns the HF-named dict, the others {}
+        if self.in_flight:  # staged at once beside any generate call; applied at the engine's next call
+            staged = [r.stage_weights.options(concurrency_group=WEIGHTS_GROUP).remote(refs[0], self.version)
+                      for r in self.w.rollout]
+            ray.get(staged + refs[1:])  # landed before the next batch is submitted: the age bound needs it
+        else:  # queued behind the generate calls already submitted; the next batches queue behind it
+            self.pushes += [r.update_weights.remote(refs[0], self.version) for r in self.w.rollout]
+            ray.wait(refs, num_returns=len(refs))  # the policy has produced its weights (not fetched here)
+            done, self.pushes = ray.wait(self.pushes, num_returns=len(self.pushes), timeout=0)
+            ray.get(done)  # a failed refit surfaces here, at the next push
+        ms = (time.perf_counter() - t0) * 1e3
+        self.fill()
+        return ms

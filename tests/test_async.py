@@ -1,0 +1,185 @@
+"""Async GRPO (grpo.async_grpo.*; train/async_loop.py): the plan and the rules (fast), the age bound (fast),
+then real runs through launch.py (slow): the bound held and recorded per sample, a stop and resume exact on the
+step axis, and an async run that learns."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import wait_until
+
+from grpo_launcher.plan import make_plan
+from grpo_launcher.spec.compose import load_spec
+from grpo_launcher.spec.errors import ConfigError
+from grpo_launcher.train.async_loop import InFlight, RolloutBuffer, StaleTrajectory
+
+ROOT = Path(__file__).resolve().parents[1]
+ASYNC = ["grpo.async_grpo.enabled=true", "cluster.cpu_workers_per_node=2", "cluster.rollout_devices=1"]
+
+
+# ------------------------------------------------------------------ plan, rules, the bound (fast)
+
+
+def test_async_plan_gives_the_engine_its_own_slot():
+    plan = make_plan(load_spec(ASYNC))
+    assert (plan.world_size, plan.train_devices, plan.rollout_devices, plan.dp_size, plan.rollout_engines) == (
+        2, 1, 1, 1, 1)
+    assert plan.engine_bundle0 == 1 and plan.async_grpo and plan.max_trajectory_age == 1
+    assert not plan.hybrid_rollout and not plan.logprobs_from_update  # off-policy: a separate logprob pass
+    sync = make_plan(load_spec(["cluster.cpu_workers_per_node=2"]))
+    assert (sync.train_devices, sync.rollout_devices, sync.dp_size, sync.engine_bundle0) == (2, 0, 2, 0)
+    assert sync.hybrid_rollout and sync.logprobs_from_update and not sync.async_grpo
+
+
+def test_async_without_devices_of_its_own_says_how_many():
+    with pytest.raises(ConfigError) as info:
+        load_spec(["grpo.async_grpo.enabled=true"])
+    (v,) = [v for v in info.value.violations if v.rule == "async_grpo_combinations"]
+    assert "cluster.rollout_devices" in v.keys and "cluster.cpu_workers_per_node=2" in v.fix
+
+
+def test_buffer_refuses_a_sample_past_the_bound():
+    buf = RolloutBuffer(max_age=2)
+    buf.add(InFlight(5, [], [], submitted_version=2))
+    with pytest.raises(RuntimeError, match="submitted twice"):
+        buf.add(InFlight(5, [], [], submitted_version=2))
+    assert buf.take(5).step == 5 and len(buf) == 0
+    assert buf.ages([4, 3, 2], trainer_version=4) == [0, 1, 2]
+    with pytest.raises(StaleTrajectory, match="3 policy versions old"):
+        buf.ages([4, 1], trainer_version=4)
+    with pytest.raises(StaleTrajectory):
+        buf.ages([5], trainer_version=4)  # newer than the trainer: a bookkeeping error, never trained on
+    with pytest.raises(ValueError):
+        RolloutBuffer(max_age=0)
+
+
+MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))  # as test_faults.py
+
+
+def test_separate_hf_engine_records_the_version_it_generated_with():
+    """HFRolloutWorker (rollout/versions.py): staged weights change nothing until the next generate call, which
+    applies them first and reports their version; update_weights applies at once."""
+    import torch
+
+    from grpo_launcher.envs import make_env
+    from grpo_launcher.models.tiny import ensure_tiny_model
+    from grpo_launcher.rollout.hf import HFRolloutWorker
+
+    spec = load_spec(["logging.mlflow=false"])
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    model_dir = ensure_tiny_model(spec.model, make_env(spec), "toy", MODEL_CACHE, seed=spec.grpo.seed)
+    w = HFRolloutWorker(spec, str(model_dir))
+    ids = [w.engine.tokenizer("4821>")["input_ids"], w.engine.tokenizer("1234>")["input_ids"]]
+    first = w.generate_versioned(ids, 2, seed=1)
+    assert first["version"] == 0 and len(first["gens"]) == 4 and first["idle_s"] == 0.0
+    old = {k: v.clone() for k, v in w.engine.model.state_dict().items()}
+    new = {k: v + 0.01 for k, v in old.items()}
+    assert w.stage_weights(new, 3) == 3
+    name = next(iter(old))
+    assert w.version == 0 and torch.equal(w.engine.model.state_dict()[name], old[name])  # not applied yet
+    second = w.generate_versioned(ids, 2, seed=1)
+    assert second["version"] == 3 and torch.equal(w.engine.model.state_dict()[name], new[name])
+    assert second["idle_s"] >= 0.0 and second["gen_s"] > 0.0
+    w.update_weights(old, 4)  # the queued path: applied when the call runs
+    assert w.version == 4 and torch.equal(w.engine.model.state_dict()[name], old[name])
+    assert w.generate_versioned(ids, 2, seed=1)["version"] == 4
+
+
+# ------------------------------------------------------------------ real runs (slow)
+
+
+def launch(tmp_path: Path, name: str, *overrides: str, log: Path) -> subprocess.Popen:
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    if not (tmp_path / ".models").exists():
+        (tmp_path / ".models").symlink_to(MODEL_CACHE)  # the tiny model is built once per machine, not per test
+    cmd = [sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}", f"name={name}",
+           "logging.experiment=h17-async", *overrides]
+    with open(log, "a") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def history(tmp_path: Path, name: str, key: str) -> list[tuple[int, float]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("h17-async")
+    (run,) = client.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{name}'")
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+
+@pytest.mark.slow
+def test_async_run_learns_within_the_age_bound_and_records_versions(tmp_path):
+    """The default task, async with age ≤ 2: reward +0.3 (last 5 steps vs first 5, as the sync test), no step
+    trained on a sample older than 2 versions, and every sample's version in the data log."""
+    log = tmp_path / "run.log"
+    proc = launch(tmp_path, "h17-learn", *ASYNC, "grpo.async_grpo.max_trajectory_age_steps=2",
+                  "logging.train_data_log=true", "logging.train_data_log_every=25", log=log)
+    try:
+        rc = proc.wait(timeout=1800)
+    finally:
+        stop_group(proc)
+    assert rc == 0, log.read_text()[-3000:]
+    rewards = [v for _, v in history(tmp_path, "h17-learn", "train/reward_mean")]
+    assert len(rewards) == 150
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last - first >= 0.3, (first, last)
+    ages = history(tmp_path, "h17-learn", "buffer/sample_age_max")
+    assert [s for s, _ in ages] == list(range(1, 151)) and max(a for _, a in ages) <= 2
+    assert max(a for _, a in ages) >= 1  # it did run ahead of the trainer
+    depth = history(tmp_path, "h17-learn", "buffer/depth")
+    assert max(d for _, d in depth) <= 3  # N + 1 batches in flight at most
+    for step in range(25, 151, 25):
+        rows = [json.loads(x) for x in (tmp_path / "h17-learn" / "train_data" /
+                                        f"train_versions_step_{step:06d}.jsonl").read_text().splitlines()]
+        assert len(rows) == 16 * 8 and {r["trained_version"] for r in rows} == {step - 1}
+        assert all(r["age"] == step - 1 - r["policy_version"] and 0 <= r["age"] <= 2 for r in rows)
+        assert (tmp_path / "h17-learn" / "train_data" / f"train_data_step_{step:06d}.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_async_stop_and_resume_is_exact_on_the_step_axis(tmp_path):
+    """SIGTERM mid-run with in-flight weight updates: the step finishes, the checkpoint is saved, the batches
+    generated ahead are dropped; the resumed run trains each remaining step once (MLflow: 1..8, no repeat)."""
+    name, log = "h17-resume", tmp_path / "run.log"
+    args = [*ASYNC, "grpo.async_grpo.in_flight_weight_updates=true", "grpo.async_grpo.max_trajectory_age_steps=2",
+            "grpo.max_steps=8", "checkpoint.save_period=100", "grpo.val_period=0", "grpo.val_at_end=false",
+            "checkpoint.metric=train/reward_mean", "logging.progress=true"]
+    proc = launch(tmp_path, name, *args, log=log)
+    try:
+        wait_until(lambda: re.search(r"^step 2/8", log.read_text(), re.MULTILINE) or proc.poll() is not None, 900,
+                   "step 2")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)  # the driver only
+        rc = proc.wait(timeout=600)
+    finally:
+        stop_group(proc)
+    text = log.read_text()
+    assert rc == 143, text[-3000:]
+    stopped = int(re.search(r"stopped after step (\d+) \(SIGTERM\); checkpoint saved", text).group(1))
+    assert 2 <= stopped < 8
+    assert "batch(es) generated ahead" in text  # dropped, not checkpointed
+    proc = launch(tmp_path, name, *args, log=log)
+    try:
+        rc = proc.wait(timeout=1200)
+    finally:
+        stop_group(proc)
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    assert f"resuming from step_{stopped:06d}" in text
+    assert [s for s, _ in history(tmp_path, name, "train/reward_mean")] == list(range(1, 9))
+    versions = history(tmp_path, name, "train/policy_version")
+    assert [v for _, v in versions] == [float(s - 1) for s in range(1, 9)]
+    assert max(a for _, a in history(tmp_path, name, "buffer/sample_age_max")) <= 2
