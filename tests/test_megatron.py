@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from grpo_launcher.policy import megatron_convert as mc
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SHIM = str(ROOT / "tests" / "megatron_cpu_shim.py")
 
 
@@ -173,7 +173,7 @@ def _free_port() -> int:
 
 
 def _batch(B: int, vocab: int, seed: int = 0):
-    from grpo_launcher.train.batch import Generation, collate
+    from grpo_launcher.batch import Generation, collate
 
     g = torch.Generator().manual_seed(seed)
     gens = []
@@ -192,7 +192,7 @@ def _worker_job(rank: int, world: int, spec, model_dir: str, batch, out: str, po
 
     from grpo_launcher.policy.megatron_policy import MegatronPolicyWorker
     from grpo_launcher.algos import local_denominator
-    from grpo_launcher.train.batch import shard_rows
+    from grpo_launcher.batch import shard_rows
 
     w = MegatronPolicyWorker(spec, model_dir, rank, world)
     w.init_distributed("127.0.0.1", port)

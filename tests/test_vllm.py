@@ -28,9 +28,9 @@ from grpo_launcher.envs import make_env
 from grpo_launcher.models.tiny import ensure_tiny_model
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.errors import ConfigError
-from grpo_launcher.train.batch import collate
+from grpo_launcher.batch import collate
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 BASE = ["rollout=vllm", "env.max_prompt_tokens=200", "train.max_total_sequence_length=256"]
 SPEC_A = [*BASE, "rollout.max_new_tokens=16"]
 SPEC_B = [*BASE, "rollout.max_new_tokens=3", "rollout.temperature=0.7", "rollout.async_engine=true",

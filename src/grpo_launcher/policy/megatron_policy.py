@@ -31,14 +31,14 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
 
 from ..algos import LossInputs, entropy_from_logits, local_denominator, spec_policy_loss, token_logprobs
 from ..spec.schema import Precision, RunSpec
-from ..train.batch import TrainBatch
+from ..batch import TrainBatch
 from . import megatron_convert as mc
 from .hybrid import HybridRollout
 from .update_log import UpdateLog
@@ -336,7 +336,7 @@ class MegatronPolicyWorker(HybridRollout):
         return prev_t, (torch.cat(ref)[mine] if ref else None)
 
     # ------------------------------------------------------------------ update
-    def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict:
+    def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict[str, Any]:
         """One optimizer step per minibatch; denominators are global per minibatch (as the torch backend:
         0 = no loss-bearing sample, no step; on-policy minibatches return their old logprobs)."""
         log = UpdateLog()
@@ -526,3 +526,9 @@ class MegatronPolicyWorker(HybridRollout):
 
 def _chunks(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+if TYPE_CHECKING:  # mypy holds the class to the contract the driver calls (interfaces.py)
+    from ..interfaces import PolicyWorker
+
+    _contract: type[PolicyWorker] = MegatronPolicyWorker

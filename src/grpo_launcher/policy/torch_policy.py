@@ -11,14 +11,15 @@ import copy
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from ..algos import LossInputs, entropy_from_logits, local_denominator, spec_policy_loss, token_logprobs
 from ..rollout.hf import engine_dtype
-from ..spec.schema import RunSpec
-from ..train.batch import TrainBatch, response_logits
+from ..spec.schema import Precision, RunSpec
+from ..batch import TrainBatch, response_logits
 from .hybrid import HybridRollout
 from .update_log import UpdateLog
 
@@ -36,7 +37,7 @@ class TorchPolicyWorker(HybridRollout):
             else torch.device("cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         # fp32 master weights; bf16 compute on GPUs when train.precision=bfloat16
-        self.autocast = spec.train.precision.value == "bfloat16" and self.device.type == "cuda"
+        self.autocast = spec.train.precision == Precision.bfloat16 and self.device.type == "cuda"
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if spec.loss.kl_coef > 0 else None
         t = spec.train
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
@@ -64,7 +65,7 @@ class TorchPolicyWorker(HybridRollout):
                                     world_size=self.world)
 
     # ------------------------------------------------------------------ logprobs
-    def _logits(self, model, b: TrainBatch) -> torch.Tensor:
+    def _logits(self, model: torch.nn.Module, b: TrainBatch) -> torch.Tensor:
         """Response logits [B, T, V] / temperature; the LM head runs only from the shortest prompt's end on."""
         L = b.input_ids.shape[1]
         keep = L - int(b.prompt_lens.min()) + 1  # positions L-keep .. L-1 hold every response prediction
@@ -85,7 +86,7 @@ class TorchPolicyWorker(HybridRollout):
         return torch.cat(prev).cpu(), (torch.cat(ref).cpu() if ref else None)
 
     # ------------------------------------------------------------------ update
-    def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict:
+    def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict[str, Any]:
         """One optimizer step per minibatch (this rank's shard); denominators are global per minibatch
         (0: no loss-bearing sample anywhere, so no step). See UpdateLog for what comes back.
 
@@ -173,3 +174,9 @@ class TorchPolicyWorker(HybridRollout):
 
 def _chunks(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+if TYPE_CHECKING:  # mypy holds the class to the contract the driver calls (interfaces.py)
+    from ..interfaces import PolicyWorker
+
+    _contract: type[PolicyWorker] = TorchPolicyWorker

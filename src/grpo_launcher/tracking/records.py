@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
 from .. import algos
 from ..spec.schema import RunSpec
 
+if TYPE_CHECKING:
+    from ..batch import Generation, TrainBatch
+    from ..envs.base import Prompt
 
-def per_token_loss(batch, spec: RunSpec) -> torch.Tensor:
+
+def per_token_loss(batch: TrainBatch, spec: RunSpec) -> torch.Tensor:
     """Each response token's loss at the start of the update (ratio 1), same math as the policy workers."""
     x = algos.LossInputs.of(batch, batch.prev_logprobs)
     _, per_token, _ = algos.spec_policy_loss(batch.prev_logprobs, x, spec.loss, norm_len=spec.rollout.max_new_tokens)
     return per_token * batch.response_mask * batch.sample_mask[:, None]
 
 
-def train_data_records(step, prompts, gens, rewards, batch, spec: RunSpec, tokenizer) -> Iterator[dict]:
+def train_data_records(step: int, prompts: Sequence[Prompt], gens: Sequence[Generation], rewards: Sequence[float],
+                       batch: TrainBatch, spec: RunSpec, tokenizer: Any) -> Iterator[dict[str, Any]]:
     G = spec.grpo.num_generations_per_prompt
     loss = per_token_loss(batch, spec)
     for i, g in enumerate(gens):
