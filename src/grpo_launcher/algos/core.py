@@ -17,10 +17,12 @@ Conventions
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Mapping, TypeVar
 
 import torch
 from torch import Tensor
+
+from ..spec.schema import Advantage, Aggregation, KLEstimator
 
 LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| cap before exp: exp(20) ≈ 4.9e8, finite in float32 and bf16
 SKIPPED_STEPS_METRIC = "train/skipped_optimizer_steps"  # minibatches with no loss-bearing sample: no step
@@ -128,16 +130,24 @@ def no_std_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) ->
     return _finish(r64 - r64.mean(dim=1, keepdim=True), r)
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
-    "group_norm": group_norm_advantages,
-    "leave_one_out": leave_one_out_advantages,
-    "no_std": no_std_advantages,
+# The registries are keyed by the schema's Enums (loss.advantage, loss.aggregation, loss.kl_estimator); they are
+# str Enums, so a plain name ("group_norm") finds its member too. tests/test_registries.py: one entry per member.
+ADVANTAGE_ESTIMATORS: dict[Advantage, Callable[..., Tensor]] = {
+    Advantage.group_norm: group_norm_advantages,
+    Advantage.leave_one_out: leave_one_out_advantages,
+    Advantage.no_std: no_std_advantages,
 }
 
+F = TypeVar("F")
 
-def _lookup(registry: dict[str, Callable[..., Tensor]], kind: str, name: str) -> Callable[..., Tensor]:
+
+def _valid(registry: Mapping[Any, Any]) -> list[str]:
+    return sorted(getattr(k, "value", k) for k in registry)
+
+
+def _lookup(registry: Mapping[Any, F], kind: str, name: str) -> F:
     if name not in registry:
-        raise ValueError(f"unknown {kind} {name!r}; valid: {sorted(registry)}")
+        raise ValueError(f"unknown {kind} {name!r}; valid: {_valid(registry)}")
     return registry[name]
 
 
@@ -244,10 +254,10 @@ def seq_mean_token_sum_norm(per_token: Tensor, mask: Tensor, *, norm_len: int | 
     return _seq_mean(total / norm_len, count)
 
 
-LOSS_AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
-    "token_mean": token_mean,
-    "seq_mean_token_mean": seq_mean_token_mean,
-    "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+LOSS_AGGREGATIONS: dict[Aggregation, Callable[..., Tensor]] = {
+    Aggregation.token_mean: token_mean,
+    Aggregation.seq_mean_token_mean: seq_mean_token_mean,
+    Aggregation.seq_mean_token_sum_norm: seq_mean_token_sum_norm,
 }
 
 
@@ -279,7 +289,8 @@ def kl_k3(log_ratio: Tensor) -> Tensor:
 
 
 # Each maps the log-ratio d = log q - log p (q = reference, p = current policy) to a KL estimate.
-KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+KL_ESTIMATORS: dict[KLEstimator, Callable[[Tensor], Tensor]] = {
+    KLEstimator.k1: kl_k1, KLEstimator.k2: kl_k2, KLEstimator.k3: kl_k3}
 
 
 def kl_estimate(
@@ -291,14 +302,13 @@ def kl_estimate(
     the estimator is applied (bounds k3's exp blow-up).
     """
     # logprobs, ref_logprobs: [B, T] -> [B, T]
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {estimator!r}; valid: {sorted(KL_ESTIMATORS)}")
+    fn = _lookup(KL_ESTIMATORS, "KL estimator", estimator)
     d = ref_logprobs.detach() - logprobs
     if clamp is not None:
         if clamp <= 0:
             raise ValueError(f"kl clamp must be > 0, got {clamp}")
         d = d.clamp(-clamp, clamp)
-    return KL_ESTIMATORS[estimator](d)
+    return fn(d)
 
 
 # --------------------------------------------------------------------------- off-policy correction

@@ -28,13 +28,22 @@ if TYPE_CHECKING:
 
 
 class LossBatch(Protocol):
-    """What LossInputs.of reads of a batch (grpo_launcher.batch.TrainBatch has these fields)."""
+    """What LossInputs.of reads of a batch (grpo_launcher.batch.TrainBatch has these fields; read-only)."""
 
-    advantages: Tensor  # [B]
-    response_mask: Tensor  # [B, T]
-    sample_mask: Tensor  # [B]
-    is_weights: Optional[Tensor]  # [B, T]
-    ref_logprobs: Optional[Tensor]  # [B, T]
+    @property
+    def advantages(self) -> Tensor: ...  # [B]
+
+    @property
+    def response_mask(self) -> Tensor: ...  # [B, T]
+
+    @property
+    def sample_mask(self) -> Tensor: ...  # [B]
+
+    @property
+    def is_weights(self) -> Optional[Tensor]: ...  # [B, T]
+
+    @property
+    def ref_logprobs(self) -> Optional[Tensor]: ...  # [B, T]
 
 
 @dataclass(frozen=True)
@@ -71,8 +80,8 @@ def spec_policy_loss(
     return policy_loss(
         logprobs, x.old_logprobs, x.advantages, x.mask, sample_mask=x.sample_mask,
         clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip_c=loss.dual_clip_c,
-        ratio_level=loss.ratio_level.value, aggregation=loss.aggregation.value, is_weights=x.is_weights,
-        ref_logprobs=x.ref_logprobs, kl_coef=loss.kl_coef, kl_estimator=loss.kl_estimator.value,
+        ratio_level=loss.ratio_level, aggregation=loss.aggregation, is_weights=x.is_weights,
+        ref_logprobs=x.ref_logprobs, kl_coef=loss.kl_coef, kl_estimator=loss.kl_estimator,
         kl_clamp=loss.kl_clamp, norm_len=norm_len, entropy=entropy)
 
 

@@ -1,0 +1,88 @@
+"""Registries against the schema's Enums: every member has an implementation and every entry is a member;
+every registered worker class has the methods of its contract (grpo_launcher/interfaces.py)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import pytest
+
+from grpo_launcher import algos, envs, interfaces
+from grpo_launcher.launch import EXECUTORS
+from grpo_launcher.policy import POLICY_BACKENDS, policy_class
+from grpo_launcher.rollout import ROLLOUT_BACKENDS, rollout_class
+from grpo_launcher.spec.schema import (
+    Advantage,
+    Aggregation,
+    ClusterKind,
+    EnvName,
+    KLEstimator,
+    RolloutBackend,
+    TrainBackend,
+)
+
+HYBRID = {RolloutBackend.hf}  # colocated rollout=hf: the policy workers generate themselves (policy/hybrid.py)
+
+
+def _names(keys) -> set[str]:
+    return {getattr(k, "value", k) for k in keys}
+
+
+REGISTRIES = [
+    (TrainBackend, POLICY_BACKENDS),
+    (RolloutBackend, {**ROLLOUT_BACKENDS, **{k: "hybrid" for k in HYBRID}}),
+    (ClusterKind, EXECUTORS),
+    (Advantage, algos.ADVANTAGE_ESTIMATORS),
+    (Aggregation, algos.LOSS_AGGREGATIONS),
+    (KLEstimator, algos.KL_ESTIMATORS),
+]
+
+
+@pytest.mark.parametrize("enum, registry", [pytest.param(e, r, id=e.__name__) for e, r in REGISTRIES])
+def test_every_enum_member_has_an_implementation_and_vice_versa(enum: type[Enum], registry: dict) -> None:
+    assert _names(registry) == _names(enum), f"{enum.__name__} vs its registry"
+    for member in enum:  # a member finds its entry, whether the registry is keyed by members or by names
+        assert member in registry
+
+
+def test_every_builtin_env_name_has_an_env_class() -> None:
+    lazy = getattr(envs, "LAZY_ENVS", {})
+    assert _names(envs.ENVS).union(lazy) >= _names(EnvName)
+    builtin = {k for k, cls in envs.ENVS.items() if cls.__module__.startswith("grpo_launcher.")}
+    assert _names(builtin).union(lazy) <= _names(EnvName)  # names a program adds itself are not built-ins
+
+
+@pytest.mark.parametrize("backend", list(TrainBackend))
+def test_policy_classes_keep_the_policy_worker_contract(backend: TrainBackend) -> None:
+    assert issubclass(policy_class(backend), interfaces.PolicyWorker)
+
+
+@pytest.mark.parametrize("backend", sorted(ROLLOUT_BACKENDS))
+def test_rollout_classes_keep_the_rollout_worker_contract(backend: str) -> None:
+    assert issubclass(rollout_class(backend), interfaces.RolloutWorker)
+
+
+def test_the_env_worker_keeps_its_contract() -> None:
+    from grpo_launcher.train.workers import EnvWorker
+
+    assert issubclass(EnvWorker, interfaces.EnvWorker)
+
+
+def test_exit_codes_agree_with_the_job_script_and_the_driver() -> None:
+    """ExitCode is the one list; the constants not yet moved to it must agree with it."""
+    from grpo_launcher.exit_codes import ExitCode
+    from grpo_launcher.launch import sbatch
+    from grpo_launcher.train import loop_state
+
+    assert sbatch.REQUEUE_EXIT_CODE == loop_state.REQUEUE_EXIT == ExitCode.REQUEUE
+    assert set(loop_state.EXIT_CODES.values()) == {ExitCode.REQUEUE, ExitCode.TERMINATED, ExitCode.INTERRUPTED}
+
+
+def test_metric_names_are_the_one_list() -> None:
+    """Names spelled elsewhere (the skipped-step counter, checkpoint.metric's choices) are in tracking/metric_names."""
+    from grpo_launcher.spec.rules import KNOWN_METRICS
+    from grpo_launcher.tracking import metric_names
+
+    assert algos.SKIPPED_STEPS_METRIC == metric_names.TRAIN_SKIPPED_OPTIMIZER_STEPS
+    assert set(KNOWN_METRICS) <= metric_names.METRICS
+    assert metric_names.is_metric("time/rollout_s") and not metric_names.is_metric("val/reward_men")
