@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from grpo_launcher.tracking import metric_names
+
+from helpers import launch
+
 SHORT = ["grpo.max_steps=1", "grpo.val_period=1", "checkpoint.save_period=1"]
-
-
-def launch(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def runs_of(tmp_path: Path):
@@ -49,6 +47,15 @@ def test_every_point_failure_is_a_config_error(tmp_path, sweep, key):
     assert f"  - {key}" in p.stderr and "Traceback" not in p.stdout + p.stderr
 
 
+def test_an_objective_no_run_logs_is_a_config_error(tmp_path):
+    """A typo in the Optuna objective fails pre-flight (exit 2, key named), not every trial after it ran."""
+    p = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.objective=val/reward_men", "train.lr=choice(1e-4,3e-4)",
+               f"output_root={tmp_path}", *SHORT)
+    assert p.returncode == 2 and p.stderr.startswith("config error"), p.stderr[-2000:]
+    assert "  - hydra.sweeper.objective: 'val/reward_men' is not a metric" in p.stderr and "val/reward_mean" in p.stderr
+    assert "Traceback" not in p.stdout + p.stderr and not list(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_2x2_local_sweep_four_runs_under_one_parent(tmp_path):
     p = launch("-m", "loss.clip_high=0.2,0.28", "train.lr=1e-4,3e-4", f"output_root={tmp_path}", *SHORT)
@@ -58,6 +65,8 @@ def test_2x2_local_sweep_four_runs_under_one_parent(tmp_path):
                     "tiny-grpo_loss.clip_high=0.28,train.lr=0.0001", "tiny-grpo_loss.clip_high=0.28,train.lr=0.0003"]
     for d in dirs:
         assert '"status": "FINISHED"' in (tmp_path / d / "summary.json").read_text()
+    logged = json.loads((tmp_path / dirs[0] / "summary.json").read_text())["metrics"]
+    assert [k for k in logged if not metric_names.is_metric(k)] == []  # every name in tracking/metric_names.py
     runs = runs_of(tmp_path)
     parents = [r for r in runs if r.info.run_name.startswith("sweep-")]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]

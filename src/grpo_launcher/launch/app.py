@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from ..exit_codes import ExitCode
 from ..spec.compose import CONF_DIR, ConfigSource
 from ..spec.errors import ConfigError
 
@@ -34,9 +35,9 @@ def parse_flags(argv: list[str]) -> tuple[Optional[argparse.Namespace], int]:
     from hydra._internal.utils import get_args_parser
 
     try:
-        return get_args_parser().parse_args(argv), 0
+        return get_args_parser().parse_args(argv), ExitCode.OK
     except SystemExit as exc:
-        return None, 0 if not exc.code else 2
+        return None, ExitCode.OK if not exc.code else ExitCode.CONFIG_ERROR
 
 
 def config_source(args: argparse.Namespace) -> ConfigSource:
@@ -62,11 +63,11 @@ def main(argv: list[str]) -> int:
         return code
     if args.help:
         print(app_help(config_source(args)))
-        return 0
+        return ExitCode.OK
     if args.experimental_rerun:
         print("config error: --experimental-rerun is not supported: relaunch with the run's overrides "
               "(output_root/name/spec.yaml holds the resolved spec)", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG_ERROR
     source = config_source(args)
     if any(getattr(args, flag) for flag in HYDRA_PRINTS):  # Hydra prints these itself
         return hydra_prints(argv, args, source)
@@ -85,7 +86,7 @@ def single_run(overrides: list[str], source: ConfigSource) -> int:
         spec, plan = preflight(overrides, source)  # every problem at once; nothing started or written
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG_ERROR
     return execute(spec, plan)  # local driver | sbatch (dry run prints, submits nothing)
 
 
@@ -108,7 +109,7 @@ def hydra_prints(argv: list[str], args: argparse.Namespace, source: ConfigSource
             to_spec(compose(args.overrides, source=source))  # composition errors as ours (exit 2, key named)
         except ConfigError as err:
             print(err.render(), file=sys.stderr)
-            return 2
+            return ExitCode.CONFIG_ERROR
     import hydra
 
     register_schema()
@@ -117,13 +118,13 @@ def hydra_prints(argv: list[str], args: argparse.Namespace, source: ConfigSource
     try:
         app()
     except SystemExit as exc:
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+        return int(exc.code or ExitCode.OK) if not isinstance(exc.code, str) else ExitCode.FAILED
     finally:
         sys.argv = saved
-    return 0
+    return ExitCode.OK
 
 
-def _never(cfg) -> None:  # Hydra calls the task only for a run, and runs never come here
+def _never(cfg: object) -> None:  # Hydra calls the task only for a run, and runs never come here
     raise RuntimeError("hydra_prints ran a task")
 
 

@@ -10,7 +10,7 @@
 RUN is a run name, a Slurm job id, or a run directory. Run dirs are looked up under --root DIR
 (default: $GRPO_OUTPUT_ROOT, else ./outputs); a job id or the name of a queued job is also resolved
 through Slurm (its StdOut path lies in the run dir), so these work from any directory while Slurm
-still knows the job. Exit codes: 0 ok, 1 not found / Slurm error, 2 usage.
+still knows the job. Exit codes (ExitCode): 0 ok, 1 not found / Slurm error, 2 usage.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
+from ..exit_codes import ExitCode
 from .status import (
     TERMINAL,
     effective_state,
@@ -110,7 +111,8 @@ def describe(run_dir: Path) -> dict:
     return out
 
 
-def parse(args: list[str], prog: str, need_run: bool = True, extra=None) -> argparse.Namespace:
+def parse(args: list[str], prog: str, need_run: bool = True,
+          extra: Optional[Callable[[argparse.ArgumentParser], object]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog=f"launch.py {prog}", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", nargs=None if need_run else "?", help="run name, Slurm job id, or run dir")
@@ -131,10 +133,10 @@ def status(args: list[str]) -> int:
         info = describe(resolve(a.run, a.root))
     except NotFound as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     if a.json:
         print(json.dumps(info, indent=1))
-        return 0
+        return ExitCode.OK
     s = info.get("slurm", {})
     rows = [("run", info["name"]),
             ("state", info["state"] + (f"  ({info['note']})" if info["note"] else "")),
@@ -151,20 +153,20 @@ def status(args: list[str]) -> int:
     rows += [("run dir", info["run_dir"]), ("driver log", info["driver_log"]), ("slurm log", info["slurm_log"])]
     for key, value in rows:
         print(f"{key:11s}{value}")
-    return 0
+    return ExitCode.OK
 
 
 def list_runs(root: Path, as_json: bool) -> int:
     runs = [describe(p.parent) for p in sorted(root.glob("*/status.json"))]
     if as_json:
         print(json.dumps(runs, indent=1))
-        return 0
+        return ExitCode.OK
     if not runs:
         print(f"no runs with a status.json under {root.resolve()}")
-        return 0
+        return ExitCode.OK
     for r in runs:
         print(f"{r['name']:40s} {r['state']:10s} job {r['job_id'] or '-':8s} step {r['step'] or '-'}")
-    return 0
+    return ExitCode.OK
 
 
 # ------------------------------------------------------------------ logs
@@ -208,7 +210,8 @@ def ended(run_dir: Path) -> tuple[bool, dict]:
     return state in (*TERMINAL, "UNKNOWN"), st
 
 
-def follow(run_dir: Path, tails: list[tuple[str, Tail]], on_line=None, poll: float = 0.25) -> dict:
+def follow(run_dir: Path, tails: list[tuple[str, Tail]], on_line: Optional[Callable[[str, str], None]] = None,
+           poll: float = 0.25) -> dict:
     """Print new lines of `tails` until the run ended (then drain); return the final status.json."""
     next_check = 0.0
     while True:
@@ -230,7 +233,7 @@ def follow(run_dir: Path, tails: list[tuple[str, Tail]], on_line=None, poll: flo
 
 
 def logs(args: list[str]) -> int:
-    def extra(ap):
+    def extra(ap: argparse.ArgumentParser) -> None:
         ap.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
         ap.add_argument("-n", "--lines", type=int, default=0, help="only the last N lines (without -f)")
         which = ap.add_mutually_exclusive_group()
@@ -243,12 +246,12 @@ def logs(args: list[str]) -> int:
         run_dir = resolve(a.run, a.root)
     except NotFound as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     st = read_status(run_dir)
     job = "local" if st.get("kind") == "local" else st.get("job_id")
     if not job:
         print(f"error: {run_dir} has no job id in status.json (was it submitted?)", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     d = run_dir / "logs"
     path = (d / f"slurm-{job}.out" if a.slurm else d / f"ray-{job}-{a.node}.log" if a.node
             else d / f"placement-{job}.json" if a.placement else d / f"driver-{job}.log")
@@ -257,16 +260,16 @@ def logs(args: list[str]) -> int:
         try:
             follow(run_dir, [("", Tail(path))])
         except KeyboardInterrupt:
-            return 130
-        return 0
+            return ExitCode.INTERRUPTED
+        return ExitCode.OK
     if not path.exists():
         print(f"{path}: not written yet (job {job}: {describe(run_dir)['state']})", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     text = path.read_text(errors="replace")
     if a.lines:
         text = "\n".join(text.splitlines()[-a.lines:]) + "\n"
     sys.stdout.write(text)
-    return 0
+    return ExitCode.OK
 
 
 # ------------------------------------------------------------------ cancel
@@ -278,7 +281,7 @@ def cancel(args: list[str]) -> int:
         run_dir = resolve(a.run, a.root)
     except NotFound as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     info = describe(run_dir)
     if info.get("kind") == "local":
         from .local_status import cancel_local
@@ -287,11 +290,11 @@ def cancel(args: list[str]) -> int:
     job = info["job_id"]
     if not job or info["state"] in TERMINAL:
         print(f"run '{info['name']}' (job {job}) already ended: {info['state']}")
-        return 0
+        return ExitCode.OK
     proc = slurm(["scancel", job])
     if proc.returncode != 0:
         print(f"error: scancel {job} failed: {proc.stderr.strip()}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     deadline = time.monotonic() + a.timeout
     while time.monotonic() < deadline:
         sched = scheduler_job(job)
@@ -304,7 +307,7 @@ def cancel(args: list[str]) -> int:
     if read_status(run_dir).get("state") != "CANCELLED":
         write_status(run_dir, "CANCELLED", message=f"cancelled with launch.py cancel (scancel {job})")
     print(f"cancelled job {job} (run '{info['name']}'); state {describe(run_dir)['state']}")
-    return 0
+    return ExitCode.OK
 
 
 # ------------------------------------------------------------------ cluster.wait=true
@@ -330,9 +333,9 @@ def wait_for_job(run_dir: Path, job_id: str, t_command: float) -> int:
                     on_line=on_line)
     except KeyboardInterrupt:
         print(f"\nstopped waiting; job {job_id} keeps running: python launch.py cancel {job_id}", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     state, _ = effective_state(st, scheduler_job(job_id))
     print(f"job {job_id} ended: {state}" + (f" — {st['message']}" if st.get("message") else ""), flush=True)
     if state == "COMPLETED":
-        return 0
-    return int(st.get("exit_code") or 1) if state != "CANCELLED" else 130
+        return ExitCode.OK
+    return int(st.get("exit_code") or ExitCode.FAILED) if state != "CANCELLED" else ExitCode.INTERRUPTED

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..spec.schema import RunSpec
 from . import rundir
@@ -16,13 +17,13 @@ from . import rundir
 def run_local(spec: RunSpec, plan: Plan) -> int:
     if spec.dry_run:
         print("dry run: nothing started")
-        return 0
+        return ExitCode.OK
     try:  # one live process per run dir (a Slurm job of the same run counts too)
         rundir.acquire_run_lock(plan.run_dir, "local")
     except rundir.RunBusy as holder:
         print(f"error: run '{spec.name}' is already in use by {holder} (run dir {plan.run_dir}); "
               f"wait for it, cancel it, or pick another name=", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     try:
         rundir.prepare(spec, plan)
         private_ray_token(plan)

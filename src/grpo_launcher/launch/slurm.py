@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..spec.schema import RunSpec
 from . import rundir
@@ -43,18 +44,18 @@ def submit_slurm(spec: RunSpec, plan: Plan) -> int:
     if spec.dry_run:
         print(f"dry run: the sbatch script that would be submitted ({script_path(plan)}):\n")
         print(script)
-        return 0
+        return ExitCode.OK
     if shutil.which("sbatch") is None:
         print("error: sbatch not found on PATH (cluster=slurm submits with sbatch; for the local test cluster: "
               "bash scripts/local-slurm.sh install && bash scripts/local-slurm.sh start)", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     try:  # atomic: of two launches of one run at once, one gets the run dir; the job holds it from here on
         rundir.acquire_run_lock(plan.run_dir, "slurm")
     except rundir.RunBusy as holder:
         print(f"error: run '{spec.name}' is already in use by {holder} (its run dir {plan.run_dir} "
               f"would be shared); `python launch.py cancel {spec.name}` first, or pick another name=",
               file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     try:
         return _submit_locked(spec, plan, script)
     except BaseException:
@@ -78,7 +79,7 @@ def _submit_locked(spec: RunSpec, plan: Plan, script: str) -> int:
     if proc.returncode != 0:
         print(f"sbatch failed ({proc.returncode}): {proc.stderr.strip()}", file=sys.stderr)
         rundir.release_run_lock(plan.run_dir)
-        return 1
+        return ExitCode.FAILED
     job_id = proc.stdout.strip().split(";")[0]
     rundir.record_job(plan.run_dir, job_id)
     write_status(plan.run_dir, "SUBMITTED", reset=True, job_id=job_id, name=spec.name, run_dir=str(plan.run_dir),
@@ -94,4 +95,4 @@ def _submit_locked(spec: RunSpec, plan: Plan, script: str) -> int:
         from .cli import wait_for_job
 
         return wait_for_job(plan.run_dir, job_id, t_command=T_COMMAND)
-    return 0
+    return ExitCode.OK

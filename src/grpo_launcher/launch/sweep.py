@@ -16,9 +16,11 @@ from typing import Optional, Sequence
 
 from omegaconf import DictConfig
 
+from ..exit_codes import ExitCode
 from ..spec.compose import ConfigSource, to_spec
-from ..spec.errors import ConfigError
+from ..spec.errors import ConfigError, Violation
 from ..spec.schema import RunSpec
+from ..tracking import metric_names
 
 EXCLUDED_FROM_NAME = ("name", "output_root", "dry_run", "cluster.wait")
 PARENT_ENV = "GRPO_PARENT_RUN_ID"
@@ -39,16 +41,16 @@ def multirun(overrides: list[str], source: Optional[ConfigSource] = None, hydra_
     bad = base_problems(args, source)
     if bad:
         print(ConfigError(bad).render(), file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG_ERROR
     app = hydra.main(config_path=str(source.conf_dir), config_name=source.config_name, version_base="1.3")(run_point)
     saved, sys.argv = sys.argv, [sys.argv[0], "--multirun", *hydra_flags, *source.overrides(), *args]
     try:
         app()
     except SystemExit as exc:
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+        return int(exc.code or ExitCode.OK) if not isinstance(exc.code, str) else ExitCode.FAILED
     finally:
         sys.argv = saved
-    return 0
+    return ExitCode.OK
 
 
 def base_problems(args: list[str], source: ConfigSource) -> list:
@@ -62,12 +64,27 @@ def base_problems(args: list[str], source: ConfigSource) -> list:
     if bad:
         return bad
     parser = OverridesParser.create()
-    fixed = [a for a, ov in zip(args, parser.parse_overrides(args)) if not ov.is_sweep_override()]
+    parsed = parser.parse_overrides(args)
+    objectives = [ov.value() for ov in parsed if ov.key_or_group == "hydra.sweeper.objective"]
+    bad = [v for name in objectives for v in objective_problems(name)]
+    if bad:
+        return bad
+    fixed = [a for a, ov in zip(args, parsed) if not ov.is_sweep_override()]
     try:
         compose([a for a in fixed if not a.startswith("hydra")], source=source)
     except ConfigError as err:
         return err.violations
     return []
+
+
+def objective_problems(objective: object) -> list[Violation]:
+    """The Optuna objective must be a metric a run logs (tracking/metric_names.py): with a typo every trial would
+    run to its end and then fail."""
+    if isinstance(objective, str) and metric_names.is_metric(objective):
+        return []
+    return [Violation("sweep_objective_is_logged", ("hydra.sweeper.objective",),
+                      f"{objective!r} is not a metric a run logs, so no trial could report it",
+                      f"use one of: {', '.join(sorted(metric_names.METRICS))} (or time/<phase>_s)")]
 
 
 def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:
@@ -95,7 +112,7 @@ def run_point(cfg: DictConfig) -> Optional[float]:
 
     spec, plan = preflight_config(cfg, task_overrides())
     code = execute(spec, plan)
-    if code != 0:
+    if code != ExitCode.OK:
         raise RuntimeError(f"run {spec.name} exited with {code}")
     return read_objective(plan.run_dir, objective_metric())
 
@@ -130,7 +147,7 @@ def check_points(checked: Sequence[tuple], overrides: Sequence[Sequence[str]]) -
     problems = [f"point [{' '.join(ov)}]:\n" + "\n".join(p) for (_, p), ov in zip(checked, overrides) if p]
     if problems:
         print("config error: sweep not launched, no point was started\n" + "\n".join(problems), file=sys.stderr)
-        sys.exit(2)  # SystemExit passes through Hydra's error reporting: no traceback
+        sys.exit(ExitCode.CONFIG_ERROR)  # SystemExit passes through Hydra's error reporting: no traceback
 
 
 def sweep_parent_run(spec: RunSpec, sweep_dir: Path) -> Optional[str]:
@@ -173,7 +190,7 @@ def end_sweep_parent_run(spec: RunSpec, sweep_dir: Path, ok: bool) -> Optional[s
 
 
 def objective_metric() -> str:
-    return os.environ.get("GRPO_OBJECTIVE_METRIC", "val/reward_mean")
+    return os.environ.get("GRPO_OBJECTIVE_METRIC", metric_names.VAL_REWARD_MEAN)
 
 
 def read_objective(run_dir: Path, metric: str) -> Optional[float]:

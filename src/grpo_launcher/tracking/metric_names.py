@@ -1,0 +1,63 @@
+"""The names of the metrics a run logs (MLflow, the per-step line, summary.json): one list.
+
+The driver (train/driver.py) and the policy workers produce them; checkpoint.metric (spec/rules.py), the
+Optuna objective (hydra.sweeper.objective, checked at the sweep's pre-flight: launch/sweep.py) and the
+curve (tracking/plot.py) name them. tests/test_sweeps.py checks a real run's summary.json against this list.
+"""
+
+from __future__ import annotations
+
+# per step: rollout and scoring (train/driver.py make_batch, step)
+TRAIN_REWARD_MEAN = "train/reward_mean"
+TRAIN_REWARD_STD = "train/reward_std"
+TRAIN_ACCURACY = "train/accuracy"
+TRAIN_ADV_MEAN = "train/adv_mean"
+TRAIN_ADV_STD = "train/adv_std"
+TRAIN_ADV_ABS_MAX = "train/adv_abs_max"
+TRAIN_GEN_LEN_MEAN = "train/gen_len_mean"
+TRAIN_TRUNCATION_RATE = "train/truncation_rate"
+TRAIN_DYNAMIC_SAMPLING_ROUNDS = "train/dynamic_sampling_rounds"
+TRAIN_TOKENS_PER_S = "train/tokens_per_s"
+# per step: the policy update (algos.policy_loss's metrics, combined over micro-batches and ranks)
+TRAIN_LOSS = "train/loss"
+TRAIN_PG_LOSS = "train/pg_loss"
+TRAIN_KL = "train/kl"
+TRAIN_CLIP_FRACTION = "train/clip_fraction"
+TRAIN_RATIO_MEAN = "train/ratio_mean"
+TRAIN_RATIO_MAX = "train/ratio_max"
+TRAIN_ENTROPY = "train/entropy"
+TRAIN_GRAD_NORM = "train/grad_norm"
+TRAIN_LR = "train/lr"
+TRAIN_SKIPPED_OPTIMIZER_STEPS = "train/skipped_optimizer_steps"  # = algos.SKIPPED_STEPS_METRIC
+TRAIN_LOGPROBS_FROM_UPDATE = "train/logprobs_from_update"
+TRAIN_GEN_VS_POLICY_LOGPROB_ABSDIFF = "train/gen_vs_policy_logprob_absdiff"
+# per step: the rollout pipeline, the same keys in sync and async GRPO (train/async_loop.py)
+TRAIN_POLICY_VERSION = "train/policy_version"
+BUFFER_DEPTH = "buffer/depth"
+BUFFER_SAMPLE_AGE_MEAN = "buffer/sample_age_mean"
+BUFFER_SAMPLE_AGE_MAX = "buffer/sample_age_max"
+# validation (every grpo.val_period steps)
+VAL_REWARD_MEAN = "val/reward_mean"
+VAL_ACCURACY = "val/accuracy"
+VAL_SAMPLES = "val/samples"
+# env=nemo_gym (gym/trainer.py)
+GYM_FAILED_ROLLOUTS = "gym/failed_rollouts"
+GYM_NON_CONTIGUOUS_SAMPLES = "gym/non_contiguous_samples"
+GYM_ENV_MASKED_SAMPLES = "gym/env_masked_samples"
+GYM_TURNS_MEAN = "gym/turns_mean"
+GYM_MULTI_TURN_SAMPLES = "gym/multi_turn_samples"
+GYM_TRAINABLE_SAMPLES = "gym/trainable_samples"
+# wall time: time/<phase>_s per phase of the step (rollout, score, logprobs, update, refit, log), time/step_s
+TIME_PREFIX = "time/"
+TIME_STEP_S = "time/step_s"
+TIME_REFIT_MS = "time/refit_ms"
+TIME_TRAINER_IDLE_S = "time/trainer_idle_s"
+TIME_GENERATION_IDLE_S = "time/generation_idle_s"
+
+METRICS: frozenset[str] = frozenset(v for k, v in dict(globals()).items() if k.isupper() and k != "TIME_PREFIX"
+                                    and isinstance(v, str))
+
+
+def is_metric(name: str) -> bool:
+    """A name a run logs: one of METRICS, or a phase's wall time (time/<phase>_s)."""
+    return name in METRICS or (name.startswith(TIME_PREFIX) and name.endswith("_s"))
