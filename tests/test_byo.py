@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, launch
+
 
 # The README's "bring your own" model: a byte-level tokenizer with a ChatML template + a small Qwen2, no hub.
 MAKE_MODEL = '''
@@ -55,12 +56,6 @@ SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "tr
          "train.micro_batch_size=8", "train.logprob_batch_size=16", "grpo.val_batch_size=8",
          "rollout.max_new_tokens=6", "env.max_prompt_tokens=64", "train.max_total_sequence_length=72"]
 EVERY_STEP = ["checkpoint.save_period=1", "grpo.val_period=1"]  # validate and checkpoint each step
-
-
-def launch(cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """`python launch.py ARGS` run from the user's directory `cwd`."""
-    cmd = [sys.executable, str(ROOT / "launch.py"), *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -125,8 +120,8 @@ def test_broken_data_and_reward_all_named_at_once(user):
     del rows[1]["prompt"]
     write_jsonl(user / "train.jsonl", rows, blank_first=True)  # the row without 'prompt' is on line 3
     (user / "broken.py").write_text("def f(prompt, completion):\n    return 1.0 +\n")
-    r = launch(user, *data_args(user, **{"env.reward_fn": "null", "env.reward_fns": "[broken.py:f,rewards.py:nope]",
-                                         "env.reward_weights": "[1.0]"}))
+    r = launch(*data_args(user, **{"env.reward_fn": "null", "env.reward_fns": "[broken.py:f,rewards.py:nope]",
+                                         "env.reward_weights": "[1.0]"}), cwd=user)
     assert r.returncode == 2, r.stderr
     err = r.stderr
     assert "config error" in err and "Traceback" not in err
@@ -232,10 +227,10 @@ def test_bring_your_own_end_to_end(user, model_dir):
     a finished name, extend it, record what ran."""
     args = [*data_args(user, name="h13-byo"), f"model.path={model_dir}", "env.chat_template=true",
             "env.system_prompt=Reverse the digits.", "logging.train_data_log=true", *SMALL, *EVERY_STEP]
-    r = launch(user, *args, "grpo.max_steps=2")
+    r = launch(*args, "grpo.max_steps=2", cwd=user)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = user / "out" / "h13-byo"
-    assert "finished at step 2" in r.stdout and f"run dir" in r.stdout and "reward curve" in r.stdout
+    assert "finished at step 2" in r.stdout and "run dir" in r.stdout and "reward curve" in r.stdout
     assert (run_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # what ran: spec, git commit + uncommitted diff, pip freeze, the user's reward file, the data's hashes
     git = json.loads((run_dir / "repro" / "git.json").read_text())
@@ -249,13 +244,13 @@ def test_bring_your_own_end_to_end(user, model_dir):
     rec = json.loads((run_dir / "train_data" / "train_data_step_000002.jsonl").read_text().splitlines()[0])
     assert rec["content"].startswith("<|im_start|>system\nReverse the digits.<|im_end|>\n<|im_start|>user\n")
     # a local run is found by status/logs, its output is in RUN_DIR/logs/
-    r = launch(user, "status", "h13-byo", "--root", str(user / "out"))
+    r = launch("status", "h13-byo", "--root", str(user / "out"), cwd=user)
     assert r.returncode == 0 and "COMPLETED" in r.stdout and "2/2" in r.stdout, r.stdout + r.stderr
-    r = launch(user, "logs", "h13-byo", "--root", str(user / "out"))
+    r = launch("logs", "h13-byo", "--root", str(user / "out"), cwd=user)
     assert r.returncode == 0 and "step 2/2" in r.stdout and "finished at step 2" in r.stdout, r.stdout + r.stderr
     assert (run_dir / "logs" / "driver-local.log").is_file()
     # export → a plain HF dir with the tokenizer
-    r = launch(user, "export", str(run_dir))
+    r = launch("export", str(run_dir), cwd=user)
     assert r.returncode == 0, r.stderr
     out = Path(r.stdout.split("exported ", 1)[1].split()[0])
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -264,12 +259,12 @@ def test_bring_your_own_end_to_end(user, model_dir):
     assert tok.chat_template and AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
     # the same name again: finished, refused before anything is touched; a larger max_steps extends it
     spec_before = (run_dir / "spec.yaml").read_text()
-    r = launch(user, *args, "grpo.max_steps=3", "env.system_prompt=" + "Reverse the digits please. " * 3)
+    r = launch(*args, "grpo.max_steps=3", "env.system_prompt=" + "Reverse the digits please. " * 3, cwd=user)
     assert r.returncode == 2 and "(chat template on)" in r.stderr and "exceed env.max_prompt_tokens=64" in r.stderr
-    r = launch(user, *args, "grpo.max_steps=2")
+    r = launch(*args, "grpo.max_steps=2", cwd=user)
     assert r.returncode == 2 and "already finished (step 2)" in r.stderr and "checkpoint.resume=fresh" in r.stderr
     assert (run_dir / "spec.yaml").read_text() == spec_before
-    r = launch(user, *args, "grpo.max_steps=3")
+    r = launch(*args, "grpo.max_steps=3", cwd=user)
     assert r.returncode == 0 and "resuming from step_000002" in r.stdout and "finished at step 3" in r.stdout, \
         r.stdout[-2000:] + r.stderr[-2000:]
     assert len(json.loads((run_dir / "repro" / "launches.jsonl").read_text().splitlines()[-1])["commit"]) == 40
@@ -285,9 +280,9 @@ def test_reward_exception_names_function_and_row_and_keeps_checkpoint(user):
                 raise ValueError("cannot parse this one")
             return 0.0
     '''))
-    r = launch(user, *data_args(user, name="h13-flaky", **{"env.reward_fn": "rewards.py:flaky",
+    r = launch(*data_args(user, name="h13-flaky", **{"env.reward_fn": "rewards.py:flaky",
                                                             "env.shuffle": "false"}), *SMALL, "grpo.max_steps=3",
-               "checkpoint.save_period=10", "grpo.val_period=10")  # no checkpoint yet when step 2 fails
+               "checkpoint.save_period=10", "grpo.val_period=10", cwd=user)  # no checkpoint yet when step 2 fails
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     assert "reward function rewards.py:flaky raised ValueError: cannot parse this one" in r.stderr
     assert f"{user / 'train.jsonl'}:6" in r.stderr and "Traceback" not in r.stderr, r.stderr
@@ -357,7 +352,7 @@ def test_registered_subclass_and_user_env_class_score_in_the_worker(user):
     first = json.loads((user / "out" / "h13-sub" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["train/reward_mean"] == 1.0  # AlwaysRight.score ran in the env worker, not MathEnv's
     (user / "my_envs.py").write_text(ENV_FILE)
-    r = launch(user, "env.name=my_envs.py:Parity", "name=h13-cls", *base)
+    r = launch("env.name=my_envs.py:Parity", "name=h13-cls", *base, cwd=user)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     first = json.loads((user / "out" / "h13-cls" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["train/reward_mean"] == 0.25 and first["val/reward_mean"] == 0.25

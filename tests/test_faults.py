@@ -28,9 +28,8 @@ from grpo_launcher.checkpoint import CheckpointManager, CheckpointRefused, verif
 from grpo_launcher.checkpoint.manager import MANIFEST, META
 from grpo_launcher.spec.schema import CheckpointSpec, RunSpec
 
-from conftest import wait_until  # noqa: E402
+from helpers import ROOT, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 

@@ -3,19 +3,12 @@ the repo, hydra.run.dir refused with its reason, the subcommands, and model.path
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def launch(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})}, cwd=cwd)
+from helpers import launch
 
 
 def no_traceback(p: subprocess.CompletedProcess) -> bool:

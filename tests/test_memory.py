@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import replace
 
 import pytest
@@ -11,6 +10,7 @@ from grpo_launcher.spec import memory as mem
 from grpo_launcher.spec.compose import compose, load_spec, to_spec
 from grpo_launcher.spec.errors import ConfigError
 from grpo_launcher.spec.schema import ModelSpec, Precision, RunSpec, TrainBackend, TrainSpec
+from helpers import launch
 
 NANOV3 = ["+recipe=nanov3", "cluster=slurm", "dry_run=true"]
 LLAMA_1B = ModelSpec(name="llama1b", family="llama", num_layers=24, hidden_size=2048, num_attention_heads=16,
@@ -179,11 +179,11 @@ def test_cpu_runs_have_no_gpu_budget():
     assert mem.violations(spec) == [] and mem.report(spec) == "memory per GPU: CPU run (no GPU budget)"
 
 
-def test_cli_dry_run_prints_the_line_and_refuses_2_nodes(launch_cmd):
-    p = subprocess.run([*launch_cmd, *NANOV3], capture_output=True, text=True, timeout=120)
+def test_cli_dry_run_prints_the_line_and_refuses_2_nodes():
+    p = launch(*NANOV3, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "memory per GPU: policy " in p.stdout and "GiB of 79.6 GiB (" in p.stdout
     assert "host RAM per node" in p.stdout and "extrapolated" in p.stdout
-    p = subprocess.run([*launch_cmd, *NANOV3, "cluster.nodes=2"], capture_output=True, text=True, timeout=120)
+    p = launch(*NANOV3, "cluster.nodes=2", timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("config error")
     assert "gpu_memory_fits" in p.stderr and "cluster.nodes=" in p.stderr and "Traceback" not in p.stderr

@@ -40,9 +40,8 @@ from grpo_launcher.plan import make_plan
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.rules import validate
 
-from conftest import wait_until  # noqa: E402
+from helpers import ROOT, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 NODES = ("n1", "n2")
 RAY_TMP = "/tmp/grpo-ray"  # conf/cluster/local_slurm.yaml
