@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 ROOT = Path(__file__).resolve().parents[1]
 # 10 layers x hidden 1024 (16 heads of 64, 4 KV heads), FFN 2816: 113M parameters
 MODEL = ["model.num_layers=10", "model.hidden_size=1024", "model.num_attention_heads=16", "model.num_kv_heads=4",
-         "model.ffn_hidden_size=2816", "model.warm_start_steps=80"]
+         "model.ffn_hidden_size=2816", "model.warm_start_steps=150"]
 GPU_RUN = ["cluster.gpus_per_node=1", "train.precision=bfloat16", "logging.mlflow=false", "train.lr=3e-5",
-           "grpo.max_steps=200", "grpo.val_period=50", "checkpoint.save_period=100"]
+           "grpo.max_steps=300", "grpo.val_period=50", "checkpoint.save_period=100"]
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -66,9 +66,9 @@ def warm_start(model, tokenizer, examples: list[tuple[str, str]], seed: int, ste
         width = max(map(len, seqs))
         ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs], device=dev)
         labels = ids.clone()
-        for i, (p, s) in enumerate(zip(prompts, seqs)):
-            labels[i, : len(p)] = -100  # loss on the answer and EOS only
-            labels[i, len(s):] = -100
+        for row, (p, s) in enumerate(zip(prompts, seqs)):
+            labels[row, : len(p)] = -100  # loss on the answer and EOS only
+            labels[row, len(s):] = -100
         loss = model(input_ids=ids, attention_mask=(labels != -100) | (ids != tokenizer.pad_token_id), labels=labels).loss
         opt.zero_grad()
         loss.backward()
