@@ -86,8 +86,8 @@ GIB = 2**30
 
 # Constants the calibration may adjust (benchmarks/results/memory.md says how they were checked).
 ALLOCATOR_SLACK = 0.10  # reserved = allocated + this × the phase's transient part (caching-allocator fragmentation)
-CUDA_CONTEXT_GIB = 0.6  # one process's CUDA context + cuBLAS/cuDNN handles, outside torch's counters
-NCCL_GIB = 0.5  # NCCL communicator buffers of one process in a distributed job
+CUDA_CONTEXT_GIB = 0.75  # one process's CUDA context + cuBLAS handles outside torch's counters (H200: 0.75 measured)
+NCCL_GIB = 1.3  # NCCL communicators of one process: a distributed job, or megatron (NCCL even at world 1; 1.31 measured)
 VLLM_ACTIVATION_GIB = 1.5  # vLLM's profiled forward peak inside its budget (max_num_batched_tokens=8192)
 VLLM_CUDA_GRAPH_GIB = 1.0  # captured CUDA graphs (enforce_eager=false)
 HOST_PROCESS_GIB = 2.0  # resident footprint of one GPU process (CUDA/torch/library pages)
@@ -559,7 +559,8 @@ def estimate(spec: RunSpec) -> Estimate:
     rollout_estimate(spec, est)
     host_estimate(spec, est)
     if est.use_gpus:
-        est.context_gib += CUDA_CONTEXT_GIB + (NCCL_GIB if layout_of(spec).world > 1 else 0)
+        nccl = layout_of(spec).world > 1 or spec.train.backend == TrainBackend.megatron
+        est.context_gib += CUDA_CONTEXT_GIB + (NCCL_GIB if nccl else 0)
         if spec.rollout.backend == RolloutBackend.vllm and est.device_gib is None:
             est.context_gib += CUDA_CONTEXT_GIB  # inside vLLM's budget when the budget is known
     est.peak_phase = est.policy_phase
