@@ -22,7 +22,8 @@ JOBS="${JOBS:-$(nproc)}"
 # servers whose dependencies go into the shared venv: "type/dir" as in Gym's wheel; the pip extras they need
 SERVERS=(responses_api_models/vllm_model responses_api_agents/simple_agent environment_servers/legacy_agent
          resources_servers/math_with_judge resources_servers/example_single_tool_call
-         resources_servers/example_multi_step)
+         resources_servers/example_multi_step
+         resources_servers/mcqa resources_servers/workplace_assistant)  # + two of the Nano v3 recipe's six
 EXTRA_PIP=(math-verify==0.8.0)
 
 log() { echo "gym-install: $*" >&2; }

@@ -6,7 +6,8 @@
     samples.py    a /run result → a sample: the engine's token ids, logprobs, per-token loss mask, contiguity
     env.py        GymEnv: Gym JSONL rows per step
     trainer.py    GymTrainer: the driver's loop with Gym for rollouts and rewards
-    serving.py    what our HTTP server needs for Gym (chat template, tool-call parser)
+    serving.py    what our HTTP server needs for Gym (chat template, tool-call parser, the prefix-token route:
+                  turn k+1's prompt keeps the engine's own tokens of turns 1..k)
     preflight.py  checks before launch (files, install, one agent per agent_ref)
 """
 
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 
 def register_env() -> None:
-    """Make env.name=nemo_gym constructible through the env registry (envs.ENVS) in this process."""
-    from ..envs import ENVS
-    from .env import GymEnv
+    """env.name=nemo_gym is in the env registry already (envs.LAZY_ENVS: GymEnv, imported on first use); this
+    imports it now (kept for callers from before the registry entry)."""
+    from ..envs import env_class
 
-    ENVS.setdefault("nemo_gym", GymEnv)
+    env_class("nemo_gym")
 
 
 def installed() -> bool:

@@ -55,6 +55,15 @@ def to_prompt(row: dict, index: int) -> GymPrompt:
 
 
 class GymEnv:
+    """env.name=nemo_gym in the env registry (envs.LAZY_ENVS); its loop is GymTrainer (`trainer_class`)."""
+
+    @staticmethod
+    def trainer_class() -> type:
+        """The driver's loop for this env: Gym's servers around it, rollouts and rewards through Gym's agents."""
+        from .trainer import GymTrainer  # imports train.driver: not at module import (the registry imports us)
+
+        return GymTrainer
+
     def __init__(self, spec, seed: int = 0):
         self.spec, self.seed = spec, seed
         self.train = [to_prompt(r, i) for i, r in enumerate(load_rows(spec.train_path))]

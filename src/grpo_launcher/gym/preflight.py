@@ -83,6 +83,13 @@ def check(s) -> Iterator[Problem]:
         yield (("env.gym_start_timeout_s",), f"must be > 0, got {e.gym_start_timeout_s}", "e.g. 600")
     if s.dry_run:
         return
+    host = str(s.rollout.http_host)
+    if getattr(s.cluster.kind, "value", s.cluster.kind) != "local" and s.cluster.nodes > 1 and is_loopback(host):
+        yield (("rollout.http_host", "cluster.nodes"),
+               f"the engines on nodes 2..{s.cluster.nodes} would serve on {host}, which NeMo Gym's servers (on the "
+               "head node) cannot reach",
+               "set rollout.http_host=0.0.0.0 (each engine then publishes its node's address; requests need the run's "
+               "API key, rollout.http_api_key or a fresh one per run) or cluster.nodes=1")
     inst = find_install()
     blocks: dict = {}
     if inst is not None:
@@ -126,3 +133,14 @@ def check(s) -> Iterator[Problem]:
             yield ((f"env.{key}", "env.gym_tool_call_parser"),
                    f"{path} has rows with tools, and vLLM answers 400 to tool requests without a tool-call parser",
                    "set env.gym_tool_call_parser (e.g. pythonic, hermes, qwen3_coder: the model's format)")
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

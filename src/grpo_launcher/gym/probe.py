@@ -116,12 +116,16 @@ def main(argv: list[str]) -> int:
                       add_special_tokens=False)["input_ids"] for r in rows]
         ok = [g for g in gens if not g.failed]
         lps = policy_logprobs(model_dir, ok)
-        diffs = [abs(a - b) for g, ref in zip(ok, lps) for a, b, m in zip(g.logprobs, ref, g.loss_mask) if m]
-        worst = max(((abs(a - b), g.turns, j, a, b) for g, ref in zip(ok, lps)
-                     for j, (a, b, m) in enumerate(zip(g.logprobs, ref, g.loss_mask)) if m), default=None)
-        report["worst_logprob"] = worst and {"diff": worst[0], "turns": worst[1], "position": worst[2],
-                                             "engine": worst[3], "policy": worst[4]}
+        # per policy token: |engine - policy|, on the samples the trainer uses (contiguous) and, apart, on the
+        # non-contiguous ones (masked in training: their rebuilt sequence is not what the engine saw)
+        tokens = [token_row(g, i, j, a, b) for i, (g, ref) in enumerate(zip(ok, lps))
+                  for j, (a, b, m) in enumerate(zip(g.logprobs, ref, g.loss_mask)) if m]
+        diffs = [t["diff"] for t in tokens if t["contiguous"]]
+        report["worst_logprob"] = max((t for t in tokens if t["contiguous"]), key=lambda t: t["diff"], default=None)
         report["logprob_diff_over_1e-4"] = sum(d > 1e-4 for d in diffs)
+        report["outliers"] = [t for t in tokens if t["diff"] > 1e-4][:40]
+        report["non_contiguous_tokens_over_1e-4"] = sum(t["diff"] > 1e-4 for t in tokens if not t["contiguous"])
+        report["prefix_route"] = os.environ.get("GRPO_GYM_PREFIX_ROUTE", "1") != "0"
         report.update({
             "rollouts": len(gens), "failed": stats.failed, "errors": stats.errors[:5],
             "non_contiguous": stats.non_contiguous, "turns": sorted({g.turns for g in gens}),
@@ -133,6 +137,13 @@ def main(argv: list[str]) -> int:
             "example_multi_turn": next((tok.decode(g.prompt_ids + g.response_ids) for g in gens if g.turns > 1), None),
             "agent_refs": sorted({g.agent_ref for g in gens}),
             "eos_terminated": sum(bool(g.response_ids) and g.response_ids[-1] == tok.eos_token_id for g in ok)})
+        report["non_contiguous_breaks"] = [
+            {"sample": i, "turns": g.turns, "at": g.break_at,
+             "engine_tokens": tok.decode((g.prompt_ids + g.response_ids)[max(0, g.break_at - 8): g.break_at + 4]),
+             "turn_1_ended_with_eos": (g.response_ids[: list(g.loss_mask).index(0)] if 0 in g.loss_mask
+                                       else g.response_ids)[-1:] == [tok.eos_token_id]}
+            for i, g in enumerate(ok) if not g.contiguous][:10]
+        report["prefix_route_check"] = prefix_route_check(worker.http_url(), spec.model.name, tok, template)
         if kill:
             victim = next(i for i in servers.instances if i.get("server_type") == "resources_servers")
             os.kill(int(victim["pid"]), signal.SIGKILL)
@@ -154,6 +165,44 @@ def main(argv: list[str]) -> int:
     out_path.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     return 0
+
+
+def prefix_route_check(base_url: str, model: str, tok, template: str) -> dict:
+    """The engine's own /tokenize (chat form, what Gym reads a turn's prompt ids from) on a 2-turn history whose
+    assistant turn does not survive detokenise + re-tokenise (it ends in a lone byte 0xff, invalid UTF-8: the text
+    Gym sends back holds U+FFFD, three other bytes): with the prefix-token route the next prompt starts with
+    exactly the engine's tokens; stock vLLM re-tokenises the text (what the reference doc measured: 0 of 6 kept)."""
+    import requests
+
+    user = [{"role": "user", "content": "weather in oslo?"}]
+    prompt = tok(tok.apply_chat_template(user, chat_template=template, add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    lone = tok.convert_tokens_to_ids("\u00ff")  # byte-level BPE's symbol for the byte 0xff
+    gen = tok("sunny", add_special_tokens=False)["input_ids"] + [lone, tok.eos_token_id]
+    text = tok.decode(gen[:-1])
+    canonical = tok(text, add_special_tokens=False)["input_ids"]
+    messages = [*user, {"role": "assistant", "content": text, "prompt_token_ids": prompt, "generation_token_ids": gen,
+                        "generation_log_probs": [0.0] * len(gen)}, {"role": "user", "content": "and tomorrow?"}]
+    r = requests.post(base_url.rsplit("/v1", 1)[0] + "/tokenize",
+                      json={"model": model, "messages": messages, "add_generation_prompt": True}, timeout=60)
+    r.raise_for_status()
+    ids = r.json()["tokens"]
+    return {"kept": ids[: len(prompt) + len(gen)] == prompt + gen, "generated_as": len(gen) - 1,
+            "canonical_tokens": len(canonical), "prompt_tokens": len(ids)}
+
+
+def token_row(g, sample: int, j: int, engine: float, policy: float) -> dict:
+    """One policy token of a sample: where it is (turn k of the rollout, position within that turn)."""
+    turn, pos, prev = 0, 0, 0
+    for m in g.loss_mask[: j + 1]:
+        if m and not prev:
+            turn, pos = turn + 1, 0
+        elif m:
+            pos += 1
+        prev = m
+    return {"diff": abs(engine - policy), "engine": engine, "policy": policy, "sample": sample, "turns": g.turns,
+            "turn": turn, "position_in_turn": pos, "position": len(g.prompt_ids) + j, "token": g.response_ids[j],
+            "contiguous": g.contiguous, "agent_ref": g.agent_ref}
 
 
 def _left(servers) -> list[int]:

@@ -42,6 +42,7 @@ class GymGeneration(Generation):
     contiguous: bool = True
     mask_sample: bool = False  # Gym's "the environment failed, not the policy" flag
     failed: str = ""  # why the rollout could not be used ("" = fine): agent error, no token ids, ...
+    break_at: int = -1  # non-contiguous: the first position where a turn's prompt leaves the tokens before it
 
     @property
     def trainable(self) -> bool:
@@ -83,7 +84,7 @@ def to_generation(result: dict, row: dict, max_model_len: Optional[int] = None) 
     resp: list[int] = []
     mask: list[int] = []
     lps: list[float] = []
-    contiguous = True
+    contiguous, break_at = True, -1
     for k, it in enumerate(items):
         p = [int(t) for t in it.get("prompt_token_ids") or []]
         g = [int(t) for t in it["generation_token_ids"]]
@@ -91,11 +92,11 @@ def to_generation(result: dict, row: dict, max_model_len: Optional[int] = None) 
         if len(lp) != len(g):
             return failed_generation(row, f"turn {k + 1}: {len(g)} generated tokens but {len(lp)} logprobs", reward)
         if k > 0:
-            if p[: len(seen)] != seen:
-                contiguous = False  # the history was re-tokenised differently: keep the ids, mask the sample
-                new = p[len(seen):]
-            else:
-                new = p[len(seen):]
+            if p[: len(seen)] != seen:  # the history was re-tokenised differently: keep the ids, mask the sample
+                if contiguous:
+                    break_at = next((i for i, (a, b) in enumerate(zip(p, seen)) if a != b), min(len(p), len(seen)))
+                contiguous = False
+            new = p[len(seen):]
             resp += new
             mask += [0] * len(new)
             lps += [0.0] * len(new)
@@ -107,7 +108,7 @@ def to_generation(result: dict, row: dict, max_model_len: Optional[int] = None) 
     truncated = is_truncated(response) or (max_model_len is not None and len(prompt) + len(resp) >= max_model_len)
     return GymGeneration(prompt_ids=prompt, response_ids=resp, logprobs=lps, truncated=bool(truncated),
                          loss_mask=tuple(mask), reward=reward, agent_ref=agent, turns=len(items),
-                         contiguous=contiguous, mask_sample=bool(result.get("mask_sample")))
+                         contiguous=contiguous, mask_sample=bool(result.get("mask_sample")), break_at=break_at)
 
 
 def failed_generation(row: dict, why: str, reward: float = 0.0) -> GymGeneration:  # noqa: ARG001

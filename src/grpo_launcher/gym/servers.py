@@ -135,7 +135,8 @@ class GymServers:
         proc = subprocess.Popen([str(inst.bin / "gym"), "env", "start"], cwd=workdir, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=_die_with_parent)
-        (workdir / "gym.pid").write_text(f"{proc.pid}\n")
+        # "PID HOST": launch/job.sh stops a Gym the driver left behind by this PID, on this host only
+        (workdir / "gym.pid").write_text(f"{proc.pid} {socket.gethostname()}\n")
         self = cls(inst=inst, workdir=workdir, proc=proc, head_url=f"http://{_url_host(host)}:{head_port}",
                    log_path=log_path, _log=log, ray_tmp=ray_tmp)
         try:

@@ -4,12 +4,15 @@
 * `--chat-template` when the tokenizer has none (the tiny model's byte-level tokenizer ships none; Gym only
   speaks chat, and vLLM refuses chat requests without a template): data/chatml.jinja;
 * `--enable-auto-tool-choice --tool-call-parser P` when env.gym_tool_call_parser is set (tool environments send
-  `tool_choice: auto`; without a parser vLLM answers 400 and every `/run` fails with 500).
+  `tool_choice: auto`; without a parser vLLM answers 400 and every `/run` fails with 500);
+* the prefix-token route (install_prefix_route, below): a multi-turn request's prompt keeps the engine's own
+  tokens of the turns before, as NeMo-RL's `required_prefix_token_ids` server does (GRPO_GYM_PREFIX_ROUTE=0: off).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 CHATML = Path(__file__).parent / "data" / "chatml.jinja"
@@ -28,6 +31,8 @@ def has_chat_template(model_dir: str | Path) -> bool:
 def http_server_args(spec, model_dir: str | Path) -> list[str]:
     if str(spec.env.name) != "nemo_gym":
         return []
+    if os.environ.get("GRPO_GYM_PREFIX_ROUTE", "1") != "0":  # 0: stock rendering (the benchmark's comparison)
+        install_prefix_route()  # this runs in the engine's process, before its server is built
     args: list[str] = []
     if not has_chat_template(model_dir):
         args += ["--chat-template", str(CHATML)]
@@ -35,3 +40,99 @@ def http_server_args(spec, model_dir: str | Path) -> list[str]:
     if parser:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     return args
+
+
+# ---------------------------------------------------------------------------- multi-turn: the engine's own tokens
+# Stock vLLM renders a chat request's whole history through the chat template and tokenises the text again, so a
+# turn's prompt need not start with the tokens the engine produced on the turns before (byte-level BPE merges
+# differently; a parser's tool call is re-rendered). NeMo-RL serves Gym from a patched chat server that takes
+# `required_prefix_token_ids` (or, as Gym sends them, the `prompt_token_ids` + `generation_token_ids` on the last
+# assistant message it produced) and renders the prompt as exactly those tokens followed by the template's text
+# from that message's end-of-turn token on. `install_prefix_route()` does the same on our engine's server: it wraps
+# vLLM's OnlineRenderer.preprocess_chat, which both /v1/chat/completions and /tokenize (chat form) go through, so
+# the prompt the engine generates from and the prompt ids Gym reads back are the same spliced sequence.
+
+PREFIX_FIELD = "required_prefix_token_ids"
+
+
+def required_prefix(request, messages) -> list[int] | None:
+    """The token prefix a chat request must keep: the body's required_prefix_token_ids, else the last message that
+    carries Gym's token information (its call's prompt ids + generation ids), else None."""
+    ids = getattr(request, PREFIX_FIELD, None)
+    if ids is None:
+        extra = getattr(request, "model_extra", None) or {}
+        ids = extra.get(PREFIX_FIELD)
+    if ids:
+        return [int(t) for t in ids]
+    for m in reversed(list(messages or [])):
+        if isinstance(m, dict) and m.get("prompt_token_ids") is not None and m.get("generation_token_ids") is not None:
+            return [int(t) for t in m["prompt_token_ids"]] + [int(t) for t in m["generation_token_ids"]]
+    return None
+
+
+def splice_prefix(model_prefix: list[int], template_prefix: list[int], template: list[int], eos_id: int) -> list[int]:
+    """The engine's tokens up to (not including) their end-of-turn token, then the template's rendering from the
+    end-of-turn token that closes the same message on.
+
+    model_prefix:    the previous call's prompt + generation, as the engine produced them (EOS last when it stopped)
+    template_prefix: the template's rendering of the history up to and including that assistant message
+    template:        the template's rendering of the whole request
+    """
+    if not model_prefix:
+        return list(template)
+    cut = len(model_prefix) - (1 if model_prefix[-1] == eos_id else 0)
+    common = 0  # the two renderings agree up to the history's end (the generation prompt or the next turn differ)
+    while common < min(len(template_prefix), len(template)) and template_prefix[common] == template[common]:
+        common += 1
+    start = next((i for i in reversed(range(common)) if template[i] == eos_id), -1)
+    if start < 0:
+        raise ValueError("the chat template put no end-of-turn token after the assistant message; cannot keep the "
+                         "engine's own tokens as the prompt's prefix")
+    return list(model_prefix[:cut]) + list(template[start:])
+
+
+_INSTALLED = False
+
+
+def install_prefix_route() -> bool:
+    """Patch vLLM's chat rendering in this process (the engine's) to keep a request's required token prefix.
+    Idempotent; False when this vLLM has no OnlineRenderer.preprocess_chat (then stock behaviour: the samples'
+    contiguity check masks what does not line up)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return True
+    try:
+        from vllm.renderers.online_renderer import OnlineRenderer
+    except ImportError:
+        return False
+    original = getattr(OnlineRenderer, "preprocess_chat", None)
+    if original is None:
+        return False
+    import copy
+
+    async def preprocess_chat(self, request, messages, *args, **kwargs):
+        for m in messages or []:  # vLLM may hold tool_calls as a one-shot iterator: make it a list (copyable)
+            if isinstance(m, dict) and m.get("tool_calls") is not None and not isinstance(m["tool_calls"], list):
+                m["tool_calls"] = list(m["tool_calls"])
+        prefix = required_prefix(request, messages)
+        history = copy.deepcopy(list(messages)) if prefix else None
+        conversation, engine_inputs = await original(self, request, messages, *args, **kwargs)
+        if not prefix or len(engine_inputs) != 1 or "prompt_token_ids" not in engine_inputs[0]:
+            return conversation, engine_inputs
+        last = max((i for i, m in enumerate(history) if isinstance(m, dict) and m.get("role") == "assistant"),
+                   default=None)
+        if last is None:
+            return conversation, engine_inputs
+        _, prefix_inputs = await original(self, request, history[: last + 1], *args, **kwargs)
+        tokenizer = self.renderer.tokenizer
+        ids = splice_prefix(prefix, list(prefix_inputs[0]["prompt_token_ids"]),
+                            list(engine_inputs[0]["prompt_token_ids"]), int(tokenizer.eos_token_id))
+        engine_inputs[0]["prompt_token_ids"] = ids
+        if "prompt" in engine_inputs[0]:
+            engine_inputs[0]["prompt"] = tokenizer.decode(ids)
+        return conversation, engine_inputs
+
+    preprocess_chat.__wrapped__ = original  # type: ignore[attr-defined]
+    OnlineRenderer.preprocess_chat = preprocess_chat
+    _INSTALLED = True
+    return True

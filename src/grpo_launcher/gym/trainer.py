@@ -15,6 +15,7 @@ Everything else (logprobs, update, refit, validation cadence, checkpoints, logs)
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -42,8 +43,9 @@ def start_servers(spec, plan, abort=None) -> GymServers:
     servers = GymServers.start(list(spec.env.gym_config_paths), urls, model, plan.run_dir / "gym", api_key=key,
                                host=host, timeout_s=float(getattr(spec.env, "gym_start_timeout_s", 600.0)),
                                overrides=list(getattr(spec.env, "gym_overrides", []) or []), abort=abort)
-    print(f"grpo-launcher: NeMo Gym ready at {servers.head_url} (agents: {', '.join(sorted(servers.agents()))})",
-          flush=True)
+    node = os.environ.get("SLURMD_NODENAME")  # in a Slurm job: the head node, where the driver's step runs
+    print(f"grpo-launcher: NeMo Gym ready at {servers.head_url}{f' on Slurm node {node}' if node else ''} "
+          f"(agents: {', '.join(sorted(servers.agents()))})", flush=True)
     return servers
 
 

@@ -50,12 +50,28 @@ wait_gone() {  # wait_gone SECONDS PID...: until none of the PIDs runs (conditio
   done
   return 1
 }
+stop_gym() {  # env=nemo_gym: the driver runs NeMo Gym's servers on the head node and stops them by PID; should
+  # it not have (killed, hung), Gym's own process group (`gym env start`, its servers, its Ray) is stopped here
+  # by the PID it recorded ("PID HOST" in RUN_DIR/gym/gym.pid), on that host only, after checking it is Gym's
+  local f="$RUN_DIR/gym/gym.pid" pid host
+  [ -f "$f" ] || return 0
+  read -r pid host < "$f" 2>/dev/null
+  [[ ${pid:-} =~ ^[0-9]+$ ]] || return 0
+  if [ "${host:-}" = "$(hostname)" ] && kill -0 "$pid" 2>/dev/null \
+     && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q 'gym env start'; then
+    say "stopping NeMo Gym (pid $pid), which the driver left running"
+    kill -TERM -- "-$pid" 2>/dev/null
+    wait_gone 30 "$pid" || kill -KILL -- "-$pid" 2>/dev/null
+    rm -f "$f"
+  fi
+}
 stop_all() {  # the driver first (it checkpoints at the end of its step while Ray still runs), then Ray on every node
   local pids=("${!STEP_NODE[@]}") p step
   if [ -n "$DRIVER" ]; then
     kill -TERM "$DRIVER" 2>/dev/null
     wait_gone 60 "$DRIVER" || say "WARNING: the driver did not stop within 60 s"
   fi
+  stop_gym
   for p in "${pids[@]}"; do  # SIGTERM to `ray start --block` itself: it stops its node's Ray cleanly
     step=$(step_id "grpo-ray-${STEP_NODE[$p]}")
     if [ -n "$step" ]; then scancel --signal=TERM "$step" 2>/dev/null; else kill -TERM "$p" 2>/dev/null; fi

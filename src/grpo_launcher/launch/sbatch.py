@@ -54,7 +54,8 @@ BODY = Path(__file__).with_name("job.sh")  # the static bash program (shellcheck
 # what Python, Slurm and the tools need to run, nothing else (no tokens, no cloud credentials by default).
 BASE_EXPORT = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM",
                "SLURM_CONF", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "CUDA_HOME", "HF_HOME",
-               "TRANSFORMERS_CACHE", "XDG_CACHE_HOME")
+               "TRANSFORMERS_CACHE", "XDG_CACHE_HOME",
+               "GYM_HOME")  # env=nemo_gym: where NeMo Gym's own venv is (gym/install.py), when not <repo>/.gym
 
 
 def one_line(text: str, what: str) -> str:
