@@ -1,6 +1,6 @@
 """Environments: where prompts come from and how completions are scored. Registry keyed by env.name.
 
-env.name is a built-in (toy, math, dataset; nemo_gym is planned, not run here), a name registered in
+env.name is a built-in (toy, math, dataset; nemo_gym, imported on first use: LAZY_ENVS), a name registered in
 ENVS by a program that calls launch.main, or a user class "package.module:Class" / "path/to/envs.py:Class"
 implementing the Env protocol (envs/base.py), constructed as Class(env_spec, seed=grpo.seed).
 """
@@ -18,6 +18,9 @@ from .usercode import UserCodeError, is_ref, load_ref
 
 ENVS: dict[str, type] = {"toy": ReverseDigitsEnv, "math": MathEnv, "dataset": DatasetEnv}
 PLANNED_ONLY = ("nemo_gym",)
+# built-ins in an optional part of the package, imported on first use by env_class (NeMo Gym's client is not
+# imported for the other envs); the class may name its loop (trainer_class(): the driver's Trainer subclass)
+LAZY_ENVS: dict[str, str] = {"nemo_gym": "grpo_launcher.gym.env:GymEnv"}
 ENV_METHODS = ("train_prompts", "val_prompts", "score")
 
 
@@ -29,6 +32,11 @@ def env_class(name: str) -> type:
     """The class env.name names: a registered name, or a user class loaded from its module or file."""
     if name in ENVS:
         return ENVS[name]
+    if name in LAZY_ENVS:
+        import importlib
+
+        module, _, attr = LAZY_ENVS[name].partition(":")
+        return ENVS.setdefault(name, getattr(importlib.import_module(module), attr))
     if name in PLANNED_ONLY:
         raise EnvNotAvailable(
             f"env={name} is validated and planned, but running it needs its external servers "
