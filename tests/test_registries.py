@@ -72,9 +72,9 @@ def test_exit_codes_agree_with_the_job_script_and_the_driver() -> None:
     """ExitCode is the one list; the constants not yet moved to it must agree with it."""
     from grpo_launcher.exit_codes import ExitCode
     from grpo_launcher.launch import sbatch
-    from grpo_launcher.train import loop_state
+    from grpo_launcher.train import driver, loop_state
 
-    assert sbatch.REQUEUE_EXIT_CODE == loop_state.REQUEUE_EXIT == ExitCode.REQUEUE
+    assert sbatch.REQUEUE_EXIT_CODE == loop_state.REQUEUE_EXIT == driver.REQUEUE_EXIT == ExitCode.REQUEUE
     assert set(loop_state.EXIT_CODES.values()) == {ExitCode.REQUEUE, ExitCode.TERMINATED, ExitCode.INTERRUPTED}
 
 
