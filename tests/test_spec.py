@@ -83,6 +83,7 @@ def test_nanov3_plan_and_seed_fixes():
 # (overrides, rule, key that must be named). Every rule in RULES appears at least once.
 FAILING = [
     (["grpo.max_steps=0"], "positive_sizes", "grpo.max_steps"),
+    (["cluster=slurm", "cluster.cpus_per_worker=0"], "positive_sizes", "cluster.cpus_per_worker"),
     (["grpo.num_generations_per_prompt=1", "train.global_batch_size=8", "train.micro_batch_size=1",
       "train.logprob_batch_size=1"], "group_size_at_least_two", "grpo.num_generations_per_prompt"),
     (["cluster.nodes=3", "train.backend=megatron", "train.tensor_parallel_size=2"],

@@ -6,6 +6,7 @@ nothing else recomputes world sizes or engine counts.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,14 @@ def devices_per_node(spec: RunSpec) -> int:
     """GPUs per node, or CPU worker slots per node on CPU-only runs."""
     c = spec.cluster
     return c.gpus_per_node if c.gpus_per_node > 0 else c.cpu_workers_per_node
+
+
+def cpus_per_slot(spec: RunSpec) -> float:
+    """A CPU worker slot's cores: cluster.cpus_per_worker, or (0, cluster=local) this machine's cores shared out."""
+    c = spec.cluster
+    if c.cpus_per_worker > 0:
+        return c.cpus_per_worker
+    return float(max(1, len(os.sched_getaffinity(0)) // max(c.cpu_workers_per_node, 1)))
 
 
 def world_size(spec: RunSpec) -> int:
@@ -145,7 +154,7 @@ def make_plan(spec: RunSpec) -> Plan:
     rollouts = spec.grpo.num_prompts_per_step * spec.grpo.num_generations_per_prompt
     root = Path(spec.output_root).resolve()
     run_dir = root / spec.name
-    bundle = {"GPU": 1.0, "CPU": 1.0} if use_gpus else {"CPU": spec.cluster.cpus_per_worker}
+    bundle = {"GPU": 1.0, "CPU": 1.0} if use_gpus else {"CPU": cpus_per_slot(spec)}
     tracking = spec.logging.tracking_uri or f"sqlite:///{root / 'mlflow.db'}"
     a = spec.grpo.async_grpo
     return Plan(

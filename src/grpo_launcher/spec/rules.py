@@ -118,6 +118,9 @@ def positive_sizes(s: RunSpec) -> Iterator[Violation]:
     if s.cluster.gpus_per_node == 0 and s.cluster.cpu_workers_per_node < 1:
         yield V("positive_sizes", "cluster.cpu_workers_per_node", "a CPU run needs ≥ 1 worker slot per node",
                 "set cluster.cpu_workers_per_node=1")
+    if s.cluster.cpus_per_worker < 0 or (s.cluster.cpus_per_worker == 0 and s.cluster.kind != ClusterKind.local):
+        yield V("positive_sizes", "cluster.cpus_per_worker", f"must be > 0 (0, the machine's cores shared out, "
+                f"is for cluster=local only), got {s.cluster.cpus_per_worker}", "set cluster.cpus_per_worker=1")
     if s.grpo.val_period < 0:
         yield V("positive_sizes", "grpo.val_period", "must be ≥ 0 (0 = no periodic validation)",
                 "set grpo.val_period=0 or a positive step count")

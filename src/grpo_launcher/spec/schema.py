@@ -247,7 +247,7 @@ class ClusterSpec:
     nodes: int = 1
     gpus_per_node: int = 0  # 0 = CPU-only run
     cpu_workers_per_node: int = 1  # CPU runs: worker slots per node (a slot stands in for a GPU)
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float = 1.0  # CPU runs: cores per worker slot; 0 (cluster=local) = the cores shared out
     # devices (GPUs; CPU worker slots on a CPU run) of the job's total given to rollout engines alone, after the
     # policy's (non-colocated: needed by grpo.async_grpo); 0 = the engines share the policy's devices (colocated)
     rollout_devices: int = 0

@@ -7,6 +7,7 @@ group. Non-colocated (async GRPO): the policy ranks hold bundles [0, T), the eng
 
 from __future__ import annotations
 
+import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,9 +35,14 @@ def ray_session(spec: RunSpec, plan: Plan) -> Iterator[None]:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, logging_level="WARNING")
     else:
-        ray.init(num_cpus=max(plan.world_size * spec.cluster.cpus_per_worker, 1), include_dashboard=False,
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        slots = plan.nodes * plan.devices_per_node
+        ray.init(num_cpus=max(1, math.ceil(slots * plan.bundle.get("CPU", 1.0))), include_dashboard=False,
                  object_store_memory=spec.cluster.object_store_memory_mb * 2**20,
-                 runtime_env={"env_vars": env}, logging_level="WARNING")
+                 runtime_env={"env_vars": env}, logging_level="WARNING",
+                 # lean: no idle workers started ahead (every actor here has its own runtime env), no metrics
+                 _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False,
+                                 "enable_metrics_collection": False})
     try:
         yield
     finally:
@@ -76,7 +82,7 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
     ray.get(pg.ready(), timeout=spec.cluster.ray_join_timeout_s)
     # of a device slot: the policy's alone (hybrid engine, or engines elsewhere), or half with an engine beside it
     share = 1.0 if plan.hybrid_rollout or plan.rollout_devices else 0.5
-    threads = max(1, int(plan.bundle.get("CPU", 1.0)))
+    threads = max(1, int(plan.bundle.get("CPU", 1.0) * share))  # a shared slot: half its cores each
 
     def on(i: int) -> dict:
         gpu = {"num_gpus": share} if plan.use_gpus else {}
