@@ -15,9 +15,11 @@ from .dataset import DatasetEnv
 from .math import MathEnv
 from .toy import ReverseDigitsEnv
 from .usercode import UserCodeError, is_ref, load_ref
+from ..spec.schema import EnvName
 
-ENVS: dict[str, type] = {"toy": ReverseDigitsEnv, "math": MathEnv, "dataset": DatasetEnv}
-PLANNED_ONLY = ("nemo_gym",)
+# keyed by the built-in env.name values (schema.EnvName, a str Enum); a program calling launch.main may add its own
+ENVS: dict[str, type] = {EnvName.toy: ReverseDigitsEnv, EnvName.math: MathEnv, EnvName.dataset: DatasetEnv}
+PLANNED_ONLY = (EnvName.nemo_gym,)
 # built-ins in an optional part of the package, imported on first use by env_class (NeMo Gym's client is not
 # imported for the other envs); the class may name its loop (trainer_class(): the driver's Trainer subclass)
 LAZY_ENVS: dict[str, str] = {"nemo_gym": "grpo_launcher.gym.env:GymEnv"}
