@@ -35,8 +35,21 @@ def test_new_run_logs_params_tags_and_spec(tmp_path, uri):
     assert run.data.tags.get("mlflow.source.git.commit") == git_commit()
     assert [a.path for a in t.client.list_artifacts(t.run_id)] == ["spec.yaml"]
     assert run.info.artifact_uri.startswith(tmp_path.as_uri())  # not ./mlruns in the cwd
+    assert "train/reward_mean" in run.data.tags["mlflow.note.content"]  # the run page says what to read first
     t.close()
     assert t.client.get_run(t.run_id).info.status == "FINISHED"
+
+
+def test_experiment_opens_in_the_training_view(tmp_path, uri):
+    t = Tracker(spec(), uri, tmp_path / "run")  # a new experiment: tagged at creation
+    assert t.client.get_experiment(t.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    t.close()
+    import mlflow
+
+    old = mlflow.MlflowClient(uri).create_experiment("made-by-hand")  # an untagged experiment gets the tag
+    t2 = Tracker(RunSpec(name="run-b", logging=LoggingSpec(experiment="made-by-hand")), uri, tmp_path / "run-b")
+    assert t2.client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
+    t2.close()
 
 
 def test_flatten_redacts_secret_keys():

@@ -36,6 +36,12 @@ REDACTED = "***"
 STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
+# the UI opens an experiment of this kind in its model-training view (charts), not the GenAI (traces) view
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+RUN_NOTE = ("GRPO run. Read first: train/reward_mean and val/reward_mean (the task's reward), then train/kl, "
+            "train/clip_fraction, time/step_s. Every step's metrics are also in RUN_DIR/metrics.jsonl.")
+
+
 def param_value(value: Any) -> str:
     """A spec leaf as an MLflow param string: lists as JSON, capped at 6000 chars."""
     text = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
@@ -102,9 +108,12 @@ class Tracker:
         """The experiment id, creating the experiment if missing (tolerates a concurrent create)."""
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            if EXPERIMENT_KIND[0] not in found.tags:  # made by an older version or by hand: opened as GenAI
+                self.client.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
             return found.experiment_id
         try:
-            return self.client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri))
+            return self.client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri),
+                                                  tags=dict([EXPERIMENT_KIND]))
         except MlflowException:
             found = self.client.get_experiment_by_name(name)
             if found is None:
@@ -122,7 +131,7 @@ class Tracker:
 
     def _start(self, parent_run_id: str | None) -> str:
         """A new run named spec.name: params, git commit, run dir and the resolved spec.yaml."""
-        tags = {"grpo.run_dir": str(self.run_dir)}
+        tags = {"grpo.run_dir": str(self.run_dir), "mlflow.note.content": RUN_NOTE}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         commit = git_commit()

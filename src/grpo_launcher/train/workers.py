@@ -25,7 +25,7 @@ from ..spec.schema import RunSpec
 
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
               "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_DEDUP_LOGS": "1",
-              "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+              "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_LOGGING_COLOR": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 @contextmanager
@@ -36,6 +36,7 @@ def ray_session(spec: RunSpec, plan: Plan) -> Iterator[None]:
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, logging_level="WARNING")
     else:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        os.environ.setdefault("RAY_AUTH_MODE", "token")  # Ray's default, said explicitly: no warning per run
         slots = plan.nodes * plan.devices_per_node
         ray.init(num_cpus=max(1, math.ceil(slots * plan.bundle.get("CPU", 1.0))), include_dashboard=False,
                  object_store_memory=spec.cluster.object_store_memory_mb * 2**20,
