@@ -342,6 +342,17 @@ def test_preflight_one_agent_per_agent_ref():
 
 
 @needs_gym
+def test_recipe_environments_rows_and_servers_are_consistent():
+    """Two more of the Nano v3 recipe's six (no internet, no API key): mcqa, workplace_assistant (multi-step tools);
+    `make gym` installs their servers and the shipped tiny rows route to their agents."""
+    recipe = [CONFIGS[0], "resources_servers/mcqa/configs/mcqa.yaml",
+              "resources_servers/workplace_assistant/configs/workplace_assistant.yaml"]
+    found = _problems(gym_config_paths=recipe, train_path=str(DATA / "tiny_recipe_train.jsonl"),
+                      val_path=str(DATA / "tiny_recipe_val.jsonl"))
+    assert not found, found
+
+
+@needs_gym
 def test_preflight_missing_config_file():
     found = _problems(gym_config_paths=[CONFIGS[0], "resources_servers/nope/configs/nope.yaml"])
     assert any("no Gym config resources_servers/nope" in m for _, m, _ in found), found
