@@ -6,7 +6,8 @@ and steps/s.
 Configurations (all: cluster.cpu_workers_per_node=2, the default task, seeds and batch; validation at the start
 and every --val-period steps):
     sync           colocated: 2 policy ranks (DP 2), each generating with its own hybrid engine
-    async age 1    1 policy rank + 1 engine of its own (cluster.rollout_devices=1), max_trajectory_age_steps=1
+    async age 1    1 policy rank + 1 engine of its own (cluster.rollout_devices=1), max_trajectory_age_steps=1,
+                   IS correction (loss.is_truncation=tis, loss.is_threshold=2)
     async age 2    the same, max_trajectory_age_steps=2
 Runs alternate (sync, async 1, async 2, sync, ...) so that a change in the machine's load hits every one. Each
 run's output lines are timestamped here; "to +0.3" is the wall time from the end of step 1 (Ray and the actors
@@ -28,7 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOTS = ["cluster.cpu_workers_per_node=2"]
-ASYNC = ["grpo.async_grpo.enabled=true", "cluster.rollout_devices=1"]
+# the importance-sampling correction (tis, cap 2) against the behaviour logprobs: off-policy samples need it (without
+# it an age-2 run collapsed early on this task; see benchmarks/results/async.md)
+ASYNC = ["grpo.async_grpo.enabled=true", "cluster.rollout_devices=1", "loss.importance_sampling_correction=true",
+         "loss.is_truncation=tis", "loss.is_threshold=2"]
 CONFIGS = {
     "sync (DP 2, colocated)": [],
     "async age 1": [*ASYNC, "grpo.async_grpo.max_trajectory_age_steps=1"],
@@ -47,7 +51,7 @@ def run(out: Path, models: Path, steps: int, val_period: int, extra: list[str]) 
     (out / ".models").symlink_to(models)  # the tiny model is built once, not timed
     cmd = [sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={out}", f"grpo.max_steps={steps}",
            "grpo.val_at_start=true", f"grpo.val_period={val_period}", "checkpoint.save_period=1000000",
-           "logging.mlflow=false", *SLOTS, *extra]
+           *SLOTS, *extra]
     t0 = time.monotonic()
     at: dict[int, float] = {}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
@@ -63,7 +67,7 @@ def run(out: Path, models: Path, steps: int, val_period: int, extra: list[str]) 
     for line in (out / "tiny-grpo" / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         rows[r["step"]] = r
-    val0 = rows[0]["val/reward_mean"]
+    val0 = start_val(out)
     hit = next((s for s in sorted(rows) if s > 0 and rows[s].get("val/reward_mean", -1) >= val0 + 0.3), None)
     return {"total_s": total, "step1_s": at[1], "loop_s": at[steps] - at[1],
             "steps_per_s": (steps - 1) / (at[steps] - at[1]), "val0": val0,
@@ -73,6 +77,15 @@ def run(out: Path, models: Path, steps: int, val_period: int, extra: list[str]) 
             "trainer_idle_s": statistics.median(rows[s]["time/trainer_idle_s"] for s in rows if s > 1),
             "gen_idle_s": statistics.median(rows[s]["time/generation_idle_s"] for s in rows if s > 1),
             "step_s": statistics.median(rows[s]["time/step_s"] for s in rows if s > 1)}
+
+
+def start_val(out: Path) -> float:
+    """val/reward_mean at step 0 (grpo.val_at_start): MLflow has it (metrics.jsonl starts at step 1)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    (r,) = client.search_runs(client.search_experiments()[0].experiment_id)
+    return next(m.value for m in client.get_metric_history(r.info.run_id, "val/reward_mean") if m.step == 0)
 
 
 def fmt(x, spec: str = ".1f") -> str:

@@ -113,9 +113,11 @@ class AsyncTrainer(Trainer):
         self._gen_s = 0.0
         self._pipeline: dict[str, float] = {}
         if not self.spec.loss.importance_sampling_correction:
-            print(f"grpo-launcher: async GRPO without loss.importance_sampling_correction: samples up to "
+            print(f"grpo-launcher: warning: async GRPO without loss.importance_sampling_correction: samples up to "
                   f"{a.max_trajectory_age_steps} version(s) old are trained as if on-policy (the old logprobs are the "
-                  "trainer's own); set it for the pi_trainer / pi_rollout weights", file=sys.stderr, flush=True)
+                  "trainer's own); on the toy task an age-2 run without it collapsed before recovering. Set "
+                  "loss.importance_sampling_correction=true loss.is_truncation=tis loss.is_threshold=2",
+                  file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> int:
