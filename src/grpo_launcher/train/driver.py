@@ -32,11 +32,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
     from ..tracking.report import finish_run, user_code_failed
     from .setup import prepare_model, resume_or_start
 
-    if spec.env.name == "nemo_gym":  # NeMo Gym's env (grpo_launcher/gym) joins the registry make_env reads
-        from ..gym import register_env
-
-        register_env()
-    try:
+    try:  # env=nemo_gym: envs.LAZY_ENVS imports grpo_launcher/gym on first use
         clock.mark("imports")
         env = make_env(spec)
     except (EnvNotAvailable, UserCodeError, ValueError) as exc:
@@ -303,7 +299,7 @@ class Trainer:
     def update(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
         """One optimizer step per minibatch over the DP ranks. Returns the batch (with the old logprobs
         the update itself computed, when the plan takes them from it) and the summed metrics."""
-        from ..policy.torch_policy import local_denominator
+        from ..algos.loss import local_denominator
 
         gbs, dp = self.spec.train.global_batch_size, len(self.w.policy)
         minibatches = [batch.select(slice(i, i + gbs)) for i in range(0, len(batch), gbs)]
