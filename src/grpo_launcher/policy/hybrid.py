@@ -12,6 +12,7 @@ import time
 import torch
 
 from ..rollout.hf import HFEngine
+from ..spec.schema import RolloutBackend
 from ..train.batch import Generation
 
 
@@ -19,9 +20,11 @@ class HybridRollout:
     engine: HFEngine | None = None
 
     def init_engine(self, share_model=None) -> None:
-        """Create the engine when rollout=hf; `share_model`: the policy's own HF model, used as is."""
-        if self.spec.rollout.backend.value != "hf":
-            return
+        """Create the engine when rollout=hf on the policy's devices; `share_model`: the policy's own HF model."""
+        from ..plan import rollout_devices
+
+        if self.spec.rollout.backend != RolloutBackend.hf or rollout_devices(self.spec):
+            return  # vLLM, or engines on devices of their own (cluster.rollout_devices): no copy here
         self.engine = HFEngine(self.spec, self.model_dir, self.device, model=share_model)
 
     def generate(self, prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]:
