@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=30
 
 .PHONY: help demo lint lint-ratchet test test-fast test-gpu gpu-kit slurm-up slurm-down mlflow-ui bench clean gym
 
