@@ -31,6 +31,13 @@ SHAPE = dict(num_layers=24, hidden_size=2048, num_attention_heads=16, num_kv_hea
 PROMPT, NEW, PROMPTS, GENS, MICRO = 1536, 512, 8, 8, 4
 
 
+def n_params(s: dict = SHAPE) -> int:
+    """Qwen2 shape, untied: embeddings + layers (q/k/v/o with q/k/v biases, SwiGLU, two norms) + final norm."""
+    h, kv = s["hidden_size"], s["hidden_size"] // s["num_attention_heads"] * s["num_kv_heads"]
+    layer = 2 * h * h + 2 * h * kv + h + 2 * kv + 3 * h * s["ffn_hidden_size"] + 2 * h
+    return 2 * s["vocab_size"] * h + s["num_layers"] * layer + h  # 1,213,376,512
+
+
 def write_prompts(path: Path, n: int, seed: int = 0) -> None:
     """Questions of exactly PROMPT byte-tokens (the tiny model's tokenizer is one token per byte)."""
     rng = random.Random(seed)
@@ -40,7 +47,8 @@ def write_prompts(path: Path, n: int, seed: int = 0) -> None:
                                 "answer": "0"}) + "\n")
 
 
-def ours_overrides(backend: str, steps: int, data: Path, out: Path, separate_logprobs: bool) -> list[str]:
+def ours_overrides(backend: str, steps: int, data: Path, out: Path, separate_logprobs: bool,
+                   profile: bool = False) -> list[str]:
     gbs = PROMPTS * GENS // (2 if separate_logprobs else 1)  # 2 optimizer steps force the separate pass
     return [
         f"name=bench-{backend}{'-sep' if separate_logprobs else ''}", f"output_root={out}", "checkpoint.resume=fresh",
@@ -51,12 +59,14 @@ def ours_overrides(backend: str, steps: int, data: Path, out: Path, separate_log
         f"train.global_batch_size={gbs}", f"train.micro_batch_size={MICRO}", f"train.logprob_batch_size={MICRO * 2}",
         "train.precision=bfloat16", "train.lr=1e-6", f"train.backend={backend}", "cluster.gpus_per_node=1",
         f"grpo.max_steps={steps}", "grpo.val_period=0", "grpo.val_at_end=false", "checkpoint.enabled=false",
-        "logging.mlflow=false",
+        "logging.mlflow=false", *([f"logging.profile_step={steps}"] if profile else []),
     ]
 
 
 def run_ours(name: str, backend: str, args, data: Path, separate: bool) -> dict:
-    cmd = [sys.executable, str(ROOT / "launch.py"), *ours_overrides(backend, args.steps, data, args.out, separate)]
+    steps = args.steps + (1 if args.profile else 0)  # the profiled step comes last, outside the medians
+    cmd = [sys.executable, str(ROOT / "launch.py"),
+           *ours_overrides(backend, steps, data, args.out, separate, profile=args.profile)]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
     wall = time.time() - t0
@@ -66,7 +76,7 @@ def run_ours(name: str, backend: str, args, data: Path, separate: bool) -> dict:
         return {"name": name, "error": f"exit {proc.returncode}"}
     run_dir = args.out / f"bench-{backend}{'-sep' if separate else ''}"
     rows = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
-    steady = [rows[s] for s in sorted(rows) if s > args.skip]
+    steady = [rows[s] for s in sorted(rows) if args.skip < s <= args.steps]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in steady)  # noqa: E731
     gen_len = med("train/gen_len_mean")
     tokens = PROMPTS * GENS * (PROMPT + gen_len)
@@ -75,7 +85,12 @@ def run_ours(name: str, backend: str, args, data: Path, separate: bool) -> dict:
             "update_tok_s": tokens / phases["update"],
             "logprob_tok_s": tokens / phases["logprobs"] if phases["logprobs"] else None,
             "gen_tok_s": PROMPTS * GENS * gen_len / phases["rollout"],
-            "first_step_s": rows[min(rows)]["time/step_s"]}
+            "first_step_s": rows[min(rows)]["time/step_s"], "profile": read_profile(run_dir, steps, args.profile)}
+
+
+def read_profile(run_dir: Path, step: int, on: bool) -> dict:
+    path = run_dir / "profile" / f"step_{step}" / "rank_0" / "rank_0.json"
+    return json.loads(path.read_text()) if on and path.exists() else {}
 
 
 def run_trl(args) -> dict:
@@ -113,6 +128,8 @@ def main() -> int:
     ap.add_argument("--trl-dir", type=Path, default=ROOT / ".gpu-kit" / "trl")
     ap.add_argument("--trl-wheels", type=Path, default=ROOT / ".gpu-kit" / "trlwhl")
     ap.add_argument("--out", type=Path, default=Path("/tmp/gpu-step"))
+    ap.add_argument("--profile", action="store_true",
+                    help="ours: one more step under logging.profile_step (kernel classes per phase), not in the medians")
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -130,7 +147,45 @@ def main() -> int:
             results.append(run_ours(name, backend, args, data, separate=name.endswith("-sep")))
         print(json.dumps(results[-1], indent=1, default=str)[:3000], flush=True)
     (args.out / "results.json").write_text(json.dumps({"peak_tflops": peak, "results": results}, indent=1))
+    table = markdown(results, peak)
+    (args.out / "results.md").write_text(table)
+    print(table, flush=True)
     return 0
+
+
+def markdown(results: list[dict], peak: float) -> str:
+    """The side-by-side table: each of ours, TRL, and ours/TRL (TRL time over ours: > 1 means we are faster)."""
+    ours = [r for r in results if r["name"] != "trl" and "error" not in r]
+    trl = next((r["summary"] for r in results if r["name"] == "trl" and r.get("summary")), None)
+    mfu = lambda tok_s: 100 * 6 * n_params() * tok_s / (peak * 1e12)  # noqa: E731
+    head = "| | " + " | ".join(r["name"] for r in ours) + (" | TRL | " + " | ".join(
+        f"{r['name']} / TRL" for r in ours) + " |" if trl else " |")
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+
+    def row(label, vals, trl_val=None, ratio=None):
+        cells = " | ".join(vals)
+        if trl is not None:
+            cells += f" | {trl_val} | " + " | ".join(ratio(r) for r in ours)
+        rows.append(f"| {label} | {cells} |")
+
+    ph = lambda r, k: r["phases"][k]  # noqa: E731
+    row("full step", [f"{ph(r, 'step'):.2f} s" for r in ours], trl and f"{trl['median_step_s']:.2f} s",
+        lambda r: f"{trl['median_step_s'] / ph(r, 'step'):.2f}x")
+    row("rollout", [f"{ph(r, 'rollout'):.2f} s, {r['gen_tok_s']:,.0f} tok/s" for r in ours],
+        trl and f"{trl['median_rollout_s']:.2f} s", lambda r: f"{trl['median_rollout_s'] / ph(r, 'rollout'):.2f}x")
+    row("separate logprob pass", [f"{ph(r, 'logprobs'):.2f} s, {mfu(r['logprob_tok_s']) / 3:.1f} % MFU"
+                                  if r["logprob_tok_s"] else "none (from the update)" for r in ours], "none",
+        lambda r: "")
+    row("update", [f"{ph(r, 'update'):.2f} s, {r['update_tok_s']:,.0f} tok/s, {mfu(r['update_tok_s']):.1f} % MFU"
+                   for r in ours],
+        trl and f"{trl['median_update_s']:.2f} s, {trl['update_tokens_per_s']:,.0f} tok/s, "
+                f"{100 * trl['update_mfu_6nd']:.1f} % MFU",
+        lambda r: f"{r['update_tok_s'] / trl['update_tokens_per_s']:.2f}x")
+    row("refit", [f"{1e3 * ph(r, 'refit'):.1f} ms" for r in ours], "n/a (same model)", lambda r: "")
+    row("first step", [f"{r['first_step_s']:.1f} s" for r in ours], trl and f"{trl['time_to_first_step_s']:.1f} s",
+        lambda r: "")
+    return "\n".join(rows) + f"\n\nbf16 matmul peak {peak:.0f} TFLOP/s; MFU = 6 N tokens / s / peak " \
+        f"(N = {n_params():,}; a forward-only pass counts 2 N, hence / 3).\n"
 
 
 if __name__ == "__main__":

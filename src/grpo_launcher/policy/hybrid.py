@@ -13,6 +13,7 @@ import torch
 
 from ..rollout.hf import HFEngine
 from ..spec.schema import RolloutBackend
+from .profile import profiled
 from ..train.batch import Generation
 
 
@@ -27,9 +28,11 @@ class HybridRollout:
             return  # vLLM, or engines on devices of their own (cluster.rollout_devices): no copy here
         self.engine = HFEngine(self.spec, self.model_dir, self.device, model=share_model)
 
+    @profiled("generate")
     def generate(self, prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]:
         return self.engine.generate(prompt_ids, n, seed)
 
+    @profiled("refit")
     def refit_engine(self) -> float:
         """Policy weights → this worker's engine, on the device. Returns ms (0 when the model is shared)."""
         if self.engine.shared:

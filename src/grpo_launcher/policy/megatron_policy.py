@@ -41,6 +41,7 @@ from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch
 from . import megatron_convert as mc
 from .hybrid import HybridRollout
+from .profile import Profiling, profiled
 from .update_log import UpdateLog
 
 SHIM_ENV = "GRPO_MEGATRON_CPU_SHIM"
@@ -163,7 +164,7 @@ def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
 # ------------------------------------------------------------------------------ the worker
 
 
-class MegatronPolicyWorker(HybridRollout):
+class MegatronPolicyWorker(HybridRollout, Profiling):
     def __init__(self, spec: RunSpec, model_dir: str, rank: int, world: int, threads: int = 1):
         from transformers import AutoConfig
 
@@ -321,6 +322,7 @@ class MegatronPolicyWorker(HybridRollout):
 
     # ------------------------------------------------------------------ logprobs
     @torch.no_grad()
+    @profiled("logprobs")
     def logprobs(self, b: TrainBatch) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(prev_logprobs [B, T], ref_logprobs [B, T] or None) for this rank's rows (CPU tensors)."""
         full, mine = self._replica_batch(b)
@@ -336,6 +338,7 @@ class MegatronPolicyWorker(HybridRollout):
         return prev_t, (torch.cat(ref)[mine] if ref else None)
 
     # ------------------------------------------------------------------ update
+    @profiled("update")
     def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict[str, Any]:
         """One optimizer step per minibatch; denominators are global per minibatch (as the torch backend:
         0 = no loss-bearing sample, no step; on-policy minibatches return their old logprobs)."""

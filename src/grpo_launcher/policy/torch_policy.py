@@ -21,12 +21,13 @@ from ..rollout.hf import engine_dtype
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch, response_logits
 from .hybrid import HybridRollout
+from .profile import Profiling, profiled
 from .update_log import UpdateLog
 
 __all__ = ["TorchPolicyWorker", "local_denominator"]  # local_denominator (algos/loss.py): old import path
 
 
-class TorchPolicyWorker(HybridRollout):
+class TorchPolicyWorker(HybridRollout, Profiling):
     def __init__(self, spec: RunSpec, model_dir: str, rank: int, world: int, threads: int = 1):
         from transformers import AutoModelForCausalLM
 
@@ -74,6 +75,7 @@ class TorchPolicyWorker(HybridRollout):
         return response_logits(logits, b.prompt_lens - (L - keep), b.response_ids.shape[1]) / self.spec.rollout.temperature
 
     @torch.no_grad()
+    @profiled("logprobs")
     def logprobs(self, b: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(prev_logprobs [B, T], ref_logprobs [B, T] or None) for this rank's rows."""
         prev, ref = [], []
@@ -86,6 +88,7 @@ class TorchPolicyWorker(HybridRollout):
         return torch.cat(prev).cpu(), (torch.cat(ref).cpu() if ref else None)
 
     # ------------------------------------------------------------------ update
+    @profiled("update")
     def update(self, minibatches: list[TrainBatch], denominators: list[float]) -> dict[str, Any]:
         """One optimizer step per minibatch (this rank's shard); denominators are global per minibatch
         (0: no loss-bearing sample anywhere, so no step). See UpdateLog for what comes back.

@@ -302,6 +302,7 @@ class LoggingSpec:
     train_data_log: bool = False  # one JSON line per sample, every `train_data_log_every` steps
     train_data_log_every: int = 1
     progress: bool = True
+    profile_step: int = 0  # N > 0: step N of every policy worker under torch.profiler (RUN_DIR/profile/)
 
 
 @dataclass(frozen=True)

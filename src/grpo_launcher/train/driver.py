@@ -158,7 +158,7 @@ class Trainer:
             st.log(0, self.validate())
         progress = st.progress_bar(s.grpo.max_steps)
         for step in range(st.step + 1, s.grpo.max_steps + 1):
-            metrics = self.step(step)
+            metrics = self.profiled_step(step) if step == s.logging.profile_step else self.step(step)
             if self.clock is not None:
                 self.clock.mark("step 1")
                 print(self.clock.report(), flush=True)
@@ -181,6 +181,18 @@ class Trainer:
         progress.close()
         st.finish("FINISHED")
         return 0
+
+    def profiled_step(self, step: int) -> dict[str, float]:
+        """logging.profile_step: this step's phases on every policy worker under torch.profiler."""
+        from ..policy.profile import summary_line
+
+        where = self.plan.run_dir / "profile" / f"step_{step}"
+        ray.get([p.start_profile.remote(str(where)) for p in self.w.policy])
+        metrics = self.step(step)
+        phases = ray.get([p.stop_profile.remote() for p in self.w.policy])
+        print(f"grpo-launcher: profile of step {step} (rank 0; all ranks in {where}): {summary_line(phases[0])}",
+              flush=True)
+        return metrics
 
     def step(self, step: int) -> dict[str, float]:
         t = Timer()
