@@ -146,10 +146,9 @@ def main() -> int:
             backend = name.split("-")[1]
             results.append(run_ours(name, backend, args, data, separate=name.endswith("-sep")))
         print(json.dumps(results[-1], indent=1, default=str)[:3000], flush=True)
-    (args.out / "results.json").write_text(json.dumps({"peak_tflops": peak, "results": results}, indent=1))
-    table = markdown(results, peak)
-    (args.out / "results.md").write_text(table)
-    print(table, flush=True)
+        (args.out / "results.json").write_text(json.dumps({"peak_tflops": peak, "results": results}, indent=1))
+        (args.out / "results.md").write_text(markdown(results, peak))  # after each run: a timeout keeps the rest
+    print((args.out / "results.md").read_text(), flush=True)
     return 0
 
 
