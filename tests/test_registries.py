@@ -86,3 +86,27 @@ def test_metric_names_are_the_one_list() -> None:
     assert algos.SKIPPED_STEPS_METRIC == metric_names.TRAIN_SKIPPED_OPTIMIZER_STEPS
     assert set(KNOWN_METRICS) <= metric_names.METRICS
     assert metric_names.is_metric("time/rollout_s") and not metric_names.is_metric("val/reward_men")
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["cluster.cpu_workers_per_node=4", "train.global_batch_size=16", "grpo.num_prompts_per_step=8",
+     "train.micro_batch_size=2", "train.logprob_batch_size=2"],
+    ["cluster.cpu_workers_per_node=3", "cluster.rollout_devices=1", "grpo.async_grpo.enabled=true",
+     "loss.importance_sampling_correction=true"],
+])
+def test_the_plan_is_the_one_source_of_batch_shape(overrides: list[str]) -> None:
+    """The driver and the workers read the batch split from the Plan; rules check it with the same functions."""
+    from grpo_launcher import plan as P
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.spec.rules import validate
+
+    spec = load_spec(overrides)
+    assert validate(spec) == []
+    plan = P.make_plan(spec)
+    assert plan.rollouts_per_step == P.rollouts_per_step(spec) == plan.prompts_per_step * plan.group_size
+    assert (plan.prompts_per_step, plan.group_size, plan.minibatch_size) == (
+        spec.grpo.num_prompts_per_step, spec.grpo.num_generations_per_prompt, spec.train.global_batch_size)
+    assert plan.optimizer_steps_per_rollout * plan.minibatch_size == plan.rollouts_per_step
+    assert plan.dp_size == P.dp_size(spec) and plan.policy_ranks == plan.dp_size * P.train_model_parallel(spec)
+    assert plan.policy_ranks == plan.world_size - plan.rollout_devices

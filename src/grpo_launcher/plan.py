@@ -1,7 +1,9 @@
-"""The Plan: everything cluster-shaped, derived once from a validated RunSpec.
+"""The Plan: everything cluster- and batch-shaped, derived once from a validated RunSpec.
 
-The sbatch header, the Ray bring-up, the placement groups and the worker counts all read this;
-nothing else recomputes world sizes or engine counts.
+The sbatch header, the Ray bring-up, the placement groups, the worker counts, the workers' engine context
+and the driver's batch split (prompts, groups, minibatches, row shards) all read this; nothing else
+recomputes world sizes, engine counts or batch shapes. The functions below take a spec that may not be
+valid yet: spec/rules.py checks the shapes with them before a Plan is made.
 """
 
 from __future__ import annotations
@@ -71,6 +73,16 @@ def rollout_model_parallel(spec: RunSpec) -> int:
     return spec.rollout.tensor_parallel_size * spec.rollout.pipeline_parallel_size
 
 
+def dp_size(spec: RunSpec) -> int:
+    """The policy's data-parallel size: its devices over TP·PP·CP (exact once the spec is valid)."""
+    return train_devices(spec) // train_model_parallel(spec)
+
+
+def rollouts_per_step(spec: RunSpec) -> int:
+    """Samples one step generates and trains on: prompts × generations per prompt (each group contiguous)."""
+    return spec.grpo.num_prompts_per_step * spec.grpo.num_generations_per_prompt
+
+
 def engine_max_model_len(spec: RunSpec) -> int:
     """rollout.max_model_len, or (null) the prompt budget plus the generation budget."""
     return spec.rollout.max_model_len or spec.env.max_prompt_tokens + spec.rollout.max_new_tokens
@@ -100,7 +112,10 @@ class Plan:
     dp_size: int  # policy data-parallel size = train_devices / (TP·PP·CP)
     rollout_engines: int  # = engine devices / (rollout TP·PP): the policy's (colocated) or their own
     rollouts_per_step: int  # prompts × generations
-    optimizer_steps_per_rollout: int  # rollouts_per_step / global_batch_size
+    prompts_per_step: int  # grpo.num_prompts_per_step
+    group_size: int  # grpo.num_generations_per_prompt: one prompt's samples, contiguous in every batch
+    minibatch_size: int  # train.global_batch_size: the rows of one optimizer step, over all policy ranks
+    optimizer_steps_per_rollout: int  # minibatches per step = rollouts_per_step / minibatch_size
     hybrid_rollout: bool  # rollout=hf: the policy workers generate themselves (no rollout actors, no transfer)
     # exactly on-policy (one optimizer step per rollout, no IS correction): the update's own forward gives the
     # old logprobs (detached) instead of a separate logprob pass
@@ -116,6 +131,12 @@ class Plan:
     rollout_devices: int = 0  # 0 = colocated: engine e shares bundle e·TP with the policy
     async_grpo: bool = False  # grpo.async_grpo.enabled: generation overlaps the update (train/async_loop.py)
     max_trajectory_age: int = 0  # grpo.async_grpo.max_trajectory_age_steps (async only)
+
+    @property
+    def policy_ranks(self) -> int:
+        """Policy workers, one per training device (DP × TP·PP·CP): the driver shards every batch's rows over
+        all of them (model-parallel ranks gather theirs)."""
+        return self.train_devices or self.world_size
 
     @property
     def engine_bundle0(self) -> int:
@@ -151,7 +172,7 @@ def make_plan(spec: RunSpec) -> Plan:
     """Derive the plan. Call only on a spec that passed `validate` (divisions are exact then)."""
     world, train, separate = world_size(spec), train_devices(spec), rollout_devices(spec)
     use_gpus = spec.cluster.gpus_per_node > 0
-    rollouts = spec.grpo.num_prompts_per_step * spec.grpo.num_generations_per_prompt
+    rollouts = rollouts_per_step(spec)
     root = Path(spec.output_root).resolve()
     run_dir = root / spec.name
     bundle = {"GPU": 1.0, "CPU": 1.0} if use_gpus else {"CPU": cpus_per_slot(spec)}
@@ -162,9 +183,12 @@ def make_plan(spec: RunSpec) -> Plan:
         devices_per_node=devices_per_node(spec),
         use_gpus=use_gpus,
         world_size=world,
-        dp_size=train // train_model_parallel(spec),
+        dp_size=dp_size(spec),
         rollout_engines=engine_devices(spec) // rollout_model_parallel(spec),
         rollouts_per_step=rollouts,
+        prompts_per_step=spec.grpo.num_prompts_per_step,
+        group_size=spec.grpo.num_generations_per_prompt,
+        minibatch_size=spec.train.global_batch_size,
         optimizer_steps_per_rollout=rollouts // spec.train.global_batch_size,
         hybrid_rollout=spec.rollout.backend == RolloutBackend.hf and not separate,
         logprobs_from_update=(rollouts == spec.train.global_batch_size and not a.enabled  # async: off-policy

@@ -47,8 +47,9 @@ def tiny_engine(spec):
 
     register_env()
     env = GymEnv(spec.env, seed=0)
-    model_dir = prepare_model(spec, make_plan(spec), env)
-    worker = VLLMRolloutWorker(spec, str(model_dir))
+    plan = make_plan(spec)
+    model_dir = prepare_model(spec, plan, env)
+    worker = VLLMRolloutWorker(spec, str(model_dir), max_model_len=plan.max_model_len)
     try:
         from transformers import AutoModelForCausalLM
 

@@ -114,7 +114,8 @@ class HFRolloutWorker(VersionedEngine):
     """rollout=hf as an engine of its own (cluster.rollout_devices > 0: non-colocated, async GRPO): an HFEngine
     with its own model copy on its own device slot, refit by state dict (the contract of rollout/vllm.py)."""
 
-    def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1):
+    def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1, max_model_len: int | None = None):
+        del max_model_len  # the Plan's engine context (vLLM's contract): generation is bounded by max_new_tokens
         torch.set_num_threads(threads)
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")

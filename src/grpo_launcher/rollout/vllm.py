@@ -60,16 +60,17 @@ class WeightRefitExtension:
 
 
 class VLLMRolloutWorker(VersionedEngine):
-    def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1):
+    def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1, max_model_len: Optional[int] = None):
         from transformers import AutoTokenizer
 
-        from ..plan import make_plan
+        from ..plan import engine_max_model_len
 
         t0 = time.perf_counter()
         r = spec.rollout
         self.spec, self.model_dir = spec, str(model_dir)
         self.served_model_name = spec.model.name
-        self.max_model_len = make_plan(spec).max_model_len  # rollout.max_model_len or prompt + generation
+        # the Plan's (the driver passes it); built alone (tests, the Gym probe): the same rule from the spec
+        self.max_model_len = max_model_len or engine_max_model_len(spec)  # rollout.max_model_len or prompt + generation
         tok = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_ids = sorted({tok.eos_token_id} - {None})
         self._url: Optional[str] = None

@@ -17,11 +17,13 @@ from typing import Callable, Iterable, Iterator
 
 from ..plan import (
     devices_per_node,
+    dp_size,
     engine_devices,
     engine_max_model_len,
     parse_duration,
     rollout_devices,
     rollout_model_parallel,
+    rollouts_per_step,
     train_devices,
     train_model_parallel,
     world_size,
@@ -174,12 +176,13 @@ def rollout_tp_within_node(s: RunSpec) -> Iterator[Violation]:
 @rule
 def rollout_batch_divisible_by_gbs(s: RunSpec) -> Iterator[Violation]:
     p, g, gbs = s.grpo.num_prompts_per_step, s.grpo.num_generations_per_prompt, s.train.global_batch_size
-    if gbs > 0 and (p * g) % gbs:
+    rollouts = rollouts_per_step(s)
+    if gbs > 0 and rollouts % gbs:
         yield V("rollout_batch_divisible_by_gbs",
                 ("train.global_batch_size", "grpo.num_prompts_per_step", "grpo.num_generations_per_prompt"),
-                f"rollouts per step {p}·{g} = {p * g} is not a multiple of train.global_batch_size={gbs} "
-                f"({p * g} % {gbs} = {(p * g) % gbs}); NeMo-RL finds this at step 1, after a full generation",
-                f"set train.global_batch_size to a divisor of {p * g}, e.g. {p * g}")
+                f"rollouts per step {p}·{g} = {rollouts} is not a multiple of train.global_batch_size={gbs} "
+                f"({rollouts} % {gbs} = {rollouts % gbs}); NeMo-RL finds this at step 1, after a full generation",
+                f"set train.global_batch_size to a divisor of {rollouts}, e.g. {rollouts}")
 
 
 @rule
@@ -187,7 +190,7 @@ def gbs_divisible_by_dp(s: RunSpec) -> Iterator[Violation]:
     mp, world, gbs = train_model_parallel(s), train_devices(s), s.train.global_batch_size
     if mp <= 0 or world % mp:
         return
-    dp = world // mp
+    dp = dp_size(s)
     if gbs % dp:
         yield V("gbs_divisible_by_dp", ("train.global_batch_size", "cluster.nodes"),
                 f"train.global_batch_size={gbs} is not divisible by DP = {world}/{mp} = {dp}",
@@ -204,8 +207,7 @@ def logprob_batch_divides(s: RunSpec) -> Iterator[Violation]:
     mp, world = train_model_parallel(s), train_devices(s)
     if mp <= 0 or world % mp or s.train.sequence_packing or s.train.logprob_batch_size < 1:
         return
-    dp = world // mp
-    rollouts = s.grpo.num_prompts_per_step * s.grpo.num_generations_per_prompt
+    dp, rollouts = dp_size(s), rollouts_per_step(s)
     if rollouts % dp or (rollouts // dp) % s.train.logprob_batch_size:
         yield V("logprob_batch_divides", ("train.logprob_batch_size", "grpo.num_prompts_per_step"),
                 f"rollouts per DP rank {rollouts}/{dp} must be a whole multiple of "
@@ -366,8 +368,7 @@ def megatron_shapes(s: RunSpec) -> Iterator[Violation]:
     if t.core_attention not in ("sdpa", "local"):
         yield V("megatron_shapes", "train.core_attention", f"{t.core_attention!r} is not sdpa or local",
                 "set train.core_attention=sdpa")
-    world = train_devices(s)
-    rollouts = s.grpo.num_prompts_per_step * s.grpo.num_generations_per_prompt
+    world, rollouts = train_devices(s), rollouts_per_step(s)
     if world > 0 and (t.global_batch_size % world or rollouts % world):
         yield V("megatron_shapes", ("train.global_batch_size", "grpo.num_prompts_per_step"),
                 f"the driver gives each of the {world} ranks an equal row shard (model-parallel ranks gather "

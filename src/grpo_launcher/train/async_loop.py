@@ -138,14 +138,14 @@ class AsyncTrainer(Trainer):
         last = min(self.version + self.buffer.max_age + 1, g.max_steps)
         while self.submitted < last:
             j = self.submitted + 1
-            prompts = self.env.train_prompts(j, 0, g.num_prompts_per_step)
-            calls = self.submit_generate(prompts, g.num_generations_per_prompt, self.train_seed(j, 0),
+            prompts = self.env.train_prompts(j, 0, self.plan.prompts_per_step)
+            calls = self.submit_generate(prompts, self.plan.group_size, self.train_seed(j, 0),
                                          method="generate_versioned")
             self.buffer.add(InFlight(j, prompts, calls, self.version))
             self.submitted = j
 
     def rollout_and_score(self, step: int, t: Timer) -> tuple[list[Generation], list, torch.Tensor, int]:
-        G = self.spec.grpo.num_generations_per_prompt
+        G = self.plan.group_size
         depth = len(self.buffer)  # this step's batch and the ones generated ahead of it
         entry = self.buffer.take(step)
         with t("rollout"):  # the trainer waits for its batch (0 when it was generated meanwhile)

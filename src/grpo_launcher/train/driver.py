@@ -259,7 +259,7 @@ class Trainer:
     def rollout_and_score(self, step: int, t: "Timer"):
         """Generate and score; with dynamic sampling, keep only groups whose rewards vary (refill, capped)."""
         s = self.spec
-        P, G = s.grpo.num_prompts_per_step, s.grpo.num_generations_per_prompt
+        P, G = self.plan.prompts_per_step, self.plan.group_size
         rounds = s.loss.dynamic_sampling_max_rounds if s.loss.dynamic_sampling else 1
         kept: list[tuple] = []  # (prompt, gens of the group, rewards of the group)
         spare: list[tuple] = []
@@ -282,7 +282,7 @@ class Trainer:
 
     def make_batch(self, gens: list[Generation], rewards: torch.Tensor) -> tuple[TrainBatch, dict[str, float]]:
         s = self.spec
-        G = s.grpo.num_generations_per_prompt
+        G = self.plan.group_size
         adv = algos.compute_advantages(s.loss.advantage.value, rewards, G)  # [B] over ALL samples
         truncated = torch.tensor([g.truncated for g in gens])
         sample_mask = algos.overlong_sample_mask(truncated) if s.loss.overlong_filtering else torch.ones(len(gens))
@@ -295,7 +295,7 @@ class Trainer:
         return batch, m
 
     def compute_logprobs(self, batch: TrainBatch) -> TrainBatch:
-        dp = len(self.w.policy)
+        dp = self.plan.policy_ranks
         parts = ray.get([p.logprobs.remote(batch.select(shard_rows(len(batch), dp, i)))
                          for i, p in enumerate(self.w.policy)])
         prev = torch.cat([a for a, _ in parts])
@@ -313,7 +313,7 @@ class Trainer:
         the update itself computed, when the plan takes them from it) and the summed metrics."""
         from ..algos.loss import local_denominator
 
-        gbs, dp = self.spec.train.global_batch_size, len(self.w.policy)
+        gbs, dp = self.plan.minibatch_size, self.plan.policy_ranks
         minibatches = [batch.select(slice(i, i + gbs)) for i in range(0, len(batch), gbs)]
         agg = self.spec.loss.aggregation.value
         # global denominators; 0 = no loss-bearing sample in the minibatch: every rank skips its step

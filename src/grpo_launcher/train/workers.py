@@ -91,7 +91,7 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
                 "num_cpus": plan.bundle.get("CPU", 1.0) * share, **gpu}
 
     P = ray.remote(policy_class(spec.train.backend.value))
-    ranks = plan.train_devices or plan.world_size
+    ranks = plan.policy_ranks
     policy = [P.options(**on(i)).remote(spec, model_dir, i, ranks, threads) for i in range(ranks)]
     if plan.hybrid_rollout:
         rollout = policy
@@ -101,7 +101,8 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
         staged = plan.async_grpo and spec.grpo.async_grpo.in_flight_weight_updates
         R = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(cls) if staged else ray.remote(cls)
         tp = spec.rollout.tensor_parallel_size
-        rollout = [R.options(**on(plan.engine_bundle0 + e * tp)).remote(spec, model_dir, threads)
+        rollout = [R.options(**on(plan.engine_bundle0 + e * tp)).remote(spec, model_dir, threads,
+                                                                        max_model_len=plan.max_model_len)
                    for e in range(plan.rollout_engines)]
     from ..envs import EnvFactory
 
