@@ -69,13 +69,23 @@ def test_the_env_worker_keeps_its_contract() -> None:
 
 
 def test_exit_codes_agree_with_the_job_script_and_the_driver() -> None:
-    """ExitCode is the one list; the constants not yet moved to it must agree with it."""
-    from grpo_launcher.exit_codes import ExitCode
-    from grpo_launcher.launch import sbatch
-    from grpo_launcher.train import driver, loop_state
+    """ExitCode is the one list: the stop handler maps signals to it, the job script gets the numbers it tests
+    rendered from it, and no module spells an exit number of its own."""
+    import re
 
-    assert sbatch.REQUEUE_EXIT_CODE == loop_state.REQUEUE_EXIT == driver.REQUEUE_EXIT == ExitCode.REQUEUE
+    from grpo_launcher.exit_codes import ExitCode
+    from grpo_launcher.launch.sbatch import render
+    from grpo_launcher.plan import make_plan
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.train import loop_state
+    from helpers import ROOT
+
     assert set(loop_state.EXIT_CODES.values()) == {ExitCode.REQUEUE, ExitCode.TERMINATED, ExitCode.INTERRUPTED}
+    spec = load_spec(["cluster=local_slurm", "dry_run=true"])
+    values = render(spec, make_plan(spec)).splitlines()
+    assert f"REQUEUE_CODE={ExitCode.REQUEUE:d}" in values and f"USR1_KILLED={ExitCode.USR1_KILLED:d}" in values
+    own = re.compile(r"^\w*(REQUEUE|USR1_KILLED|EXIT)\w* = \d", re.M)
+    assert [p.name for p in (ROOT / "src" / "grpo_launcher").rglob("*.py") if own.search(p.read_text())] == []
 
 
 def test_metric_names_are_the_one_list() -> None:

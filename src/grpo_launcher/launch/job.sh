@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # The body of every grpo-launcher sbatch script (launch/sbatch.py prepends the #SBATCH header and the
 # values block: RUN_DIR PY RAY_TMP NODE_PORT_STRIDE JOB_PORT_STRIDE JOB_PORT_SLOTS JOIN_TIMEOUT REQUEUE_ENABLED
-# CONTAINER PASS_ENV PLAN_NODES TOTAL_GPUS RAY_CPUS RAY_GPUS OBJECT_STORE PORT_* REQUEUE_CODE USR1_KILLED).
+# CONTAINER PASS_ENV PLAN_NODES TOTAL_GPUS RAY_CPUS RAY_GPUS OBJECT_STORE PORT_* REQUEUE_CODE USR1_KILLED;
+# the exit codes are exit_codes.ExitCode's).
 # Static text: `shellcheck -x src/grpo_launcher/launch/job.sh` reads it as it is; no value is ever pasted in.
 # shellcheck disable=SC2154,SC2317  # the values block defines the settings; functions run from traps
 set -uo pipefail

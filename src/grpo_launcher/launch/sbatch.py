@@ -42,12 +42,11 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..spec.schema import RunSpec
 
-REQUEUE_EXIT_CODE = 3  # the driver's exit code for "checkpoint saved on signal, requeue me"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-USR1_KILLED = 128 + 10  # the driver died of SIGUSR1 before installing its handler: resume from the last checkpoint
 
 BODY = Path(__file__).with_name("job.sh")  # the static bash program (shellcheck reads it as it is)
 # Always exported to the job (when set in the submitting shell), besides cluster.env_passthrough and GRPO_*:
@@ -156,8 +155,8 @@ def render(spec: RunSpec, plan: Plan) -> str:
         "NODE_PORT_STRIDE": c.node_port_stride, "JOB_PORT_STRIDE": c.job_port_stride, "JOB_PORT_SLOTS": JOB_PORT_SLOTS,
         "JOIN_TIMEOUT": c.ray_join_timeout_s, "REQUEUE_ENABLED": 1 if c.requeue else 0, "PLAN_NODES": plan.nodes,
         "TOTAL_GPUS": plan.world_size if plan.use_gpus else 0, "RAY_CPUS": ray_cpus(spec), "RAY_GPUS": c.gpus_per_node,
-        "OBJECT_STORE": int(c.object_store_memory_mb) * 2**20, "REQUEUE_CODE": REQUEUE_EXIT_CODE,
-        "USR1_KILLED": USR1_KILLED,
+        "OBJECT_STORE": int(c.object_store_memory_mb) * 2**20,
+        "REQUEUE_CODE": ExitCode.REQUEUE, "USR1_KILLED": ExitCode.USR1_KILLED,  # exit_codes.py: the one list
         "PORT_GCS": p["gcs"], "PORT_CLIENT": p["client"], "PORT_DASHBOARD": p["dashboard"],
         "PORT_NM": p["node_manager"], "PORT_OM": p["object_manager"], "PORT_RTE": p["runtime_env_agent"],
         "PORT_METRICS": p["metrics_export"], "PORT_DAG": p["dashboard_agent_grpc"],

@@ -14,14 +14,13 @@ import ray
 import torch
 
 from .. import algos
+from ..exit_codes import ExitCode
 from ..plan import Plan, make_plan, parse_duration
 from ..spec.schema import RunSpec
 from .batch import Generation, TrainBatch, collate, shard_rows
 from ..launch.secrets import with_http_api_key
 from .loop_state import LoopState, StopRequest
 from .workers import Workers, create_workers, ray_session
-
-REQUEUE_EXIT = 3  # checkpoint saved because of SIGUSR1 / the must_save_by budget: requeue me
 
 
 def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
@@ -37,7 +36,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
         env = make_env(spec)
     except (EnvNotAvailable, UserCodeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG_ERROR
     model_dir = prepare_model(spec, plan, env)
     clock.mark("model")
     spec = with_http_api_key(spec)
@@ -49,7 +48,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
         try:
             state = resume_or_start(spec, plan)  # checkpoint + MLflow run
             if state is None:
-                return 2
+                return ExitCode.CONFIG_ERROR
             from ..launch.repro import record_launch
 
             record_launch(spec, plan, state)  # RUN_DIR/repro/: git commit, uncommitted diff, pip freeze (+ MLflow)
@@ -177,7 +176,7 @@ class Trainer:
                 print(f"grpo-launcher: stopped after step {step} ({self.stop.reason or 'must_save_by'}); "
                       "checkpoint saved", flush=True)
                 st.finish("KILLED")
-                return REQUEUE_EXIT if self.stop.requeue or self.deadline else self.stop.exit_code
+                return ExitCode.REQUEUE if self.stop.requeue or self.deadline else self.stop.exit_code
         progress.close()
         st.finish("FINISHED")
         return 0

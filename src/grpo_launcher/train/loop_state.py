@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..spec.schema import RunSpec
 
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
-REQUEUE_EXIT = 3  # checkpoint saved (SIGUSR1, must_save_by): requeue me
-EXIT_CODES = {signal.SIGUSR1: REQUEUE_EXIT, signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
+EXIT_CODES = {signal.SIGUSR1: ExitCode.REQUEUE, signal.SIGTERM: ExitCode.TERMINATED, signal.SIGINT: ExitCode.INTERRUPTED}
 
 
 @dataclass
@@ -64,8 +64,8 @@ class StopRequest:
     def exit_code(self) -> int:
         """3 (requeue) after SIGUSR1, else 128 + the first signal (143 SIGTERM, 130 SIGINT)."""
         if self.requeue:
-            return REQUEUE_EXIT
-        return EXIT_CODES.get(self.signum, 130) if self.signum else 130
+            return ExitCode.REQUEUE
+        return EXIT_CODES.get(self.signum, ExitCode.INTERRUPTED) if self.signum else ExitCode.INTERRUPTED
 
 
 @dataclass
