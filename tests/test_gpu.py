@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ["model.num_layers=10", "model.hidden_size=1024", "model.num_attention_heads=16", "model.num_kv_heads=4",
          "model.ffn_hidden_size=2816", "model.warm_start_steps=150"]
 GPU_RUN = ["cluster.gpus_per_node=1", "train.precision=bfloat16", "logging.mlflow=false", "train.lr=3e-5",
-           "grpo.max_steps=300", "grpo.val_period=50", "checkpoint.save_period=100"]
+           "grpo.max_steps=400", "grpo.val_period=50", "checkpoint.save_period=100"]
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -40,8 +40,8 @@ def test_launch_learns_on_the_gpu(tmp_path, backend, compiled):
     proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     rows = metrics(tmp_path / "gpu")
-    first = sum(r["train/reward_mean"] for r in rows[:5]) / 5
-    last = sum(r["train/reward_mean"] for r in rows[-5:]) / 5
+    first = sum(r["train/reward_mean"] for r in rows[:10]) / 10  # means of 10 steps: one step is noisy
+    last = sum(r["train/reward_mean"] for r in rows[-10:]) / 10
     print(f"{backend}: reward {first:.3f} -> {last:.3f}; step {rows[-1]['time/step_s']:.3f} s")
     assert last - first >= 0.3, [round(r["train/reward_mean"], 3) for r in rows]
     # the engine generated with the policy's weights: its logprobs match the trainer's (bf16 vs fp32 master)

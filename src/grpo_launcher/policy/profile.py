@@ -27,10 +27,22 @@ KERNEL_CLASSES: tuple[tuple[str, re.Pattern], ...] = tuple((k, re.compile(p, re.
     ("gemm", r"gemm|cutlass|cublas|nvjet|xmma|wgmma|matmul|splitk|aten::(mm|addmm|bmm|baddbmm|linear)$"),
     ("optimizer", r"adam|multi_tensor|foreach"),
     ("softmax/loss", r"softmax|cross_entropy|nll|logsumexp|vocab_parallel"),
-    ("copy/cast", r"copy|memcpy|memset|aten::to$|_to_copy|cast|fill"),
+    ("copy/cast", r"copy_kernel|CatArray|memcpy|memset|FillFunctor|aten::(to|_to_copy|copy_|cat|fill_)$"),
     ("reduction", r"reduce|reduction|aten::(sum|mean|norm|amax|max)$"),
     ("elementwise", r"elementwise|vectorized|unrolled|aten::(mul|add|sub|div|pow|rsqrt|silu|exp|neg|cat|where)"),
 ))
+
+
+MAX_TRACE_EVENTS = 200_000
+
+
+def top_kernels(times: list[tuple[str, float]], n: int = 12) -> list[tuple[str, str, float]]:
+    """The n kernels (or CPU ops) with the most total time: (class, name cut to 120 chars, ms)."""
+    total: dict[str, float] = {}
+    for name, us in times:
+        total[name] = total.get(name, 0.0) + us / 1e3
+    top = sorted(total.items(), key=lambda kv: -kv[1])[:n]
+    return [(kernel_class(k), k[:120], round(v, 2)) for k, v in top]
 
 
 def kernel_class(name: str) -> str:
@@ -65,8 +77,8 @@ class PhaseProfiler:
             yield
             return
         self.active = True
-        acts = [torch.profiler.ProfilerActivity.CPU] + (
-            [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        # GPU: kernels only (recording every CPU op of a 512-token generate costs minutes); CPU: the ops
+        acts = [torch.profiler.ProfilerActivity.CUDA if device.type == "cuda" else torch.profiler.ProfilerActivity.CPU]
         t0 = time.perf_counter()
         try:
             with torch.profiler.profile(activities=acts) as prof:
@@ -76,12 +88,13 @@ class PhaseProfiler:
         finally:
             self.active = False
         wall_ms = (time.perf_counter() - t0) * 1e3
-        classes = by_class(event_times(prof.events(), device))
-        busy = sum(classes.values())
+        times = event_times(prof.events(), device)
+        classes = by_class(times)
         key = name if name not in self.phases else f"{name}_{len(self.phases)}"
-        self.phases[key] = {"wall_ms": round(wall_ms, 2), "busy_ms": round(busy, 2),
-                            "classes_ms": {k: round(v, 2) for k, v in classes.items()}}
-        prof.export_chrome_trace(str(self.armed / f"{self.armed.name}_{key}.trace.json"))
+        self.phases[key] = {"wall_ms": round(wall_ms, 2), "busy_ms": round(sum(classes.values()), 2),
+                            "classes_ms": {k: round(v, 2) for k, v in classes.items()}, "top": top_kernels(times)}
+        if len(times) <= MAX_TRACE_EVENTS:  # a decode loop's trace runs to millions of events: table only
+            prof.export_chrome_trace(str(self.armed / f"{self.armed.name}_{key}.trace.json"))
 
 
 def profiled(phase: str) -> Callable:
