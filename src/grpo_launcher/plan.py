@@ -144,7 +144,7 @@ class Plan:
         return self.train_devices if self.rollout_devices else 0
 
     def summary(self) -> str:
-        from .launch.secrets import redact_value
+        from .secrets import redact_value
 
         kind = "GPU" if self.use_gpus else "CPU slot"
         return "\n".join(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..envs.base import Prompt
-from ..train.batch import Generation
+from ..batch import Generation
 
 
 @dataclass(frozen=True)

@@ -323,7 +323,7 @@ def _url_host(host: str) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
-    from ..launch.rundir import pid_alive
+    from ..runfiles import pid_alive
 
     if not pid_alive(pid):
         return False

@@ -46,7 +46,7 @@ def private_ray_token(plan: Plan) -> None:
 
     if any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")):
         return
-    from .secrets import write_private
+    from ..secrets import write_private
 
     path = plan.run_dir / ".ray_auth_token"
     write_private(path, secrets.token_hex(32))

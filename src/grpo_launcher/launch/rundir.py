@@ -13,11 +13,9 @@ naming the holder.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
-import shutil
 import socket
 import time
 from contextlib import contextmanager
@@ -25,9 +23,10 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from ..plan import Plan
+from ..runfiles import load_spec_file, pid_alive, write_atomic  # noqa: F401 (launch/ reads them here too)
+from ..secrets import redact_text, save_secrets, secret_values
 from ..spec.compose import spec_to_yaml
 from ..spec.schema import RunSpec
-from .secrets import load_secrets, redact_text, save_secrets, secret_values, write_private
 
 LOCK = ".run.lock"
 GUARD = ".run.lock.guard"
@@ -36,31 +35,6 @@ SUBMIT_GRACE_S = 300  # a lock taken by a launcher that has not yet recorded its
 
 class RunBusy(Exception):
     """The run dir is held by a live job or process (the message names it)."""
-
-
-def write_atomic(path: Path, text: str, mode: Optional[int] = None) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if mode is not None:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-        else:
-            tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise OSError(exc.errno, no_space_message(path)) from exc
-        raise
-
-
-def no_space_message(path: Path) -> str:
-    try:
-        free = f"{shutil.disk_usage(Path(path).parent).free / 2**20:.1f} MiB free"
-    except OSError:
-        free = "free space unknown"
-    return f"no space left on device writing {path} ({free})"
 
 
 def make_private_dir(path: Path) -> None:
@@ -77,19 +51,6 @@ def prepare(spec: RunSpec, plan: Plan) -> Path:
     save_secrets(plan.run_dir, secret_values(spec_as_dict(spec)))
     write_atomic(plan.run_dir / "spec.yaml", redact_text(spec_to_yaml(spec)), mode=0o600)
     return plan.run_dir
-
-
-def load_spec_file(path: Path) -> RunSpec:
-    """The driver's entry: a saved, resolved spec (+ the run dir's secrets) → RunSpec (typed again)."""
-    from omegaconf import OmegaConf
-
-    from ..spec.compose import _unfreeze, to_spec
-
-    # the structured schema of a frozen dataclass is read-only: unfreeze it before merging the file in
-    cfg = OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), OmegaConf.load(path))
-    for key, value in load_secrets(Path(path).parent).items():
-        OmegaConf.update(cfg, key, value, merge=False)
-    return to_spec(cfg)
 
 
 # ------------------------------------------------------------------ the run lock
@@ -111,16 +72,6 @@ def read_lock(run_dir: Path) -> dict:
         return json.loads((Path(run_dir) / LOCK).read_text())
     except (FileNotFoundError, ValueError):
         return {}
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def live_holder(lock: dict) -> Optional[str]:

@@ -14,7 +14,7 @@ import torch
 from ..rollout.hf import HFEngine
 from ..spec.schema import RolloutBackend
 from .profile import profiled
-from ..train.batch import Generation
+from ..batch import Generation
 
 
 class HybridRollout:

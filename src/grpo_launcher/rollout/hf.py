@@ -17,7 +17,7 @@ import time
 import torch
 
 from ..spec.schema import RunSpec
-from ..train.batch import Generation
+from ..batch import Generation
 from .versions import VersionedEngine
 
 WIDTH_BUCKET = 64  # compiled decoding: left-pad prompts to a multiple of this (one cache shape per bucket)

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from ..train.batch import Generation
+from ..batch import Generation
 
 WEIGHTS_GROUP = "weights"  # the concurrency group stage_weights runs in (train/workers.py declares it)
 

@@ -34,7 +34,7 @@ import uuid
 from typing import Any, Optional
 
 from ..spec.schema import RunSpec
-from ..train.batch import Generation
+from ..batch import Generation
 from .versions import VersionedEngine
 
 # Before vLLM is imported anywhere in this process: quiet logs, no usage reports, loopback-only sockets.

@@ -21,7 +21,7 @@ def write_prompting(run_dir: Path, tokenizer, env, data_log=None, model_dir: Pat
     the run loaded (where `launch.py export` finds the tokenizer)."""
     from ..envs.prompting import prompting_record
     from ..export import MODEL_RECORD
-    from ..launch.rundir import write_atomic
+    from ..runfiles import write_atomic
 
     if model_dir is not None:
         write_atomic(Path(run_dir) / MODEL_RECORD, json.dumps({"model_dir": str(Path(model_dir).resolve())}) + "\n")

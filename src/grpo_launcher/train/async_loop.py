@@ -45,7 +45,7 @@ import ray
 import torch
 
 from ..rollout.versions import WEIGHTS_GROUP
-from ..train.batch import Generation, TrainBatch
+from ..batch import Generation, TrainBatch
 from .driver import Timer, Trainer
 
 

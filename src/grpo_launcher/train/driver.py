@@ -16,9 +16,9 @@ import torch
 from .. import algos
 from ..exit_codes import ExitCode
 from ..plan import Plan, make_plan, parse_duration
-from ..spec.schema import RunSpec
-from .batch import Generation, TrainBatch, collate, shard_rows
-from ..launch.secrets import with_http_api_key
+from ..spec.schema import EnvName, RunSpec
+from ..batch import Generation, TrainBatch, collate, shard_rows
+from ..secrets import with_http_api_key
 from .loop_state import LoopState, StopRequest
 from .workers import Workers, create_workers, ray_session
 
@@ -49,7 +49,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
             state = resume_or_start(spec, plan)  # checkpoint + MLflow run
             if state is None:
                 return ExitCode.CONFIG_ERROR
-            from ..launch.repro import record_launch
+            from ..tracking.repro import record_launch
 
             record_launch(spec, plan, state)  # RUN_DIR/repro/: git commit, uncommitted diff, pip freeze (+ MLflow)
             trainer = trainer_class(spec)(spec, plan, env, workers, state, stop, model_dir)
@@ -96,7 +96,7 @@ class StartupClock:
 def trainer_class(spec: RunSpec) -> type:
     """The loop: Trainer, or for env=nemo_gym GymTrainer (Gym's servers around it, rollouts through its agents),
     or with grpo.async_grpo.enabled AsyncTrainer (generation overlaps the update; train/async_loop.py)."""
-    if spec.env.name == "nemo_gym":
+    if spec.env.name == EnvName.nemo_gym:
         from ..gym.trainer import GymTrainer
 
         return GymTrainer
@@ -113,7 +113,7 @@ def publish_rollout_endpoints(spec: RunSpec, plan: Plan, workers: Workers) -> No
         return
     import json
 
-    from ..launch.rundir import write_atomic
+    from ..runfiles import write_atomic
 
     urls = ray.get([r.http_url.remote() for r in workers.rollout])
     write_atomic(plan.run_dir / "rollout_endpoints.json",  # 0600: it holds the servers' API key
@@ -282,7 +282,7 @@ class Trainer:
     def make_batch(self, gens: list[Generation], rewards: torch.Tensor) -> tuple[TrainBatch, dict[str, float]]:
         s = self.spec
         G = self.plan.group_size
-        adv = algos.compute_advantages(s.loss.advantage.value, rewards, G)  # [B] over ALL samples
+        adv = algos.compute_advantages(s.loss.advantage, rewards, G)  # [B] over ALL samples
         truncated = torch.tensor([g.truncated for g in gens])
         sample_mask = algos.overlong_sample_mask(truncated) if s.loss.overlong_filtering else torch.ones(len(gens))
         batch = collate(gens, adv, sample_mask, self.tok.pad_token_id)
@@ -303,7 +303,7 @@ class Trainer:
         isw = None
         if lo.importance_sampling_correction:
             isw = algos.is_correction_weights(prev, batch.generation_logprobs, batch.response_mask,
-                                              mode=lo.is_truncation.value, threshold=lo.is_threshold,
+                                              mode=lo.is_truncation, threshold=lo.is_threshold,
                                               low=lo.is_threshold_low)
         return batch.with_(prev_logprobs=prev, ref_logprobs=ref, is_weights=isw)
 
@@ -314,7 +314,7 @@ class Trainer:
 
         gbs, dp = self.plan.minibatch_size, self.plan.policy_ranks
         minibatches = [batch.select(slice(i, i + gbs)) for i in range(0, len(batch), gbs)]
-        agg = self.spec.loss.aggregation.value
+        agg = self.spec.loss.aggregation
         # global denominators; 0 = no loss-bearing sample in the minibatch: every rank skips its step
         dens = [local_denominator(agg, algos.loss_mask(mb.response_mask, mb.sample_mask)) for mb in minibatches]
         results = ray.get([p.update.remote([mb.select(shard_rows(len(mb), dp, r)) for mb in minibatches], dens)
@@ -404,7 +404,7 @@ class Timer:
 
 
 def main() -> None:
-    from ..launch.rundir import load_spec_file
+    from ..runfiles import load_spec_file
 
     spec = load_spec_file(Path(sys.argv[1]))
     sys.exit(run(spec, make_plan(spec)))

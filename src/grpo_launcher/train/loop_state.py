@@ -15,7 +15,8 @@ from ..spec.schema import RunSpec
 
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
-EXIT_CODES = {signal.SIGUSR1: ExitCode.REQUEUE, signal.SIGTERM: ExitCode.TERMINATED, signal.SIGINT: ExitCode.INTERRUPTED}
+EXIT_CODES: dict[int, ExitCode] = {signal.SIGUSR1: ExitCode.REQUEUE, signal.SIGTERM: ExitCode.TERMINATED,
+                                   signal.SIGINT: ExitCode.INTERRUPTED}
 
 
 @dataclass
@@ -151,7 +152,7 @@ class LoopState:
     def finish(self, status: str) -> None:
         import json
 
-        from ..launch.rundir import write_atomic
+        from ..runfiles import write_atomic
 
         summary = {"status": status, "step": self.step, "metrics": self.last,
                    "mlflow_run_id": self.tracker.run_id if self.tracker else None}

@@ -90,14 +90,14 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
                 "num_cpus": plan.bundle.get("CPU", 1.0) * share, **gpu}
 
-    P = ray.remote(policy_class(spec.train.backend.value))
+    P = ray.remote(policy_class(spec.train.backend))
     ranks = plan.policy_ranks
     policy = [P.options(**on(i)).remote(spec, model_dir, i, ranks, threads) for i in range(ranks)]
     if plan.hybrid_rollout:
         rollout = policy
     else:
         # async GRPO with in-flight weight updates: stage_weights runs beside a generate call (rollout/versions.py)
-        cls = rollout_class(spec.rollout.backend.value)
+        cls = rollout_class(spec.rollout.backend)
         staged = plan.async_grpo and spec.grpo.async_grpo.in_flight_weight_updates
         R = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(cls) if staged else ray.remote(cls)
         tp = spec.rollout.tensor_parallel_size

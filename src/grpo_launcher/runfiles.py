@@ -1,0 +1,64 @@
+"""Run-dir files that the launcher, the driver and the trackers share: atomic writes, the saved spec, pids.
+
+launch/rundir.py builds the run dir (private directories, the redacted spec.yaml, the run lock) and re-exports
+these; train/, tracking/ and gym/ import them from here, so that nothing below the launcher imports launch/.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from .secrets import load_secrets
+from .spec.schema import RunSpec
+
+
+def write_atomic(path: Path, text: str, mode: Optional[int] = None) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if mode is not None:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        else:
+            tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(exc.errno, no_space_message(path)) from exc
+        raise
+
+
+def no_space_message(path: Path) -> str:
+    try:
+        free = f"{shutil.disk_usage(Path(path).parent).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return f"no space left on device writing {path} ({free})"
+
+
+def load_spec_file(path: Path) -> RunSpec:
+    """The driver's entry: a saved, resolved spec (+ the run dir's secrets) → RunSpec (typed again)."""
+    from omegaconf import OmegaConf
+
+    from .spec.compose import _unfreeze, to_spec
+
+    # the structured schema of a frozen dataclass is read-only: unfreeze it before merging the file in
+    cfg = OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), OmegaConf.load(path))
+    for key, value in load_secrets(Path(path).parent).items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return to_spec(cfg)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
