@@ -18,7 +18,8 @@ TRAIN_GEN_LEN_MEAN = "train/gen_len_mean"
 TRAIN_TRUNCATION_RATE = "train/truncation_rate"
 TRAIN_DYNAMIC_SAMPLING_ROUNDS = "train/dynamic_sampling_rounds"
 TRAIN_TOKENS_PER_S = "train/tokens_per_s"
-# per step: the policy update (algos.policy_loss's metrics, combined over micro-batches and ranks)
+# per step: the policy update (algos.policy_loss's metrics, combined over micro-batches and ranks: TRAIN_PREFIX + name)
+TRAIN_PREFIX = "train/"
 TRAIN_LOSS = "train/loss"
 TRAIN_PG_LOSS = "train/pg_loss"
 TRAIN_KL = "train/kl"
@@ -54,7 +55,7 @@ TIME_REFIT_MS = "time/refit_ms"
 TIME_TRAINER_IDLE_S = "time/trainer_idle_s"
 TIME_GENERATION_IDLE_S = "time/generation_idle_s"
 
-METRICS: frozenset[str] = frozenset(v for k, v in dict(globals()).items() if k.isupper() and k != "TIME_PREFIX"
+METRICS: frozenset[str] = frozenset(v for k, v in dict(globals()).items() if k.isupper() and not k.endswith("_PREFIX")
                                     and isinstance(v, str))
 
 
