@@ -1,6 +1,7 @@
-"""Async GRPO (grpo.async_grpo.*; train/async_loop.py): the plan and the rules (fast), the age bound (fast),
-then real runs through launch.py (slow): the bound held and recorded per sample, a stop and resume exact on the
-step axis, and an async run that learns."""
+"""Async GRPO (grpo.async_grpo.*; train/async_loop.py): the plan and the rules (fast), the age bound and the
+versions in the train-data log (fast), then real runs through launch.py (slow): the bound held and recorded per
+sample, a stop and resume exact on the step axis, an async run that learns, and rollout=vllm's async engine with
+in-flight weight updates (requests interrupted and resumed on the new weights)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,32 @@ def test_buffer_refuses_a_sample_past_the_bound():
         RolloutBuffer(max_age=0)
 
 
+def test_train_data_log_records_the_versions_of_every_sample(tmp_path):
+    """policy_version / policy_version_last / age per record, the same fields whichever loop wrote them; a count
+    that does not match the records writes nothing."""
+    from grpo_launcher.tracking import FIELDS, TrainDataLog
+
+    log = TrainDataLog(tmp_path, every=1)
+    base = {f: 0 for f in FIELDS if f not in ("policy_version", "policy_version_last", "age")}
+    path = log.write_step(5, [dict(base, step=5)] * 3, versions=[(4, 4), (2, 3), (3, 4)])
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(r["policy_version"], r["policy_version_last"], r["age"]) for r in rows] == [(4, 4, 0), (2, 3, 2),
+                                                                                         (3, 4, 1)]
+    assert all(tuple(r) == FIELDS for r in rows)
+    for versions in ([(4, 4)] * 2, [(4, 4)] * 4):
+        with pytest.raises(ValueError, match="policy versions"):
+            log.write_step(6, [dict(base, step=6)] * 3, versions=versions)
+    assert log.steps() == [5] and not list(tmp_path.glob("*.partial"))
+    with pytest.raises(ValueError, match="policy_version"):  # records without them and no versions given
+        log.write_step(7, [dict(base, step=7)])
+
+
+def test_sync_loop_versions_are_the_previous_step():
+    from grpo_launcher.train.driver import Trainer
+
+    assert Trainer.sample_versions(None, 7, 3) == [(6, 6)] * 3  # type: ignore[arg-type]
+
+
 MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))  # as test_faults.py
 
 
@@ -80,13 +107,14 @@ def test_separate_hf_engine_records_the_version_it_generated_with():
     ids = [w.engine.tokenizer("4821>")["input_ids"], w.engine.tokenizer("1234>")["input_ids"]]
     first = w.generate_versioned(ids, 2, seed=1)
     assert first["version"] == 0 and len(first["gens"]) == 4 and first["idle_s"] == 0.0
+    assert first["versions"] == [(0, 0)] * 4  # (first, last) per sample: a call in flight is never interrupted
     old = {k: v.clone() for k, v in w.engine.model.state_dict().items()}
     new = {k: v + 0.01 for k, v in old.items()}
     assert w.stage_weights(new, 3) == 3
     name = next(iter(old))
     assert w.version == 0 and torch.equal(w.engine.model.state_dict()[name], old[name])  # not applied yet
     second = w.generate_versioned(ids, 2, seed=1)
-    assert second["version"] == 3 and torch.equal(w.engine.model.state_dict()[name], new[name])
+    assert second["version"] == 3 and second["versions"] == [(3, 3)] * 4 and torch.equal(w.engine.model.state_dict()[name], new[name])
     assert second["idle_s"] >= 0.0 and second["gen_s"] > 0.0
     w.update_weights(old, 4)  # the queued path: applied when the call runs
     assert w.version == 4 and torch.equal(w.engine.model.state_dict()[name], old[name])
@@ -143,10 +171,10 @@ def test_async_run_learns_within_the_age_bound_and_records_versions(tmp_path):
     assert max(d for _, d in depth) <= 2  # N + 1 batches in flight at most
     for step in range(25, 151, 25):
         rows = [json.loads(x) for x in (tmp_path / "h17-learn" / "train_data" /
-                                        f"train_versions_step_{step:06d}.jsonl").read_text().splitlines()]
-        assert len(rows) == 16 * 8 and {r["trained_version"] for r in rows} == {step - 1}
+                                        f"train_data_step_{step:06d}.jsonl").read_text().splitlines()]
+        assert len(rows) == 16 * 8
         assert all(r["age"] == step - 1 - r["policy_version"] and 0 <= r["age"] <= 1 for r in rows)
-        assert (tmp_path / "h17-learn" / "train_data" / f"train_data_step_{step:06d}.jsonl").exists()
+        assert all(r["policy_version_last"] == r["policy_version"] for r in rows)  # no in-flight updates here
 
 
 @pytest.mark.slow

@@ -117,6 +117,7 @@ def test_train_data_log_fields_on_a_real_step(tmp_path):
         assert max(abs(a - b) for a, b in zip(gen, prev)) < 1e-3  # the engine and the trainer agree
         assert rec["truncated"] == (rec["token_ids"][-1] != eos)  # no EOS ⇔ truncated
         assert rec["agent_ref"] == "toy/reverse_digits" and rec["sample_loss_mask"] == 1
+        assert (rec["policy_version"], rec["policy_version_last"], rec["age"]) == (1, 1, 0)  # sync: step - 1
 
 
 # ------------------------------------------------------------------ data parallel == single worker

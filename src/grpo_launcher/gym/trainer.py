@@ -113,7 +113,7 @@ class GymTrainer(Trainer):
             return {}
         return super().validate()
 
-    def _train_data(self, step, prompts, gens, rewards, batch, tokenizer) -> None:
+    def _train_data(self, step, prompts, gens, rewards, batch, tokenizer, versions) -> None:
         st = self.state
         if st.data_log is None or not st.data_log.enabled_for(step):
             return
@@ -125,4 +125,4 @@ class GymTrainer(Trainer):
                 rec["token_loss_mask"] = [0] * p + [int(x) for x in batch.response_mask[i, :n].tolist()]
                 yield rec
 
-        st.data_log.write_step(step, records())
+        st.data_log.write_step(step, records(), versions)

@@ -1,5 +1,12 @@
 """The per-step training-data log: `train_data_step_NNNNNN.jsonl`, one JSON line per sample.
 
+Every record says which weights generated it (the same fields in the sync and the async loop): the policy
+version v is the number of optimizer updates applied, step k trains from version k - 1, and
+  policy_version       the version the sample's generation started on (sync: always k - 1),
+  policy_version_last  the version its last token came from (= policy_version unless an in-flight weight update
+                       interrupted the request and it resumed on newer weights: rollout=vllm's async engine),
+  age                  (k - 1) - policy_version, what grpo.async_grpo.max_trajectory_age_steps bounds.
+
 Each file is written as `.jsonl.partial` (one line at a time, flushed), then fsync'd and renamed to
 `.jsonl`: a crash never leaves a half line in a final file, and a resumed step simply rewrites its file.
 """
@@ -9,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 FIELDS = (
     "step",
@@ -24,6 +31,9 @@ FIELDS = (
     "prev_logprobs",
     "token_loss",
     "truncated",
+    "policy_version",
+    "policy_version_last",
+    "age",
 )
 
 
@@ -46,6 +56,19 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+def with_versions(step: int, records: Iterable[dict[str, Any]],
+                  versions: Sequence[tuple[int, int]]) -> Iterator[dict[str, Any]]:
+    """Each record with policy_version, policy_version_last and age; ValueError if the counts differ."""
+    n = 0
+    for n, record in enumerate(records, 1):
+        if n > len(versions):
+            raise ValueError(f"train-data step {step}: more records than policy versions ({len(versions)})")
+        first, last = versions[n - 1]
+        yield {**record, "policy_version": int(first), "policy_version_last": int(last), "age": step - 1 - int(first)}
+    if n != len(versions):
+        raise ValueError(f"train-data step {step}: {n} records, {len(versions)} policy versions")
+
+
 class TrainDataLog:
     """Writes `dir/train_data_step_{step:06d}.jsonl` every `every` steps."""
 
@@ -61,8 +84,12 @@ class TrainDataLog:
     def path_for(self, step: int) -> Path:
         return self.dir / f"train_data_step_{step:06d}.jsonl"
 
-    def write_step(self, step: int, records: Iterable[dict[str, Any]]) -> Path:
-        """Validate and write every record; the final name appears only once the file is complete."""
+    def write_step(self, step: int, records: Iterable[dict[str, Any]],
+                   versions: Optional[Sequence[tuple[int, int]]] = None) -> Path:
+        """Validate and write every record; the final name appears only once the file is complete.
+        `versions`: (first, last) policy version per record, in order (None: the records carry them)."""
+        if versions is not None:
+            records = with_versions(step, records, versions)
         final = self.path_for(step)
         partial = final.with_name(final.name + ".partial")
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,9 @@ Layout (plan.py, train/workers.py): non-colocated. The policy ranks hold the fir
 HFRolloutWorker (rollout/hf.py), rollout=vllm as it is. The weights travel as a state dict (policy rank 0's).
 
 Versions. The policy version v is the number of optimizer updates applied (= the last finished step): step k
-trains from version k - 1. Every sample records the version of the weights its engine generated it with, and
-its age at step k is (k - 1) - v. With N = grpo.async_grpo.max_trajectory_age_steps, step j's batch is
+trains from version k - 1. Every sample records the versions of the weights its engine generated it with,
+(first, last): equal unless an in-flight update interrupted it (below); its age at step k is (k - 1) - first.
+Both go to the train-data log (policy_version, policy_version_last, age; tracking/train_data_log.py). With N = grpo.async_grpo.max_trajectory_age_steps, step j's batch is
 submitted right after version j - 1 - N was pushed to the engines (the start: steps 1..N+1 on the initial
 weights), so no sample can be older than N; `RolloutBuffer.ages` checks every sample anyway and raises
 StaleTrajectory rather than train on an older one. Up to N + 1 batches are in flight at once.
@@ -15,10 +16,15 @@ StaleTrajectory rather than train on an older one. Up to N + 1 batches are in fl
 Weight pushes (grpo.async_grpo.in_flight_weight_updates), after every update:
   false: `update_weights` is queued on each engine behind the generate calls already submitted (Ray runs an
          actor's calls in order): those finish on the weights they were submitted with;
-  true:  `stage_weights` reaches each engine at once (its own concurrency group) and the engine applies the
-         weights at the start of its next generate call, so calls already queued run on fresher weights.
-In both, a generate call in flight is never interrupted: it finishes on the weights it started with, and
-every sample of one call carries that call's version (rollout/versions.py).
+  true:  `stage_weights` reaches each engine at once (its own concurrency group), and then
+         - rollout=hf, and rollout=vllm's offline engine (rollout.async_engine=false): the engine applies the
+           weights at the start of its next generate call, so calls already queued run on fresher weights; a
+           call in flight finishes on the weights it started with (first = last for every sample);
+         - rollout=vllm with rollout.async_engine=true: applied at once. Requests in flight are interrupted
+           (vLLM's pause_generation(mode="keep"); their KV cache is dropped), the weights reloaded, and they
+           resume on the new weights (KV recomputed): first < last for those samples. The behaviour logprobs
+           stay exact per token (each was recorded when its token was sampled), which is what the IS correction
+           weighs against (rollout/versions.py, rollout/vllm.py).
 
 Off-policy math: the old logprobs are always recomputed by the trainer (plan.logprobs_from_update is False in
 async), and with loss.importance_sampling_correction the loss weighs each token by pi_trainer / pi_rollout
@@ -151,8 +157,11 @@ class AsyncTrainer(Trainer):
         with t("rollout"):  # the trainer waits for its batch (0 when it was generated meanwhile)
             parts = ray.get(entry.calls)
         gens = [x for p in parts for x in p["gens"]]
-        self._versions = [p["version"] for p in parts for _ in p["gens"]]
-        ages = self.buffer.ages(self._versions, self.version)  # StaleTrajectory: never trained on
+        self._versions = [tuple(v) for p in parts for v in p["versions"]]  # (first, last) per sample
+        ages = self.buffer.ages([f for f, _ in self._versions], self.version)  # StaleTrajectory: never trained on
+        if any(not f <= last <= self.version for f, last in self._versions):
+            raise StaleTrajectory(f"a sample's last policy version is outside [first, {self.version}]: "
+                                  "the engines' version bookkeeping is wrong; not trained on")
         with t("score"):
             rewards = self.score(entry.prompts, gens, G)
         self._gen_s = max(p["gen_s"] for p in parts)  # the engines run side by side
@@ -164,7 +173,7 @@ class AsyncTrainer(Trainer):
     def pipeline_metrics(self, step: int, t: Timer) -> dict[str, float]:
         return {**self._pipeline, "time/trainer_idle_s": t.seconds["rollout"]}
 
-    def sample_versions(self, step: int, n: int) -> list[int]:
+    def sample_versions(self, step: int, n: int) -> list[tuple[int, int]]:
         return list(self._versions)
 
     def generation_seconds(self, t: Timer) -> float:

@@ -207,8 +207,7 @@ class Trainer:
         with t("refit"):
             m["time/refit_ms"] = self.refit()
         with t("log"):
-            self.state.train_data(step, prompts, gens, rewards, batch, self.tok)
-            self.state.train_versions(step, self.sample_versions(step, len(gens)), step - 1)
+            self.state.train_data(step, prompts, gens, rewards, batch, self.tok, self.sample_versions(step, len(gens)))
         gen_tokens = int(batch.response_mask.sum())
         m.update(t.as_metrics(), **{"train/dynamic_sampling_rounds": rounds,
                                     "train/tokens_per_s": gen_tokens / max(self.generation_seconds(t), 1e-9)})
@@ -224,9 +223,10 @@ class Trainer:
         return {"buffer/depth": 0.0, "buffer/sample_age_mean": 0.0, "buffer/sample_age_max": 0.0,
                 "train/policy_version": float(step - 1), "time/trainer_idle_s": t.seconds["rollout"]}
 
-    def sample_versions(self, step: int, n: int) -> list[int]:
-        """The policy version each of this step's samples was generated with (sync: the weights of step - 1)."""
-        return [step - 1] * n
+    def sample_versions(self, step: int, n: int) -> list[tuple[int, int]]:
+        """The policy versions each of this step's samples was generated with, (first, last) (the train-data
+        log's policy_version, policy_version_last; sync: the weights of step - 1)."""
+        return [(step - 1, step - 1)] * n
 
     def generation_seconds(self, t: Timer) -> float:
         """Seconds the engines spent generating this step's batch (sync: the rollout phase)."""

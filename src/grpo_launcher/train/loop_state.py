@@ -108,27 +108,14 @@ class LoopState:
         if self.tracker is not None and not self.spec.checkpoint.enabled:
             self.tracker.commit()
 
-    def train_data(self, step, prompts, gens, rewards, batch, tokenizer) -> None:
+    def train_data(self, step, prompts, gens, rewards, batch, tokenizer, versions) -> None:
+        """`versions`: (first, last) policy version per sample (the records' policy_version, policy_version_last)."""
         if self.data_log is None or not self.data_log.enabled_for(step):
             return
         from ..tracking.records import train_data_records
 
-        self.data_log.write_step(step, train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer))
-
-    def train_versions(self, step: int, versions: list[int], trained_from: int) -> None:
-        """Beside the step's train-data file (same cadence): the policy version each sample was generated with,
-        the version the step trained from, and the age (trained_from - version). One JSON line per sample, in
-        the train-data file's order; written whole (a temporary file renamed into place)."""
-        if self.data_log is None or not self.data_log.enabled_for(step):
-            return
-        import json
-
-        from ..launch.rundir import write_atomic
-
-        lines = [json.dumps({"step": step, "sample": i, "policy_version": v, "trained_version": trained_from,
-                             "age": trained_from - v}) for i, v in enumerate(versions)]
-        self.data_log.dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.data_log.dir / f"train_versions_step_{step:06d}.jsonl", "".join(x + "\n" for x in lines))
+        self.data_log.write_step(step, train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer),
+                                 versions)
 
     def save_checkpoint(self, step: int, write: Callable[[Path], None], metrics: dict[str, float]) -> None:
         """Metrics are durable before the checkpoint is visible: they go into its meta.json (pending), the
