@@ -16,6 +16,13 @@ the KV cache is always sized explicitly (`kv_cache_memory_bytes` on CPU: vLLM wo
 RAM); a refit is `reload_weights` with the HF-named state dict + `reset_prefix_cache` (stale KV otherwise);
 the engine starts with dummy weights because the driver refits before the first rollout.
 
+Async GRPO with grpo.async_grpo.in_flight_weight_updates=true (`stage_weights`, beside a generate call): the
+async engine takes the weights at once. vLLM's pause_generation(mode="keep", clear_cache=True) freezes the
+requests in flight and drops their KV cache, the weights are reloaded, and on resume_generation the requests
+are recomputed (prompt + tokens so far) on the new weights and go on: interrupted and resumed. Each request
+reports (first, last) policy version (rollout/versions.py); the tokens and logprobs it had are kept. The
+offline engine holds the actor's thread through a generate call, so it applies staged weights at its next call.
+
 Logprobs: `logprobs_mode="processed_logprobs"` returns log_softmax(logits / temperature) of the sampled
 token, which is the policy's convention (policy/torch_policy.py divides the logits by rollout.temperature);
 at temperature 1 it equals vLLM's default raw logprobs. top-p/top-k stay off (rules.py enforces it), so no
@@ -189,7 +196,8 @@ class VLLMRolloutWorker(VersionedEngine):
         if self.llm is not None:
             outs = self.llm.generate(prompts, params, use_tqdm=False)
         else:
-            outs = self._call(self._agenerate(prompts, params))
+            outs, versions = zip(*self._call(self._agenerate(prompts, params))) if prompts else ((), ())
+            self._sample_versions = [v for v in versions for _ in range(n)]  # per request: its n samples
         self.last_generate_s = time.perf_counter() - t0
         return [g for p, out in zip(prompt_ids, outs) for g in self._unpack(p, out, n)]
 
@@ -204,10 +212,13 @@ class VLLMRolloutWorker(VersionedEngine):
             pass
 
         async def one(prompt, sp):
-            final = None
+            # (first, last) policy version: the weights when the request was submitted (a refit under way then
+            # counts as not yet applied: older, never newer) and when its output came back (an in-flight update,
+            # stage_weights, bumps the version while the request is paused, before it resumes)
+            first, final = self.version, None
             async for out in self.engine.generate(prompt, sp, request_id=f"grpo-{uuid.uuid4().hex}"):
                 final = out
-            return final
+            return final, (first, self.version)
 
         return await asyncio.gather(*(one(p, sp) for p, sp in zip(prompts, params)))
 
@@ -240,18 +251,33 @@ class VLLMRolloutWorker(VersionedEngine):
                 self.llm.collective_rpc("grpo_reload_weights_from_bytes", args=(_to_bytes(state_dict),))
             self.llm.reset_prefix_cache()
         else:
-            self._call(self._aupdate(_to_bytes(state_dict)))
+            self._call(self._aupdate(_to_bytes(state_dict), "wait", version))
         self.refits += 1
         if version is not None:
             self.version = version
         return (time.perf_counter() - t0) * 1e3
 
-    async def _aupdate(self, blob: bytes) -> None:
-        # Let requests in flight (e.g. over HTTP) finish on the old weights; hold new ones until the refit is done.
-        await self.engine.pause_generation(mode="wait", clear_cache=True)
+    def stage_weights(self, state_dict: dict, version: int) -> int:
+        """grpo.async_grpo.in_flight_weight_updates (runs beside a generate call: the "weights" concurrency
+        group). The async engine applies them now: requests in flight are interrupted and resume on the new
+        weights (rollout/versions.py). The offline engine holds the actor's thread for a whole generate call,
+        so it stores them for its next call (VersionedEngine)."""
+        if self._loop is None:
+            return super().stage_weights(state_dict, version)
+        self._call(self._aupdate(_to_bytes(state_dict), "keep", version))
+        self.refits += 1
+        return version
+
+    async def _aupdate(self, blob: bytes, mode: str = "wait", version: int | None = None) -> None:
+        """mode "wait": requests in flight (e.g. over HTTP) finish on the old weights, new ones are held until
+        the refit is done. mode "keep" (in-flight weight updates): requests in flight are frozen, their KV
+        cache dropped (clear_cache preempts them), and they resume on the new weights, recomputing it."""
+        await self.engine.pause_generation(mode=mode, clear_cache=True)
         try:
             await self.engine.collective_rpc("grpo_reload_weights_from_bytes", args=(blob,))
             await self.engine.reset_prefix_cache()
+            if version is not None:
+                self.version = version  # on the loop, before any paused request resumes: their `last`
         finally:
             await self.engine.resume_generation()
 

@@ -8,10 +8,11 @@ HFRolloutWorker (rollout/hf.py), rollout=vllm as it is. The weights travel as a 
 Versions. The policy version v is the number of optimizer updates applied (= the last finished step): step k
 trains from version k - 1. Every sample records the versions of the weights its engine generated it with,
 (first, last): equal unless an in-flight update interrupted it (below); its age at step k is (k - 1) - first.
-Both go to the train-data log (policy_version, policy_version_last, age; tracking/train_data_log.py). With N = grpo.async_grpo.max_trajectory_age_steps, step j's batch is
-submitted right after version j - 1 - N was pushed to the engines (the start: steps 1..N+1 on the initial
-weights), so no sample can be older than N; `RolloutBuffer.ages` checks every sample anyway and raises
-StaleTrajectory rather than train on an older one. Up to N + 1 batches are in flight at once.
+Both go to the train-data log (policy_version, policy_version_last, age; tracking/train_data_log.py).
+With N = grpo.async_grpo.max_trajectory_age_steps, step j's batch is submitted right after version j - 1 - N
+was pushed to the engines (the start: steps 1..N+1 on the initial weights), so no sample can be older than N;
+`RolloutBuffer.ages` checks every sample anyway and raises StaleTrajectory rather than train on an older one.
+Up to N + 1 batches are in flight at once.
 
 Weight pushes (grpo.async_grpo.in_flight_weight_updates), after every update:
   false: `update_weights` is queued on each engine behind the generate calls already submitted (Ray runs an
