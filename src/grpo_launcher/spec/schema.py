@@ -190,8 +190,10 @@ class AsyncGrpoSpec:
     enabled: bool = False  # true: generation of steps k+1..k+N overlaps the update of step k
     # N: a sample generated with policy version v is trained on at step k only if (k - 1) - v <= N (≥ 1)
     max_trajectory_age_steps: int = 1
-    # true: new weights reach an engine at once and apply from its next generate call (calls already queued run
-    # on them); false: they queue behind the calls already submitted. A call in flight is never interrupted.
+    # true: new weights reach an engine at once. rollout=vllm with rollout.async_engine=true: requests in flight
+    # are interrupted and resume on them (per sample: policy_version first, policy_version_last in the data log);
+    # rollout=hf / the offline vllm.LLM: applied from the engine's next generate call (calls already queued run on
+    # them; a call in flight finishes on its weights). false: they queue behind the calls already submitted.
     in_flight_weight_updates: bool = False
 
 
