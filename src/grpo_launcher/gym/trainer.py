@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..tracking import metric_names as M
 from ..train.driver import Trainer
 from .rollouts import RolloutStats, run_rollouts, stamp_row
 from .samples import GymGeneration
@@ -99,13 +100,13 @@ class GymTrainer(Trainer):
             keep[i] = float(g.trainable)
         batch = batch.with_(response_mask=mask, sample_mask=batch.sample_mask * keep)
         lens = mask.sum(-1)
-        m.update({"train/gen_len_mean": float(lens.mean()),
-                  "gym/failed_rollouts": float(sum(bool(g.failed) for g in gens)),
-                  "gym/non_contiguous_samples": float(sum(not g.contiguous for g in gens)),
-                  "gym/env_masked_samples": float(sum(g.mask_sample for g in gens)),
-                  "gym/turns_mean": sum(g.turns for g in gens) / max(len(gens), 1),
-                  "gym/multi_turn_samples": float(sum(g.turns > 1 for g in gens)),
-                  "gym/trainable_samples": float(keep.sum())})
+        m.update({M.TRAIN_GEN_LEN_MEAN: float(lens.mean()),
+                  M.GYM_FAILED_ROLLOUTS: float(sum(bool(g.failed) for g in gens)),
+                  M.GYM_NON_CONTIGUOUS_SAMPLES: float(sum(not g.contiguous for g in gens)),
+                  M.GYM_ENV_MASKED_SAMPLES: float(sum(g.mask_sample for g in gens)),
+                  M.GYM_TURNS_MEAN: sum(g.turns for g in gens) / max(len(gens), 1),
+                  M.GYM_MULTI_TURN_SAMPLES: float(sum(g.turns > 1 for g in gens)),
+                  M.GYM_TRAINABLE_SAMPLES: float(keep.sum())})
         return batch, m
 
     def validate(self) -> dict[str, float]:

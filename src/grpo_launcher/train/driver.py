@@ -17,6 +17,7 @@ from .. import algos
 from ..exit_codes import ExitCode
 from ..plan import Plan, make_plan, parse_duration
 from ..spec.schema import EnvName, RunSpec
+from ..tracking import metric_names as M
 from ..batch import Generation, TrainBatch, collate, shard_rows
 from ..secrets import with_http_api_key
 from .loop_state import LoopState, StopRequest
@@ -205,23 +206,23 @@ class Trainer:
             batch, update_metrics = self.update(batch)
             m.update(update_metrics)
         with t("refit"):
-            m["time/refit_ms"] = self.refit()
+            m[M.TIME_REFIT_MS] = self.refit()
         with t("log"):
             self.state.train_data(step, prompts, gens, rewards, batch, self.tok, self.sample_versions(step, len(gens)))
         gen_tokens = int(batch.response_mask.sum())
-        m.update(t.as_metrics(), **{"train/dynamic_sampling_rounds": rounds,
-                                    "train/tokens_per_s": gen_tokens / max(self.generation_seconds(t), 1e-9)})
+        m.update(t.as_metrics(), **{M.TRAIN_DYNAMIC_SAMPLING_ROUNDS: rounds,
+                                    M.TRAIN_TOKENS_PER_S: gen_tokens / max(self.generation_seconds(t), 1e-9)})
         m.update(pipeline)
-        if "time/generation_idle_s" not in m:  # sync: the engines idle through everything but the rollout
-            m["time/generation_idle_s"] = max(m["time/step_s"] - t.seconds["rollout"], 0.0)
+        if M.TIME_GENERATION_IDLE_S not in m:  # sync: the engines idle through everything but the rollout
+            m[M.TIME_GENERATION_IDLE_S] = max(m[M.TIME_STEP_S] - t.seconds["rollout"], 0.0)
         return m
 
     # ------------------------------------------------------------------ the same metrics in sync and async
     def pipeline_metrics(self, step: int, t: Timer) -> dict[str, float]:
         """Sync: nothing is generated ahead (buffer depth 0, every sample from version step - 1, age 0); the
         trainer waits through the rollout. (AsyncTrainer reports its buffer's figures under the same keys.)"""
-        return {"buffer/depth": 0.0, "buffer/sample_age_mean": 0.0, "buffer/sample_age_max": 0.0,
-                "train/policy_version": float(step - 1), "time/trainer_idle_s": t.seconds["rollout"]}
+        return {M.BUFFER_DEPTH: 0.0, M.BUFFER_SAMPLE_AGE_MEAN: 0.0, M.BUFFER_SAMPLE_AGE_MAX: 0.0,
+                M.TRAIN_POLICY_VERSION: float(step - 1), M.TIME_TRAINER_IDLE_S: t.seconds["rollout"]}
 
     def sample_versions(self, step: int, n: int) -> list[tuple[int, int]]:
         """The policy versions each of this step's samples was generated with, (first, last) (the train-data
@@ -287,10 +288,10 @@ class Trainer:
         sample_mask = algos.overlong_sample_mask(truncated) if s.loss.overlong_filtering else torch.ones(len(gens))
         batch = collate(gens, adv, sample_mask, self.tok.pad_token_id)
         lens = batch.response_mask.sum(-1)
-        m = {"train/reward_mean": float(rewards.mean()), "train/reward_std": float(rewards.std()),
-             "train/accuracy": float((rewards >= 1).float().mean()), "train/adv_mean": float(adv.mean()),
-             "train/adv_std": float(adv.std()), "train/adv_abs_max": float(adv.abs().max()),
-             "train/gen_len_mean": float(lens.mean()), "train/truncation_rate": float(truncated.float().mean())}
+        m = {M.TRAIN_REWARD_MEAN: float(rewards.mean()), M.TRAIN_REWARD_STD: float(rewards.std()),
+             M.TRAIN_ACCURACY: float((rewards >= 1).float().mean()), M.TRAIN_ADV_MEAN: float(adv.mean()),
+             M.TRAIN_ADV_STD: float(adv.std()), M.TRAIN_ADV_ABS_MAX: float(adv.abs().max()),
+             M.TRAIN_GEN_LEN_MEAN: float(lens.mean()), M.TRAIN_TRUNCATION_RATE: float(truncated.float().mean())}
         return batch, m
 
     def compute_logprobs(self, batch: TrainBatch) -> TrainBatch:
@@ -325,13 +326,13 @@ class Trainer:
                                 ref_logprobs=torch.cat(ref) if ref[0] is not None else None)
         first = ("grad_norm", "lr", "skipped_optimizer_steps")  # the same on every rank
         keys = {k for res in results for k in res if k not in first}
-        out = {f"train/{k}": (max if algos.METRIC_REDUCTIONS.get(k) == "max" else sum)(res[k] for res in results if k in res)
+        out = {M.TRAIN_PREFIX + k: (max if algos.METRIC_REDUCTIONS.get(k) == "max" else sum)(res[k] for res in results if k in res)
                for k in keys}  # ranks' weighted means add up; maxima stay maxima
-        out.update({"train/grad_norm": results[0]["grad_norm"], "train/lr": results[0]["lr"],
-                    algos.SKIPPED_STEPS_METRIC: results[0]["skipped_optimizer_steps"],
-                    "train/logprobs_from_update": float(self.plan.logprobs_from_update)})
+        out.update({M.TRAIN_GRAD_NORM: results[0]["grad_norm"], M.TRAIN_LR: results[0]["lr"],
+                    M.TRAIN_SKIPPED_OPTIMIZER_STEPS: results[0]["skipped_optimizer_steps"],
+                    M.TRAIN_LOGPROBS_FROM_UPDATE: float(self.plan.logprobs_from_update)})
         diff = (batch.prev_logprobs - batch.generation_logprobs).abs() * batch.response_mask
-        out["train/gen_vs_policy_logprob_absdiff"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
+        out[M.TRAIN_GEN_VS_POLICY_LOGPROB_ABSDIFF] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
         return batch, out
 
     def refit(self) -> float:
@@ -359,8 +360,8 @@ class Trainer:
             gens = self.generate(chunk, 1, seed=1234 + i)
             rewards.append(self.score(chunk, gens, 1))
         r = torch.cat(rewards)
-        return {"val/reward_mean": float(r.mean()), "val/accuracy": float((r >= 1).float().mean()),
-                "val/samples": float(len(r))}
+        return {M.VAL_REWARD_MEAN: float(r.mean()), M.VAL_ACCURACY: float((r >= 1).float().mean()),
+                M.VAL_SAMPLES: float(len(r))}
 
     def save(self, step: int, metrics: dict[str, float]) -> None:
         def write(tmp: Path) -> None:
@@ -398,8 +399,8 @@ class Timer:
         return _Phase()
 
     def as_metrics(self) -> dict[str, float]:
-        out = {f"time/{k}_s": v for k, v in self.seconds.items()}
-        out["time/step_s"] = time.perf_counter() - self._t0
+        out = {f"{M.TIME_PREFIX}{k}_s": v for k, v in self.seconds.items()}
+        out[M.TIME_STEP_S] = time.perf_counter() - self._t0
         return out
 
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..spec.schema import RunSpec
+from ..tracking import metric_names as M
 
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
@@ -174,9 +175,9 @@ def _data_log(spec: RunSpec, plan: Plan):
 class Progress:
     """A live line per step: a tqdm bar on a terminal, one printed line per step in logs."""
 
-    KEYS = (("reward", "train/reward_mean"), ("val", "val/reward_mean"), ("loss", "train/loss"),
-            ("len", "train/gen_len_mean"), ("kl", "train/kl"), ("clip", "train/clip_fraction"),
-            ("tok/s", "train/tokens_per_s"), ("s", "time/step_s"))
+    KEYS = (("reward", M.TRAIN_REWARD_MEAN), ("val", M.VAL_REWARD_MEAN), ("loss", M.TRAIN_LOSS),
+            ("len", M.TRAIN_GEN_LEN_MEAN), ("kl", M.TRAIN_KL), ("clip", M.TRAIN_CLIP_FRACTION),
+            ("tok/s", M.TRAIN_TOKENS_PER_S), ("s", M.TIME_STEP_S))
 
     def __init__(self, total: int, initial: int, enabled: bool = True):
         self.enabled, self.tty = enabled, sys.stderr.isatty()
