@@ -53,6 +53,7 @@ import torch
 
 from ..rollout.versions import WEIGHTS_GROUP
 from ..batch import Generation, TrainBatch
+from ..tracking import metric_names as M
 from .driver import Timer, Trainer
 
 
@@ -166,13 +167,13 @@ class AsyncTrainer(Trainer):
         with t("score"):
             rewards = self.score(entry.prompts, gens, G)
         self._gen_s = max(p["gen_s"] for p in parts)  # the engines run side by side
-        self._pipeline = {"buffer/depth": float(depth), "buffer/sample_age_mean": sum(ages) / len(ages),
-                          "buffer/sample_age_max": float(max(ages)), "train/policy_version": float(self.version),
-                          "time/generation_idle_s": sum(p["idle_s"] for p in parts) / len(parts)}
+        self._pipeline = {M.BUFFER_DEPTH: float(depth), M.BUFFER_SAMPLE_AGE_MEAN: sum(ages) / len(ages),
+                          M.BUFFER_SAMPLE_AGE_MAX: float(max(ages)), M.TRAIN_POLICY_VERSION: float(self.version),
+                          M.TIME_GENERATION_IDLE_S: sum(p["idle_s"] for p in parts) / len(parts)}
         return gens, entry.prompts, rewards, 1
 
     def pipeline_metrics(self, step: int, t: Timer) -> dict[str, float]:
-        return {**self._pipeline, "time/trainer_idle_s": t.seconds["rollout"]}
+        return {**self._pipeline, M.TIME_TRAINER_IDLE_S: t.seconds["rollout"]}
 
     def sample_versions(self, step: int, n: int) -> list[tuple[int, int]]:
         return list(self._versions)
