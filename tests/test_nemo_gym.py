@@ -116,12 +116,13 @@ def test_gym_mask_sample_is_not_trainable():
 
 def test_make_batch_applies_the_gym_masks():
     from grpo_launcher.gym.trainer import GymTrainer
+    from grpo_launcher.plan import make_plan
 
     spec = load_spec([*GYM, "grpo.num_prompts_per_step=1", "grpo.num_generations_per_prompt=2",
                       "train.global_batch_size=2", "train.micro_batch_size=2", "train.logprob_batch_size=2",
                       "dry_run=true"])
-    t = object.__new__(GymTrainer)  # make_batch needs only the spec and the pad id
-    t.spec = spec
+    t = object.__new__(GymTrainer)  # make_batch needs only the spec, the plan (group size) and the pad id
+    t.spec, t.plan = spec, make_plan(spec)
     t.tok = type("Tok", (), {"pad_token_id": 0})()
     multi = to_generation({"reward": 1.0, "response": {"output": [item([1, 2], [3]), item([1, 2, 3, 7, 7], [4])]}},
                           MATH_ROW)
