@@ -101,7 +101,7 @@ def profiled(phase: str) -> Callable:
     """Method decorator for policy workers (they have `device`): the phase is profiled while armed."""
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
-        def inner(self, *args, **kwargs):
+        def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
             with self.profiler.phase(phase, self.device):
                 return fn(self, *args, **kwargs)
         return inner
@@ -111,6 +111,7 @@ def profiled(phase: str) -> Callable:
 class Profiling:
     """Mixed into the policy workers: the driver's two calls around the profiled step."""
     profiler: PhaseProfiler = PhaseProfiler()  # replaced per instance on arming
+    rank: int  # the worker's (annotation only: set by the worker's __init__)
 
     def start_profile(self, directory: str) -> None:
         path = Path(directory) / f"rank_{self.rank}"

@@ -117,7 +117,7 @@ class AsyncTrainer(Trainer):
         self.version = 0  # optimizer updates applied to the policy = the last finished step
         self.submitted = 0  # the last step whose batch was submitted
         self.pushes: list = []  # update_weights calls queued on the engines, not yet seen to finish
-        self._versions: list[int] = []
+        self._versions: list[tuple[int, int]] = []
         self._gen_s = 0.0
         self._pipeline: dict[str, float] = {}
         if not self.spec.loss.importance_sampling_correction:
@@ -159,7 +159,7 @@ class AsyncTrainer(Trainer):
         with t("rollout"):  # the trainer waits for its batch (0 when it was generated meanwhile)
             parts = ray.get(entry.calls)
         gens = [x for p in parts for x in p["gens"]]
-        self._versions = [tuple(v) for p in parts for v in p["versions"]]  # (first, last) per sample
+        self._versions = [(v[0], v[1]) for p in parts for v in p["versions"]]  # (first, last) per sample
         ages = self.buffer.ages([f for f, _ in self._versions], self.version)  # StaleTrajectory: never trained on
         if any(not f <= last <= self.version for f, last in self._versions):
             raise StaleTrajectory(f"a sample's last policy version is outside [first, {self.version}]: "
