@@ -21,12 +21,13 @@ from ..tracking import metric_names as M
 from ..batch import Generation, TrainBatch, collate, shard_rows
 from ..secrets import with_http_api_key
 from .loop_state import LoopState, StopRequest
+from .startup import StartupClock, process_start, quiet_libraries
 from .workers import Workers, create_workers, ray_session
 
 
 def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
     stop = StopRequest.install()  # first: Slurm's SIGUSR1 during start-up must not kill the driver
-    clock = StartupClock(t_start or process_start())
+    clock = StartupClock(t_start or process_start())  # where the time before step 1 went (train/startup.py)
     quiet_libraries()
     from ..envs import EnvNotAvailable, UserCodeError, make_env
     from ..tracking.report import finish_run, user_code_failed
@@ -38,6 +39,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
     except (EnvNotAvailable, UserCodeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.CONFIG_ERROR
+    clock.mark("env")
     model_dir = prepare_model(spec, plan, env)
     clock.mark("model")
     spec = with_http_api_key(spec)
@@ -45,18 +47,21 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
         stop.reinstall()  # ray.init() replaced the SIGTERM handler with Ray's (which exits without saving)
         clock.mark("ray")
         workers = create_workers(spec, plan, str(model_dir))  # they import and load while the driver sets up
+        clock.mark("workers started")
         trainer = state = None
         try:
             state = resume_or_start(spec, plan)  # checkpoint + MLflow run
             if state is None:
                 return ExitCode.CONFIG_ERROR
+            clock.mark("mlflow" if spec.logging.mlflow else "checkpoints")
             from ..tracking.repro import record_launch
 
             record_launch(spec, plan, state)  # RUN_DIR/repro/: git commit, uncommitted diff, pip freeze (+ MLflow)
+            clock.mark("repro")
             trainer = trainer_class(spec)(spec, plan, env, workers, state, stop, model_dir)
-            clock.mark("driver set-up")
+            clock.mark("tokenizer")
             workers.ready()
-            clock.mark("workers")
+            clock.mark("workers ready")
             publish_rollout_endpoints(spec, plan, workers)
             trainer.clock = clock
             return finish_run(spec, plan, state, trainer.train())  # + where everything is, the curve PNG
@@ -69,29 +74,6 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
         finally:
             workers.shutdown()
             (plan.run_dir / "rollout_endpoints.json").unlink(missing_ok=True)  # its URLs die with the engines
-
-
-def process_start() -> float:
-    import psutil  # a Ray dependency
-
-    return psutil.Process().create_time()
-
-
-class StartupClock:
-    """Where the time before step 1 went: one line in the log after the first step."""
-
-    def __init__(self, t0: float) -> None:
-        self.t0 = self.last = t0
-        self.parts: list[tuple[str, float]] = []
-
-    def mark(self, name: str) -> None:
-        now = time.time()
-        self.parts.append((name, now - self.last))
-        self.last = now
-
-    def report(self) -> str:
-        parts = ", ".join(f"{n} {s:.1f}" for n, s in self.parts)
-        return f"grpo-launcher: start-up {self.last - self.t0:.1f} s to the end of step 1 ({parts})"
 
 
 def trainer_class(spec: RunSpec) -> type:
@@ -121,16 +103,6 @@ def publish_rollout_endpoints(spec: RunSpec, plan: Plan, workers: Workers) -> No
                  json.dumps({"model": spec.model.name, "base_urls": urls, "api_key": spec.rollout.http_api_key or None},
                             indent=1) + "\n", mode=0o600)
     print(f"grpo-launcher: rollout endpoints {' '.join(urls)}", flush=True)
-
-
-def quiet_libraries() -> None:
-    import logging
-    import os
-
-    for key, value in {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                       "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}.items():
-        os.environ.setdefault(key, value)
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
 class Trainer:

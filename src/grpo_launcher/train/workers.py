@@ -20,7 +20,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ..plan import Plan
 from ..policy import policy_class
 from ..rollout import rollout_class
-from ..rollout.versions import WEIGHTS_GROUP
 from ..spec.schema import RunSpec
 
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
@@ -98,6 +97,8 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
     else:
         # async GRPO with in-flight weight updates: stage_weights runs beside a generate call (rollout/versions.py)
         cls = rollout_class(spec.rollout.backend)
+        from ..rollout.versions import WEIGHTS_GROUP  # here: it imports torch, which the env worker (this module) must not
+
         staged = plan.async_grpo and spec.grpo.async_grpo.in_flight_weight_updates
         R = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(cls) if staged else ray.remote(cls)
         tp = spec.rollout.tensor_parallel_size
