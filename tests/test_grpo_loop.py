@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,6 +67,9 @@ def test_default_run_learns(tmp_path):
     assert run.info.status == "FINISHED" and "mlflow.source.git.commit" in run.data.tags
     assert run.data.params["grpo.num_generations_per_prompt"] == "8"
     assert (tmp_path / "tiny-grpo" / "checkpoints").is_dir()
+    # quiet (h15b): no third-party warning or INFO line, and none of ours, on a default run that builds the model
+    noise = [ln for ln in out.splitlines() if re.search(r"Warning|WARNING|\bINFO\b", ln)]
+    assert not noise, noise
 
 
 def test_kill_and_resume_no_gap_no_repeat(tmp_path):

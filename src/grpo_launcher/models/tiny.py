@@ -74,7 +74,7 @@ def warm_start(model, tokenizer, examples: list[tuple[str, str]], seed: int, ste
         loss.backward()
         opt.step()
         if steps >= 20 and (i + 1) % (steps // 4) == 0:
-            print(f"grpo-launcher: warm start {i + 1}/{steps} (loss {float(loss):.3f})", flush=True)
+            print(f"grpo-launcher: warm start {i + 1}/{steps} (loss {loss.item():.3f})", flush=True)
     return float(loss.detach())
 
 

@@ -23,6 +23,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from ..checkpoint.manager import flatten, spec_as_dict
+from . import metric_names as M
 from ..launch.secrets import redact_text, redact_value
 from ..spec.compose import spec_to_yaml
 from ..spec.schema import RunSpec
@@ -38,6 +39,17 @@ STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 # the UI opens an experiment of this kind in its model-training view (charts), not the GenAI (traces) view
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+# Chart order. MLflow's UI (3.x; its JS bundle, RunsChartsCardConfig) groups charts by the metric's prefix
+# (the key up to its last "/"), sections in alphabetical order (buffer, time, train, val; "Model metrics" and
+# "System metrics" last), charts alphabetically within a section: train/reward_mean would be the 27th chart.
+# The run page keeps its layout in the browser only. The experiment's chart view can be stored server-side as a
+# saved view: the experiment tag mlflow.sharedViewState.<id> (what the UI's "Save as new view" / "Share" writes),
+# opened by ?viewStateShareKey=<id>. Ours puts a first section with the reward and validation charts; every
+# other metric follows in the UI's own order.
+CHART_VIEW_ID = "grpo-reward-first"
+CHART_VIEW_TAG = f"mlflow.sharedViewState.{CHART_VIEW_ID}"
+HEADLINE_SECTION = "Reward and validation"
+HEADLINE_METRICS = (M.TRAIN_REWARD_MEAN, M.VAL_REWARD_MEAN, M.TRAIN_ACCURACY, M.VAL_ACCURACY)
 RUN_NOTE = ("GRPO run. Read first: train/reward_mean and val/reward_mean (the task's reward), then train/kl, "
             "train/clip_fraction, time/step_s. Every step's metrics are also in RUN_DIR/metrics.jsonl.")
 
@@ -70,6 +82,29 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def chart_view(created_ms: int) -> str:
+    """The saved view (MLflow's envelope: name, createdAt, updatedAt, state as a JSON string): a first chart
+    section with HEADLINE_METRICS as line charts over steps; the UI adds every other metric after it."""
+    section = {"uuid": "grpo-headline", "name": HEADLINE_SECTION, "display": True, "isReordered": True,
+               "deleted": False, "isGenerated": False}
+    cards = [{"uuid": f"grpo-{key.replace('/', '-')}", "type": "LINE", "runsCountToCompare": 10,
+              "metricSectionId": section["uuid"], "deleted": False, "isGenerated": False, "displayName": key,
+              "metricKey": key, "selectedMetricKeys": [key], "lineSmoothness": 0, "xAxisScaleType": "linear",
+              "scaleType": "linear", "range": {}, "xAxisKey": "step", "selectedXAxisMetricKey": "",
+              "yAxisKey": "METRIC", "yAxisExpressions": [], "ignoreOutliers": False, "useGlobalXaxisKey": True,
+              "useGlobalLineSmoothing": True} for key in HEADLINE_METRICS]
+    state = {"compareRunCharts": cards, "compareRunSections": [section], "isAccordionReordered": True,
+             "hideEmptyCharts": True, "autoRefreshEnabled": True,
+             "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""}}
+    return json.dumps({"name": "GRPO: reward and validation first", "createdAt": created_ms,
+                       "updatedAt": created_ms, "state": json.dumps(state)})
+
+
+def chart_view_path(experiment_id: str) -> str:
+    """The UI route of the experiment's chart view with our saved view (after the UI's base URL and '#')."""
+    return f"/experiments/{experiment_id}/runs?viewStateShareKey={CHART_VIEW_ID}&compareRunsMode=CHART"
 
 
 def default_artifact_location(tracking_uri: str) -> str | None:
@@ -110,10 +145,13 @@ class Tracker:
         if found is not None:
             if EXPERIMENT_KIND[0] not in found.tags:  # made by an older version or by hand: opened as GenAI
                 self.client.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
+            if CHART_VIEW_TAG not in found.tags:  # a user's edit of the view (same id) is kept
+                self.client.set_experiment_tag(found.experiment_id, CHART_VIEW_TAG, chart_view(int(time.time() * 1000)))
             return found.experiment_id
         try:
             return self.client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri),
-                                                  tags=dict([EXPERIMENT_KIND]))
+                                                  tags={EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1],
+                                                        CHART_VIEW_TAG: chart_view(int(time.time() * 1000))})
         except MlflowException:
             found = self.client.get_experiment_by_name(name)
             if found is None:

@@ -73,8 +73,8 @@ def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None) -> s
     ckpt = CheckpointManager(plan.checkpoint_dir, spec)
     best, last = ckpt.best(), ckpt.latest()
     tracker = getattr(state, "tracker", None)
-    rows = [("run dir", plan.run_dir), ("spec", plan.run_dir / "spec.yaml"),
-            ("summary", plan.run_dir / "summary.json")]
+    rows: list[tuple[str, object]] = [("run dir", plan.run_dir), ("spec", plan.run_dir / "spec.yaml"),
+                                      ("summary", plan.run_dir / "summary.json")]
     if best is not None:
         rows.append((f"best checkpoint ({spec.checkpoint.metric})", best))
     if last is not None and last != best:
@@ -83,12 +83,24 @@ def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None) -> s
         rows.append(("reward curve", png))
     if tracker is not None:
         rows.append(("MLflow", f"{plan.tracking_uri}  run {tracker.run_id}"))
+        rows.append(("MLflow charts", chart_link(plan.tracking_uri, tracker.experiment_id)))
     if (plan.run_dir / "repro").is_dir():
         rows.append(("reproduce", f"python launch.py rerun {plan.run_dir}"))
     if best is not None or last is not None:
         rows.append(("export (HF dir)", f"python launch.py export {plan.run_dir}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}} : {v}" for k, v in rows)
+
+
+def chart_link(tracking_uri: str, experiment_id: str) -> str:
+    """The experiment's chart view, reward and validation first (tracking/mlflow_tracker.py CHART_VIEW_ID): on an
+    MLflow server its URL; on a local store the UI to start (make mlflow-ui's port) and the URL it serves."""
+    from .mlflow_tracker import chart_view_path
+
+    route = chart_view_path(experiment_id)
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/#{route}"
+    return f"mlflow ui --backend-store-uri {tracking_uri} --port 5000, then http://127.0.0.1:5000/#{route}"
 
 
 def finish_run(spec: RunSpec, plan: Plan, state, rc: int) -> int:

@@ -175,7 +175,8 @@ def _data_log(spec: RunSpec, plan: Plan):
 class Progress:
     """A live line per step: a tqdm bar on a terminal, one printed line per step in logs."""
 
-    KEYS = (("reward", M.TRAIN_REWARD_MEAN), ("val", M.VAL_REWARD_MEAN), ("loss", M.TRAIN_LOSS),
+    # what a user reads (no loss: GRPO's is ~0 by construction, the advantages are centred)
+    KEYS = (("reward", M.TRAIN_REWARD_MEAN), ("val", M.VAL_REWARD_MEAN),
             ("len", M.TRAIN_GEN_LEN_MEAN), ("kl", M.TRAIN_KL), ("clip", M.TRAIN_CLIP_FRACTION),
             ("tok/s", M.TRAIN_TOKENS_PER_S), ("s", M.TIME_STEP_S))
 

@@ -1,0 +1,72 @@
+"""A quiet start (h15b): the env worker imports no torch, our own code raises no warning, the per-step line shows
+what a user reads, and MLflow's experiment chart view opens with the reward and validation charts first."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+from grpo_launcher.spec.schema import LoggingSpec, RunSpec
+from grpo_launcher.tracking.mlflow_tracker import CHART_VIEW_ID, CHART_VIEW_TAG, HEADLINE_METRICS, Tracker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_env_worker_module_imports_no_torch():
+    """The env worker (a Ray actor of train/workers.EnvWorker) loads only its module and the env: no torch
+    (~150 MiB PSS and a second or more of CPU at start-up on every run)."""
+    code = ("import sys, grpo_launcher.train.workers, grpo_launcher.envs.toy, grpo_launcher.envs.math; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_tiny_warm_start_raises_no_warning():
+    """models/tiny.py reads the loss as a number without the 'requires_grad ... to a scalar' UserWarning."""
+    from grpo_launcher.envs.toy import ReverseDigitsEnv
+    from grpo_launcher.models.tiny import build_model, build_tokenizer, warm_start
+
+    spec = RunSpec()
+    tok = build_tokenizer()
+    model = build_model(spec.model, tok, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = warm_start(model, tok, ReverseDigitsEnv(spec.env).warmup_examples(64), seed=0, steps=20)
+    assert loss > 0
+
+
+def test_step_line_shows_what_a_user_reads(capsys):
+    from grpo_launcher.train.loop_state import Progress
+
+    Progress(5, 0).update(1, {"train/reward_mean": 0.5, "train/loss": 1e-9, "train/kl": 0.01,
+                              "train/clip_fraction": 0.1, "train/tokens_per_s": 2000.0, "time/step_s": 0.3,
+                              "val/reward_mean": 0.25})
+    line = capsys.readouterr().out.strip()
+    assert line == "step 1/5 reward=0.5 val=0.25 kl=0.01 clip=0.1 tok/s=2e+03 s=0.3", line
+
+
+def test_experiment_chart_view_puts_reward_and_validation_first(tmp_path):
+    """The experiment carries MLflow's saved-view tag: its state's first section holds the reward and validation
+    charts (the UI adds every other metric after them); a view the user changed (same id) is kept."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    t = Tracker(RunSpec(name="r", logging=LoggingSpec(experiment="h15b-charts")), uri, tmp_path / "r")
+    tags = t.client.get_experiment(t.experiment_id).tags
+    view = json.loads(tags[CHART_VIEW_TAG])
+    assert isinstance(view["name"], str) and isinstance(view["createdAt"], int) and isinstance(view["state"], str)
+    state = json.loads(view["state"])
+    (section,) = state["compareRunSections"]
+    assert state["isAccordionReordered"] and section["isReordered"]
+    charts = [c["metricKey"] for c in state["compareRunCharts"] if c["metricSectionId"] == section["uuid"]]
+    assert charts[:2] == ["train/reward_mean", "val/reward_mean"] and tuple(charts) == HEADLINE_METRICS
+    t.close()
+    t.client.set_experiment_tag(t.experiment_id, CHART_VIEW_TAG, "edited")
+    t2 = Tracker(RunSpec(name="r2", logging=LoggingSpec(experiment="h15b-charts")), uri, tmp_path / "r2")
+    assert t2.client.get_experiment(t.experiment_id).tags[CHART_VIEW_TAG] == "edited"
+    t2.close()
+    from grpo_launcher.tracking.report import chart_link
+
+    assert chart_link(uri, t.experiment_id).endswith(
+        f"#/experiments/{t.experiment_id}/runs?viewStateShareKey={CHART_VIEW_ID}&compareRunsMode=CHART")
