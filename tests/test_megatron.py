@@ -8,6 +8,7 @@ and a 5-step GRPO run through launch.py.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import subprocess
@@ -333,8 +334,12 @@ def test_grpo_run_with_megatron_backend(tmp_path):
     pytest.importorskip("megatron.core")
     env = dict(os.environ, GRPO_MEGATRON_CPU_SHIM=SHIM)
     cmd = [sys.executable, "-u", str(ROOT / "launch.py"), "train.backend=megatron", "grpo.max_steps=5",
-           "logging.mlflow=false", f"output_root={tmp_path}"]
+           "logging.mlflow=false", f"output_root={tmp_path}", "logging.profile_step=3"]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:]
     ckpts = list((tmp_path / "tiny-grpo" / "checkpoints").rglob("model.safetensors"))
     assert ckpts, proc.stdout[-2000:]
+    # logging.profile_step=3: step 3's phases by kernel class, as printed and as written per rank
+    assert "grpo-launcher: profile of step 3" in proc.stdout
+    phases = json.loads((tmp_path / "tiny-grpo" / "profile" / "step_3" / "rank_0" / "rank_0.json").read_text())
+    assert {"generate", "update"} <= set(phases) and phases["update"]["classes_ms"]["gemm"] > 0
