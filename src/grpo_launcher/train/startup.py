@@ -15,6 +15,7 @@ with Ray's own processes, and the GIL serialises the rest; one launch timed out 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 
@@ -43,7 +44,8 @@ class StartupClock:
 
 def quiet_libraries() -> None:
     """Third-party chatter off at its source (set before they are imported): transformers' and the Hub's
-    progress/info output, MLflow's INFO lines (e.g. "Creating initial MLflow database tables")."""
+    progress/info output, MLflow's INFO lines (e.g. "Creating initial MLflow database tables"), raw colour codes
+    in a log file."""
     import logging
 
     for key, value in {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -52,3 +54,5 @@ def quiet_libraries() -> None:
         os.environ.setdefault(key, value)
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    if not sys.stderr.isatty():  # workers' lines reach a log file: Ray's "(Worker pid=...)" prefix uncoloured
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
