@@ -1,5 +1,5 @@
 """Moved to grpo_launcher/secrets.py (the Plan, the driver and the tracker use it too); re-exported for the
-imports that still name launch.secrets (tracking/mlflow_tracker.py)."""
+imports that still name launch.secrets (older scripts and tests)."""
 
 from __future__ import annotations
 

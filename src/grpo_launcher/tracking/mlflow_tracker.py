@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from ..checkpoint.manager import flatten, spec_as_dict
 from . import metric_names as M
-from ..launch.secrets import redact_text, redact_value
+from ..secrets import redact_text, redact_value
 from ..spec.compose import spec_to_yaml
 from ..spec.schema import RunSpec
 
