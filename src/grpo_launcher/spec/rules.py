@@ -978,7 +978,7 @@ def env_data_and_code(s: RunSpec) -> Iterator[Violation]:
 @rule
 def run_name_not_finished(s: RunSpec) -> Iterator[Violation]:
     """Re-launching a finished run's name would train nothing (and overwrite its summary): refused."""
-    from ..launch.finished import finished_problem
+    from ..finished import finished_problem
 
     problem = finished_problem(s)
     if problem:
