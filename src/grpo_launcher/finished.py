@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from .spec.schema import RunSpec
 
 STEP_DIR = re.compile(r"step_(\d+)")
 
@@ -19,7 +22,7 @@ def last_checkpoint_step(run_dir: Path) -> Optional[int]:
     return max(steps) if steps else None
 
 
-def finished_problem(spec) -> Optional[tuple[str, str]]:
+def finished_problem(spec: RunSpec) -> Optional[tuple[str, str]]:
     """(message, fix) when resuming this run name would have nothing to train, else None."""
     from .spec.schema import Resume
 
