@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
 
 
 def single_run(overrides: list[str], source: ConfigSource) -> int:
-    from ..spec.preflight import preflight
+    from .preflight import preflight
     from . import execute
 
     try:

@@ -108,7 +108,7 @@ def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:
 def run_point(cfg: DictConfig) -> Optional[float]:
     """The task of one sweep point: the same flow as a single run. Returns the objective when known."""
     from ..launch import execute
-    from ..spec.preflight import preflight_config
+    from .preflight import preflight_config
 
     spec, plan = preflight_config(cfg, task_overrides())
     code = execute(spec, plan)
@@ -131,7 +131,7 @@ def point_problems(cfg: Optional[DictConfig], overrides: Sequence[str] = (),
                    compose_error: Optional[BaseException] = None) -> tuple[Optional[RunSpec], list[str]]:
     """(the point's spec, its violations rendered): every pre-flight check, as for a single run."""
     from ..spec.compose import _composition_violation
-    from ..spec.preflight import preflight_config
+    from .preflight import preflight_config
 
     if cfg is None:  # the point did not even compose (e.g. model=nope in a,b)
         return None, [_composition_violation(compose_error).render()]

@@ -1,85 +1,14 @@
-"""Pre-flight, end to end: compose → spec → validate → plan → render → round-trip. Nothing escapes but ConfigError.
-
-Every stage's failure becomes a `config error` naming the key: the rules name theirs; a failure no rule
-foresaw is still reported (rule `preflight_<stage>`, the exception's text) instead of a traceback.
-"""
+"""Moved to grpo_launcher/launch/preflight.py (pre-flight renders the sbatch script and writes a run dir: launch
+steps); re-exported for older imports."""
 
 from __future__ import annotations
 
-import dataclasses
-import tempfile
-from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
-
-from .compose import ConfigSource, checked_spec, load_spec, roundtrip_problems
-from .errors import ConfigError, Violation
-from .schema import ClusterKind, RunSpec
-
-T = TypeVar("T")
-
-
-def guarded(stage: str, fn: Callable[[], T]) -> T:
-    """Run one stage; any exception but ConfigError becomes a ConfigError naming the stage."""
-    try:
-        return fn()
-    except ConfigError:
-        raise
-    except Exception as exc:
-        first = (str(exc).splitlines() or [""])[0][:300]
-        raise ConfigError([Violation(f"preflight_{stage}", (f"<{stage}>",), f"{type(exc).__name__}: {first}",
-                                     "fix the values named above; if none is, report this config")]) from exc
-
-
-def job_spec(spec: RunSpec) -> RunSpec:
-    """The spec the job itself reads (a Slurm job: output_root made absolute)."""
-    if spec.cluster.kind != ClusterKind.slurm:
-        return spec
-    return dataclasses.replace(spec, output_root=str(Path(spec.output_root).resolve()))
-
-
-def render_job(spec: RunSpec, plan: Any) -> Optional[str]:
-    """The sbatch script a Slurm run would submit (None for local runs)."""
-    if spec.cluster.kind != ClusterKind.slurm:
-        return None
-    from ..launch.sbatch import render
-
-    return render(job_spec(spec), plan)
-
-
-def read_back_as_the_job(plan: Any) -> Callable[[RunSpec], RunSpec]:
-    """Write the spec as a run dir gets it (launch/rundir.py: redacted spec.yaml + secrets), into a temporary
-    directory, and read it as the job's driver does (rundir.load_spec_file)."""
-    def read_back(spec: RunSpec) -> RunSpec:
-        from ..launch import rundir
-
-        with tempfile.TemporaryDirectory(prefix="grpo-spec-") as tmp:
-            rundir.prepare(spec, dataclasses.replace(plan, run_dir=Path(tmp)))
-            return rundir.load_spec_file(Path(tmp) / "spec.yaml")
-
-    return read_back
-
-
-def finish(spec: RunSpec) -> tuple[RunSpec, Any]:
-    """A validated spec → (spec, plan): the plan derived, the job script rendered, spec.yaml round-tripped."""
-    from ..plan import make_plan
-
-    plan = guarded("plan", lambda: make_plan(spec))
-    guarded("render", lambda: render_job(spec, plan))
-    problems = guarded("roundtrip", lambda: roundtrip_problems(job_spec(spec), read_back_as_the_job(plan)))
-    if problems:
-        raise ConfigError(problems)
-    return spec, plan
-
-
-def preflight(overrides: list[str], source: Optional[ConfigSource] = None) -> tuple[RunSpec, Any]:
-    """A single run's overrides → (spec, plan), or ONE ConfigError with every problem."""
-    spec = guarded("compose", lambda: load_spec(overrides, source=source))
-    return finish(spec)
-
-
-def preflight_config(cfg: Any, overrides: list[str]) -> tuple[RunSpec, Any]:
-    """A composed sweep point → (spec, plan), or ONE ConfigError (same checks as a single run)."""
-    from .compose import _override_key
-
-    spec = guarded("compose", lambda: checked_spec(cfg, [_override_key(o) for o in overrides]))
-    return finish(spec)
+from ..launch.preflight import (  # noqa: F401 (re-exported)
+    finish,
+    guarded,
+    job_spec,
+    preflight,
+    preflight_config,
+    read_back_as_the_job,
+    render_job,
+)
