@@ -80,7 +80,7 @@ def trainer_class(spec: RunSpec) -> type:
     """The loop: Trainer, or for env=nemo_gym GymTrainer (Gym's servers around it, rollouts through its agents),
     or with grpo.async_grpo.enabled AsyncTrainer (generation overlaps the update; train/async_loop.py)."""
     if spec.env.name == EnvName.nemo_gym:
-        from ..gym.trainer import GymTrainer
+        from .gym_loop import GymTrainer
 
         return GymTrainer
     if spec.grpo.async_grpo.enabled:
