@@ -26,7 +26,7 @@ class ExportError(Exception):
 
 def pick_checkpoint(run_dir: Path, step: Optional[int], last: bool) -> Path:
     from .checkpoint import CheckpointManager
-    from .launch.rundir import load_spec_file
+    from .runfiles import load_spec_file
 
     spec = load_spec_file(run_dir / "spec.yaml")
     ckpt = CheckpointManager(run_dir / "checkpoints", spec)
@@ -51,7 +51,7 @@ def tokenizer_source(run_dir: Path, ckpt: Path) -> Path:
         model_dir = Path(json.loads(record.read_text())["model_dir"])
         if model_dir.is_dir():
             return model_dir
-    from .launch.rundir import load_spec_file
+    from .runfiles import load_spec_file
 
     spec = load_spec_file(run_dir / "spec.yaml")
     if spec.model.path and Path(spec.model.path).is_dir():

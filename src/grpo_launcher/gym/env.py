@@ -60,7 +60,7 @@ class GymEnv:
     @staticmethod
     def trainer_class() -> type:
         """The driver's loop for this env: Gym's servers around it, rollouts and rewards through Gym's agents."""
-        from .trainer import GymTrainer  # imports train.driver: not at module import (the registry imports us)
+        from ..train.gym_loop import GymTrainer  # imports train.driver: not at module import (the registry imports us)
 
         return GymTrainer
 

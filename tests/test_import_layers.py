@@ -1,0 +1,117 @@
+"""Imports flow one way: launch → train → policy/rollout/envs/gym → algos/spec/tracking → package level → the
+spec's vocabulary (spec/schema.py, spec/errors.py). Every import in src/grpo_launcher (module level and
+inside functions, read with ast) may name its own layer or one below; ALLOWED lists the few that go up, each with
+its reason (a stale entry fails too, so the list only shrinks)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from helpers import ROOT
+
+SRC = ROOT / "src"
+PKG = "grpo_launcher"
+
+# the lower the number, the lower the layer; a module imports its own layer or lower
+LAYERS = {"launch": 5, "train": 4, "policy": 3, "rollout": 3, "envs": 3, "gym": 3,
+          "algos": 2, "spec": 2, "tracking": 2, "models": 2, "checkpoint": 1}
+PACKAGE_LEVEL = 1  # batch.py, plan.py, secrets.py, runfiles.py, exit_codes.py, ...; checkpoint/ is a run-dir store
+VOCABULARY = {"spec.schema", "spec.errors"}  # what every layer is typed against: layer 0
+
+ALLOWED = {
+    ("spec.preflight", "launch.preflight"): "re-export of the module's new place, for older imports",
+    ("gym.trainer", "train.gym_loop"): "re-export of the module's new place, for older imports",
+    ("gym.env", "train.gym_loop"): "the env names its loop (trainer_class), imported only when asked",
+    ("gym.probe", "train.setup"): "a diagnostic script (python -m grpo_launcher.gym.probe) builds the model as the "
+                                  "driver does",
+    ("runfiles", "spec.compose"): "load_spec_file reads spec.yaml back through the spec's own composition",
+    ("spec.rules", "envs.preflight"): "a rule delegates to the env room's own pre-flight check",
+    ("spec.rules", "gym.preflight"): "a rule delegates to the Gym room's own pre-flight check",
+    ("spec.rules", "gym.install"): "a rule asks whether Gym's venv is installed",
+    ("spec.rules", "policy.megatron_convert"): "a rule asks which HF architectures the Megatron converter maps",
+    ("tracking.records", "envs.base"): "type annotation only (TYPE_CHECKING)",
+    ("tracking.report", "envs.prompting"): "the run's prompting record comes from the env's prompt builder",
+    ("tracking.repro", "envs.rewards"): "the user's reward files are recorded to reproduce the run",
+    ("tracking.repro", "envs.usercode"): "the user's reward files are recorded to reproduce the run",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    base = SRC.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def imported(path: Path):
+    """(line, module) for every grpo_launcher module this file imports, relative imports resolved."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            # `from . import rundir` names a module; `from .x import f` names x
+            names = [f"{mod}.{a.name}" if is_module(f"{mod}.{a.name}") else mod for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name == PKG or name.startswith(PKG + "."):
+                yield node.lineno, name
+
+
+def short(name: str) -> str:
+    return name[len(PKG) + 1:] if name.startswith(PKG + ".") else ""
+
+
+def layer(name: str) -> int:
+    s = short(name)
+    if s in VOCABULARY or any(s.startswith(v + ".") for v in VOCABULARY):
+        return 0
+    top = s.split(".")[0]
+    if top in LAYERS:
+        return LAYERS[top]
+    assert s == "" or "." not in s, f"{name}: a new subpackage needs its layer in LAYERS"
+    return PACKAGE_LEVEL
+
+
+def upward_imports() -> dict[tuple[str, str], str]:
+    found = {}
+    for path in sorted((SRC / PKG).rglob("*.py")):
+        me = module_name(path)
+        for line, target in imported(path):
+            if layer(target) > layer(me):
+                found[(short(me), short(target))] = f"{path.relative_to(ROOT)}:{line}"
+    return found
+
+
+def test_every_subpackage_has_a_layer():
+    for d in sorted((SRC / PKG).iterdir()):
+        if (d / "__init__.py").is_file() or (d.is_dir() and any(d.glob("*.py"))):
+            assert d.name in LAYERS, f"src/{PKG}/{d.name}/ has no layer in LAYERS"
+
+
+def test_imports_flow_one_way():
+    found = upward_imports()
+    up = {k: where for k, where in found.items() if k not in ALLOWED}
+    assert not up, "upward imports (a module imports a layer above its own):\n" + "\n".join(
+        f"  {where}: {a} imports {b}" for (a, b), where in sorted(up.items()))
+    stale = sorted(set(ALLOWED) - set(found))
+    assert not stale, f"ALLOWED entries no longer needed (remove them): {stale}"
+
+
+def test_the_walk_sees_lazy_relative_imports():
+    """An import inside a function, relative, is found and resolved; the layers order as the docstring says."""
+    names = {t for _, t in imported(SRC / PKG / "spec" / "rules.py")}
+    assert f"{PKG}.finished" in names and f"{PKG}.gym.install" in names  # both inside rule functions
+    assert layer(f"{PKG}.launch.preflight") > layer(f"{PKG}.spec.rules") > layer(f"{PKG}.plan") > \
+        layer(f"{PKG}.spec.schema")
