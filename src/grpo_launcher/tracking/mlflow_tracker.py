@@ -50,8 +50,9 @@ CHART_VIEW_ID = "grpo-reward-first"
 CHART_VIEW_TAG = f"mlflow.sharedViewState.{CHART_VIEW_ID}"
 HEADLINE_SECTION = "Reward and validation"
 HEADLINE_METRICS = (M.TRAIN_REWARD_MEAN, M.VAL_REWARD_MEAN, M.TRAIN_ACCURACY, M.VAL_ACCURACY)
-RUN_NOTE = ("GRPO run. Read first: train/reward_mean and val/reward_mean (the task's reward), then train/kl, "
-            "train/clip_fraction, time/step_s. Every step's metrics are also in RUN_DIR/metrics.jsonl.")
+RUN_NOTE = (f"GRPO run. Read first: {M.TRAIN_REWARD_MEAN} and {M.VAL_REWARD_MEAN} (the task's reward), then "
+            f"{M.TRAIN_KL}, {M.TRAIN_CLIP_FRACTION}, {M.TIME_STEP_S}. Every step's metrics are also in "
+            "RUN_DIR/metrics.jsonl.")
 
 
 def param_value(value: Any) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CURVES = (("train/reward_mean", "train reward"), ("val/reward_mean", "validation reward"))
+from . import metric_names as M
+
+CURVES = ((M.TRAIN_REWARD_MEAN, "train reward"), (M.VAL_REWARD_MEAN, "validation reward"))
 
 
 def plot_curves(series: dict[str, list[tuple[int, float]]], out: Path, title: str) -> Path | None:
