@@ -22,8 +22,9 @@ def per_token_loss(batch: TrainBatch, spec: RunSpec) -> torch.Tensor:
 
 
 def train_data_records(step: int, prompts: Sequence[Prompt], gens: Sequence[Generation], rewards: Sequence[float],
-                       batch: TrainBatch, spec: RunSpec, tokenizer: Any) -> Iterator[dict[str, Any]]:
-    G = spec.grpo.num_generations_per_prompt
+                       batch: TrainBatch, spec: RunSpec, tokenizer: Any, group_size: int) -> Iterator[dict[str, Any]]:
+    """group_size: the Plan's (one prompt's samples, contiguous in `gens`)."""
+    G = group_size
     loss = per_token_loss(batch, spec)
     for i, g in enumerate(gens):
         n, p = len(g.response_ids), len(g.prompt_ids)

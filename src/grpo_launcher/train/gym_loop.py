@@ -122,7 +122,8 @@ class GymTrainer(Trainer):
         from ..tracking.records import train_data_records
 
         def records():
-            for i, rec in enumerate(train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer)):
+            for i, rec in enumerate(train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer,
+                                                       self.plan.group_size)):
                 p, n = len(gens[i].prompt_ids), len(gens[i].response_ids)
                 rec["token_loss_mask"] = [0] * p + [int(x) for x in batch.response_mask[i, :n].tolist()]
                 yield rec

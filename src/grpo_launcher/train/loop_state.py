@@ -115,8 +115,8 @@ class LoopState:
             return
         from ..tracking.records import train_data_records
 
-        self.data_log.write_step(step, train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer),
-                                 versions)
+        self.data_log.write_step(step, train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer,
+                                                          self.plan.group_size), versions)
 
     def save_checkpoint(self, step: int, write: Callable[[Path], None], metrics: dict[str, float]) -> None:
         """Metrics are durable before the checkpoint is visible: they go into its meta.json (pending), the
