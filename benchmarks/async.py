@@ -2,6 +2,7 @@
 and steps/s.
 
     python benchmarks/async.py [--steps 150] [--rounds 1]      (writes benchmarks/results/async.md)
+    python benchmarks/async.py --vllm --out FILE                (rollout=vllm: sync vs async with in-flight updates)
 
 Configurations (all: cluster.cpu_workers_per_node=2, the default task, seeds and batch; validation at the start
 and every --val-period steps):
@@ -9,6 +10,10 @@ and every --val-period steps):
     async age 1    1 policy rank + 1 engine of its own (cluster.rollout_devices=1), max_trajectory_age_steps=1,
                    IS correction (loss.is_truncation=tis, loss.is_threshold=2)
     async age 2    the same, max_trajectory_age_steps=2
+With --vllm (rollout=vllm, vLLM's CPU build, the same two slots):
+    sync vllm      colocated: 2 policy ranks (DP 2), 2 vllm.LLM engines sharing their slots
+    async vllm     1 policy rank + 1 AsyncLLM engine of its own (rollout.async_engine=true), age 1, in-flight
+                   weight updates (requests in flight are interrupted and resume on the new weights), IS correction
 Runs alternate (sync, async 1, async 2, sync, ...) so that a change in the machine's load hits every one. Each
 run's output lines are timestamped here; "to +0.3" is the wall time from the end of step 1 (Ray and the actors
 are up) to the first validation at least 0.3 above the run's own step-0 validation, and also from the launch.
@@ -37,6 +42,12 @@ CONFIGS = {
     "sync (DP 2, colocated)": [],
     "async age 1": [*ASYNC, "grpo.async_grpo.max_trajectory_age_steps=1"],
     "async age 2": [*ASYNC, "grpo.async_grpo.max_trajectory_age_steps=2"],
+}
+VLLM_CONFIGS = {
+    "sync vllm (DP 2, colocated)": ["rollout=vllm"],
+    "async vllm age 1, in-flight updates": ["rollout=vllm", "rollout.async_engine=true", *ASYNC,
+                                            "grpo.async_grpo.max_trajectory_age_steps=1",
+                                            "grpo.async_grpo.in_flight_weight_updates=true"],
 }
 STEP = re.compile(r"^step (\d+)/(\d+)")
 
@@ -98,9 +109,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--val-period", type=int, default=5)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "async.md")
+    ap.add_argument("--vllm", action="store_true", help="rollout=vllm: sync vs async (age 1, in-flight updates)")
     a = ap.parse_args()
+    configs = VLLM_CONFIGS if a.vllm else CONFIGS
     before = uptime()
-    results: dict[str, list[dict]] = {k: [] for k in CONFIGS}
+    results: dict[str, list[dict]] = {k: [] for k in configs}
     with tempfile.TemporaryDirectory(prefix="h17-async-bench-") as d:
         root = Path(d)
         models = root / "models"
@@ -110,21 +123,22 @@ def main() -> None:
                         "logging.mlflow=false"], check=True, capture_output=True, cwd=ROOT)
         shutil.move(str(root / "warm" / ".models"), models)
         for i in range(a.rounds):
-            for j, (name, extra) in enumerate(CONFIGS.items()):
+            for j, (name, extra) in enumerate(configs.items()):
                 r = run(root / f"round{i}-config{j}", models, a.steps, a.val_period, extra)
                 results[name].append(r)
                 print(name, json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
                       flush=True)
     after = uptime()
-    sync = results["sync (DP 2, colocated)"]
+    sync = results[next(iter(configs))]
 
     def med(rs: list[dict], key: str):
         vals = [r[key] for r in rs if r[key] is not None]
         return statistics.median(vals) if vals else None
 
     base_t, base_sps = med(sync, "to_target_s"), med(sync, "steps_per_s")
-    cmd = f"python benchmarks/async.py --steps {a.steps} --rounds {a.rounds} --val-period {a.val_period}"
-    lines = [f"# Sync vs async GRPO, toy task, 2 CPU worker slots ({a.steps} steps, 16 prompts × 8 samples)", "",
+    cmd = (f"python benchmarks/async.py --steps {a.steps} --rounds {a.rounds} --val-period {a.val_period}"
+           + (" --vllm" if a.vllm else ""))
+    lines = [f"# Sync vs async GRPO{' (rollout=vllm)' if a.vllm else ''}, toy task, 2 CPU worker slots ({a.steps} steps, 16 prompts × 8 samples)", "",
              f"command: `{cmd}`", "",
              f"- machine load before: `{before}`", f"- machine load after: `{after}`",
              ("- the machine is shared (2 cores, other agents' jobs run beside this one): figures move with its "
