@@ -343,3 +343,18 @@ def test_grpo_run_with_megatron_backend(tmp_path):
     assert "grpo-launcher: profile of step 3" in proc.stdout
     phases = json.loads((tmp_path / "tiny-grpo" / "profile" / "step_3" / "rank_0" / "rank_0.json").read_text())
     assert {"generate", "update"} <= set(phases) and phases["update"]["classes_ms"]["gemm"] > 0
+
+
+def test_megatron_on_cpu_without_the_shim_is_a_config_error(tmp_path, monkeypatch):
+    """A user's `launch.py train.backend=megatron` on a CPU machine: refused at pre-flight, not a traceback."""
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.spec.errors import ConfigError
+
+    args = ["train.backend=megatron", f"output_root={tmp_path}"]
+    monkeypatch.delenv("GRPO_MEGATRON_CPU_SHIM", raising=False)
+    with pytest.raises(ConfigError) as err:
+        load_spec(args)
+    assert [v.keys for v in err.value.violations if v.rule == "build_implements_run"] == \
+        [("train.backend", "cluster.gpus_per_node")]
+    monkeypatch.setenv("GRPO_MEGATRON_CPU_SHIM", SHIM)  # the repo's own CPU tests
+    load_spec(args)

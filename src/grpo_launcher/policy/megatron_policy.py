@@ -44,7 +44,7 @@ from .hybrid import HybridRollout
 from .profile import Profiling, profiled
 from .update_log import UpdateLog
 
-SHIM_ENV = "GRPO_MEGATRON_CPU_SHIM"
+SHIM_ENV = mc.CPU_SHIM_ENV
 
 
 def _load_cpu_shim():

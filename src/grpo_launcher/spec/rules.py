@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from enum import Enum
 from pathlib import Path
@@ -938,11 +939,15 @@ def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
     """(keys, what is missing, fix) for each part of the spec this build cannot run."""
     m = s.model
     if s.train.backend == TrainBackend.megatron:
-        from ..policy.megatron_convert import FAMILIES
+        from ..policy.megatron_convert import CPU_SHIM_ENV, FAMILIES
 
         if m.family not in FAMILIES:
             yield (("model.family", "train.backend"), f"the megatron backend has no mapping for model.family="
                    f"{m.family} (it maps {', '.join(FAMILIES)})", "use train.backend=torch (any transformers causal LM)")
+        if s.cluster.gpus_per_node == 0 and not os.environ.get(CPU_SHIM_ENV):
+            yield (("train.backend", "cluster.gpus_per_node"), "megatron-core hard-codes CUDA: the megatron backend "
+                   f"needs GPUs (on CPU only this repo's tests run it, through the shim {CPU_SHIM_ENV} names)",
+                   "use train.backend=torch on CPU, or set cluster.gpus_per_node")
     if s.env.name == EnvName.nemo_gym and not gym_available():
         yield (("env.name",), "env=nemo_gym needs NeMo Gym and its resource servers, which this build does not "
                "have installed", "use env=toy|math|dataset, or install NeMo Gym (scripts/gym-install.sh)")
