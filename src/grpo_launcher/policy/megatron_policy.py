@@ -28,7 +28,9 @@ import importlib.util
 import json
 import os
 import shutil
+import re
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -45,6 +47,15 @@ from .profile import Profiling, profiled
 from .update_log import UpdateLog
 
 SHIM_ENV = mc.CPU_SHIM_ENV
+# megatron-core announces at import what it falls back to without TE/Apex (its local/torch paths are our choice),
+# and that the CUDA-graph scope default is deprecated (we capture no graphs): said once here, not in every log
+MEGATRON_NOTICES = ("Transformer Engine and Apex are not installed", "Apex is not installed",
+                    "full scope is deprecated")
+
+
+def quiet_megatron_notices() -> None:
+    for text in MEGATRON_NOTICES:
+        warnings.filterwarnings("ignore", message=re.escape(text), category=UserWarning)
 
 
 def _load_cpu_shim():
@@ -168,6 +179,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
     def __init__(self, spec: RunSpec, model_dir: str, rank: int, world: int, threads: int = 1):
         from transformers import AutoConfig
 
+        quiet_megatron_notices()
         torch.set_num_threads(threads)
         self.spec, self.model_dir, self.rank, self.world = spec, str(model_dir), rank, world
         self.arch = mc.arch_from_hf_config(AutoConfig.from_pretrained(model_dir))

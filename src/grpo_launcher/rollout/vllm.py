@@ -359,7 +359,12 @@ HARMLESS = {
     "vllm.model_executor.model_loader.reload.layerwise": "RotaryEmbedding: Failed to load weights",
     "vllm.renderers.base": ("Chat template warmup failed",  # skip_tokenizer_init (no HTTP server)
                             "Using None for EOS token id"),  # EOS goes in as stop_token_ids instead
-    "vllm.v1.worker.cpu_worker": "torch.set_num_threads` after the thread binding",  # vLLM's binding wins
+    "vllm.v1.worker.cpu_worker": ("torch.set_num_threads` after the thread binding",  # vLLM's binding wins
+                                  "is not found in LD_PRELOAD"),  # tcmalloc/iomp: a speed hint, said in the README
+    # what we asked for: a seed per engine, eager mode on CPU (no compile, no graphs), the V1 runner without Triton
+    "vllm.engine.arg_utils": "The global random seed is set to",
+    "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
+    "vllm.platforms.cpu": "Triton is not installed",
 }
 
 
@@ -375,6 +380,10 @@ class _HarmlessFilter:
 def _quiet_vllm_logs() -> None:
     """Filters on the source loggers themselves: they survive vLLM re-configuring its handlers."""
     import logging
+    import warnings
+
+    # vLLM's own import of a deprecated torch name (vllm/triton_utils/dispatcher.py), not ours to fix
+    warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
 
     for name, needles in HARMLESS.items():
         logger = logging.getLogger(name)
