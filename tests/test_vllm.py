@@ -339,3 +339,21 @@ def test_http_completion_during_a_run(tmp_path, model_dir):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the run we started and its Ray processes
             proc.wait()
+
+
+def test_an_api_key_that_starts_with_a_dash_reaches_the_http_server_intact():
+    """A per-run key is random: token_urlsafe started with "-" one run in 64, and vLLM's parser then read it as an
+    option (`--api-key: expected at least one argument`, the HTTP server never started). Now: hex keys, and one
+    `--api-key=KEY` word for a user's own key."""
+    pytest.importorskip("vllm")
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from grpo_launcher.rollout.vllm import api_key_args
+    from grpo_launcher.secrets import with_http_api_key
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "m", *api_key_args("-Xy_z")])
+    assert args.api_key == ["-Xy_z"] or args.api_key == "-Xy_z"
+    spec = load_spec(["rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true"])
+    key = with_http_api_key(spec).rollout.http_api_key
+    assert re.fullmatch(r"[0-9a-f]{64}", key)

@@ -97,9 +97,9 @@ def load_secrets(run_dir: Path) -> dict[str, Any]:
 def with_http_api_key(spec: RunSpec) -> RunSpec:
     """rollout.expose_http_server with http_api_key null: the spec with a fresh random key for this run."""
     import dataclasses
-    from secrets import token_urlsafe  # the standard library's
+    from secrets import token_hex  # the standard library's; hex: no "-" to be read as an option anywhere
 
     r = spec.rollout
     if not r.expose_http_server or r.http_api_key is not None:
         return spec
-    return dataclasses.replace(spec, rollout=dataclasses.replace(r, http_api_key=token_urlsafe(32)))
+    return dataclasses.replace(spec, rollout=dataclasses.replace(r, http_api_key=token_hex(32)))

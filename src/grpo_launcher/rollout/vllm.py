@@ -159,7 +159,7 @@ class VLLMRolloutWorker(VersionedEngine):
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(
             ["--model", self.model_dir, "--served-model-name", self.served_model_name, "--host", host,
              "--port", str(port), "--disable-uvicorn-access-log", "--disable-log-stats",
-             *(["--api-key", self.spec.rollout.http_api_key] if self.spec.rollout.http_api_key else []),
+             *api_key_args(self.spec.rollout.http_api_key),
              *http_server_args(self.spec, self.model_dir)])  # env=nemo_gym: chat template, tool-call parser
         tasks = await self.engine.get_supported_tasks()
         app = build_app(args, tasks, self.engine.model_config)
@@ -389,6 +389,11 @@ def _quiet_vllm_logs() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _HarmlessFilter) for f in logger.filters):
             logger.addFilter(_HarmlessFilter(needles))
+
+
+def api_key_args(key: str | None) -> list[str]:
+    """`--api-key=KEY` in one word: argparse takes a separate value that starts with "-" for an option."""
+    return [f"--api-key={key}"] if key else []
 
 
 def sampling_params(spec: RunSpec, n: int, seed: int, count: int, eos_ids: list[int]) -> list:
