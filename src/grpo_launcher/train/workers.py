@@ -67,7 +67,11 @@ class Workers:
 
     def shutdown(self) -> None:
         separate = [r for r in self.rollout if r not in self.policy]  # hybrid: the policy workers are the engines
-        ray.get([r.shutdown.remote() for r in separate])
+        for ref in [r.shutdown.remote() for r in separate]:  # all at once, then each one's outcome
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:  # it died (its own error is what the run reports): nothing to stop
+                pass
         for a in [*self.policy, *separate, self.env]:
             ray.kill(a)
         remove_placement_group(self.pg)
