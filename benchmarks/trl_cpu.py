@@ -7,6 +7,7 @@ Each side runs `--runs` times, alternating, so both see the same machine load. P
 the whole process tree (sum of PSS, sampled every 0.25 s), reward first-5 -> last-5.
 
     python benchmarks/trl_cpu.py --runs 3 --trl-python /tmp/venv-trl/bin/python --out benchmarks/results/trl_cpu
+    python benchmarks/trl_cpu.py --runs 3 --ours rollout=vllm ...      (overrides for our side only)
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def figures(step_s: list[float], rewards: list[float], first_step_end: float, pe
 def run_ours(i: int, args) -> dict:
     root = args.out / "ours"  # one output root: run 0 builds the tiny model, later runs find it cached
     rc, peak = timed_run([sys.executable, "launch.py", f"output_root={root}", f"name=run-{i}",
-                          "checkpoint.resume=fresh", f"grpo.max_steps={args.steps}"], args.out / f"ours-{i}.log")
+                          "checkpoint.resume=fresh", f"grpo.max_steps={args.steps}", *args.ours], args.out / f"ours-{i}.log")
     if rc:
         return {"side": "ours", "error": f"exit {rc}"}
     rows = [json.loads(line) for line in (root / f"run-{i}" / "metrics.jsonl").read_text().splitlines()]
@@ -104,6 +105,7 @@ def main() -> int:
     ap.add_argument("--trl-python", type=Path, default=Path("/tmp/venv-trl/bin/python"))
     ap.add_argument("--trl-dir", type=Path, default=ROOT.parent / "shared" / "peers" / "trl")
     ap.add_argument("--out", type=Path, default=Path("/tmp/trl-cpu"))
+    ap.add_argument("--ours", nargs="*", default=[], help="launch.py overrides for our side, e.g. rollout=vllm")
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

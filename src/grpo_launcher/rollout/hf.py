@@ -4,6 +4,11 @@ as an engine of its own when cluster.rollout_devices > 0 (non-colocated; what as
 The policy worker owns an `HFEngine` and generates with its own weights: on a CPU in fp32 the engine
 *is* the policy model (no second copy, nothing to refit); on a GPU it is a copy in the run's precision
 (bf16 for train.precision=bfloat16) that a refit overwrites in place on the device, in milliseconds.
+
+Decoding (`sample`) is a plain loop over the model's forward with a KV cache: each distinct prompt is
+prefilled ONCE and its cache repeated for its n samples (GRPO's group shares the prompt), and tokens are
+drawn by the Gumbel-max trick from softmax(logits / T), whose log-probabilities are returned as they are.
+No logits processors, no stopping criteria: on the tiny CPU model this is 2.6x faster than `generate`.
 On CUDA with `rollout.hf_compile=true` decoding uses transformers' static KV cache, whose forward
 `generate` compiles with torch.compile(mode="reduce-overhead") — CUDA graphs, so the per-token Python
 cost that bounds eager decoding of small models goes away. Prompt widths are bucketed so that the
@@ -76,26 +81,31 @@ class HFEngine:
         torch.manual_seed(seed)
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         rows = [p for p in prompt_ids for _ in range(n)]
-        width = max(map(len, rows))
-        if self.compiled:
-            width = -(-width // WIDTH_BUCKET) * WIDTH_BUCKET
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=self.device)  # left-padded
-        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
-        rec = SampledLogprobs(r.temperature)
-        extra = {"cache_implementation": "static"} if self.compiled else {"disable_compile": True}
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(
-                input_ids=ids, attention_mask=attn, do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
-                max_new_tokens=r.max_new_tokens, pad_token_id=pad, eos_token_id=eos, logits_processor=[rec],
-                **extra)
+            if self.compiled:
+                new, tok_lp = self._generate_static(rows, pad, eos)
+            else:
+                new, tok_lp = sample(self.model, prompt_ids, n, r.temperature, r.max_new_tokens, pad, eos)
         finally:
             self.model.train(was_training)
-        new = out[:, width:]  # [B, T]
-        tok_lp = rec.finish(new[:, -1]).cpu()  # [B, T]
-        new = new.cpu()
+        new, tok_lp = new.cpu(), tok_lp.cpu()
         return [_one(rows[i], new[i], tok_lp[i], eos) for i in range(len(rows))]
+
+    def _generate_static(self, rows: list[list[int]], pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """rollout.hf_compile=true on CUDA: `generate` over a static cache, prompts padded to a bucketed width."""
+        r = self.spec.rollout
+        width = -(-max(map(len, rows)) // WIDTH_BUCKET) * WIDTH_BUCKET
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=self.device)  # left-padded
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
+        rec = SampledLogprobs(r.temperature)
+        out = self.model.generate(
+            input_ids=ids, attention_mask=attn, do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
+            max_new_tokens=r.max_new_tokens, pad_token_id=pad, eos_token_id=eos, logits_processor=[rec],
+            cache_implementation="static")
+        new = out[:, width:]  # [B, T]
+        return new, rec.finish(new[:, -1])
 
     @torch.no_grad()
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
@@ -139,6 +149,43 @@ class HFRolloutWorker(VersionedEngine):
 
     def shutdown(self) -> None:
         pass
+
+
+@torch.no_grad()
+def sample(model, prompts: list[list[int]], n: int, temperature: float, max_new: int, pad: int,
+           eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n samples of each prompt → (tokens [P*n, T], their log-probs [P*n, T]), rows grouped by prompt.
+
+    A row's tokens after its first EOS are padding (and their log-probs meaningless): `_one` cuts there.
+    """
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # left-padded [P, W]
+    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    cache = DynamicCache()
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                   past_key_values=cache, logits_to_keep=1).logits[:, -1]  # [P, V]
+    cache.batch_repeat_interleave(n)  # every sample of a prompt starts from the same prefix
+    logits = logits.repeat_interleave(n, 0)  # [B, V], B = P*n
+    mask = torch.ones(len(logits), width + max_new, dtype=attn.dtype, device=device)
+    mask[:, :width] = attn.repeat_interleave(n, 0)
+    pos = attn.sum(-1).repeat_interleave(n, 0)  # [B] position of the next token
+    done = torch.zeros(len(logits), dtype=torch.bool, device=device)
+    tokens, logprobs = [], []
+    for t in range(max_new):
+        lp = (logits.float() / temperature).log_softmax(-1)  # [B, V]
+        gumbel = torch.rand_like(lp).log_().neg_().log_().neg_()  # -log(-log U): argmax(lp + g) ~ softmax
+        nxt = torch.where(done, pad, (lp + gumbel).argmax(-1))  # [B]
+        tokens.append(nxt)
+        logprobs.append(lp.gather(-1, nxt[:, None])[:, 0])
+        done |= nxt == eos
+        if t + 1 == max_new or bool(done.all()):
+            break
+        logits = model(input_ids=nxt[:, None], attention_mask=mask[:, : width + t + 1],
+                       position_ids=(pos + t)[:, None], past_key_values=cache).logits[:, -1]
+    return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
 
 def engine_dtype(spec: RunSpec, device: torch.device) -> torch.dtype:
