@@ -70,3 +70,24 @@ def test_experiment_chart_view_puts_reward_and_validation_first(tmp_path):
 
     assert chart_link(uri, t.experiment_id).endswith(
         f"#/experiments/{t.experiment_id}/runs?viewStateShareKey={CHART_VIEW_ID}&compareRunsMode=CHART")
+
+
+def test_driver_tokenizer_from_the_worker_needs_no_auto_classes(tmp_path):
+    """The driver's tokenizer comes pickled from policy rank 0 (policy/hybrid.py load_tokenizer): unpickled in a
+    fresh process it encodes as AutoTokenizer does, without importing transformers' auto classes (~300 MiB and
+    seconds of CPU in the driver)."""
+    from transformers import AutoTokenizer
+
+    from grpo_launcher.models.tiny import build_tokenizer
+
+    build_tokenizer().save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    (tmp_path / "tok.pkl").write_bytes(__import__("pickle").dumps(tok))
+    code = ("import pickle, sys; t = pickle.loads(open(sys.argv[1], 'rb').read()); "
+            "print(t('reverse: 123 ->')['input_ids'], t.pad_token_id, t.eos_token_id, "
+            "'transformers.models.auto.tokenization_auto' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tok.pkl")], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    want = f"{tok('reverse: 123 ->')['input_ids']} {tok.pad_token_id} {tok.eos_token_id} False"
+    assert out.stdout.strip() == want

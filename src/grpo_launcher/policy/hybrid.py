@@ -8,16 +8,20 @@ copies the policy's weights into it in place (nothing at all when the engine sha
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 from ..rollout.hf import HFEngine
-from ..spec.schema import RolloutBackend
+from ..spec.schema import RolloutBackend, RunSpec
 from .profile import profiled
 from ..batch import Generation
 
 
 class HybridRollout:
+    spec: RunSpec  # set by the policy backend's __init__
+    model_dir: str
+    device: torch.device
     engine: HFEngine | None = None
 
     def init_engine(self, share_model=None) -> None:
@@ -40,6 +44,16 @@ class HybridRollout:
         t0 = time.perf_counter()
         self.engine.load_weights(self.hf_weights())  # collective for a sharded megatron model: every rank calls it
         return (time.perf_counter() - t0) * 1e3
+
+    def load_tokenizer(self) -> Any:
+        """The run's tokenizer as `AutoTokenizer` loads it. The driver takes its copy from here (through Ray):
+        this process imported transformers' auto classes for its model already; in the driver that import alone
+        costs ~300 MiB and 3-6 s of CPU, and unpickling the tokenizer imports only its own class."""
+        if self.engine is not None:
+            return self.engine.tokenizer
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_dir)
 
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """HF-named full weights on the worker's device (each backend implements it)."""

@@ -152,7 +152,7 @@ class HFRolloutWorker(VersionedEngine):
 
 
 @torch.no_grad()
-def sample(model, prompts: list[list[int]], n: int, temperature: float, max_new: int, pad: int,
+def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature: float, max_new: int, pad: int,
            eos: int) -> tuple[torch.Tensor, torch.Tensor]:
     """n samples of each prompt → (tokens [P*n, T], their log-probs [P*n, T]), rows grouped by prompt.
 

@@ -110,10 +110,8 @@ class Trainer:
 
     def __init__(self, spec: RunSpec, plan: Plan, env, workers: Workers, state: LoopState, stop: StopRequest,
                  model_dir: Path):
-        from transformers import AutoTokenizer
-
         self.spec, self.plan, self.env, self.w, self.state, self.stop = spec, plan, env, workers, state, stop
-        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.tok = ray.get(workers.policy[0].load_tokenizer.remote())  # policy/hybrid.py says why not AutoTokenizer
         from ..tracking.report import write_prompting
 
         write_prompting(plan.run_dir, self.tok, spec.env, state.data_log, model_dir)  # chat template, system prompt
