@@ -100,8 +100,7 @@ class HFEngine:
         width = max(map(len, rows))
         if self.compiled:
             width = -(-width // WIDTH_BUCKET) * WIDTH_BUCKET
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=self.device)  # left-padded
-        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=self.device)
+        ids, attn = left_padded(rows, pad, width, self.device)
         rec = SampledLogprobs(r.temperature)
         out = self.model.generate(
             input_ids=ids, attention_mask=attn, do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
@@ -165,8 +164,7 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature
 
     device = next(model.parameters()).device
     width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # left-padded [P, W]
-    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    ids, attn = left_padded(prompts, pad, width, device)  # [P, W]
     cache = DynamicCache()
     logits = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
                    past_key_values=cache, logits_to_keep=1).logits[:, -1]  # [P, V]
@@ -189,6 +187,13 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature
         logits = model(input_ids=nxt[:, None], attention_mask=mask[:, : width + t + 1],
                        position_ids=(pos + t)[:, None], past_key_values=cache).logits[:, -1]
     return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+
+def left_padded(rows: list[list[int]], pad: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows → (ids [B, width] padded on the left, attention mask [B, width]): what decoding starts from."""
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=device)
+    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
+    return ids, attn
 
 
 def engine_dtype(spec: RunSpec, device: torch.device) -> torch.dtype:
