@@ -233,7 +233,8 @@ class TestEngines:
         info = ray.get(b.info.remote())
         assert info["processes"] >= 2  # the actor + AsyncLLM's EngineCore process
         ray.get(b.shutdown.remote(), timeout=300)
-        assert ray.get(b.info.remote())["engine_processes"] == 0
+        after = ray.get(b.info.remote())
+        assert after["engine_processes"] == 0, after["children"]
 
 
 def same(x: list, y: list, tol: float = 1e-5) -> bool:

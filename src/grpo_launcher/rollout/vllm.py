@@ -32,6 +32,7 @@ filtering enters the returned distribution.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import socket
@@ -316,16 +317,23 @@ class VLLMRolloutWorker(VersionedEngine):
         self._reap()
 
     @staticmethod
-    def _reap() -> None:
-        """Collect engine processes that exited but were not waited for (vLLM leaves its EngineCore a zombie)."""
+    def _reap(timeout: float = 60.0) -> None:
+        """Wait for the engine's processes to exit, terminate then kill what outlives `timeout`, and collect the
+        zombies vLLM leaves. vLLM's shutdown can return while its EngineCore is still exiting on a loaded machine."""
         import psutil
 
-        for p in psutil.Process().children():
+        me = psutil.Process()
+        procs = [p for p in me.children(recursive=True) if "resource_tracker" not in " ".join(_cmdline(p))]
+        procs = _left_alive(procs, timeout)
+        for stop in ("terminate", "kill"):
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    getattr(p, stop)()
+            procs = _left_alive(procs, 10.0)
+        for p in me.children():
             if not _alive(p):
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(p.pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
 
     async def _ashutdown(self) -> None:
         if self._server is not None:
@@ -429,6 +437,14 @@ def _rss(p) -> int:
         return p.memory_info().rss
     except Exception:  # a child that just exited
         return 0
+
+
+def _left_alive(procs: list, timeout: float) -> list:
+    """The processes still running (not exited, not zombies) after waiting up to `timeout` seconds for them."""
+    deadline = time.monotonic() + timeout
+    while (procs := [p for p in procs if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return procs
 
 
 def _alive(p) -> bool:
