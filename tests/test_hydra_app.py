@@ -104,3 +104,25 @@ def test_model_path_dir_is_enough(tmp_path):
     assert run.returncode == 0 and "run 'tiny-grpo'" in run.stdout, run.stderr
     bad = launch(f"model.path={d}", "model.num_layers=9", "dry_run=true")
     assert bad.returncode == 2 and "model.num_layers" in bad.stderr and "num_hidden_layers=3" in bad.stderr
+
+
+def test_config_dir_then_an_override_then_cfg(user_dir):
+    """Hydra's parser takes overrides as one run of positionals: ours (hydra.searchpath) must not land after --cfg."""
+    p = launch("--config-dir", str(user_dir), "model=my_tiny", "--cfg", "job")
+    assert p.returncode == 0 and "name: my_tiny" in p.stdout, p.stderr[-2000:]
+
+
+def test_a_typo_inside_a_user_yaml_is_named(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "bad.yaml").write_text("name: bad\nnum_layerz: 3\n")
+    p = launch("--config-dir", str(tmp_path), "model=bad", "dry_run=true")
+    assert p.returncode == 2 and no_traceback(p)
+    assert "model.num_layerz" in p.stderr and "did you mean 'model.num_layers'" in p.stderr, p.stderr
+
+
+def test_every_bad_override_at_once():
+    p = launch("grpo.max_steps=abc", "train.lr=abc", "loss.clip_hgh=0.2", "model=nope", "rollout.temperature=-1",
+               "dry_run=true")
+    assert p.returncode == 2 and no_traceback(p)
+    for key in ("grpo.max_steps", "train.lr", "loss.clip_hgh", "  - model:", "rollout.temperature"):
+        assert key in p.stderr, (key, p.stderr)

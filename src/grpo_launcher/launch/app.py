@@ -114,7 +114,10 @@ def hydra_prints(argv: list[str], args: argparse.Namespace, source: ConfigSource
 
     register_schema()
     app = hydra.main(config_path=str(source.conf_dir), config_name=source.config_name, version_base="1.3")(_never)
-    saved, sys.argv = sys.argv, [sys.argv[0] or "launch.py", *argv, *source.overrides()]
+    flags = list(argv)
+    for override in args.overrides:  # Hydra's parser takes its overrides as one run of positionals: keep them last
+        flags.remove(override)
+    saved, sys.argv = sys.argv, [sys.argv[0] or "launch.py", *flags, *args.overrides, *source.overrides()]
     try:
         app()
     except SystemExit as exc:

@@ -111,8 +111,12 @@ def _composition_violation(exc: BaseException) -> Violation:
     cause = exc
     while cause.__cause__ is not None and not hasattr(cause, "full_key"):
         cause = cause.__cause__
-    text = str(cause).split("\n")[0]
-    key = getattr(cause, "full_key", None)
+    lines = str(cause).split("\n")
+    text, key = lines[0], getattr(cause, "full_key", None)
+    nested = re.search(r"^\s*full_key: (\S+)$", str(cause), re.M)  # a YAML's own error, wrapped by Hydra
+    if not key and nested:
+        key = nested.group(1)
+        text = f"{text.split(':')[0]}: {lines[1].strip()}" if len(lines) > 1 else text
     if not key:
         m = re.search(r"Could not (?:find|load|override) '([^']+)'", str(exc))
         key = m.group(1).split("/")[0] if m else "<config>"
@@ -149,18 +153,44 @@ def compose(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[Co
 
     source = source or ConfigSource(conf_dir=conf_dir)
     unknown = check_override_keys(overrides)
-    bad = {v.keys[0] for v in unknown}
-    usable = [o for o in overrides if _override_key(o) not in bad]
+    unknown += value_type_problems([o for o in overrides if _override_key(o) not in {v.keys[0] for v in unknown}])
+    usable = [o for o in overrides if _override_key(o) not in {v.keys[0] for v in unknown}]
     register_schema()
-    try:
-        with initialize_config_dir(config_dir=str(source.conf_dir), version_base="1.3"):
-            cfg = hydra_compose(config_name=source.config_name, overrides=[*source.overrides(), *usable],
-                                return_hydra_config=False)
-    except Exception as exc:  # Hydra, OmegaConf, ValueError, or a file it cannot read: named, never a traceback
-        raise ConfigError([*unknown, _composition_violation(exc)]) from exc
+    while True:  # an override Hydra refuses is named and left out, and the rest composed: every problem at once
+        try:
+            with initialize_config_dir(config_dir=str(source.conf_dir), version_base="1.3"):
+                cfg = hydra_compose(config_name=source.config_name, overrides=[*source.overrides(), *usable],
+                                    return_hydra_config=False)
+            break
+        except Exception as exc:  # Hydra, OmegaConf, ValueError, or a file it cannot read: named, never a traceback
+            unknown.append(_composition_violation(exc))
+            culprit = [o for o in usable if _override_key(o) == unknown[-1].keys[0]]
+            if not culprit:
+                raise ConfigError(unknown) from exc
+            usable = [o for o in usable if o not in culprit]
     if unknown:
         raise ConfigError(unknown, partial=cfg)
     return cfg
+
+
+def value_type_problems(overrides: list[str]) -> list[Violation]:
+    """Overrides of schema keys whose value the key's type refuses (grpo.max_steps=abc), each named."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    schema, parser, known, out = _unfreeze(OmegaConf.structured(RunSpec)), OverridesParser.create(), set(dotted_keys()), []
+    for text in overrides:
+        ov = parser.parse_override(text)
+        key, value = ov.key_or_group, None if ov.is_delete() or ov.is_sweep_override() else ov.value()
+        leaf = key in known and not OmegaConf.is_dict(OmegaConf.select(schema, key, throw_on_missing=False))
+        if value is None or not leaf or (isinstance(value, str) and "${" in value):
+            continue  # sweeps are checked per point; null, sections and interpolations when composed
+        try:
+            OmegaConf.update(schema, key, value, merge=True)
+        except Exception as exc:  # OmegaConf's ValidationError: the value cannot be this key's type
+            why = str(exc).split("\n")[0]
+            out.append(Violation("composition", (key,), f"{key}={ov.get_value_element_as_str()}: {why}",
+                                 "give a value of the key's type (python launch.py --help lists each key's type)"))
+    return out
 
 
 def _override_key(text: str) -> str:
@@ -221,7 +251,9 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
 
     spec, problems = to_spec(cfg), list(known_problems)
     spec, model_problems = resolve_model(spec, cli_keys)
-    violations = [*problems, *model_problems, *validate(spec)]
+    refused = {k for v in problems for k in v.keys}  # their values were left out: rules on them would judge defaults
+    rules = [v for v in validate(spec) if not any(k == r or k.startswith(r + ".") for k in v.keys for r in refused)]
+    violations = [*problems, *model_problems, *rules]
     if violations:
         raise ConfigError(violations)
     return spec
