@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -129,6 +130,8 @@ FAILING = [
     (["model.path=/nonexistent/model"], "local_paths_exist", "model.path"),
     (["env=dataset", "env.prompt_key=question"], "env_data_and_code", "env.train_path"),
     ([f"output_root={Path(__file__).parent / 'data' / 'finished_run'}"], "run_name_not_finished", "name"),
+    ([f"output_root={Path(__file__).parent / 'data' / 'incompatible_run'}"], "run_name_checkpoints_compatible",
+     "model.hidden_size"),
     (["cluster=slurm", "cluster.python=/x y"], "shell_values", "cluster.python"),
     (["cluster=slurm", "output_root=/tmp/a\\b"], "slurm_log_paths", "output_root"),
     (["cluster=local_slurm", "cluster.gpus_per_node=8"], "slurm_node_shape", "cluster.gpus_per_node"),
@@ -382,3 +385,21 @@ def test_nemo_gym_refused_for_a_real_launch_unless_installed(monkeypatch, instal
     real = __import__("dataclasses").replace(spec, dry_run=False)
     gym = [v for v in rules.validate(real) if v.rule == "build_implements_run" and "env.name" in v.keys]
     assert bool(gym) != installed
+
+
+def test_resuming_a_name_whose_checkpoints_are_incompatible_is_refused_before_anything_is_written(tmp_path):
+    """The job would refuse it too, but only after it built a model and rewrote spec.yaml and status.json."""
+    from grpo_launcher.checkpoint.manager import compat_fingerprint
+
+    spec = load_spec([f"output_root={tmp_path}", "name=r", "grpo.max_steps=4"])
+    step = tmp_path / "r" / "checkpoints" / "step_000002"
+    step.mkdir(parents=True)
+    compat = dict(compat_fingerprint(spec), **{"model.hidden_size": 64})
+    (step / "meta.json").write_text(json.dumps({"step": 2, "compat": compat}))
+    with pytest.raises(ConfigError) as exc:
+        load_spec([f"output_root={tmp_path}", "name=r", "grpo.max_steps=4"])
+    (v,) = [v for v in exc.value.violations if v.rule == "run_name_checkpoints_compatible"]
+    assert v.keys == ("model.hidden_size", "checkpoint.resume") and "64 → 128" in v.message
+    load_spec([f"output_root={tmp_path}", "name=r", "grpo.max_steps=4", "model.hidden_size=64"])  # compatible
+    load_spec([f"output_root={tmp_path}", "name=r", "grpo.max_steps=4", "checkpoint.resume=fresh"])
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["checkpoints"]  # nothing written

@@ -36,6 +36,7 @@ from .schema import (
     EnvName,
     ISTruncation,
     RatioLevel,
+    Resume,
     RolloutBackend,
     RunSpec,
     TrainBackend,
@@ -988,6 +989,29 @@ def run_name_not_finished(s: RunSpec) -> Iterator[Violation]:
     problem = finished_problem(s)
     if problem:
         yield V("run_name_not_finished", ("name", "checkpoint.resume", "grpo.max_steps"), *problem)
+
+
+@rule
+def run_name_checkpoints_compatible(s: RunSpec) -> Iterator[Violation]:
+    """Resuming a run name whose newest checkpoint was written by another model, parallelism or env would be
+    refused by the job after it had built a model and rewritten spec.yaml: refused here, nothing touched."""
+    from ..checkpoint.manager import compat_diff, compat_fingerprint, load_meta
+    from ..finished import last_checkpoint_step
+
+    run_dir = Path(s.output_root).resolve() / s.name
+    step = None if s.dry_run or s.checkpoint.resume != Resume.auto else last_checkpoint_step(run_dir)
+    if step is None:
+        return
+    try:
+        old = load_meta(run_dir / "checkpoints" / f"step_{step:06d}").get("compat")
+    except (OSError, ValueError):  # unreadable: the job's resume verifies it and falls back to an older one
+        return
+    diffs = compat_diff(old, compat_fingerprint(s)) if isinstance(old, dict) else []
+    if diffs:
+        keys = tuple(dict.fromkeys(d.split(":")[0] for d in diffs))
+        yield V("run_name_checkpoints_compatible", (*keys, "checkpoint.resume"),
+                f"run '{s.name}' has checkpoints (step {step}) from an incompatible spec (checkpoint → this run): "
+                + "; ".join(diffs), "checkpoint.resume=fresh (moves its checkpoints aside), or a new name=...")
 
 
 # ---------------------------------------------------------------- memory (spec/memory.py) ----
