@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import wait_until
+
 from grpo_launcher.envs import make_env
 from grpo_launcher.models.tiny import ensure_tiny_model
 from grpo_launcher.spec.compose import load_spec
@@ -97,6 +99,11 @@ def test_incompatible_checkpoint_refused(tmp_path):
                   "model.ffn_hidden_size=128", "checkpoint.resume=fresh")
     out = finish(proc)
     assert proc.returncode == 0 and "previous checkpoints moved to" in out, out[-2000:]
+    run = tmp_path / "tiny-grpo"
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2], steps  # the first start's rows moved aside with its checkpoints, not mixed in
+    (old,) = run.glob("checkpoints.old-*")
+    assert (old / "metrics.jsonl").is_file() and (old / "step_000002").is_dir()
 
 
 def test_train_data_log_fields_on_a_real_step(tmp_path):
@@ -184,3 +191,28 @@ def test_dapo_dynamic_sampling_and_kl_run(tmp_path):
     trunc, _ = metric_steps(tmp_path, "train/truncation_rate")
     assert all(1 <= r <= 3 for _, r in rounds) and len(kl) == 2
     assert all(t > 0 for _, t in trunc)  # 4 new tokens cannot hold 4 digits + EOS: every sample truncated
+
+
+def test_cancel_of_a_local_run_stops_it_and_records_cancelled(tmp_path):
+    """`launch.py cancel RUN` on a local run: SIGTERM, the driver checkpoints and stops, status says CANCELLED."""
+    log = open(tmp_path / "launch.out", "w")  # a file, not a pipe nobody reads: the driver must never block on it
+    proc = subprocess.Popen([sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}",
+                             "grpo.max_steps=150", "checkpoint.save_period=50", "grpo.val_period=50",
+                             "logging.mlflow=false"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        metrics = tmp_path / "tiny-grpo" / "metrics.jsonl"
+        wait_until(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 2, 600, "step 2")
+        cancel = subprocess.run([sys.executable, str(ROOT / "launch.py"), "cancel", "tiny-grpo", "--root",
+                                 str(tmp_path), "--timeout", "300"], capture_output=True, text=True, timeout=400)
+        assert cancel.returncode == 0 and "stopped local run" in cancel.stdout, cancel.stdout + cancel.stderr
+        assert proc.wait(timeout=60) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    status = json.loads((tmp_path / "tiny-grpo" / "status.json").read_text())
+    assert status["state"] == "CANCELLED" and status["exit_code"] == 143, status
+    assert list((tmp_path / "tiny-grpo" / "checkpoints").glob("step_*")), "the driver checkpointed on SIGTERM"
+    st = subprocess.run([sys.executable, str(ROOT / "launch.py"), "status", "tiny-grpo", "--root", str(tmp_path)],
+                        capture_output=True, text=True, timeout=120)
+    assert "CANCELLED" in st.stdout, st.stdout + st.stderr

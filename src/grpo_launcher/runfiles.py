@@ -55,10 +55,15 @@ def load_spec_file(path: Path) -> RunSpec:
 
 
 def pid_alive(pid: int) -> bool:
+    """The process runs: it exists and is not a zombie (one that exited and its parent has not collected yet)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no procfs (or it just went): kill(0) said it exists
+        return True
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, TextIO
 
+from ..exit_codes import ExitCode
 from .rundir import pid_alive
 
 LOCAL_LOG = "driver-local.log"
@@ -43,7 +44,8 @@ class Tee:
 
 
 def state_for(rc: int) -> str:
-    return "COMPLETED" if rc == 0 else "STOPPED" if rc in (3, 130) else "FAILED"
+    stopped = (ExitCode.REQUEUE, ExitCode.INTERRUPTED, ExitCode.TERMINATED)  # a signal: checkpointed, then stopped
+    return "COMPLETED" if rc == 0 else "STOPPED" if rc in stopped else "FAILED"
 
 
 @contextmanager
@@ -125,5 +127,8 @@ def cancel_local(info: dict, timeout: float) -> int:
     if pid_alive(pid):
         print(f"warning: pid {pid} still running after {timeout:.0f}s", file=sys.stderr)
         return 1
+    from .status import write_status
+
+    write_status(Path(info["run_dir"]), "CANCELLED", message=f"cancelled with launch.py cancel (SIGTERM to pid {pid})")
     print(f"stopped local run '{info['name']}' (pid {pid}, SIGTERM: checkpoint saved)")
     return 0

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
+from typing import Optional
 
 from ..plan import Plan
 from ..spec.schema import Resume, RunSpec
@@ -32,6 +35,7 @@ def resume_or_start(spec: RunSpec, plan: Plan) -> LoopState | None:
         moved = ckpt.start_fresh()
         if moved:
             print(f"grpo-launcher: starting fresh; previous checkpoints moved to {moved}", flush=True)
+        set_aside_records(plan.run_dir, moved)
         return LoopState.start(spec, plan, ckpt)
     from ..checkpoint import CheckpointRefused
 
@@ -41,6 +45,7 @@ def resume_or_start(spec: RunSpec, plan: Plan) -> LoopState | None:
         print(f"error: {exc}", file=sys.stderr)
         return None
     if latest is None:
+        set_aside_records(plan.run_dir, None)
         return LoopState.start(spec, plan, ckpt)
     try:
         ckpt.check_compatible(latest)
@@ -48,3 +53,19 @@ def resume_or_start(spec: RunSpec, plan: Plan) -> LoopState | None:
         print(f"error: cannot resume from {latest}:\n{exc}", file=sys.stderr)
         return None
     return LoopState.resume(spec, plan, ckpt, latest)
+
+
+RECORDS = ("metrics.jsonl", "reward_curve.png", "summary.json", "train_data")  # written step by step
+
+
+def set_aside_records(run_dir: Path, dest: Optional[Path]) -> None:
+    """A run starting at step 1 moves the step records of an earlier start (metrics.jsonl, the curve, the summary,
+    the data log) into `dest` (its moved-aside checkpoints) or RUN_DIR/records.old-<time>: never mixed, never lost."""
+    found = [run_dir / name for name in RECORDS if (run_dir / name).exists()]
+    if not found:
+        return
+    dest = dest or run_dir / f"records.old-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in found:
+        os.replace(path, dest / path.name)
+    print(f"grpo-launcher: the step records of an earlier start moved to {dest}", flush=True)
