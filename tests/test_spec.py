@@ -119,6 +119,7 @@ FAILING = [
     (["checkpoint.save_period=5"], "checkpoint_metric_is_produced", "checkpoint.save_period"),
     (["checkpoint.metric=val/reward"], "checkpoint_metric_is_produced", "checkpoint.metric"),
     (["cluster.nodes=2"], "local_is_one_node", "cluster.nodes"),
+    (["cluster.gpus_per_node=1"], "local_gpus_present", "cluster.gpus_per_node"),  # this CPU machine has none
     (["cluster=slurm", "cluster.partition='x; touch /tmp/p'"], "slurm_fields", "cluster.partition"),
     (["cluster=slurm", "cluster.requires_account=true"], "slurm_fields", "cluster.account"),
     (["cluster.ray_temp_dir=/tmp/a/very/long/path/that/ray/sockets/will/overflow"],

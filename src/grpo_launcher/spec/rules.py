@@ -725,6 +725,22 @@ def local_is_one_node(s: RunSpec) -> Iterator[Violation]:
 
 
 @rule
+def local_gpus_present(s: RunSpec) -> Iterator[Violation]:
+    """cluster=local asking for GPUs this machine does not have: Ray would wait forever for them."""
+    if s.cluster.kind != ClusterKind.local or s.cluster.gpus_per_node <= 0 or s.dry_run:
+        return
+    import torch  # only for a GPU request: device_count reads the driver (NVML) without starting CUDA
+
+    have = torch.cuda.device_count()
+    if have < s.cluster.gpus_per_node:
+        yield V("local_gpus_present", ("cluster.gpus_per_node", "cluster.kind"),
+                f"cluster=local asks for {s.cluster.gpus_per_node} GPU(s), but this machine has {have} visible CUDA "
+                f"device(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})",
+                f"set cluster.gpus_per_node={have}" + (" (the CPU default)" if not have else "")
+                + ", or run on a GPU node / with cluster=slurm")
+
+
+@rule
 def slurm_fields(s: RunSpec) -> Iterator[Violation]:
     c = s.cluster
     if c.kind != ClusterKind.slurm:
