@@ -203,6 +203,24 @@ def test_rerun_relaunches_the_saved_spec(launch_here, user):
     assert r.returncode == 2 and "env.epochs" in r.stderr and "set grpo.max_steps=16" in r.stderr, r.stderr
 
 
+def test_rerun_from_another_directory_works_from_the_launch_directory(launch_here, user, monkeypatch, tmp_path_factory):
+    """A spec's relative paths (data, reward file) are the launch directory's: rerun works from there."""
+    import json
+
+    from grpo_launcher.spec.compose import load_spec, spec_to_yaml
+
+    monkeypatch.chdir(user)
+    spec = load_spec(["env=dataset", "env.train_path=train.jsonl", "env.val_path=val.jsonl",
+                      "env.reward_fn=rewards.py:correct", "output_root=out", "name=h13-rel", *SMALL[:5]])
+    run_dir = user / "out" / "h13-rel"
+    (run_dir / "repro").mkdir(parents=True)
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    (run_dir / "repro" / "git.json").write_text(json.dumps({"cwd": str(user)}))
+    r = launch_here(tmp_path_factory.mktemp("elsewhere"), "rerun", str(run_dir), "dry_run=true")
+    assert r.returncode == 0, r.stderr
+    assert f"working from {user}" in r.stdout and "'h13-rel-rerun1'" in r.stdout, r.stdout
+
+
 def test_dataset_order_epochs_and_resume_safety():
     """Every row once per epoch, a new order each epoch, the same prompts for the same step (resume-safe)."""
     from grpo_launcher.envs import make_env

@@ -27,6 +27,7 @@ def rerun(args: list[str]) -> int:
     ap.add_argument("run_dir", type=Path, help="a run directory (holding spec.yaml)")
     ap.add_argument("overrides", nargs="*", help="key=value changes (name=... picks the new run's name)")
     ns = ap.parse_args(args)
+    ns.run_dir = ns.run_dir.resolve()  # before _launch_dir changes the working directory
     spec_file = ns.run_dir / "spec.yaml"
     if not spec_file.is_file():
         print(f"error: {ns.run_dir} is not a run dir (no spec.yaml)", file=sys.stderr)
@@ -35,6 +36,7 @@ def rerun(args: list[str]) -> int:
     from ..spec.errors import ConfigError
     from . import execute
 
+    _launch_dir(ns.run_dir / REPRO / "git.json")
     try:
         spec = rerun_spec(spec_file, ns.overrides)
     except ConfigError as err:
@@ -73,6 +75,20 @@ def rerun_spec(spec_file: Path, overrides: list[str]) -> RunSpec:
     if violations:
         raise ConfigError(violations)
     return spec
+
+
+def _launch_dir(git_file: Path) -> None:
+    """Work from the directory the run was launched in: its spec's relative paths are relative to it."""
+    import os
+
+    try:
+        then = json.loads(git_file.read_text()).get("cwd")
+    except (OSError, ValueError):
+        return
+    if then and Path(then).is_dir() and Path(then).resolve() != Path.cwd().resolve():
+        os.chdir(then)
+        print(f"grpo-launcher: working from {then}, where the run was launched (its relative paths, and any "
+              f"relative path given here, are relative to it)", flush=True)
 
 
 def _fresh_name(root: Path, name: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -112,6 +113,7 @@ def write_repro(spec: RunSpec, run_dir: Path, argv: Optional[list[str]] = None) 
     out.mkdir(parents=True, exist_ok=True)
     git = git_state()
     git["command"] = list(sys.argv if argv is None else argv)
+    git["cwd"] = os.getcwd()  # the spec's relative paths (output_root, model.path, data, reward files) are from here
     git["python"] = sys.version.split()[0]
     git["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_atomic(out / "git.json", json.dumps(git, indent=1) + "\n")
