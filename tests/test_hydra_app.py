@@ -126,3 +126,14 @@ def test_every_bad_override_at_once():
     assert p.returncode == 2 and no_traceback(p)
     for key in ("grpo.max_steps", "train.lr", "loss.clip_hgh", "  - model:", "rollout.temperature"):
         assert key in p.stderr, (key, p.stderr)
+
+
+def test_a_dry_run_says_what_a_real_launch_would_refuse(tmp_path):
+    p = launch("+recipe=nanov3", "cluster=slurm", "dry_run=true")
+    assert p.returncode == 0 and "#SBATCH" in p.stdout, p.stderr[-2000:]
+    assert "a real launch of this spec would be refused (5 problems)" in p.stdout
+    assert "model.family=nemotron_h" in p.stdout and "train.sequence_packing" in p.stdout
+    p = launch("model.path=/no/such/model", "dry_run=true", f"output_root={tmp_path}")
+    assert p.returncode == 0 and "would be refused (1 problem)" in p.stdout and "model.path" in p.stdout
+    p = launch("dry_run=true", f"output_root={tmp_path}")
+    assert p.returncode == 0 and "would be refused" not in p.stdout

@@ -87,7 +87,15 @@ def single_run(overrides: list[str], source: ConfigSource) -> int:
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
-    return execute(spec, plan)  # local driver | sbatch (dry run prints, submits nothing)
+    rc = execute(spec, plan)  # local driver | sbatch (dry run prints, submits nothing)
+    if spec.dry_run:
+        from .preflight import real_launch_problems
+
+        problems = real_launch_problems(spec)
+        if problems:  # the rules a dry run skips (this build's gaps, local paths, GPUs, the run dir's checkpoints)
+            print(f"dry run: a real launch of this spec would be refused ({len(problems)} problem"
+                  f"{'s' if len(problems) > 1 else ''}):\n" + "\n".join(v.render() for v in problems))
+    return rc
 
 
 def hydra_flags(args: argparse.Namespace) -> list[str]:

@@ -83,3 +83,15 @@ def preflight_config(cfg: Any, overrides: list[str]) -> tuple[RunSpec, Any]:
 
     spec = guarded("compose", lambda: checked_spec(cfg, [_override_key(o) for o in overrides]))
     return finish(spec)
+
+
+def real_launch_problems(spec: RunSpec) -> list[Violation]:
+    """What a dry run's spec would be refused for when launched for real (rules a dry run skips so that a plan
+    for another build or cluster can still be inspected)."""
+    from ..spec.rules import validate
+
+    try:
+        return validate(dataclasses.replace(spec, dry_run=False))
+    except Exception as exc:  # the dry run itself passed; its report must not fail
+        return [Violation("preflight_real_launch", ("<spec>",), f"{type(exc).__name__}: {exc}"[:300],
+                          "run it without dry_run=true to see")]
