@@ -9,6 +9,8 @@
     python launch.py --config-dir DIR ...            the user's own recipe/, model/, env/ ... YAMLs (searched first)
     python launch.py -cn NAME ...                    another primary config (conf/ or --config-dir)
     python launch.py status|logs|cancel RUN          runs by name, job id or run dir
+    python launch.py export RUN_DIR [--step N]       a checkpoint as an HF model directory
+    python launch.py rerun RUN_DIR [key=value ...]   a recorded run's spec again, as a new run
 
 Flags are Hydra's (its argument parser); what Hydra prints (--cfg, --info, --hydra-help, completion) it prints
 itself, after our composition check. A single run does not use Hydra's run dir: `hydra.run.dir` is refused
