@@ -215,6 +215,15 @@ def compat_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
+def incompatibilities(meta: dict[str, Any], spec: RunSpec) -> list[str]:
+    """'key: old → new' for every compat key where a checkpoint's meta.json and this spec differ."""
+    new = compat_fingerprint(spec)
+    old = meta.get("compat")
+    if old is None:  # written before fingerprints existed: derive from the stored spec
+        old = {k: v for k, v in flatten(meta.get("spec", {})).items() if k in new}
+    return compat_diff(old, new)
+
+
 def step_of(path: Path) -> int | None:
     """The step of a `step_NNNNNN` dir name, else None."""
     m = STEP_DIR.fullmatch(path.name)
@@ -396,11 +405,7 @@ class CheckpointManager:
 
     def check_compatible(self, path: Path) -> None:
         """Raise IncompatibleCheckpoint listing every differing compat key (old → new)."""
-        meta = load_meta(path)
-        old = meta.get("compat")
-        if old is None:  # written before fingerprints existed: derive from the stored spec
-            old = {k: v for k, v in flatten(meta.get("spec", {})).items() if k in compat_fingerprint(self.spec)}
-        diffs = compat_diff(old, compat_fingerprint(self.spec))
+        diffs = incompatibilities(load_meta(path), self.spec)
         if diffs:
             lines = "\n".join(f"  {d}" for d in diffs)
             raise IncompatibleCheckpoint(

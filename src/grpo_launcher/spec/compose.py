@@ -153,8 +153,9 @@ def compose(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[Co
 
     source = source or ConfigSource(conf_dir=conf_dir)
     unknown = check_override_keys(overrides)
-    unknown += value_type_problems([o for o in overrides if _override_key(o) not in {v.keys[0] for v in unknown}])
-    usable = [o for o in overrides if _override_key(o) not in {v.keys[0] for v in unknown}]
+    parsable = [o for o in overrides if _override_key(o) not in {v.keys[0] for v in unknown}]
+    unknown += value_type_problems(parsable)
+    usable = [o for o in parsable if _override_key(o) not in {v.keys[0] for v in unknown}]
     register_schema()
     while True:  # an override Hydra refuses is named and left out, and the rest composed: every problem at once
         try:

@@ -1011,7 +1011,7 @@ def run_name_not_finished(s: RunSpec) -> Iterator[Violation]:
 def run_name_checkpoints_compatible(s: RunSpec) -> Iterator[Violation]:
     """Resuming a run name whose newest checkpoint was written by another model, parallelism or env would be
     refused by the job after it had built a model and rewritten spec.yaml: refused here, nothing touched."""
-    from ..checkpoint.manager import compat_diff, compat_fingerprint, load_meta
+    from ..checkpoint.manager import incompatibilities, load_meta
     from ..finished import last_checkpoint_step
 
     run_dir = Path(s.output_root).resolve() / s.name
@@ -1019,10 +1019,10 @@ def run_name_checkpoints_compatible(s: RunSpec) -> Iterator[Violation]:
     if step is None:
         return
     try:
-        old = load_meta(run_dir / "checkpoints" / f"step_{step:06d}").get("compat")
+        meta = load_meta(run_dir / "checkpoints" / f"step_{step:06d}")
     except (OSError, ValueError):  # unreadable: the job's resume verifies it and falls back to an older one
         return
-    diffs = compat_diff(old, compat_fingerprint(s)) if isinstance(old, dict) else []
+    diffs = incompatibilities(meta, s) if "compat" in meta or "spec" in meta else []  # the job's own check
     if diffs:
         keys = tuple(dict.fromkeys(d.split(":")[0] for d in diffs))
         yield V("run_name_checkpoints_compatible", (*keys, "checkpoint.resume"),
