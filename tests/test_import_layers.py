@@ -29,7 +29,7 @@ ALLOWED = {
     ("spec.rules", "envs.preflight"): "a rule delegates to the env room's own pre-flight check",
     ("spec.rules", "gym.preflight"): "a rule delegates to the Gym room's own pre-flight check",
     ("spec.rules", "gym.install"): "a rule asks whether Gym's venv is installed",
-    ("spec.rules", "policy.megatron_convert"): "a rule asks which HF architectures the Megatron converter maps",
+    ("spec.rules", "policy.megatron_families"): "a rule asks which HF architectures the Megatron converter maps",
     ("tracking.records", "envs.base"): "type annotation only (TYPE_CHECKING)",
     ("tracking.report", "envs.prompting"): "the run's prompting record comes from the env's prompt builder",
     ("tracking.repro", "envs.rewards"): "the user's reward files are recorded to reproduce the run",

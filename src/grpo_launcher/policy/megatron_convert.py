@@ -22,9 +22,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-CPU_SHIM_ENV = "GRPO_MEGATRON_CPU_SHIM"  # tests/megatron_cpu_shim.py's path: megatron-core on CPU, tests only
-
-FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+from .megatron_families import FAMILIES
 
 
 @dataclass(frozen=True)

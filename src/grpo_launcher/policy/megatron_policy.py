@@ -43,10 +43,10 @@ from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch
 from . import megatron_convert as mc
 from .hybrid import HybridRollout
+from .megatron_families import CPU_SHIM_ENV
 from .profile import Profiling, profiled
 from .update_log import UpdateLog
 
-SHIM_ENV = mc.CPU_SHIM_ENV
 # megatron-core announces at import what it falls back to without TE/Apex (its local/torch paths are our choice),
 # and that the CUDA-graph scope default is deprecated (we capture no graphs): said once here, not in every log
 MEGATRON_NOTICES = ("Transformer Engine and Apex are not installed", "Apex is not installed",
@@ -59,11 +59,11 @@ def quiet_megatron_notices() -> None:
 
 
 def _load_cpu_shim():
-    path = os.environ.get(SHIM_ENV)
+    path = os.environ.get(CPU_SHIM_ENV)
     if not path:
         raise RuntimeError(
             "train.backend=megatron without a GPU: megatron-core hard-codes CUDA. For CPU tests set "
-            f"{SHIM_ENV}=<repo>/tests/megatron_cpu_shim.py (test-only shim), or run on GPUs.")
+            f"{CPU_SHIM_ENV}=<repo>/tests/megatron_cpu_shim.py (test-only shim), or run on GPUs.")
     spec = importlib.util.spec_from_file_location("megatron_cpu_shim", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

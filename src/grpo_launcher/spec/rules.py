@@ -956,7 +956,7 @@ def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
     """(keys, what is missing, fix) for each part of the spec this build cannot run."""
     m = s.model
     if s.train.backend == TrainBackend.megatron:
-        from ..policy.megatron_convert import CPU_SHIM_ENV, FAMILIES
+        from ..policy.megatron_families import CPU_SHIM_ENV, FAMILIES
 
         if m.family not in FAMILIES:
             yield (("model.family", "train.backend"), f"the megatron backend has no mapping for model.family="
