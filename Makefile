@@ -40,7 +40,7 @@ test-gpu:  ## the gpu tier, on a GPU node whose Python has torch+transformers (w
 gpu-kit:  ## wheels an offline GPU node lacks (Ray, Hydra, megatron-core; py3.12) into .gpu-kit/whl
 	bash scripts/gpu-kit.sh .gpu-kit/whl
 
-gym: .gym/.installed  ## NeMo Gym's own venv for env=nemo_gym (CPython >= 3.13.14 built from Debian's source; ~7 min)
+gym: .gym/.installed  ## NeMo Gym's own venv for env=nemo_gym (its CPython >= 3.13.14 is built once per machine into ~/.cache/grpo-launcher: ~7 min)
 
 .gym/.installed: scripts/gym-install.sh
 	bash scripts/gym-install.sh

