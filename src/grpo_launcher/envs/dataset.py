@@ -4,6 +4,13 @@ scored by user reward functions (env.reward_fn / env.reward_fns, see envs/reward
     python launch.py env=dataset env.train_path=train.jsonl env.val_path=val.jsonl \
         env.prompt_key=question env.answer_key=answer env.reward_fn=rewards.py:correct
 
+Values arrive as the file wrote them: CSV cells are strings ("0487" stays "0487"; an empty cell is ""),
+JSONL / JSON values are JSON values (strings, numbers, lists ...), Parquet and saved `datasets` columns keep
+their column types. Reward functions get each row's columns as these values; the built-in scorers compare
+the answer as text (str of a string, JSON text of any other value). A prompt is a string, or a list of chat
+messages [{"role", "content"}, ...]; a string that is the JSON text of such a list (a messages column
+written to CSV) is parsed into the list.
+
 Every row must hold env.prompt_key (and env.answer_key unless it is null); a missing key, a null value,
 a malformed line or an empty file is a DataError naming the file and the line (row, for columnar files).
 Training order: every row once per epoch, reshuffled each epoch when env.shuffle (seeded by grpo.seed);
@@ -12,6 +19,7 @@ dynamic-sampling refills (round > 0) draw at random. The same (step, round) alwa
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 from dataclasses import dataclass
@@ -52,7 +60,9 @@ def load_table(path: str, key: str, split_for: str = "train") -> Table:
         table = _load_jsonl(p, key)
     elif p.suffix == ".json":
         table = _load_json(p, key)
-    elif p.suffix in (".parquet", ".csv"):
+    elif p.suffix == ".csv":
+        table = _load_csv(p, key)
+    elif p.suffix == ".parquet":
         table = _load_columnar(p, key)
     else:
         raise DataError(f"{key}: {p} is not .jsonl, .json, .csv or .parquet, nor a saved `datasets` directory")
@@ -88,16 +98,30 @@ def _load_json(p: Path, key: str) -> Table:
     return Table(p, data, lambda i: f"{p}[row {i}]", sorted({k for r in data for k in r}))
 
 
+def _load_csv(p: Path, key: str) -> Table:
+    """Every cell as the string the file holds (no type guessing: "0487" stays "0487")."""
+    rows, lines = [], []
+    try:
+        with open(p, encoding="utf-8", newline="") as fh:
+            reader = csv.DictReader(fh)
+            for row in reader:
+                if None in row:  # more cells than the header names
+                    raise DataError(f"{key}: {p}:{reader.line_num}: {len(row) - 1 + len(row[None])} cells, the "
+                                    f"header names {len(reader.fieldnames or [])}")
+                rows.append(row)
+                lines.append(reader.line_num)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{key}: cannot read {p} as CSV: {type(exc).__name__}: {exc}") from None
+    return Table(p, rows, lambda i: f"{p}:{lines[i]}", list(reader.fieldnames or []))
+
+
 def _load_columnar(p: Path, key: str) -> Table:
     import datasets
 
     try:
-        if p.suffix == ".parquet":
-            import pyarrow.parquet as pq
+        import pyarrow.parquet as pq
 
-            ds = datasets.Dataset(pq.read_table(p))
-        else:
-            ds = datasets.Dataset.from_csv(str(p), keep_in_memory=True)
+        ds = datasets.Dataset(pq.read_table(p))
     except Exception as exc:  # noqa: BLE001 - a corrupt file: say which
         raise DataError(f"{key}: cannot read {p}: {type(exc).__name__}: {exc}") from None
     return _from_dataset(ds, p)
@@ -145,12 +169,33 @@ def check_rows(table: Table, env: EnvSpec, key: str) -> None:
                             "expected a string or a list of chat messages")
 
 
+def as_messages(prompt: Any) -> Any:
+    """A string holding the JSON text of a chat-message list → that list; any other value as it is."""
+    if not isinstance(prompt, str) or not prompt.lstrip().startswith("[{"):
+        return prompt
+    try:
+        msgs = json.loads(prompt)
+    except ValueError:
+        return prompt
+    ok = isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                 and isinstance(m.get("content"), str) for m in msgs)
+    return msgs if ok else prompt
+
+
+def answer_text(value: Any) -> str:
+    """The answer as the built-in scorers compare it: a string as it is, any other JSON value as JSON text."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def load_split(env: EnvSpec, which: str) -> Table:
     key = f"env.{which}_path"
     path = getattr(env, f"{which}_path")
     if not path:
         raise DataError(f"{key}: env={env.name} reads its prompts from files: set {key}")
     table = load_table(path, key, split_for=which)
+    for row in table.rows:
+        if env.prompt_key in row:
+            row[env.prompt_key] = as_messages(row[env.prompt_key])
     check_rows(table, env, key)
     return table
 
@@ -175,7 +220,7 @@ class DatasetEnv:
 
     def _prompt(self, table: Table, i: int) -> Prompt:
         row, e = table.rows[i], self.spec
-        answer = "" if not e.answer_key else str(row[e.answer_key])
+        answer = "" if not e.answer_key else answer_text(row[e.answer_key])
         return Prompt(text=row[e.prompt_key], answer=answer, agent_ref=f"{e.name}/{table.path.stem}", row=row,
                       source=table.where(i))
 

@@ -15,20 +15,26 @@ from typing import Any, Iterable, Optional
 from .errors import Violation
 from .schema import ModelSpec, RunSpec
 
-# ModelSpec field -> the config.json keys that hold it (first present wins); a default when none is present
-ARCH_KEYS: dict[str, tuple[tuple[str, ...], Any]] = {
-    "family": (("model_type",), None),
-    "num_layers": (("num_hidden_layers", "n_layer", "num_layers"), None),
-    "hidden_size": (("hidden_size", "n_embd", "d_model"), None),
-    "num_attention_heads": (("num_attention_heads", "n_head"), None),
-    "num_kv_heads": (("num_key_value_heads",), "num_attention_heads"),  # absent = multi-head attention
-    "ffn_hidden_size": (("intermediate_size", "n_inner", "ffn_dim"), None),
-    "vocab_size": (("vocab_size",), None),
-    "max_position_embeddings": (("max_position_embeddings", "n_positions"), None),
-    "num_experts": (("num_experts", "num_local_experts", "n_routed_experts"), 0),
-    "moe_top_k": (("num_experts_per_tok", "moe_topk"), 0),
-    "tie_word_embeddings": (("tie_word_embeddings",), None),  # absent = not asserted: the spec's value stays
+# ModelSpec field -> the config.json keys that hold it, first present (and not null) wins: the names transformers'
+# configs use (their attribute_map aliases included: GPT-2's n_embd, n_layer, n_head, n_positions, n_inner).
+ARCH_KEYS: dict[str, tuple[str, ...]] = {
+    "family": ("model_type",),
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
+    "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"),
+    "vocab_size": ("vocab_size",),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
+    "moe_top_k": ("num_experts_per_tok", "moe_topk"),
+    "tie_word_embeddings": ("tie_word_embeddings",),
 }
+# Families whose MLP is 4 × hidden when the config has no width (GPT-2 and GPT-J write n_inner: null)
+FFN_4X = ("gpt2", "gptj", "gpt_bigcode", "codegen", "bloom", "falcon", "gpt_neo")
+# tie_word_embeddings when config.json omits it: the model class's default (transformers' PretrainedConfig: true)
+UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3", "gpt_neox",
+                     "gptj", "olmo2", "granite", "nemotron_h")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 V = Violation
 
@@ -53,21 +59,39 @@ def read_config(path: Path) -> tuple[Optional[dict], Optional[Violation]]:
     return cfg, None
 
 
+def _fallback(field: str, cfg: dict, found: dict[str, Any]) -> Any:
+    """What transformers uses when config.json has no (or a null) value for `field`; None: nothing."""
+    family = cfg.get("model_type")
+    if field == "num_kv_heads":  # multi-head attention (multi-query: one KV head)
+        return 1 if cfg.get("multi_query") else found.get("num_attention_heads")
+    if field == "ffn_hidden_size" and ("n_inner" in cfg or family in FFN_4X) and "hidden_size" in found:
+        return 4 * found["hidden_size"]
+    if field in ("num_experts", "moe_top_k"):
+        return 0  # dense
+    if field == "tie_word_embeddings":
+        return family not in UNTIED_BY_DEFAULT
+    return None
+
+
 def architecture(cfg: dict) -> tuple[dict[str, Any], list[str]]:
-    """(ModelSpec fields found in the config, the required ones missing)."""
+    """(ModelSpec fields resolved from the config as transformers resolves them, the required ones missing)."""
     found: dict[str, Any] = {}
     missing = []
-    for field, (names, default) in ARCH_KEYS.items():
+    for field, names in ARCH_KEYS.items():
         value = next((cfg[n] for n in names if cfg.get(n) is not None), None)
-        if value is None and isinstance(default, str):
-            value = found.get(default)
-        elif value is None:
-            value = default
-        if value is None and field != "tie_word_embeddings":
+        if value is None:
+            value = _fallback(field, cfg, found)
+        if value is None:
             missing.append(names[0])
-        elif value is not None:
+        else:
             found[field] = value
     return found, missing
+
+
+def source_key(cfg: dict, field: str) -> str:
+    """The config.json key a field was read from (its first name when it was derived)."""
+    names = ARCH_KEYS[field]
+    return next((n for n in names if cfg.get(n) is not None), f"{names[0]} (absent: transformers' default)")
 
 
 def _typed(field: str, value: Any) -> Any:
@@ -115,23 +139,23 @@ def resolve_model(spec: RunSpec, cli_keys: Iterable[str]) -> tuple[RunSpec, list
         return spec, []  # null: the tiny model; not here: a cluster path (rule local_paths_exist covers local runs)
     path = Path(spec.model.path)
     cfg, problem = read_config(path)
-    if problem:
-        return spec, [problem]
+    if cfg is None:
+        return spec, [problem] if problem else []
     found, missing = architecture(cfg)
     out = [V("model_checkpoint", ("model.path",), f"{path / 'config.json'} lacks {', '.join(missing)}",
              "re-export the checkpoint with save_pretrained")] if missing else []
     explicit = explicit_model_keys(spec, cli_keys)
-    fields = {"name": path.name} if "name" not in explicit else {}
+    fields: dict[str, Any] = {"name": path.name} if "name" not in explicit else {}
     for field, raw in found.items():
         value = _typed(field, raw)
         if value is None:
-            out.append(V("model_checkpoint", ("model.path",), f"{path / 'config.json'}: {ARCH_KEYS[field][0][0]}="
+            out.append(V("model_checkpoint", ("model.path",), f"{path / 'config.json'}: {source_key(cfg, field)}="
                          f"{str(raw)[:40]} is not a valid {field}", "re-export the checkpoint with save_pretrained"))
             continue
         ours = getattr(spec.model, field)
         if field in explicit and ours != value:
             out.append(V("model_matches_checkpoint", (f"model.{field}", "model.path"),
-                         f"model.{field}={ours} but {path / 'config.json'} says {ARCH_KEYS[field][0][0]}={value}",
+                         f"model.{field}={ours} but {path / 'config.json'} says {source_key(cfg, field)}={value}",
                          f"drop model.{field} (it is read from the checkpoint), or point model.path at the model "
                          "you meant"))
         fields[field] = value
