@@ -29,6 +29,7 @@ from .status import (
     TERMINAL,
     effective_state,
     jobs_named,
+    phase_line,
     read_status,
     scheduler_job,
     slurm,
@@ -104,7 +105,7 @@ def describe(run_dir: Path) -> dict:
            "restarts": st.get("restarts"), "exit_code": st.get("exit_code"), "message": st.get("message"),
            "step": last_step(logs / f"driver-{job}.log") if job else None,
            "driver_log": str(logs / f"driver-{job}.log") if job else None,
-           "slurm_log": str(logs / f"slurm-{job}.out") if job else None}
+           "slurm_log": str(logs / f"slurm-{job}.out") if job else None, "phase": phase_line(run_dir, st, state)}
     if sched:
         out["slurm"] = {k: sched.get(k) for k in ("JobState", "Reason", "NodeList", "RunTime", "TimeLimit",
                                                     "Restarts", "ExitCode") if sched.get(k) is not None}
@@ -146,6 +147,8 @@ def status(args: list[str]) -> int:
                               f"{s.get('TimeLimit')}  restarts {s.get('Restarts')}  reason {s.get('Reason')}"))
     if info["step"]:
         rows.append(("step", f"{info['step']}  (last step line of the driver log)"))
+    if info.get("phase"):
+        rows.append(("phase", info["phase"]))
     if info["exit_code"] is not None:
         rows.append(("exit code", str(info["exit_code"])))
     if info["message"]:

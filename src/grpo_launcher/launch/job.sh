@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The body of every grpo-launcher sbatch script (launch/sbatch.py prepends the #SBATCH header and the
 # values block: RUN_DIR PY RAY_TMP NODE_PORT_STRIDE JOB_PORT_STRIDE JOB_PORT_SLOTS JOIN_TIMEOUT REQUEUE_ENABLED
-# CONTAINER PASS_ENV PLAN_NODES TOTAL_GPUS RAY_CPUS RAY_GPUS OBJECT_STORE PORT_* REQUEUE_CODE USR1_KILLED;
+# CONTAINER PASS_ENV PLAN_NODES TOTAL_GPUS RAY_CPUS RAY_GPUS OBJECT_STORE PORT_* REQUEUE_CODE USR1_KILLED HUNG_CODE;
 # the exit codes are exit_codes.ExitCode's).
 # Static text: `shellcheck -x src/grpo_launcher/launch/job.sh` reads it as it is; no value is ever pasted in.
 # shellcheck disable=SC2154,SC2317  # the values block defines the settings; functions run from traps
@@ -323,6 +323,9 @@ if [ "$rc" -eq 0 ]; then
   status COMPLETED --exit-code 0
   rm -rf "$RAY_TMP/$SLURM_JOB_ID-"*  # Ray's session dirs of this job (kept when it fails)
   say "run completed"
+elif [ "$rc" -eq "$HUNG_CODE" ]; then  # a driver wait passed its deadline: failed as a node failure is (no requeue)
+  status HUNG --exit-code "$rc"  # the message: the driver's summary (RUN_DIR/phase.json, read by launch/status.py)
+  say "ERROR: the driver's wait passed its deadline (exit $rc: hung); see $LOG/driver-$SLURM_JOB_ID.log"
 else
   status FAILED --exit-code "$rc" --message "the driver exited $rc (log: $LOG/driver-$SLURM_JOB_ID.log)"
   say "ERROR: the driver exited $rc; see $LOG/driver-$SLURM_JOB_ID.log"

@@ -3,7 +3,7 @@ output in RUN_DIR/logs/driver-local.log (appended per launch, also shown on the 
 `launch.py status|logs RUN` find them.
 
 States: RUNNING while the process lives; then COMPLETED (exit 0), STOPPED (a signal; checkpoint saved),
-FAILED. A RUNNING record whose pid is gone reads as FAILED ("the process died").
+HUNG (exit 4: a wait passed its deadline), FAILED. A RUNNING record whose pid is gone reads as FAILED ("the process died").
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Tee:
 
 def state_for(rc: int) -> str:
     stopped = (ExitCode.REQUEUE, ExitCode.INTERRUPTED, ExitCode.TERMINATED)  # a signal: checkpointed, then stopped
-    return "COMPLETED" if rc == 0 else "STOPPED" if rc in stopped else "FAILED"
+    return "COMPLETED" if rc == 0 else "STOPPED" if rc in stopped else "HUNG" if rc == ExitCode.HUNG else "FAILED"
 
 
 @contextmanager
@@ -102,8 +102,10 @@ def local_step(run_dir: Path, st: dict) -> Optional[str]:
 
 def describe_local(run_dir: Path, st: dict) -> dict:
     """cli.describe() for a local run: the same keys as a Slurm run's."""
+    from .status import phase_line
+
     state, note = local_state(st)
-    return {"name": st.get("name", Path(run_dir).name), "state": state, "note": note, "job_id": LOCAL,
+    return {"phase": phase_line(run_dir, st, state), "name": st.get("name", Path(run_dir).name), "state": state, "note": note, "job_id": LOCAL,
             "job_ids": [], "kind": LOCAL, "pid": st.get("pid"), "recorded_state": st.get("state"),
             "run_dir": str(run_dir), "restarts": st.get("restarts"), "exit_code": st.get("exit_code"),
             "message": st.get("message"), "step": local_step(run_dir, st), "driver_log": st.get("driver_log"),

@@ -157,6 +157,7 @@ def render(spec: RunSpec, plan: Plan) -> str:
         "TOTAL_GPUS": plan.world_size if plan.use_gpus else 0, "RAY_CPUS": ray_cpus(spec), "RAY_GPUS": c.gpus_per_node,
         "OBJECT_STORE": int(c.object_store_memory_mb) * 2**20,
         "REQUEUE_CODE": ExitCode.REQUEUE, "USR1_KILLED": ExitCode.USR1_KILLED,  # exit_codes.py: the one list
+        "HUNG_CODE": ExitCode.HUNG,
         "PORT_GCS": p["gcs"], "PORT_CLIENT": p["client"], "PORT_DASHBOARD": p["dashboard"],
         "PORT_NM": p["node_manager"], "PORT_OM": p["object_manager"], "PORT_RTE": p["runtime_env_agent"],
         "PORT_METRICS": p["metrics_export"], "PORT_DAG": p["dashboard_agent_grpc"],

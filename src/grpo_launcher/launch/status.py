@@ -7,7 +7,9 @@ on the local cluster) and reconcile the two: the script cannot write anything on
 
 status.json keys: name, state, job_id, job_ids (every id this run dir has had), run_dir, submitted,
 updated, exit_code, message, restarts (SLURM_RESTART_COUNT of the latest start), events (epoch seconds
-of the latest start's phases: started, ray_ready).
+of the latest start's phases: started, ray_ready). HUNG (driver exit 4): a wait passed its deadline; the message
+is the driver's summary of it. The driver's current phase is in RUN_DIR/phase.json (train/deadlines.py), a file
+of its own: the driver never races this one's writers; `phase_line` reads it for `launch.py status`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-STATES = ("SUBMITTED", "RUNNING", "REQUEUED", "COMPLETED", "FAILED", "CANCELLED", "STOPPED")
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "STOPPED")
+STATES = ("SUBMITTED", "RUNNING", "REQUEUED", "COMPLETED", "FAILED", "CANCELLED", "STOPPED", "HUNG")
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "STOPPED", "HUNG")
 # Slurm job states after which nothing more happens (REQUEUED/PREEMPTED may come back as PENDING)
 SLURM_TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                   "DEADLINE", "REVOKED", "SPECIAL_EXIT")
@@ -37,6 +39,10 @@ def write_status(run_dir: Path, state: str, /, reset: bool = False, **fields: ob
     if reset:
         current = {"job_ids": current.get("job_ids", [])}
     event = fields.pop("event", None)
+    if state == "HUNG" and not fields.get("message"):  # the driver's summary: which phase, which step
+        from ..train.deadlines import read_phase
+
+        fields["message"] = read_phase(run_dir).get("hung")
     if fields.get("restarts") is not None:  # a new start: the previous start's phase times no longer apply
         current["events"] = {}
         current.pop("exit_code", None)
@@ -79,6 +85,21 @@ def read_status(run_dir: Path) -> dict:
         return {}
     except json.JSONDecodeError:  # never expected (atomic writes), but never fatal for a reader
         return {}
+
+
+def phase_line(run_dir: Path, st: dict, state: str) -> Optional[str]:
+    """'update (step 12) for 3.4 s, deadline 300 s': what the driver of the current start waits for now."""
+    from ..train.deadlines import read_phase
+
+    rec = read_phase(run_dir)
+    since, started = rec.get("since"), (st.get("events") or {}).get("started", 0)
+    if not isinstance(since, (int, float)) or since < started or state not in ("RUNNING", "HUNG"):
+        return None  # none yet, or a previous start's
+    where = f"{rec.get('phase')} (step {rec.get('step')})"
+    if state == "HUNG" or rec.get("hung"):
+        return f"{where}: passed its deadline of {rec.get('deadline_s')} s (hung)"
+    limit = rec.get("deadline_s")
+    return f"{where} for {time.time() - since:.1f} s" + (f", deadline {limit:g} s" if limit else ", no deadline")
 
 
 # ------------------------------------------------------------------ what Slurm says

@@ -62,8 +62,11 @@ class TorchPolicyWorker(HybridRollout, Profiling):
     def init_distributed(self, host: str, port: int) -> None:
         if self.world > 1:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
+            from datetime import timedelta  # the collective timeout matches the driver's deadlines (train/workers.py)
+
+            limit = os.environ.get("GRPO_COLLECTIVE_TIMEOUT_S")
             dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
-                                    world_size=self.world)
+                                    world_size=self.world, timeout=timedelta(seconds=float(limit)) if limit else None)
 
     # ------------------------------------------------------------------ logprobs
     def _logits(self, model: torch.nn.Module, b: TrainBatch) -> torch.Tensor:

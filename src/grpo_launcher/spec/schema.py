@@ -308,6 +308,24 @@ class LoggingSpec:
 
 
 @dataclass(frozen=True)
+class DeadlinesSpec:
+    """How long the driver waits for another process (a policy rank, a rollout engine, the env worker) before it
+    calls the run hung (train/deadlines.py). Each phase (generate, score, logprobs, update, refit, save, ...) may
+    wait max(factor × its slowest of the last `window` waits, floor_s); its first wait in a driver process (no
+    history yet: model load, warm-up, compilation) first_s. A passed deadline ends the run with exit code 4
+    (ExitCode.HUNG), status HUNG, and a message naming the phase, the stuck actor and its stack."""
+
+    enabled: bool = True  # false: the driver waits for its actors without a deadline (as before)
+    factor: float = 5.0  # k: a phase may take k × its slowest recent wait
+    floor_s: float = 300.0  # no phase deadline below this
+    # a phase's first wait (no history yet); also the policy ranks' gloo/NCCL collective timeout
+    first_s: float = 1800.0
+    window: int = 20  # how many of a phase's most recent waits count
+    # the first SIGTERM / SIGINT / SIGUSR1 waits this long for the current step, then abandons it as a second does
+    stop_grace_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class RunSpec:
     name: str = "tiny-grpo"
     output_root: str = "outputs"
@@ -321,6 +339,7 @@ class RunSpec:
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     logging: LoggingSpec = field(default_factory=LoggingSpec)
+    deadlines: DeadlinesSpec = field(default_factory=DeadlinesSpec)
 
 
 # Which section each config group fills (the group name is also the section name).

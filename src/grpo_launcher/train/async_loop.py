@@ -116,7 +116,7 @@ class AsyncTrainer(Trainer):
         self.in_flight = a.in_flight_weight_updates
         self.version = 0  # optimizer updates applied to the policy = the last finished step
         self.submitted = 0  # the last step whose batch was submitted
-        self.pushes: list = []  # update_weights calls queued on the engines, not yet seen to finish
+        self.pushes: list[tuple[Any, Any]] = []  # (update_weights call, its engine) queued, not yet seen to finish
         self._versions: list[tuple[int, int]] = []
         self._gen_s = 0.0
         self._pipeline: dict[str, float] = {}
@@ -132,7 +132,7 @@ class AsyncTrainer(Trainer):
         self.version = self.submitted = self.state.step  # a resume starts from the checkpoint's version
         try:
             code = super().train()
-            ray.get(self.pushes)  # the last push landed (an engine's refit error surfaces here)
+            self.w.get("push", [r for r, _ in self.pushes], [e for _, e in self.pushes])  # the last push landed
             return code
         finally:
             dropped = self.buffer.drop()
@@ -157,7 +157,7 @@ class AsyncTrainer(Trainer):
         depth = len(self.buffer)  # this step's batch and the ones generated ahead of it
         entry = self.buffer.take(step)
         with t("rollout"):  # the trainer waits for its batch (0 when it was generated meanwhile)
-            parts = ray.get(entry.calls)
+            parts = self.w.get("generate", entry.calls, self.w.rollout[:len(entry.calls)])
         gens = [x for p in parts for x in p["gens"]]
         self._versions = [(v[0], v[1]) for p in parts for v in p["versions"]]  # (first, last) per sample
         ages = self.buffer.ages([f for f, _ in self._versions], self.version)  # StaleTrajectory: never trained on
@@ -184,8 +184,8 @@ class AsyncTrainer(Trainer):
     def generate(self, prompts: list, n: int, seed: int) -> list[Generation]:
         """Validation: through the versioned calls too (so the engines' idle time stays right), on the newest
         weights pushed (queued behind the batches generated ahead)."""
-        return [x for part in ray.get(self.submit_generate(prompts, n, seed, "generate_versioned"))
-                for x in part["gens"]]
+        refs = self.submit_generate(prompts, n, seed, "generate_versioned")
+        return [x for part in self.w.get("generate", refs, self.w.rollout[:len(refs)]) for x in part["gens"]]
 
     # ------------------------------------------------------------------ phases
     def update(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
@@ -201,12 +201,16 @@ class AsyncTrainer(Trainer):
         if self.in_flight:  # staged at once beside any generate call; applied at the engine's next call
             staged = [r.stage_weights.options(concurrency_group=WEIGHTS_GROUP).remote(refs[0], self.version)
                       for r in self.w.rollout]
-            ray.get(staged + refs[1:])  # landed before the next batch is submitted: the age bound needs it
+            self.w.clock.wait_all("state_dict", refs, self.w.policy)  # a stuck policy rank is named as such
+            self.w.get("refit", staged + refs[1:], [*self.w.rollout, *self.w.policy[1:]])  # landed before the next
+            # batch is submitted: the age bound needs it
         else:  # queued behind the generate calls already submitted; the next batches queue behind it
-            self.pushes += [r.update_weights.remote(refs[0], self.version) for r in self.w.rollout]
-            ray.wait(refs, num_returns=len(refs))  # the policy has produced its weights (not fetched here)
-            done, self.pushes = ray.wait(self.pushes, num_returns=len(self.pushes), timeout=0)
-            ray.get(done)  # a failed refit surfaces here, at the next push
+            self.pushes += [(r.update_weights.remote(refs[0], self.version), r) for r in self.w.rollout]
+            self.w.clock.wait_all("state_dict", refs, self.w.policy)  # the policy produced its weights (not fetched)
+            done, _ = ray.wait([r for r, _ in self.pushes], num_returns=len(self.pushes), timeout=0)
+            ray.get(done)  # a failed refit surfaces here, at the next push (ready: no wait)
+            landed = set(done)
+            self.pushes = [(r, e) for r, e in self.pushes if r not in landed]
         ms = (time.perf_counter() - t0) * 1e3
         self.fill()
         return ms

@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import ray
 import torch
 
 from .. import algos
@@ -20,13 +19,14 @@ from ..spec.schema import EnvName, RunSpec
 from ..tracking import metric_names as M
 from ..batch import Generation, TrainBatch, collate, shard_rows
 from ..secrets import with_http_api_key
+from .deadlines import Hung, hang_report
 from .loop_state import LoopState, StopRequest
 from .startup import StartupClock, process_start, quiet_libraries
 from .workers import Workers, create_workers, ray_session
 
 
 def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
-    stop = StopRequest.install()  # first: Slurm's SIGUSR1 during start-up must not kill the driver
+    stop = StopRequest.install(spec.deadlines.stop_grace_s)  # first: Slurm's SIGUSR1 in start-up must not kill it
     clock = StartupClock(t_start or process_start())  # where the time before step 1 went (train/startup.py)
     quiet_libraries()
     from ..envs import EnvNotAvailable, UserCodeError, make_env
@@ -67,6 +67,8 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
             return finish_run(spec, plan, state, trainer.train())  # + where everything is, the curve PNG
         except UserCodeError as exc:  # a reward fn / Env / prompt failed: named with its row; progress kept
             return user_code_failed(exc, trainer, state)
+        except Hung as exc:  # a wait passed its deadline: named, stacks taken, then the actors are killed (finally)
+            return report_hang(exc, workers, state)
         except BaseException:
             if state is not None:
                 state.abort()  # metrics after the last checkpoint are dropped: a resume logs those steps again
@@ -74,6 +76,21 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
         finally:
             workers.shutdown()
             (plan.run_dir / "rollout_endpoints.json").unlink(missing_ok=True)  # its URLs die with the engines
+
+
+def report_hang(exc: Hung, workers: Workers, state: LoopState | None) -> int:
+    """The hang message (phase, actors, last step and checkpoint, stacks) on stderr; RUN_DIR/phase.json says HUNG
+    (the launcher's status.json takes it: launch/status.py); the MLflow run FAILED with tag grpo.hung."""
+    ckpt = state.ckpt.latest() if state is not None else None
+    last = state.step if state is not None else 0
+    print(hang_report(exc, workers.describe(exc.owners), last, str(ckpt) if ckpt else "none"), file=sys.stderr,
+          flush=True)
+    workers.clock.mark_hung(str(exc))
+    if state is not None:
+        if state.tracker is not None:
+            state.tracker.set_tag("grpo.hung", str(exc))
+        state.abort()  # metrics after the last checkpoint dropped, the run FAILED (as any failure)
+    return ExitCode.HUNG
 
 
 def trainer_class(spec: RunSpec) -> type:
@@ -98,7 +115,7 @@ def publish_rollout_endpoints(spec: RunSpec, plan: Plan, workers: Workers) -> No
 
     from ..runfiles import write_atomic
 
-    urls = ray.get([r.http_url.remote() for r in workers.rollout])
+    urls = workers.get("endpoints", [r.http_url.remote() for r in workers.rollout], workers.rollout)
     write_atomic(plan.run_dir / "rollout_endpoints.json",  # 0600: it holds the servers' API key
                  json.dumps({"model": spec.model.name, "base_urls": urls, "api_key": spec.rollout.http_api_key or None},
                             indent=1) + "\n", mode=0o600)
@@ -111,7 +128,8 @@ class Trainer:
     def __init__(self, spec: RunSpec, plan: Plan, env, workers: Workers, state: LoopState, stop: StopRequest,
                  model_dir: Path):
         self.spec, self.plan, self.env, self.w, self.state, self.stop = spec, plan, env, workers, state, stop
-        self.tok = ray.get(workers.policy[0].load_tokenizer.remote())  # policy/hybrid.py says why not AutoTokenizer
+        self.tok = workers.get("load_tokenizer", [workers.policy[0].load_tokenizer.remote()],  # policy/hybrid.py:
+                               workers.policy[:1])[0]  # why not AutoTokenizer
         from ..tracking.report import write_prompting
 
         write_prompting(plan.run_dir, self.tok, spec.env, state.data_log, model_dir)  # chat template, system prompt
@@ -122,12 +140,13 @@ class Trainer:
     def train(self) -> int:
         s, st = self.spec, self.state
         if st.checkpoint_path is not None:
-            ray.get([p.load.remote(str(st.checkpoint_path)) for p in self.w.policy])
+            self.w.get("load", [p.load.remote(str(st.checkpoint_path)) for p in self.w.policy], self.w.policy)
         self.refit()  # engines may start with dummy weights: the policy's are pushed before any rollout
         if st.checkpoint_path is None and s.grpo.val_at_start:
             st.log(0, self.validate())
         progress = st.progress_bar(s.grpo.max_steps)
         for step in range(st.step + 1, s.grpo.max_steps + 1):
+            self.w.clock.step = step
             metrics = self.profiled_step(step) if step == s.logging.profile_step else self.step(step)
             if self.clock is not None:
                 self.clock.mark("step 1")
@@ -140,6 +159,8 @@ class Trainer:
             progress.update(step, metrics)
             last = step == s.grpo.max_steps
             stopping = self.stop.requested or (self.deadline is not None and time.monotonic() > self.deadline)
+            if stopping:
+                self.stop.step_done()  # the step finished within deadlines.stop_grace_s: no abandoning now
             if last or stopping or (s.checkpoint.enabled and step % s.checkpoint.save_period == 0):
                 self.save(step, metrics)
             if stopping and not last:
@@ -157,9 +178,9 @@ class Trainer:
         from ..policy.profile import summary_line
 
         where = self.plan.run_dir / "profile" / f"step_{step}"
-        ray.get([p.start_profile.remote(str(where)) for p in self.w.policy])
+        self.w.get("profile", [p.start_profile.remote(str(where)) for p in self.w.policy], self.w.policy)
         metrics = self.step(step)
-        phases = ray.get([p.stop_profile.remote() for p in self.w.policy])
+        phases = self.w.get("profile", [p.stop_profile.remote() for p in self.w.policy], self.w.policy)
         print(f"grpo-launcher: profile of step {step} (rank 0; all ranks in {where}): {summary_line(phases[0])}",
               flush=True)
         return metrics
@@ -205,10 +226,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
     def generate(self, prompts: list, n: int, seed: int) -> list[Generation]:
-        return [g for part in ray.get(self.submit_generate(prompts, n, seed)) for g in part]
+        refs = self.submit_generate(prompts, n, seed)
+        return [g for part in self.w.get("generate", refs, self.w.rollout[:len(refs)]) for g in part]
 
     def submit_generate(self, prompts: list, n: int, seed: int, method: str = "generate") -> list:
-        """The prompts split over the engines, one call each (`method` of the engine); the calls' ObjectRefs."""
+        """The prompts split over the engines, one call each (`method` of the engine); the calls' ObjectRefs
+        (call i on engine i: the first len(refs) engines)."""
         from ..envs.prompting import encode_prompts
 
         ids = encode_prompts(self.tok, prompts, self.spec.env)  # env.chat_template / system_prompt; same for hf and vllm
@@ -224,7 +247,8 @@ class Trainer:
     def score(self, prompts: list, gens: list[Generation], n: int) -> torch.Tensor:
         texts = [self.tok.decode(g.response_ids, skip_special_tokens=True) for g in gens]
         expanded = [p for p in prompts for _ in range(n)]
-        return torch.tensor(ray.get(self.w.env.score.remote(expanded, texts)), dtype=torch.float32)
+        scores = self.w.get("score", [self.w.env.score.remote(expanded, texts)], [self.w.env])[0]
+        return torch.tensor(scores, dtype=torch.float32)
 
     def rollout_and_score(self, step: int, t: "Timer"):
         """Generate and score; with dynamic sampling, keep only groups whose rewards vary (refill, capped)."""
@@ -266,8 +290,8 @@ class Trainer:
 
     def compute_logprobs(self, batch: TrainBatch) -> TrainBatch:
         dp = self.plan.policy_ranks
-        parts = ray.get([p.logprobs.remote(batch.select(shard_rows(len(batch), dp, i)))
-                         for i, p in enumerate(self.w.policy)])
+        parts = self.w.get("logprobs", [p.logprobs.remote(batch.select(shard_rows(len(batch), dp, i)))
+                                        for i, p in enumerate(self.w.policy)], self.w.policy)
         prev = torch.cat([a for a, _ in parts])
         ref = torch.cat([b for _, b in parts]) if parts[0][1] is not None else None
         lo = self.spec.loss
@@ -288,8 +312,8 @@ class Trainer:
         agg = self.spec.loss.aggregation
         # global denominators; 0 = no loss-bearing sample in the minibatch: every rank skips its step
         dens = [local_denominator(agg, algos.loss_mask(mb.response_mask, mb.sample_mask)) for mb in minibatches]
-        results = ray.get([p.update.remote([mb.select(shard_rows(len(mb), dp, r)) for mb in minibatches], dens)
-                           for r, p in enumerate(self.w.policy)])
+        results = self.w.get("update", [p.update.remote([mb.select(shard_rows(len(mb), dp, r)) for mb in minibatches],
+                                                        dens) for r, p in enumerate(self.w.policy)], self.w.policy)
         if self.plan.logprobs_from_update:  # rank r returned the old logprobs of its shard
             ref = [res.pop("ref_logprobs") for res in results]
             batch = batch.with_(prev_logprobs=torch.cat([res.pop("prev_logprobs") for res in results]),
@@ -314,10 +338,12 @@ class Trainer:
         """
         t0 = time.perf_counter()
         if self.plan.hybrid_rollout:
-            ray.get([p.refit_engine.remote() for p in self.w.policy])
+            self.w.get("refit", [p.refit_engine.remote() for p in self.w.policy], self.w.policy)
             return (time.perf_counter() - t0) * 1e3
         refs = [p.state_dict.remote() for p in self.w.policy]
-        ray.get([r.update_weights.remote(refs[0]) for r in self.w.rollout] + refs[1:])
+        pushes = [r.update_weights.remote(refs[0]) for r in self.w.rollout]
+        self.w.clock.wait_all("state_dict", refs, self.w.policy)  # a stuck policy rank is named as such
+        self.w.get("refit", pushes, self.w.rollout)
         return (time.perf_counter() - t0) * 1e3
 
     def validate(self) -> dict[str, float]:
@@ -325,17 +351,21 @@ class Trainer:
         prompts = self.env.val_prompts()
         prompts = prompts if g.max_val_samples is None else prompts[: g.max_val_samples]  # null = all
         rewards = []
-        for i in range(0, len(prompts), g.val_batch_size):  # a last partial batch is still validated
-            chunk = prompts[i:i + g.val_batch_size]
-            gens = self.generate(chunk, 1, seed=1234 + i)
-            rewards.append(self.score(chunk, gens, 1))
+        self.w.clock.prefix = "val_"  # its waits have a history of their own (val_generate, val_score)
+        try:
+            for i in range(0, len(prompts), g.val_batch_size):  # a last partial batch is still validated
+                chunk = prompts[i:i + g.val_batch_size]
+                gens = self.generate(chunk, 1, seed=1234 + i)
+                rewards.append(self.score(chunk, gens, 1))
+        finally:
+            self.w.clock.prefix = ""
         r = torch.cat(rewards)
         return {M.VAL_REWARD_MEAN: float(r.mean()), M.VAL_ACCURACY: float((r >= 1).float().mean()),
                 M.VAL_SAMPLES: float(len(r))}
 
     def save(self, step: int, metrics: dict[str, float]) -> None:
         def write(tmp: Path) -> None:
-            ray.get([p.save.remote(str(tmp)) for p in self.w.policy])
+            self.w.get("save", [p.save.remote(str(tmp)) for p in self.w.policy], self.w.policy)
 
         self.state.save_checkpoint(step, write, metrics)
 

@@ -26,7 +26,8 @@ class StopRequest:
     finish the step, checkpoint, exit 3 (requeue me); SIGTERM (scancel, preemption, requeue, kill) and SIGINT
     (Ctrl-C) → finish the step, checkpoint, exit 143 / 130 (the sbatch script asks Slurm whether the job is
     being requeued). A second signal abandons the step at once (SystemExit with the same code: the last
-    checkpoint stands). `install()` runs first thing; `reinstall()` right after `ray.init()`, which replaces
+    checkpoint stands); so does the first one when the step has not finished `grace_s` later (deadlines.stop_grace_s,
+    a SIGALRM timer; `step_done()` disarms it before the checkpoint is written). `install()` runs first thing; `reinstall()` right after `ray.init()`, which replaces
     the SIGTERM handler with its own (that one exits without saving)."""
 
     requested: bool = False
@@ -34,10 +35,11 @@ class StopRequest:
     reason: str = ""
     signum: int = 0
     count: int = 0
+    grace_s: float | None = None  # the first signal waits this long for the step (None: for ever)
 
     @classmethod
-    def install(cls) -> "StopRequest":
-        req = cls()
+    def install(cls, grace_s: float | None = None) -> "StopRequest":
+        req = cls(grace_s=grace_s)
         req.reinstall()
         return req
 
@@ -47,12 +49,27 @@ class StopRequest:
         self.requeue = self.requeue or signum == signal.SIGUSR1
         self.signum = self.signum or signum
         if self.count == 1:
-            print(f"grpo-launcher: {self.reason}: finishing the current step, then checkpoint and exit "
+            bound = f" (at most deadlines.stop_grace_s={self.grace_s:g} s)" if self.grace_s else ""
+            print(f"grpo-launcher: {self.reason}: finishing the current step{bound}, then checkpoint and exit "
                   f"(a second signal abandons the step)", file=sys.stderr, flush=True)
+            if self.grace_s:
+                signal.signal(signal.SIGALRM, self.overdue)
+                signal.setitimer(signal.ITIMER_REAL, self.grace_s)
         else:
             print(f"grpo-launcher: {self.reason} again: abandoning the step; resume starts from the last checkpoint",
                   file=sys.stderr, flush=True)
             raise SystemExit(self.exit_code)
+
+    def overdue(self, _signum: int, _frame: object) -> None:
+        """SIGALRM: the step did not finish within grace_s of the first signal: abandon it as a second signal does."""
+        print(f"grpo-launcher: {self.reason}: the step did not finish within deadlines.stop_grace_s={self.grace_s:g} s; "
+              "abandoning it; resume starts from the last checkpoint", file=sys.stderr, flush=True)
+        raise SystemExit(self.exit_code)
+
+    def step_done(self) -> None:
+        """The step finished after a stop request: no abandoning it now (the checkpoint has its own deadline)."""
+        if self.grace_s:
+            signal.setitimer(signal.ITIMER_REAL, 0)
 
     def reinstall(self) -> None:
         """(Re)take SIGUSR1/SIGTERM/SIGINT: call after anything that installs its own handlers (ray.init)."""

@@ -11,7 +11,7 @@ import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -21,6 +21,7 @@ from ..plan import Plan
 from ..policy import policy_class
 from ..rollout import rollout_class
 from ..spec.schema import RunSpec
+from .deadlines import ActorInfo, PhaseClock, actor_info
 
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
               "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_DEDUP_LOGS": "1",
@@ -30,7 +31,8 @@ WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO
 @contextmanager
 def ray_session(spec: RunSpec, plan: Plan) -> Iterator[None]:
     """Join the job's Ray cluster (RAY_ADDRESS, set by the sbatch script) or start one here."""
-    env = dict(WORKER_ENV, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), _src()) if p))
+    env = dict(WORKER_ENV, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), _src()) if p),
+               **collective_timeout_env(spec))
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, logging_level="WARNING")
     else:
@@ -49,6 +51,16 @@ def ray_session(spec: RunSpec, plan: Plan) -> Iterator[None]:
         ray.shutdown()
 
 
+def collective_timeout_env(spec: RunSpec) -> dict[str, str]:
+    """The policy ranks' gloo/NCCL timeout (torch.distributed's init_process_group): deadlines.first_s, the longest
+    any driver wait lasts before it is called hung (policy/torch_policy.py reads it)."""
+    d = spec.deadlines
+    return {COLLECTIVE_TIMEOUT_ENV: f"{d.first_s:g}"} if d.enabled else {}
+
+
+COLLECTIVE_TIMEOUT_ENV = "GRPO_COLLECTIVE_TIMEOUT_S"
+
+
 def _src() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,18 +71,34 @@ class Workers:
     rollout: list[Any]  # one actor per engine (rollout=hf: the policy actors themselves)
     env: Any
     pg: Any
+    clock: PhaseClock  # every wait for these actors has a deadline (train/deadlines.py)
+
+    def get(self, phase: str, refs: list, owners: Sequence[Any]) -> list:
+        """ray.get(refs) within the phase's deadline (Hung past it); owners[i] is the actor computing refs[i]."""
+        return self.clock.get(phase, refs, owners)
 
     def ready(self) -> None:
         """Wait for the actors (they import and load meanwhile) and join the policy ranks' process group."""
-        host, port = ray.get(self.policy[0].address.remote())
-        ray.get([p.init_distributed.remote(host, port) for p in self.policy])
+        host, port = self.get("start", [self.policy[0].address.remote()], self.policy[:1])[0]
+        self.get("init_distributed", [p.init_distributed.remote(host, port) for p in self.policy], self.policy)
 
-    def shutdown(self) -> None:
+    def role_of(self, actor: Any) -> tuple[str, int]:
+        """(role, rank) of one of these actors: policy i (with rollout=hf also engine i), rollout e, or env 0."""
+        for role, group in (("policy", self.policy), ("rollout", self.rollout), ("env", [self.env])):
+            for i, a in enumerate(group):
+                if a is actor or a == actor:
+                    return role, i
+        return "actor", -1
+
+    def describe(self, actors: Sequence[Any]) -> list[ActorInfo]:
+        return [actor_info(a, *self.role_of(a)) for a in actors]
+
+    def shutdown(self, timeout: float = 30.0) -> None:
         separate = [r for r in self.rollout if r not in self.policy]  # hybrid: the policy workers are the engines
         for ref in [r.shutdown.remote() for r in separate]:  # all at once, then each one's outcome
             try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError:  # it died (its own error is what the run reports): nothing to stop
+                ray.get(ref, timeout=timeout)  # a hung engine is killed below all the same
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):  # it died or hangs: killed below
                 pass
         for a in [*self.policy, *separate, self.env]:
             ray.kill(a)
@@ -112,7 +140,7 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
     from ..envs import EnvFactory
 
     env = ray.remote(EnvWorker).options(num_cpus=0).remote(spec, EnvFactory(spec))  # the driver's env class
-    return Workers(policy=policy, rollout=rollout, env=env, pg=pg)
+    return Workers(policy=policy, rollout=rollout, env=env, pg=pg, clock=PhaseClock(spec.deadlines, plan.run_dir))
 
 
 class EnvWorker:

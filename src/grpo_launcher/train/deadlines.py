@@ -1,0 +1,197 @@
+"""No silent hangs: every driver wait for another process has a deadline (deadlines.* in the spec).
+
+A phase (generate, score, logprobs, update, refit, save, ...) may wait max(factor × its slowest of the last
+`window` waits, floor_s); its first wait in this process (no history: load, warm-up, compilation) first_s.
+`PhaseClock.get` is `ray.get` with that timeout: on time it records how long the wait took; past it, it raises
+`Hung` naming the phase and the calls still pending. It also writes RUN_DIR/phase.json at each wait's start
+(the phase, the step, since when, its deadline), which `launch.py status` shows: a file of its own, so that the
+driver never races the launcher's or the job script's writes of status.json.
+
+The driver (train/driver.run) turns a `Hung` into the report (`hang_report`): the phase, the actors (role,
+rank, node, pid), the last step and checkpoint, each stuck actor's stack (py-spy, when installed), then exit 4.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..spec.schema import DeadlinesSpec
+
+PHASE_FILE = "phase.json"
+
+
+def deadline_s(recent: Sequence[float], cfg: DeadlinesSpec) -> float:
+    """max(k × the slowest recent wait, the floor); first_s when there is no history yet."""
+    if not recent:
+        return max(cfg.first_s, cfg.floor_s)
+    return max(cfg.factor * max(recent), cfg.floor_s)
+
+
+def explain(recent: Sequence[float], cfg: DeadlinesSpec) -> str:
+    """How a deadline was reached, in the keys' terms (for the hang message)."""
+    if not recent:
+        return f"the phase's first wait: deadlines.first_s={cfg.first_s:g}"
+    return (f"max(deadlines.factor={cfg.factor:g} × {max(recent):.2f} s, the slowest of its last {len(recent)} "
+            f"waits; deadlines.floor_s={cfg.floor_s:g})")
+
+
+class Hung(Exception):
+    """A wait passed its deadline: `owners` are the actors (of the wait's calls) that had not answered."""
+
+    def __init__(self, phase: str, step: int, waited: float, how: str, owners: list[Any]) -> None:
+        super().__init__(f"phase {phase} of step {step}: no answer after {waited:.1f} s ({how})")
+        self.phase, self.step, self.waited, self.how, self.owners = phase, step, waited, how, owners
+
+
+class PhaseClock:
+    """The deadlines of one driver process: per-phase history, `get` with a timeout, RUN_DIR/phase.json."""
+
+    def __init__(self, cfg: DeadlinesSpec, run_dir: Path | None) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.step = 0  # the step in progress (the driver sets it)
+        self.prefix = ""  # "val_" while validating: its waits have their own history
+        self.history: dict[str, deque[float]] = {}
+
+    def limit(self, phase: str) -> float | None:
+        if not self.cfg.enabled:
+            return None
+        return deadline_s(self.history.get(phase, ()), self.cfg)
+
+    def get(self, phase: str, refs: list, owners: Sequence[Any]) -> list:
+        """ray.get(refs) within the phase's deadline; `owners[i]` is the actor computing refs[i]."""
+        import ray
+
+        phase = self.prefix + phase
+        limit = self.limit(phase)
+        t0 = time.monotonic()
+        self.mark(phase, limit)
+        try:
+            out = ray.get(refs, timeout=limit)
+        except ray.exceptions.GetTimeoutError:
+            raise self.hung(phase, refs, owners, time.monotonic() - t0) from None
+        self.record(phase, time.monotonic() - t0)
+        return out
+
+    def wait_all(self, phase: str, refs: list, owners: Sequence[Any]) -> None:
+        """ray.wait for every ref (its value not fetched) within the phase's deadline."""
+        import ray
+
+        limit = self.limit(phase)
+        t0 = time.monotonic()
+        self.mark(phase, limit)
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=limit)
+        if pending:
+            raise self.hung(phase, refs, owners, time.monotonic() - t0)
+        self.record(phase, time.monotonic() - t0)
+
+    def hung(self, phase: str, refs: list, owners: Sequence[Any], waited: float) -> Hung:
+        import ray
+
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+        stuck = [owners[i] for i, r in enumerate(refs) if r in pending]
+        return Hung(phase, self.step, waited, explain(self.history.get(phase, ()), self.cfg), stuck)
+
+    def record(self, phase: str, seconds: float) -> None:
+        self.history.setdefault(phase, deque(maxlen=max(1, self.cfg.window))).append(seconds)
+
+    def mark(self, phase: str, limit: float | None) -> None:
+        """RUN_DIR/phase.json: what the driver waits for now (atomic: temp file + rename; ~0.1 ms)."""
+        self.write({"phase": phase, "step": self.step, "since": round(time.time(), 3), "pid": os.getpid(),
+                    "deadline_s": None if limit is None else round(limit, 1)})
+
+    def mark_hung(self, summary: str) -> None:
+        """phase.json keeps the stuck phase and says why the run ended (status.json's HUNG message)."""
+        rec = read_phase(self.run_dir) if self.run_dir is not None else {}
+        self.write({**rec, "hung": summary})
+
+    def write(self, rec: dict) -> None:
+        if self.run_dir is None:
+            return
+        tmp = self.run_dir / f".{PHASE_FILE}.{os.getpid()}"
+        try:
+            tmp.write_text(json.dumps(rec))
+            os.replace(tmp, self.run_dir / PHASE_FILE)
+        except OSError:  # liveness is a convenience: never the reason a run fails
+            pass
+
+
+def read_phase(run_dir: Path) -> dict:
+    try:
+        rec = json.loads((Path(run_dir) / PHASE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+# ------------------------------------------------------------------ the report
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    role: str  # policy | rollout | env
+    rank: int
+    pid: int | None
+    node: str | None
+
+
+def actor_info(handle: Any, role: str, rank: int) -> ActorInfo:
+    """pid and node of an actor from Ray's GCS (the actor itself is not asked: it may be the stuck one)."""
+    import ray
+    from ray._private.state import state
+
+    pid = node = None
+    try:
+        rec = state.actor_table(handle._actor_id.hex())
+        pid = rec.get("Pid") or None
+        nid = (rec.get("Address") or {}).get("NodeID")
+        for n in ray.nodes():
+            if n["NodeID"] == nid:
+                node = n.get("NodeManagerHostname") or n.get("NodeManagerAddress")
+    except Exception:  # noqa: BLE001 (the report goes on without it)
+        pass
+    return ActorInfo(role, rank, pid, node)
+
+
+def stack_of(pid: int | None, timeout: float = 30.0) -> str:
+    """The process's Python stacks (py-spy dump --nonblocking: a stopped process is read, not attached)."""
+    if pid is None:
+        return "(no pid known: no stack)"
+    exe = shutil.which("py-spy") or _beside_python("py-spy")
+    if exe is None:
+        return "(py-spy is not installed: no stack; `pip install py-spy` to get one next time)"
+    try:
+        out = subprocess.run([exe, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True,
+                             timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(py-spy dump --pid {pid} failed: {exc})"
+    return (out.stdout or out.stderr).strip() or f"(py-spy dump --pid {pid}: no output)"
+
+
+def _beside_python(name: str) -> str | None:
+    import sys
+
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else None
+
+
+def hang_report(exc: Hung, actors: list[ActorInfo], last_step: int, checkpoint: str,
+                stack: Callable[[int | None], str] = stack_of) -> str:
+    """The message a hang ends the run with."""
+    who = "; ".join(f"{a.role} rank {a.rank} (pid {a.pid}, node {a.node})" for a in actors) or "(no actor named)"
+    lines = [f"grpo-launcher: HUNG: {exc}", f"  waiting for: {who}",
+             f"  last completed step: {last_step}; last checkpoint: {checkpoint}"]
+    for a in actors:
+        lines.append(f"  stack of {a.role} rank {a.rank} (pid {a.pid}):")
+        lines += ["    " + line for line in stack(a.pid).splitlines()]
+    lines.append("  the deadlines are deadlines.factor / floor_s / first_s / window (deadlines.enabled=false: "
+                 "no deadline); resume starts from the last checkpoint")
+    return "\n".join(lines)
