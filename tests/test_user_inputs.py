@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, launch
 
 
 @pytest.fixture
@@ -156,3 +156,87 @@ def test_model_dir_reader_imports_no_transformers():
             "assert not {'torch', 'transformers'} & set(sys.modules), sorted(sys.modules)")
     proc = subprocess.run([str(ROOT / ".venv/bin/python"), "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- 2. resume truth
+# a small run: 4 prompts × 4 samples, one optimizer step, validation and a checkpoint every step
+SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "train.global_batch_size=16",
+         "train.micro_batch_size=8", "train.logprob_batch_size=16", "grpo.val_batch_size=8",
+         "checkpoint.save_period=1", "grpo.val_period=1", "model.warm_start_steps=5"]
+
+
+def fake_checkpoint(root: Path, name: str, step: int, **changes: object) -> Path:
+    """RUN_DIR/checkpoints/step_N/meta.json as a run of `name` with these spec keys would have written it."""
+    from grpo_launcher.checkpoint.manager import CheckpointManager
+    from grpo_launcher.spec.compose import load_spec
+
+    spec = load_spec([f"name={name}", f"output_root={root}", *(f"{k}={v}" for k, v in changes.items())])
+    ckpt = root / name / "checkpoints" / f"step_{step:06d}"
+    ckpt.mkdir(parents=True)
+    CheckpointManager(ckpt.parent, spec).write_meta(ckpt, step, {"mlflow_run_id": None}, {})
+    return ckpt
+
+
+def test_keys_that_cannot_change_are_refused_each_named(tmp_path, launch_here):
+    fake_checkpoint(tmp_path, "r", 2, **{"grpo.max_steps": 2})
+    run = launch_here(tmp_path, "name=r", f"output_root={tmp_path}", "grpo.max_steps=4", "model.ffn_hidden_size=128",
+                      "grpo.num_generations_per_prompt=4", "train.global_batch_size=64", "train.lr=1e-5")
+    assert run.returncode == 2 and "config error" in run.stderr
+    for key in ("model.ffn_hidden_size", "grpo.num_generations_per_prompt", "checkpoint.resume=fresh"):
+        assert key in run.stderr, run.stderr
+    assert "train.lr" not in run.stderr  # it may change mid-run
+
+
+def test_spec_changes_are_recorded_in_the_run_dir(tmp_path):
+    from grpo_launcher.checkpoint.manager import SPEC_CHANGES, load_meta, record_spec_changes
+    from grpo_launcher.spec.compose import load_spec
+
+    meta = load_meta(fake_checkpoint(tmp_path, "r", 2, **{"grpo.max_steps": 2}))
+    spec = load_spec(["name=r", f"output_root={tmp_path}", "grpo.max_steps=3", "train.lr=1e-5", "loss=dapo",
+                      "checkpoint.resume=auto"])
+    said: list[str] = []
+    changes = record_spec_changes(tmp_path / "r", meta, spec, say=said.append)
+    assert changes["train.lr"] == (3e-4, 1e-5) and changes["grpo.max_steps"] == (2, 3)
+    assert "loss.clip_high" in changes and "name" not in changes  # loss=dapo: its coefficients, each a key
+    (line,) = (tmp_path / "r" / SPEC_CHANGES).read_text().splitlines()
+    rec = json.loads(line)
+    assert rec["from_step"] == 3 and rec["changes"]["train.lr"] == {"old": 3e-4, "new": 1e-5}
+    assert "train.lr 0.0003 → 1e-05" in said[0] and "from step 3" in said[0]
+    assert record_spec_changes(tmp_path / "r", load_meta(tmp_path / "r/checkpoints/step_000002"),
+                               load_spec(["name=r", f"output_root={tmp_path}", "grpo.max_steps=2", "dry_run=true"]),
+                               say=said.append) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_resume_with_a_new_lr_trains_with_it(tmp_path):
+    """`name=lrtest grpo.max_steps=2`, then `... grpo.max_steps=3 train.lr=1e-5 loss.clip_high=0.28`: step 3 trains
+    at 1e-5 (the loaded optimizer state no longer brings 3e-4 back), and the change is recorded (file, MLflow)."""
+    from mlflow.tracking import MlflowClient
+
+    common = ["name=lrtest", f"output_root={tmp_path}", *SMALL]
+    first = launch(*common, "grpo.max_steps=2")
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    second = launch(*common, "grpo.max_steps=3", "train.lr=1e-5", "loss.clip_high=0.28")
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert "resuming from step_000002" in second.stdout and "applied from step 3" in second.stdout
+    rows = {r["step"]: r for r in map(json.loads, (tmp_path / "lrtest" / "metrics.jsonl").read_text().splitlines())}
+    assert rows[2]["train/lr"] == pytest.approx(3e-4) and rows[3]["train/lr"] == pytest.approx(1e-5), rows
+    (rec,) = map(json.loads, (tmp_path / "lrtest" / "spec_changes.jsonl").read_text().splitlines())
+    assert rec["from_step"] == 3 and set(rec["changes"]) == {"grpo.max_steps", "train.lr", "loss.clip_high"}
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs(client.search_experiments()[0].experiment_id)
+    assert run.data.params["train.lr"] == "0.0003" and run.data.params["train.lr/from_step_3"] == "1e-05"
+    assert "grpo.spec_change/from_step_3" in run.data.tags
+
+
+# ----------------------------------------------------------------------------- 7. defaults that work
+def test_default_name_after_a_finished_default_run_takes_the_overrides(tmp_path, launch_here):
+    """`python launch.py` (finished), then `python launch.py rollout=vllm`: the second is a run of its own."""
+    fake_checkpoint(tmp_path, "tiny-grpo", 150)
+    root = f"output_root={tmp_path}"
+    run = launch_here(tmp_path, root, "rollout=vllm", "dry_run=true")
+    assert run.returncode == 0, run.stderr
+    assert "run 'tiny-grpo_rollout=vllm'" in run.stdout and "would be refused" not in run.stdout, run.stdout
+    more = launch_here(tmp_path, root, "grpo.max_steps=160", "dry_run=true")  # extends the run: keeps its name
+    assert "run 'tiny-grpo' (local)" in more.stdout, more.stdout

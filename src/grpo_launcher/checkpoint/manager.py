@@ -50,6 +50,9 @@ COMPAT_KEYS = (
     "env.name",
 )
 MISSING = "<missing>"
+# Keys that say where and how a run is launched, not what it trains: not a spec change on resume.
+NOT_A_CHANGE = ("name", "output_root", "dry_run", "checkpoint.resume")
+SPEC_CHANGES = "spec_changes.jsonl"  # RUN_DIR/: one line per resume that changed a key
 
 
 class IncompatibleCheckpoint(Exception):
@@ -222,6 +225,49 @@ def incompatibilities(meta: dict[str, Any], spec: RunSpec) -> list[str]:
     if old is None:  # written before fingerprints existed: derive from the stored spec
         old = {k: v for k, v in flatten(meta.get("spec", {})).items() if k in new}
     return compat_diff(old, new)
+
+
+def spec_changes(meta: dict[str, Any], spec: RunSpec) -> dict[str, tuple[Any, Any]]:
+    """{dotted.key: (checkpoint's value, this spec's)} for every key a resume changes (compat keys are refused
+    before this: what is left may change mid-run and is applied from the next step)."""
+    from ..secrets import is_secret_key, redact_value
+
+    old, new = flatten(meta.get("spec", {})), flatten(spec_as_dict(spec))
+    out = {}
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key, MISSING), new.get(key, MISSING)
+        if before != after and key not in NOT_A_CHANGE:
+            out[key] = ("***", "***") if is_secret_key(key) else (redact_value(before), redact_value(after))
+    return out
+
+
+def record_spec_changes(run_dir: Path, meta: dict[str, Any], spec: RunSpec, tracker: Any = None,
+                        say: Callable[[str], None] = print) -> dict[str, tuple[Any, Any]]:
+    """A resume under a changed spec: one line in RUN_DIR/spec_changes.jsonl, a message, and in MLflow (params
+    are immutable there) a param `KEY/from_step_N` per changed key and the tag `grpo.spec_change/from_step_N`."""
+    changes = spec_changes(meta, spec)
+    if not changes:
+        return changes
+    step = int(meta["step"]) + 1
+    line = {"from_step": step, "checkpoint": f"step_{int(meta['step']):06d}", "time": time.time(),
+            "changes": {k: {"old": old, "new": new} for k, (old, new) in changes.items()}}
+    with open(Path(run_dir) / SPEC_CHANGES, "a") as fh:
+        fh.write(json.dumps(line, default=str) + "\n")
+    text = ", ".join(f"{k} {old!r} → {new!r}" for k, (old, new) in changes.items())
+    say(f"grpo-launcher: resumed with changed keys, applied from step {step} (recorded in {SPEC_CHANGES}): {text}")
+    if tracker is not None:
+        from mlflow.entities import Param
+
+        from ..tracking.mlflow_tracker import MAX_PARAMS_PER_BATCH, chunks, param_value
+
+        params = [Param(f"{k}/from_step_{step}", param_value(new)) for k, (_, new) in changes.items()]
+        try:  # a second resume from the same step with other values: MLflow keeps the first (the file has both)
+            for part in chunks(params, MAX_PARAMS_PER_BATCH):
+                tracker.client.log_batch(tracker.run_id, params=part)
+            tracker.set_tag(f"grpo.spec_change/from_step_{step}", text[:5000])
+        except Exception as exc:  # noqa: BLE001 - the record is kept in the run dir either way
+            say(f"grpo-launcher: WARNING: MLflow kept the earlier spec change of step {step}: {exc}"[:300])
+    return changes
 
 
 def step_of(path: Path) -> int | None:

@@ -531,6 +531,8 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         self.steps = state["steps"]
         if state["opt"] is not None:
             self.opt.load_state_dict(state["opt"])
+        for g in self.opt.param_groups:  # the loaded state's weight decay: this spec's wins (lr: _set_lr below)
+            g["weight_decay"] = self.spec.train.weight_decay
         if self.megatron_opt and hasattr(self.opt, "reload_model_params"):
             self.opt.reload_model_params()  # fp32 master copies ← the loaded weights
         self._set_lr()

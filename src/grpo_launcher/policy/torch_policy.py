@@ -173,6 +173,16 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         state = torch.load(path / "optim.pt", weights_only=True)  # tensors and plain values only: no code runs
         self.opt.load_state_dict(state["opt"])
         self.sched.load_state_dict(state["sched"])
+        self._spec_hyperparameters()
+
+    def _spec_hyperparameters(self) -> None:
+        """The loaded state carries the checkpoint's lr and weight decay: this spec's win (a relaunch may change
+        train.lr, train.warmup_steps, train.weight_decay; the warm-up lambda is always this spec's)."""
+        t, sched = self.spec.train, self.sched
+        sched.base_lrs = [t.lr for _ in self.opt.param_groups]
+        for g, fn in zip(self.opt.param_groups, sched.lr_lambdas):
+            g.update(initial_lr=t.lr, weight_decay=t.weight_decay, lr=t.lr * fn(sched.last_epoch))
+        sched._last_lr = [g["lr"] for g in self.opt.param_groups]
 
     def ping(self) -> float:
         return time.time()

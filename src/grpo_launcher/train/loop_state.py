@@ -109,6 +109,9 @@ class LoopState:
         run_id = meta["state"].get("mlflow_run_id")
         print(f"grpo-launcher: resuming from {path.name} (step {meta['step']})", flush=True)
         tracker = _tracker(spec, plan, run_id)
+        from ..checkpoint.manager import record_spec_changes  # keys changed on relaunch: file, message, MLflow
+
+        record_spec_changes(plan.run_dir, meta, spec, tracker)
         if tracker is not None and meta.get("pending_metrics"):
             # the checkpoint became visible but the process died before its MLflow commit: replay it
             sent = tracker.replay(meta["pending_metrics"])
