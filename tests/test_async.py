@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from helpers import share_models, tiny_model, wait_until
 
 from grpo_launcher.plan import make_plan
 from grpo_launcher.spec.compose import load_spec
@@ -88,21 +88,15 @@ def test_sync_loop_versions_are_the_previous_step():
     assert Trainer.sample_versions(None, 7, 3) == [(6, 6)] * 3  # type: ignore[arg-type]
 
 
-MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))  # as test_faults.py
-
-
 def test_separate_hf_engine_records_the_version_it_generated_with():
     """HFRolloutWorker (rollout/versions.py): staged weights change nothing until the next generate call, which
     applies them first and reports their version; update_weights applies at once."""
     import torch
 
-    from grpo_launcher.envs import make_env
-    from grpo_launcher.models.tiny import ensure_tiny_model
     from grpo_launcher.rollout.hf import HFRolloutWorker
 
     spec = load_spec(["logging.mlflow=false"])
-    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
-    model_dir = ensure_tiny_model(spec.model, make_env(spec), "toy", MODEL_CACHE, seed=spec.grpo.seed)
+    model_dir = tiny_model()
     w = HFRolloutWorker(spec, str(model_dir))
     ids = [w.engine.tokenizer("4821>")["input_ids"], w.engine.tokenizer("1234>")["input_ids"]]
     first = w.generate_versioned(ids, 2, seed=1)
@@ -125,10 +119,7 @@ def test_separate_hf_engine_records_the_version_it_generated_with():
 
 
 def launch(tmp_path: Path, name: str, *overrides: str, log: Path) -> subprocess.Popen:
-    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
-    if not (tmp_path / ".models").exists():
-        (tmp_path / ".models").symlink_to(MODEL_CACHE)  # the tiny model is built once per machine, not per test
-    cmd = [sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}", f"name={name}",
+    cmd = [sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={share_models(tmp_path)}", f"name={name}",
            "logging.experiment=h17-async", *overrides]
     with open(log, "a") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)

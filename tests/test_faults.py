@@ -28,7 +28,7 @@ from grpo_launcher.checkpoint import CheckpointManager, CheckpointRefused, verif
 from grpo_launcher.checkpoint.manager import MANIFEST, META
 from grpo_launcher.spec.schema import CheckpointSpec, RunSpec
 
-from helpers import ROOT, wait_until
+from helpers import ROOT, share_models, wait_until
 
 PY = sys.executable
 
@@ -339,18 +339,8 @@ def test_kill_at_every_save_phase_then_resume_logs_each_step_once(tmp_path, phas
 # ------------------------------------------------------------------ the real driver, real signals
 
 
-MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
-
-
-def use_model_cache(root: Path) -> None:
-    """The tiny model is built once per machine (minutes on a busy 2-core box), not once per test."""
-    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
-    if not (root / ".models").exists():
-        (root / ".models").symlink_to(MODEL_CACHE)
-
-
 def run_cmd(tmp_path: Path, name: str, steps: int, *extra: str) -> list[str]:
-    use_model_cache(tmp_path)
+    share_models(tmp_path)
     return [PY, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}", f"name={name}", f"grpo.max_steps={steps}",
             "checkpoint.save_period=1000", "grpo.val_period=0", "grpo.val_at_end=false", "checkpoint.metric=train/reward_mean",
             "logging.experiment=h12-faults", "logging.progress=true", *extra]

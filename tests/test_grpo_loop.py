@@ -14,10 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import wait_until
+from helpers import share_models, tiny_model, wait_until
 
-from grpo_launcher.envs import make_env
-from grpo_launcher.models.tiny import ensure_tiny_model
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.train.batch import Generation, collate, shard_rows
 
@@ -26,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def launch(tmp_path: Path, *overrides: str, **popen) -> subprocess.Popen:
-    cmd = [sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}", *overrides]
+    cmd = [sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={share_models(tmp_path)}", *overrides]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 
@@ -115,7 +113,7 @@ def test_train_data_log_fields_on_a_real_step(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     from transformers import AutoTokenizer
 
-    eos = AutoTokenizer.from_pretrained(next((tmp_path / ".models").glob("tiny-*"))).eos_token_id
+    eos = AutoTokenizer.from_pretrained(tiny_model()).eos_token_id
     lines = (tmp_path / "tiny-grpo" / "train_data" / "train_data_step_000002.jsonl").read_text().splitlines()
     assert len(lines) == 16 * 8
     for rec in map(json.loads, lines):
@@ -154,7 +152,7 @@ def test_two_worker_dp_update_equals_one_worker(tmp_path, aggregation):
 
     spec = load_spec(["train.micro_batch_size=4", "train.global_batch_size=16", f"loss.aggregation={aggregation}",
                       "loss.kl_coef=0.1", f"output_root={tmp_path}"])
-    model_dir = str(ensure_tiny_model(spec.model, make_env(spec), "toy", tmp_path))
+    model_dir = str(tiny_model())
     batch = _batch(spec, AutoTokenizer.from_pretrained(model_dir))
     ray.init(num_cpus=3, include_dashboard=False, object_store_memory=200 * 2**20)
     try:
@@ -196,7 +194,7 @@ def test_dapo_dynamic_sampling_and_kl_run(tmp_path):
 def test_cancel_of_a_local_run_stops_it_and_records_cancelled(tmp_path):
     """`launch.py cancel RUN` on a local run: SIGTERM, the driver checkpoints and stops, status says CANCELLED."""
     log = open(tmp_path / "launch.out", "w")  # a file, not a pipe nobody reads: the driver must never block on it
-    proc = subprocess.Popen([sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}",
+    proc = subprocess.Popen([sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={share_models(tmp_path)}",
                              "grpo.max_steps=150", "checkpoint.save_period=50", "grpo.val_period=50",
                              "logging.mlflow=false"], stdout=log, stderr=subprocess.STDOUT)
     try:

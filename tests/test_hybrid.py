@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from grpo_launcher.envs import make_env
-from grpo_launcher.models.tiny import ensure_tiny_model
 from grpo_launcher.policy.torch_policy import TorchPolicyWorker
 from grpo_launcher.rollout.hf import HFEngine
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.train.batch import collate
+from helpers import tiny_model
 
 SMALL = ["grpo.num_prompts_per_step=4", "train.global_batch_size=32", "train.micro_batch_size=8",
          "train.logprob_batch_size=32", "logging.mlflow=false"]
@@ -24,7 +24,7 @@ def model_root(tmp_path_factory):
 def setup(root):
     spec = load_spec([f"output_root={root}", *SMALL])
     env = make_env(spec)
-    return spec, env, str(ensure_tiny_model(spec.model, env, "toy", root, seed=0))
+    return spec, env, str(tiny_model(*SMALL))
 
 
 def rollout_batch(worker, env):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from grpo_launcher.policy import megatron_convert as mc
-from helpers import ROOT
+from helpers import ROOT, share_models, tiny_model
 
 SHIM = str(ROOT / "tests" / "megatron_cpu_shim.py")
 
@@ -51,12 +51,7 @@ def _tiny_hf(kind: str, out: Path, tie: bool = False) -> Path:
 
 
 def _tiny_qwen2(tmp_path: Path) -> Path:
-    from grpo_launcher.envs import make_env
-    from grpo_launcher.models.tiny import ensure_tiny_model
-    from grpo_launcher.spec.schema import RunSpec
-
-    spec = RunSpec()
-    return ensure_tiny_model(spec.model, make_env(spec), "toy", tmp_path)
+    return tiny_model()  # the default run's tiny Qwen2, built once per machine
 
 
 def _hf_state(path: Path) -> tuple[dict, object]:
@@ -334,7 +329,7 @@ def test_grpo_run_with_megatron_backend(tmp_path):
     pytest.importorskip("megatron.core")
     env = dict(os.environ, GRPO_MEGATRON_CPU_SHIM=SHIM)
     cmd = [sys.executable, "-u", str(ROOT / "launch.py"), "train.backend=megatron", "grpo.max_steps=5",
-           "logging.mlflow=false", f"output_root={tmp_path}", "logging.profile_step=3"]
+           "logging.mlflow=false", f"output_root={share_models(tmp_path)}", "logging.profile_step=3"]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:]
     ckpts = list((tmp_path / "tiny-grpo" / "checkpoints").rglob("model.safetensors"))

@@ -45,7 +45,7 @@ from helpers import ROOT, wait_until
 PY = sys.executable
 NODES = ("n1", "n2")
 RAY_TMP = "/tmp/grpo-ray"  # conf/cluster/local_slurm.yaml
-MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
+from helpers import MODEL_CACHE  # noqa: E402
 HAVE_SLURM = shutil.which("sbatch") is not None
 needs_slurm = [pytest.mark.slurm,
                pytest.mark.skipif(not HAVE_SLURM, reason="Slurm not installed: bash scripts/local-slurm.sh install")]

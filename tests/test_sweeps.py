@@ -10,7 +10,7 @@ import pytest
 
 from grpo_launcher.tracking import metric_names
 
-from helpers import launch
+from helpers import launch, share_models, tiny_model
 
 SHORT = ["grpo.max_steps=1", "grpo.val_period=1", "checkpoint.save_period=1"]
 
@@ -58,7 +58,7 @@ def test_an_objective_no_run_logs_is_a_config_error(tmp_path):
 
 @pytest.mark.slow
 def test_2x2_local_sweep_four_runs_under_one_parent(tmp_path):
-    p = launch("-m", "loss.clip_high=0.2,0.28", "train.lr=1e-4,3e-4", f"output_root={tmp_path}", *SHORT)
+    p = launch("-m", "loss.clip_high=0.2,0.28", "train.lr=1e-4,3e-4", f"output_root={share_models(tmp_path)}", *SHORT)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     dirs = sorted(d.name for d in tmp_path.iterdir() if d.name.startswith("tiny-grpo_"))
     assert dirs == ["tiny-grpo_loss.clip_high=0.2,train.lr=0.0001", "tiny-grpo_loss.clip_high=0.2,train.lr=0.0003",
@@ -82,12 +82,7 @@ def test_2x2_local_sweep_four_runs_under_one_parent(tmp_path):
 def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path):
     import optuna
 
-    from grpo_launcher.envs import make_env
-    from grpo_launcher.models.tiny import ensure_tiny_model
-    from grpo_launcher.spec.compose import load_spec
-
-    spec = load_spec([])
-    model = ensure_tiny_model(spec.model, make_env(spec), "toy", tmp_path / "models")
+    model = tiny_model()
     not_a_model = tmp_path / "not-a-model"
     not_a_model.mkdir()
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -116,20 +111,13 @@ def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path)
 @pytest.mark.slow
 def test_2x2_slurm_sweep_submits_four_jobs_without_waiting(tmp_path):
     """Each point is its own Slurm job (its own Ray cluster); the command returns at once; all four finish."""
-    import os
     import re
     import time
 
-    from grpo_launcher.envs import make_env
     from grpo_launcher.launch.status import read_status
-    from grpo_launcher.models.tiny import ensure_tiny_model
-    from grpo_launcher.spec.compose import load_spec
 
-    cache = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
-    cache.mkdir(parents=True, exist_ok=True)
-    (tmp_path / ".models").symlink_to(cache)
-    spec = load_spec([])
-    ensure_tiny_model(spec.model, make_env(spec), "toy", cache)  # built once here, not inside four jobs
+    share_models(tmp_path)
+    tiny_model()  # built once here, not inside four jobs
     t0 = time.monotonic()
     p = launch("-m", "loss.clip_high=0.2,0.28", "train.lr=1e-4,3e-4", "cluster=local_slurm", "cluster.nodes=1",
                f"output_root={tmp_path}", *SHORT, timeout=300)

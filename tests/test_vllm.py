@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,12 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_launcher.envs import make_env
-from grpo_launcher.models.tiny import ensure_tiny_model
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.errors import ConfigError
 from grpo_launcher.batch import collate
-from helpers import ROOT
+from helpers import ROOT, share_models, tiny_model
 
 BASE = ["rollout=vllm", "env.max_prompt_tokens=200", "train.max_total_sequence_length=256"]
 SPEC_A = [*BASE, "rollout.max_new_tokens=16"]
@@ -68,9 +65,8 @@ def test_rule_engine_length_and_kv_cache():
 # ---------------------------------------------------------------- engines in Ray actors (slow)
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    spec = load_spec(SPEC_A)
-    return ensure_tiny_model(spec.model, make_env(spec), "toy", tmp_path_factory.mktemp("models"))
+def model_dir() -> Path:
+    return tiny_model(*SPEC_A)
 
 
 @pytest.fixture(scope="module")
@@ -275,8 +271,7 @@ def _hf_greedy(model_dir: Path, state: dict, prompt: list[int], steps: int, eos:
 @pytest.mark.slow
 def test_launch_rollout_vllm_trains(tmp_path, model_dir):
     """`launch.py rollout=vllm`: every rollout from vLLM, refit each step; the reward does not collapse."""
-    (tmp_path / ".models").mkdir()
-    shutil.copytree(model_dir, tmp_path / ".models" / model_dir.name)  # same spec and seed: the run's cache key
+    share_models(tmp_path)  # model_dir is the run's own tiny model: same spec and seed, the run's cache key
     cmd = [sys.executable, "-u", str(ROOT / "launch.py"), "rollout=vllm", f"output_root={tmp_path}",
            "grpo.max_steps=30", "logging.mlflow=false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -310,8 +305,7 @@ def _driver_publishes_endpoints() -> bool:
                     reason="needs driver.publish_rollout_endpoints (RUN_DIR/rollout_endpoints.json)")
 def test_http_completion_during_a_run(tmp_path, model_dir):
     """rollout.expose_http_server=true in a real run: the published URL answers while the run trains."""
-    (tmp_path / ".models").mkdir()
-    shutil.copytree(model_dir, tmp_path / ".models" / model_dir.name)
+    share_models(tmp_path)
     log = tmp_path / "run.log"
     cmd = [sys.executable, "-u", str(ROOT / "launch.py"), "rollout=vllm", "rollout.async_engine=true",
            "rollout.expose_http_server=true", f"output_root={tmp_path}", "grpo.max_steps=20", "logging.mlflow=false"]
