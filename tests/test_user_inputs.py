@@ -48,18 +48,17 @@ def write_csv(path: Path, text: str) -> Path:
 def test_csv_cells_arrive_as_the_file_wrote_them(tmp_path, launch_here):
     """"0487" keeps its leading zero, and the built-in exact match scores the right completion 1."""
     from grpo_launcher.envs.dataset import DatasetEnv
-    from grpo_launcher.launch.preflight import preflight
+    from grpo_launcher.spec.compose import compose, to_spec
 
     data = write_csv(tmp_path / "rev.csv", """
-        prompt,answer,id
+        \ufeffprompt,answer,id
         7840,0487,1
         123,321,2
-        """)
+        """)  # with the byte-order mark a spreadsheet writes
     args = dataset_args(data, data, f"output_root={tmp_path}")
     run = launch_here(tmp_path, *args, "dry_run=true")
     assert run.returncode == 0, run.stderr
-    spec, _ = preflight(args)
-    env = DatasetEnv(spec.env)
+    env = DatasetEnv(to_spec(compose(args)).env)  # the env the run builds (validated by the launch above)
     first, second = sorted(env.val_prompts(), key=lambda p: p.row["id"])
     assert first.row == {"prompt": "7840", "answer": "0487", "id": "1"} and first.answer == "0487"
     assert env.score(first, " 0487\n") == 1.0 and env.score(first, "487") == 0.0
@@ -240,3 +239,51 @@ def test_default_name_after_a_finished_default_run_takes_the_overrides(tmp_path,
     assert "run 'tiny-grpo_rollout=vllm'" in run.stdout and "would be refused" not in run.stdout, run.stdout
     more = launch_here(tmp_path, root, "grpo.max_steps=160", "dry_run=true")  # extends the run: keeps its name
     assert "run 'tiny-grpo' (local)" in more.stdout, more.stdout
+
+
+# GPT-2 as save_pretrained writes it (n_inner: null) + a byte-level tokenizer without a chat template, no hub
+MAKE_GPT2 = '''
+import sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+vocab = {c: i for i, c in enumerate(["<|endoftext|>"] + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|endoftext|>")
+model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0))
+model.save_pretrained(sys.argv[1])
+tokenizer.save_pretrained(sys.argv[1])
+'''
+
+AS_WRITTEN = '''
+def digits(prompt, completion, answer, **row):
+    """Every answer of the file has 4 digits, some with a leading zero: it must arrive as that string."""
+    assert isinstance(answer, str) and len(answer) == 4, (answer, row)
+    return float(completion.strip() == answer)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_gpt2_trains_on_a_csv_read_as_written(tmp_path):
+    """A GPT-2 made with save_pretrained (n_inner: null) trains 2 steps through launch.py on a CSV whose answers
+    keep their leading zeros when they reach the reward function."""
+    import sys
+
+    model = tmp_path / "tiny-gpt2"
+    made = subprocess.run([sys.executable, "-c", MAKE_GPT2, str(model)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert json.loads((model / "config.json").read_text())["n_inner"] is None
+    rows = [f"{n:04d}"[::-1] + "," + f"{n:04d}" for n in (487, 12, 3310, 905, 4021, 78, 6600, 1234)]
+    data = write_csv(tmp_path / "rev.csv", "prompt,answer\n" + "\n".join(rows) + "\n")
+    (tmp_path / "rewards.py").write_text(AS_WRITTEN)
+    run = launch(f"model.path={model}", "env=dataset", f"env.train_path={data}", f"env.val_path={data}",
+                 "env.reward_fn=rewards.py:digits", "env.max_prompt_tokens=16", "rollout.max_new_tokens=6",
+                 "train.max_total_sequence_length=32", "grpo.max_steps=2", f"output_root={tmp_path}",
+                 "logging.mlflow=false", *SMALL[:6], cwd=tmp_path)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "tiny-grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert "ffn_hidden_size: 256" in (tmp_path / "tiny-grpo" / "spec.yaml").read_text()  # 4 × n_embd

@@ -102,7 +102,7 @@ def _load_csv(p: Path, key: str) -> Table:
     """Every cell as the string the file holds (no type guessing: "0487" stays "0487")."""
     rows, lines = [], []
     try:
-        with open(p, encoding="utf-8", newline="") as fh:
+        with open(p, encoding="utf-8-sig", newline="") as fh:  # -sig: a spreadsheet's byte-order mark is dropped
             reader = csv.DictReader(fh)
             for row in reader:
                 if None in row:  # more cells than the header names

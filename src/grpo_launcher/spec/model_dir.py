@@ -32,9 +32,13 @@ ARCH_KEYS: dict[str, tuple[str, ...]] = {
 }
 # Families whose MLP is 4 × hidden when the config has no width (GPT-2 and GPT-J write n_inner: null)
 FFN_4X = ("gpt2", "gptj", "gpt_bigcode", "codegen", "bloom", "falcon", "gpt_neo")
-# tie_word_embeddings when config.json omits it: the model class's default (transformers' PretrainedConfig: true)
-UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3", "gpt_neox",
-                     "gptj", "olmo2", "granite", "nemotron_h")
+# tie_word_embeddings when config.json omits it: the model class's default, False for these causal LMs
+# (transformers 5's configuration_*.py); True for any other (PretrainedConfig's default: GPT-2, Gemma, OPT, ...)
+UNTIED_BY_DEFAULT = frozenset("""
+    bamba codegen dbrx deepseek_v2 deepseek_v3 exaone4 falcon_h1 glm glm4 glm4_moe gpt_neox gpt_oss gptj
+    granite granitemoe helium hunyuan_v1_dense jamba llama llama4 mamba2 minimax ministral mistral mixtral nemotron
+    nemotron_h olmo olmo2 olmo3 olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe qwen3 qwen3_moe qwen3_next
+    seed_oss stablelm""".split())
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 V = Violation
 
