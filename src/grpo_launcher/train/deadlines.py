@@ -19,9 +19,10 @@ import shutil
 import subprocess
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..spec.schema import DeadlinesSpec
 
@@ -80,6 +81,16 @@ class PhaseClock:
             raise self.hung(phase, refs, owners, time.monotonic() - t0) from None
         self.record(phase, time.monotonic() - t0)
         return out
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[float | None]:
+        """A wait the caller bounds itself (Gym's HTTP calls: their per-request timeout): yields the deadline."""
+        phase = self.prefix + phase
+        limit = self.limit(phase)
+        t0 = time.monotonic()
+        self.mark(phase, limit)
+        yield limit
+        self.record(phase, time.monotonic() - t0)
 
     def wait_all(self, phase: str, refs: list, owners: Sequence[Any]) -> None:
         """ray.wait for every ref (its value not fetched) within the phase's deadline."""

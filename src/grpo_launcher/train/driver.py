@@ -69,6 +69,12 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
             return user_code_failed(exc, trainer, state)
         except Hung as exc:  # a wait passed its deadline: named, stacks taken, then the actors are killed (finally)
             return report_hang(exc, workers, state)
+        except SystemExit as exc:  # a stop abandoned the step (a second signal, or deadlines.stop_grace_s passed)
+            if state is not None:
+                state.abort()  # the last checkpoint stands
+            if stop.requested:  # its own code: Ray's get turns a handler's SystemExit(143) into SystemExit(1)
+                return stop.exit_code
+            return exc.code if isinstance(exc.code, int) else ExitCode.FAILED
         except BaseException:
             if state is not None:
                 state.abort()  # metrics after the last checkpoint are dropped: a resume logs those steps again

@@ -1,0 +1,251 @@
+"""No silent hangs (issue 28): the deadline arithmetic, the hang report, the bounded stop, `status`'s phase line;
+and real runs whose Ray worker is frozen with SIGSTOP (as a GPU stuck in a collective looks from outside).
+
+Slow tier: the default tiny CPU run, then `kill -STOP` on the `ray::TorchPolicyWorker` (or `ray::EnvWorker`)
+process this test's run started, found among the run's own child processes: the run ends within its deadline
+with exit 4, the message and status HUNG, its last checkpoint intact; a SIGTERM during a frozen step ends the run
+within deadlines.stop_grace_s. Every process started here is stopped by PID at the end (SIGCONT, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import psutil
+import pytest
+
+from grpo_launcher.exit_codes import ExitCode
+from grpo_launcher.spec.schema import DeadlinesSpec
+from grpo_launcher.train.deadlines import ActorInfo, Hung, PhaseClock, deadline_s, explain, hang_report
+
+from helpers import ROOT, wait_until
+
+PY = sys.executable
+CFG = DeadlinesSpec(factor=5.0, floor_s=10.0, first_s=600.0, window=3)
+
+
+# ------------------------------------------------------------------ the arithmetic (pure functions)
+
+
+def test_first_wait_gets_first_s():
+    assert deadline_s([], CFG) == 600.0
+    assert deadline_s([], DeadlinesSpec(first_s=5.0, floor_s=30.0)) == 30.0  # never below the floor
+    assert "deadlines.first_s=600" in explain([], CFG)
+
+
+def test_k_times_the_slowest_recent_wait_or_the_floor():
+    assert deadline_s([1.0, 4.0, 2.0], CFG) == 20.0
+    assert deadline_s([0.1, 0.2], CFG) == 10.0
+    assert "5 × 4.00 s" in explain([1.0, 4.0, 2.0], CFG) and "floor_s=10" in explain([1.0], CFG)
+
+
+def test_the_window_forgets_old_waits_and_disabled_means_none():
+    clock = PhaseClock(CFG, None)
+    for s in (50.0, 1.0, 1.0, 1.0):
+        clock.record("update", s)
+    assert clock.history["update"] == deque([1.0, 1.0, 1.0]) and clock.limit("update") == 10.0
+    assert clock.limit("generate") == 600.0  # a phase of its own history
+    assert PhaseClock(DeadlinesSpec(enabled=False), None).limit("update") is None
+
+
+def test_hang_report_names_phase_actor_step_checkpoint_and_stack():
+    exc = Hung("update", 13, 10.4, explain([2.0], CFG), owners=["a"])
+    text = hang_report(exc, [ActorInfo("policy", 0, 4242, "node-1")], 12, "/r/checkpoints/step_000010",
+                       stack=lambda pid: f'Thread {pid} (idle)\n    update (torch_policy.py:1)')
+    assert text.startswith("grpo-launcher: HUNG: phase update of step 13: no answer after 10.4 s")
+    assert "policy rank 0 (pid 4242, node node-1)" in text
+    assert "last completed step: 12; last checkpoint: /r/checkpoints/step_000010" in text
+    assert "    Thread 4242 (idle)" in text and "deadlines.factor" in text
+
+
+def test_phase_file_and_status_hung(tmp_path):
+    from grpo_launcher.launch.local_status import state_for
+    from grpo_launcher.launch.status import phase_line, write_status
+
+    write_status(tmp_path, "RUNNING", event="started")
+    clock = PhaseClock(CFG, tmp_path)
+    clock.step = 7
+    clock.mark("update", 20.0)
+    st = json.loads((tmp_path / "status.json").read_text())
+    assert re.fullmatch(r"update \(step 7\) for \d+\.\d s, deadline 20 s", phase_line(tmp_path, st, "RUNNING"))
+    clock.mark_hung("phase update of step 7: no answer after 20.1 s")
+    assert state_for(ExitCode.HUNG) == "HUNG"
+    st = write_status(tmp_path, "HUNG", exit_code=int(ExitCode.HUNG))
+    assert st["message"] == "phase update of step 7: no answer after 20.1 s"
+    assert phase_line(tmp_path, st, "HUNG") == "update (step 7): passed its deadline of 20.0 s (hung)"
+
+
+def test_the_job_script_gets_the_hung_code():
+    from grpo_launcher.launch.sbatch import render
+    from grpo_launcher.plan import make_plan
+    from grpo_launcher.spec.compose import load_spec
+
+    spec = load_spec(["cluster=local_slurm", "dry_run=true"])
+    assert f"HUNG_CODE={ExitCode.HUNG:d}" in render(spec, make_plan(spec)).splitlines()
+    assert '"$rc" -eq "$HUNG_CODE"' in (ROOT / "src/grpo_launcher/launch/job.sh").read_text()
+
+
+STOP_CHILD = r"""
+import os, signal, sys, time
+from grpo_launcher.train.loop_state import StopRequest
+stop = StopRequest.install(grace_s=float(sys.argv[1]))
+print("ready", flush=True)
+while True:  # a step that never finishes
+    signal.pause()
+"""
+
+
+def test_first_stop_signal_abandons_a_stuck_step_after_the_grace():
+    child = subprocess.Popen([PY, "-c", STOP_CHILD, "1.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGTERM)
+        rc = child.wait(timeout=60)
+        took = time.monotonic() - t0
+        err = child.stderr.read()
+        assert rc == ExitCode.TERMINATED and 1.4 < took < 30, (rc, took, err)
+        assert "finishing the current step (at most deadlines.stop_grace_s=1.5 s)" in err
+        assert "the step did not finish within deadlines.stop_grace_s=1.5 s; abandoning it" in err
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+# ------------------------------------------------------------------ real runs, a frozen worker
+
+MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
+
+
+def run_cmd(tmp_path: Path, name: str, *extra: str, mlflow: bool = False) -> list[str]:
+    """The default tiny CPU run (the tiny model built once per machine: a shared cache)."""
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    if not (tmp_path / ".models").exists():
+        (tmp_path / ".models").symlink_to(MODEL_CACHE)
+    return [PY, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}", f"name={name}", "grpo.max_steps=2000",
+            f"logging.mlflow={str(mlflow).lower()}", "logging.experiment=h28-hangs", "checkpoint.save_period=5", "grpo.val_period=0", "checkpoint.metric=train/reward_mean",
+            "logging.progress=true", *extra]
+
+
+def steps_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def worker_of(proc: subprocess.Popen, title: str) -> psutil.Process | None:
+    """The run's own Ray worker whose process title starts with `title` (a descendant of the launch process)."""
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if " ".join(p.cmdline()).startswith(title):
+                return p
+        except psutil.Error:
+            continue
+    return None
+
+
+def stop_all(proc: subprocess.Popen, frozen: psutil.Process | None) -> None:
+    """What this test started, by PID: the frozen worker (SIGCONT, SIGKILL), the run's process group."""
+    if frozen is not None and frozen.is_running():
+        frozen.send_signal(signal.SIGCONT)
+        frozen.kill()
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def started_and_frozen(tmp_path: Path, name: str, title: str, *extra: str, mlflow: bool = False):
+    """Launch, wait for step 12 (checkpoint step_000010 written), freeze the worker; (proc, worker, log, t0)."""
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(run_cmd(tmp_path, name, *extra, mlflow=mlflow), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                start_new_session=True)
+    run_dir = tmp_path / name
+    try:
+        wait_until(lambda: steps_done(run_dir) >= 12 or proc.poll() is not None, 900, "step 12")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        worker = wait_until(lambda: worker_of(proc, title), 60, f"the run's {title} process")
+    except BaseException:
+        stop_all(proc, None)
+        raise
+    worker.send_signal(signal.SIGSTOP)
+    return proc, worker, log, time.monotonic()
+
+
+def last_checkpoint_intact(run_dir: Path) -> str:
+    from grpo_launcher.checkpoint import verify_checkpoint
+
+    ckpts = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
+    assert ckpts and verify_checkpoint(ckpts[-1]) is None, ckpts
+    return ckpts[-1].name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("title,role,mlflow", [
+    ("ray::TorchPolicyWorker", "policy rank 0", False),
+    pytest.param("ray::EnvWorker", "env rank 0", True, marks=pytest.mark.extended),  # + the MLflow run's end
+], ids=["policy", "env-worker"])
+def test_frozen_worker_ends_the_run_within_its_deadline(tmp_path, title, role, mlflow):
+    name = f"h28-{role.split()[0]}"
+    run_dir = tmp_path / name
+    proc, worker, log, t0 = started_and_frozen(tmp_path, name, title, "deadlines.floor_s=5", mlflow=mlflow)
+    try:
+        status = subprocess.run([PY, str(ROOT / "launch.py"), "status", name, "--root", str(tmp_path)],
+                                capture_output=True, text=True, timeout=120)
+        rc = proc.wait(timeout=300)
+        took = time.monotonic() - t0
+        text = log.read_text()
+        assert rc == ExitCode.HUNG, text[-4000:]
+        m = re.search(r"HUNG: phase (\w+) of step (\d+): no answer after ([\d.]+) s", text)
+        assert m, text[-4000:]
+        assert float(m.group(3)) < 60 and took < 240, (m.group(0), took)
+        assert f"waiting for: {role} (pid {worker.pid}, node " in text
+        last = int(re.search(r"last completed step: (\d+); last checkpoint: (\S+)", text).group(1))
+        assert last >= 12 and int(m.group(2)) in (last, last + 1)  # (last: hung in its checkpoint save)
+        assert f"stack of {role} (pid {worker.pid}):" in text
+        assert re.search(r"Thread|py-spy", text.split(f"stack of {role}")[1])
+        st = json.loads((run_dir / "status.json").read_text())
+        assert st["state"] == "HUNG" and st["exit_code"] == ExitCode.HUNG and st["message"].startswith("phase ")
+        ckpt = last_checkpoint_intact(run_dir)
+        assert f"last checkpoint: {run_dir / 'checkpoints' / ckpt}" in text
+        assert re.search(r"phase\s+\w+ \(step \d+\)", status.stdout), status.stdout  # liveness in `status`
+        if mlflow:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+            (run,) = client.search_runs([client.get_experiment_by_name("h28-hangs").experiment_id])
+            assert run.info.status == "FAILED" and run.data.tags["grpo.hung"].startswith(f"phase {m.group(1)} ")
+        print(f"{title}: frozen -> exit {rc} after {took:.1f} s ({m.group(0)}); status line: "
+              f"{re.search(r'phase .*', status.stdout).group(0)}")
+    finally:
+        stop_all(proc, worker)
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_sigterm_during_a_frozen_step_ends_within_the_stop_grace(tmp_path):
+    name = "h28-sigterm"
+    proc, worker, log, t0 = started_and_frozen(tmp_path, name, "ray::TorchPolicyWorker",
+                                               "deadlines.floor_s=3600", "deadlines.stop_grace_s=5")
+    try:
+        proc.send_signal(signal.SIGTERM)  # the driver's pid only
+        rc = proc.wait(timeout=300)
+        took = time.monotonic() - t0
+        text = log.read_text()
+        assert rc == ExitCode.TERMINATED and took < 120, (rc, took, text[-3000:])
+        assert "finishing the current step (at most deadlines.stop_grace_s=5 s)" in text
+        assert "the step did not finish within deadlines.stop_grace_s=5 s; abandoning it" in text
+        last_checkpoint_intact(tmp_path / name)
+        st = json.loads((tmp_path / name / "status.json").read_text())
+        assert st["state"] == "STOPPED" and st["exit_code"] == ExitCode.TERMINATED
+        print(f"SIGTERM during a frozen step -> exit {rc} after {took:.1f} s")
+    finally:
+        stop_all(proc, worker)
