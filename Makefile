@@ -4,7 +4,7 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 PYTEST_ARGS ?= --durations=30
 
-.PHONY: help demo lint lint-ratchet test test-fast test-gpu gpu-kit slurm-up slurm-down mlflow-ui bench clean gym
+.PHONY: help demo lint lint-ratchet test test-all test-fast test-gpu gpu-kit slurm-up slurm-down mlflow-ui bench clean gym
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -28,7 +28,10 @@ lint: $(VENV)/.installed  ## ruff over the repo, mypy on src/ held by its ratche
 lint-ratchet: $(VENV)/.installed  ## after typing a module: rewrite .ci/mypy-ratchet.txt from mypy's counts
 	$(PY) .ci/mypy_ratchet.py --update
 
-test: $(VENV)/.installed lint slurm-up gym  ## make lint, then every test tier that runs without a GPU (starts the local Slurm; builds Gym's venv)
+test: $(VENV)/.installed lint slurm-up gym  ## what CI runs: lint, the unit tier, one real end-to-end run per component (tests/README.md)
+	$(PY) -m pytest -m "not gpu and not extended" $(PYTEST_ARGS)
+
+test-all: $(VENV)/.installed lint slurm-up gym  ## every test without a GPU: make test + the fault matrices and convergence runs (~1 h)
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed  ## only the quick tests (no Ray, vLLM or Slurm)

@@ -141,6 +141,7 @@ def history(tmp_path: Path, name: str, key: str) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_async_run_learns_within_the_age_bound_and_records_versions(tmp_path):
     """The default task, one step off-policy with the IS correction: reward +0.3 (last 5 steps vs first 5, as the
     sync test; +0.37 measured), no step trained on a sample older than 1 version, every sample's version logged."""
@@ -169,6 +170,7 @@ def test_async_run_learns_within_the_age_bound_and_records_versions(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_async_stop_and_resume_is_exact_on_the_step_axis(tmp_path):
     """SIGTERM mid-run with in-flight weight updates: the step finishes, the checkpoint is saved, the batches
     generated ahead are dropped; the resumed run trains each remaining step once (MLflow: 1..8, no repeat)."""

@@ -289,6 +289,7 @@ def test_bring_your_own_end_to_end(user, model_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_reward_exception_names_function_and_row_and_keeps_checkpoint(user):
     """A reward function that raises on step 2: the error names it and the row (file:line), exit 1, no long
     traceback; step 1's checkpoint is kept and the MLflow run is FAILED (not left RUNNING)."""
@@ -360,6 +361,7 @@ class Parity:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_registered_subclass_and_user_env_class_score_in_the_worker(user):
     (user / "script.py").write_text(USER_SCRIPT)
     base = [f"output_root={user / 'out'}", *SMALL, *EVERY_STEP, "grpo.max_steps=1", "logging.mlflow=false"]

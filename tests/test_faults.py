@@ -315,7 +315,8 @@ def mlflow_steps(uri: str, name: str, key: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("phase", [p if p == "after:rename" else pytest.param(p, marks=pytest.mark.extended)
+                                   for p in PHASES])  # make test: the phase whose checkpoint is in place, unfinished
 def test_kill_at_every_save_phase_then_resume_logs_each_step_once(tmp_path, phase):
     name = f"h12-kill-{phase.split(':')[1]}"
     args = [f"output_root={tmp_path}", f"name={name}", "grpo.max_steps=6", "checkpoint.save_period=2", "grpo.val_period=2",
@@ -347,6 +348,7 @@ def run_cmd(tmp_path: Path, name: str, steps: int, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test: test_golden_run.py stops a run with SIGTERM (launch.py cancel) and resumes it
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGUSR1, 3)],
                          ids=["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_driver_signal_after_ray_init_saves_and_exits_with_its_code(tmp_path, sig, code):

@@ -54,6 +54,7 @@ def metric_steps(tmp_path: Path, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)), run
 
 
+@pytest.mark.extended
 def test_default_run_learns(tmp_path):
     """`python launch.py` with no overrides: the reward rises by ≥ 0.3 (last 5 steps vs first 5)."""
     proc = launch(tmp_path)
@@ -72,6 +73,7 @@ def test_default_run_learns(tmp_path):
     assert not noise, noise
 
 
+@pytest.mark.extended
 def test_kill_and_resume_no_gap_no_repeat(tmp_path):
     args = ["grpo.max_steps=8", "checkpoint.save_period=2", "grpo.val_period=2"]
     proc = launch(tmp_path, *args, start_new_session=True)
@@ -86,6 +88,7 @@ def test_kill_and_resume_no_gap_no_repeat(tmp_path):
     assert [s for s, _ in history] == list(range(1, 9))  # no gap, no repeat
 
 
+@pytest.mark.extended
 def test_incompatible_checkpoint_refused(tmp_path):
     proc = launch(tmp_path, "grpo.max_steps=2", "checkpoint.save_period=2", "grpo.val_period=2")
     assert proc.wait(timeout=600) == 0
@@ -104,6 +107,7 @@ def test_incompatible_checkpoint_refused(tmp_path):
     assert (old / "metrics.jsonl").is_file() and (old / "step_000002").is_dir()
 
 
+@pytest.mark.extended
 def test_train_data_log_fields_on_a_real_step(tmp_path):
     from grpo_launcher.tracking import FIELDS
 
@@ -143,7 +147,7 @@ def _batch(spec, tok, n: int = 16) -> "TrainBatch":  # noqa: F821
     return collate(gens, adv, torch.tensor([0.0 if i % 5 == 0 else 1.0 for i in range(n)]), tok.pad_token_id)
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize("aggregation", ["token_mean", pytest.param("seq_mean_token_mean", marks=pytest.mark.extended)])
 def test_two_worker_dp_update_equals_one_worker(tmp_path, aggregation):
     import ray
     from transformers import AutoTokenizer
@@ -178,6 +182,7 @@ def test_two_worker_dp_update_equals_one_worker(tmp_path, aggregation):
     assert abs(m1["loss"] - (m2[0]["loss"] + m2[1]["loss"])) < 1e-5
 
 
+@pytest.mark.extended
 def test_dapo_dynamic_sampling_and_kl_run(tmp_path):
     """loss=dapo (dynamic sampling, overlong filtering, token-level loss) plus a KL reference, end to end."""
     proc = launch(tmp_path, "loss=dapo", "loss.kl_coef=0.05", "grpo.max_steps=2", "grpo.val_period=2",
@@ -191,6 +196,7 @@ def test_dapo_dynamic_sampling_and_kl_run(tmp_path):
     assert all(t > 0 for _, t in trunc)  # 4 new tokens cannot hold 4 digits + EOS: every sample truncated
 
 
+@pytest.mark.extended
 def test_cancel_of_a_local_run_stops_it_and_records_cancelled(tmp_path):
     """`launch.py cancel RUN` on a local run: SIGTERM, the driver checkpoints and stops, status says CANCELLED."""
     log = open(tmp_path / "launch.out", "w")  # a file, not a pipe nobody reads: the driver must never block on it

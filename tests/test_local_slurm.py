@@ -126,6 +126,7 @@ def test_two_node_job_runs_on_n1_and_n2(cluster: None, tmp_path: Path) -> None:
     assert nodes == ["n1", "n2"], f"expected one step task on each of n1, n2; output:\n{text}"
 
 
+@pytest.mark.extended  # make test: test_slurm_run.py cancels a real GRPO job
 def test_scancel_ends_running_job(cluster: None, tmp_path: Path) -> None:
     job_id = _sbatch([
         "--job-name=grpo-test-cancel", "--nodes=1", "--ntasks=1", "--cpus-per-task=1",

@@ -289,9 +289,11 @@ def _logits_job(rank: int, world: int, spec, model_dir: str, ids, out: str, port
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,world,train", [
     ("llama", 2, {"tensor_parallel_size": 2}),
-    ("qwen3-tied", 1, {}),
-    ("qwen3_moe", 1, {"moe": {"token_dispatcher": "allgather", "router_dtype": "float32", "freeze_router": True}}),
-    ("qwen3_moe", 2, {"expert_parallel_size": 2, "moe": {"token_dispatcher": "allgather"}}),
+    pytest.param("qwen3-tied", 1, {}, marks=pytest.mark.extended),
+    pytest.param("qwen3_moe", 1, {"moe": {"token_dispatcher": "allgather", "router_dtype": "float32",
+                                          "freeze_router": True}}, marks=pytest.mark.extended),
+    pytest.param("qwen3_moe", 2, {"expert_parallel_size": 2, "moe": {"token_dispatcher": "allgather"}},
+                 marks=pytest.mark.extended),
 ])
 def test_megatron_logits_match_hf_and_export_is_exact(tmp_path, kind, world, train):
     pytest.importorskip("megatron.core")

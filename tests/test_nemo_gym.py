@@ -30,6 +30,7 @@ from grpo_launcher.gym.samples import failed_generation, to_generation
 from grpo_launcher.gym.servers import GymServerDied, gym_config
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.errors import ConfigError
+from helpers import share_models
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
@@ -390,6 +391,7 @@ def run_group(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProce
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @needs_gym
 def test_probe_token_alignment_and_dead_server(tmp_path):
     """Real engine + real Gym: ids as the engine produced them, logprobs = the policy's, a killed server named."""
@@ -417,6 +419,7 @@ def test_probe_token_alignment_and_dead_server(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @needs_gym
 def test_gym_start_timeout_names_the_endpoint_that_never_answered(tmp_path):
     from grpo_launcher.gym.servers import GymError, GymServers, free_port
@@ -437,7 +440,7 @@ def test_launch_trains_through_gym(tmp_path):
     cmd = [sys.executable, "-u", str(ROOT / "launch.py"), *GYM, "grpo.max_steps=2", "grpo.num_prompts_per_step=4",
            "grpo.num_generations_per_prompt=4", "train.global_batch_size=16", "train.micro_batch_size=16",
            "train.logprob_batch_size=16", "grpo.val_period=2", "logging.train_data_log=true", "logging.progress=false",
-           f"output_root={tmp_path}", "name=h14-gym-train"]
+           f"output_root={share_models(tmp_path)}", "name=h14-gym-train"]
     proc = run_group(cmd, 2400, cwd=ROOT)
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:]

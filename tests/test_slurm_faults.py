@@ -21,7 +21,7 @@ from grpo_launcher.launch.status import read_status
 from test_slurm_run import (HAVE_SLURM, PY, ROOT, cluster, jobs, job_state, launch_py, mlflow_steps,  # noqa: F401
                             release_requeued, root, sh, slurm_env, submit, wait_until)
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow,
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.extended,  # make test: test_slurm_run.py's requeue
               pytest.mark.skipif(not HAVE_SLURM, reason="Slurm not installed: bash scripts/local-slurm.sh install")]
 
 STEPS = 16

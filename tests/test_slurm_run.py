@@ -565,6 +565,7 @@ def ray_start_pid(job: str, index: int) -> int | None:
 
 
 @pytest.mark.slurm
+@pytest.mark.extended
 def test_worker_node_step_dies_job_fails_fast_naming_it(cluster, jobs, root):
     job, _, _ = submit(root, jobs, "lose-n2", "grpo.max_steps=500")
     run_dir = root / "lose-n2"
@@ -664,6 +665,7 @@ def test_two_node_grpo_preempted_requeued_resumed(cluster, jobs, root):
 
 
 @pytest.mark.slurm
+@pytest.mark.extended
 def test_injection_payloads_submitted_for_real(cluster, jobs, tmp_path, stubs):
     """The rendered script of a spec carrying payloads (rules bypassed) goes through the real sbatch and
     srun. sbatch refuses bad partitions and times; everything else runs and executes no payload."""
@@ -719,6 +721,7 @@ def test_injection_payloads_submitted_for_real(cluster, jobs, tmp_path, stubs):
 
 
 @pytest.mark.slurm
+@pytest.mark.extended
 def test_time_limit_signal_requeues_and_resumes(cluster, jobs, tmp_path, stubs):
     """The real `--signal=B:USR1@N` before `--time`: Slurm signals the batch shell, the script forwards the
     signal through srun to the driver (a stub here, so that this takes a minute), the driver exits 3, the

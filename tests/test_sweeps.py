@@ -57,6 +57,7 @@ def test_an_objective_no_run_logs_is_a_config_error(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_2x2_local_sweep_four_runs_under_one_parent(tmp_path):
     p = launch("-m", "loss.clip_high=0.2,0.28", "train.lr=1e-4,3e-4", f"output_root={share_models(tmp_path)}", *SHORT)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
@@ -109,6 +110,7 @@ def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path)
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended
 def test_2x2_slurm_sweep_submits_four_jobs_without_waiting(tmp_path):
     """Each point is its own Slurm job (its own Ray cluster); the command returns at once; all four finish."""
     import re

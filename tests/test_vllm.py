@@ -269,6 +269,7 @@ def _hf_greedy(model_dir: Path, state: dict, prompt: list[int], steps: int, eos:
 # ---------------------------------------------------------------- the loop, end to end (slow)
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_launch_rollout_vllm_trains(tmp_path, model_dir):
     """`launch.py rollout=vllm`: every rollout from vLLM, refit each step; the reward does not collapse."""
     share_models(tmp_path)  # model_dir is the run's own tiny model: same spec and seed, the run's cache key
@@ -301,6 +302,7 @@ def _driver_publishes_endpoints() -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.skipif(not _driver_publishes_endpoints(),
                     reason="needs driver.publish_rollout_endpoints (RUN_DIR/rollout_endpoints.json)")
 def test_http_completion_during_a_run(tmp_path, model_dir):
