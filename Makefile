@@ -21,18 +21,19 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed  ## run the embedded default: tiny model, CPU, local Ray (python launch.py)
 	$(PY) launch.py
 
-lint: $(VENV)/.installed  ## ruff over the repo, mypy on src/ held by its ratchet (.ci/mypy-ratchet.txt: not typed yet)
+lint: $(VENV)/.installed  ## ruff over the repo, shellcheck over every .sh, mypy on src/ held by its ratchet (.ci/mypy-ratchet.txt)
 	$(VENV)/bin/ruff check
+	$(VENV)/bin/shellcheck -S warning -s bash .ci/run $$(git ls-files '*.sh')
 	$(PY) .ci/mypy_ratchet.py
 
 lint-ratchet: $(VENV)/.installed  ## after typing a module: rewrite .ci/mypy-ratchet.txt from mypy's counts
 	$(PY) .ci/mypy_ratchet.py --update
 
-test: $(VENV)/.installed lint slurm-up gym  ## what CI runs: lint, the unit tier, one real end-to-end run per component (tests/README.md)
-	$(PY) -m pytest -m "not gpu and not extended" $(PYTEST_ARGS)
+test:  ## what CI runs: lint, the unit tier, one real end-to-end run per component (tests/README.md; scripts/test.sh)
+	PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test.sh
 
-test-all: $(VENV)/.installed lint slurm-up gym  ## every test without a GPU: make test + the fault matrices and convergence runs (~1 h)
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+test-all:  ## every test without a GPU: make test's + the fault matrices, convergence runs, second runs (~1 h)
+	MARKS="not gpu" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test.sh
 
 test-fast: $(VENV)/.installed  ## only the quick tests (no Ray, vLLM or Slurm)
 	$(PY) -m pytest -m "not slow and not slurm and not gpu" $(PYTEST_ARGS)

@@ -164,8 +164,7 @@ start_munge() {
     before=$(pid_of /run/munge/munged.pid)
     munged --force >"$DIR/log/munged-start.log" 2>&1 \
         || { cat "$DIR/log/munged-start.log" >&2; die "munged failed to start"; }
-    local i
-    for i in $(seq 50); do munge_ok && break; sleep 0.2; done
+    for _ in $(seq 50); do munge_ok && break; sleep 0.2; done
     munge_ok || { cat "$DIR/log/munged-start.log" >&2; die "munged started but munge -n | unmunge fails"; }
     after=$(pid_of /run/munge/munged.pid)
     [[ -n $after && $after != "$before" ]] || die "munged runs but its pid file /run/munge/munged.pid is unreadable"

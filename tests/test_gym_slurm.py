@@ -32,6 +32,7 @@ LIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDE
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.slow,
+    pytest.mark.gym,
     pytest.mark.extended,  # make test: test_nemo_gym.py trains through Gym, test_slurm_run.py runs GRPO on Slurm
     pytest.mark.skipif(shutil.which("sbatch") is None, reason="Slurm not installed: bash scripts/local-slurm.sh install"),
     pytest.mark.skipif(find_install() is None, reason="NeMo Gym's venv is not installed: run `make gym`"),

@@ -40,7 +40,10 @@ GYM = ["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.exp
        f"env.train_path={DATA / 'tiny_train.jsonl'}", f"env.val_path={DATA / 'tiny_val.jsonl'}",
        f"env.gym_config_paths=[{','.join(CONFIGS)}]", "env.gym_tool_call_parser=pythonic",
        "env.max_prompt_tokens=256", "train.max_total_sequence_length=512", "rollout.max_new_tokens=32"]
-needs_gym = pytest.mark.skipif(find_install() is None, reason="NeMo Gym's venv is not installed: run `make gym`")
+def needs_gym(test):
+    """A test of real Gym: marked `gym` (make test runs it after Gym's build) and skipped where Gym is missing."""
+    skip = pytest.mark.skipif(find_install() is None, reason="NeMo Gym's venv is not installed: run `make gym`")
+    return pytest.mark.gym(skip(test))
 
 MATH_ROW = {"responses_create_params": {"input": [{"role": "user", "content": "What is 2+2?"}],
                                         "max_output_tokens": 64},
