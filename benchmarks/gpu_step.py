@@ -9,6 +9,10 @@ per-phase times are read from RUN_DIR/metrics.jsonl. TRL runs the harness in ../
 
     python benchmarks/gpu_step.py --steps 4 --trl-dir .gpu-kit/trl --trl-wheels .gpu-kit/trlwhl --out OUT
     python benchmarks/gpu_step.py --only ours-torch,ours-megatron      # a subset
+    python benchmarks/gpu_step.py --only ours-torch,ours-vllm-torch,ours-vllm-megatron   # HF engine vs vLLM
+
+`ours-vllm-<backend>` rows: `rollout=vllm` (vLLM's CUDA build, an engine actor beside the policy on the same GPU,
+CUDA graphs on: rollout.enforce_eager=false), refit over CUDA IPC (rollout/vllm_compat.py).
 
 Update-phase tokens/s = 64 x (1536 + mean generated length) / update seconds; MFU = 6 N tokens / s / peak,
 peak = a measured 8192^3 bf16 matmul (as the TRL harness measures it).
@@ -47,11 +51,16 @@ def write_prompts(path: Path, n: int, seed: int = 0) -> None:
                                 "answer": "0"}) + "\n")
 
 
+def run_name(backend: str, separate_logprobs: bool, vllm: bool = False) -> str:
+    return f"bench-{'vllm-' if vllm else ''}{backend}{'-sep' if separate_logprobs else ''}"
+
+
 def ours_overrides(backend: str, steps: int, data: Path, out: Path, separate_logprobs: bool,
-                   profile: bool = False) -> list[str]:
+                   profile: bool = False, vllm: bool = False) -> list[str]:
     gbs = PROMPTS * GENS // (2 if separate_logprobs else 1)  # 2 optimizer steps force the separate pass
     return [
-        f"name=bench-{backend}{'-sep' if separate_logprobs else ''}", f"output_root={out}", "checkpoint.resume=fresh",
+        f"name={run_name(backend, separate_logprobs, vllm)}", f"output_root={out}", "checkpoint.resume=fresh",
+        *(["rollout=vllm", "rollout.enforce_eager=false"] if vllm else []),
         *(f"model.{k}={v}" for k, v in SHAPE.items()), "model.warm_start_steps=0",
         "env=math", f"env.train_path={data}", f"env.val_path={data}", f"env.max_prompt_tokens={PROMPT}",
         f"rollout.max_new_tokens={NEW}", f"train.max_total_sequence_length={PROMPT + NEW}",
@@ -63,10 +72,10 @@ def ours_overrides(backend: str, steps: int, data: Path, out: Path, separate_log
     ]
 
 
-def run_ours(name: str, backend: str, args, data: Path, separate: bool) -> dict:
+def run_ours(name: str, backend: str, args, data: Path, separate: bool, vllm: bool = False) -> dict:
     steps = args.steps + (1 if args.profile else 0)  # the profiled step comes last, outside the medians
     cmd = [sys.executable, str(ROOT / "launch.py"),
-           *ours_overrides(backend, steps, data, args.out, separate, profile=args.profile)]
+           *ours_overrides(backend, steps, data, args.out, separate, profile=args.profile, vllm=vllm)]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
     wall = time.time() - t0
@@ -74,7 +83,7 @@ def run_ours(name: str, backend: str, args, data: Path, separate: bool) -> dict:
     if proc.returncode != 0:
         print(proc.stdout[-3000:] + proc.stderr[-6000:], flush=True)
         return {"name": name, "error": f"exit {proc.returncode}"}
-    run_dir = args.out / f"bench-{backend}{'-sep' if separate else ''}"
+    run_dir = args.out / run_name(backend, separate, vllm)
     rows = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
     steady = [rows[s] for s in sorted(rows) if args.skip < s <= args.steps]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in steady)  # noqa: E731
@@ -85,6 +94,7 @@ def run_ours(name: str, backend: str, args, data: Path, separate: bool) -> dict:
             "update_tok_s": tokens / phases["update"],
             "logprob_tok_s": tokens / phases["logprobs"] if phases["logprobs"] else None,
             "gen_tok_s": PROMPTS * GENS * gen_len / phases["rollout"],
+            "lp_absdiff": med("train/gen_vs_policy_logprob_absdiff"),
             "first_step_s": rows[min(rows)]["time/step_s"], "profile": read_profile(run_dir, steps, args.profile)}
 
 
@@ -143,8 +153,10 @@ def main() -> int:
         if name == "trl":
             results.append(run_trl(args))
         else:
-            backend = name.split("-")[1]
-            results.append(run_ours(name, backend, args, data, separate=name.endswith("-sep")))
+            parts = name.split("-")  # ours-<backend>[-sep] or ours-vllm-<backend>[-sep]
+            vllm = parts[1] == "vllm"
+            backend = parts[2] if vllm else parts[1]
+            results.append(run_ours(name, backend, args, data, separate=name.endswith("-sep"), vllm=vllm))
         print(json.dumps(results[-1], indent=1, default=str)[:3000], flush=True)
         (args.out / "results.json").write_text(json.dumps({"peak_tflops": peak, "results": results}, indent=1))
         (args.out / "results.md").write_text(markdown(results, peak))  # after each run: a timeout keeps the rest
@@ -181,6 +193,7 @@ def markdown(results: list[dict], peak: float) -> str:
                 f"{100 * trl['update_mfu_6nd']:.1f} % MFU",
         lambda r: f"{r['update_tok_s'] / trl['update_tokens_per_s']:.2f}x")
     row("refit", [f"{1e3 * ph(r, 'refit'):.1f} ms" for r in ours], "n/a (same model)", lambda r: "")
+    row("engine vs policy logprob |Δ|", [f"{r.get('lp_absdiff', 0.0):.4f}" for r in ours], "", lambda r: "")
     row("first step", [f"{r['first_step_s']:.1f} s" for r in ours], trl and f"{trl['time_to_first_step_s']:.1f} s",
         lambda r: "")
     return "\n".join(rows) + f"\n\nbf16 matmul peak {peak:.0f} TFLOP/s; MFU = 6 N tokens / s / peak " \

@@ -45,6 +45,26 @@ class HybridRollout:
         self.engine.load_weights(self.hf_weights())  # collective for a sharded megatron model: every rank calls it
         return (time.perf_counter() - t0) * 1e3
 
+    @profiled("refit")
+    def send_weights_ipc(self, engines: list, version: int | None = None) -> float:
+        """Separate vLLM engines on this node's GPUs (rollout=vllm on CUDA): every rank calls it; the weights, cast
+        to the engine's dtype, cross as CUDA IPC handles of ≤ 1 GiB device buffers (vLLM's weight-transfer API,
+        rollout/vllm_compat.py), never through the host. Rank 0 drives the engines. Returns ms."""
+        import ray
+
+        from ..rollout import vllm_compat
+
+        t0 = time.perf_counter()
+        lead = getattr(self, "rank", 0) == 0
+        if lead:
+            ray.get([e.start_weight_update.remote() for e in engines])
+        vllm_compat.send_weights_ipc(self.hf_weights().items(),
+                                     lambda info: ray.get([e.update_weights_ipc.remote(info) for e in engines]),
+                                     dtype=getattr(torch, vllm_compat.engine_dtype(self.spec, cuda=True)))
+        if lead:
+            ray.get([e.finish_weight_update.remote(version) for e in engines])
+        return (time.perf_counter() - t0) * 1e3
+
     def load_tokenizer(self) -> Any:
         """The run's tokenizer as `AutoTokenizer` loads it. The driver takes its copy from here (through Ray):
         this process imported transformers' auto classes for its model already; in the driver that import alone

@@ -43,6 +43,7 @@ from typing import Any, Optional
 
 from ..spec.schema import RunSpec
 from ..batch import Generation
+from . import vllm_compat
 from .versions import VersionedEngine
 
 # Before vLLM is imported anywhere in this process: quiet logs, no usage reports, loopback-only sockets.
@@ -90,6 +91,11 @@ class VLLMRolloutWorker(VersionedEngine):
         self.refits = 0
         self.last_generate_s = 0.0  # engine time of the last generate call (the caller adds Ray's round trip)
         self._versions_init()  # async GRPO: policy version, staged weights (rollout/versions.py)
+        from vllm.platforms import current_platform
+
+        # CUDA: the refit goes through vLLM's weight-transfer API over CUDA IPC (no host copy), where it has one
+        self.ipc_refit = current_platform.is_cuda() and vllm_compat.has_ipc_weight_transfer()
+        self.last_refit_ms = 0.0
         kwargs = self._engine_kwargs()  # `threads` is not used: vLLM's CPU backend binds its own OpenMP threads
         try:
             if r.async_engine or r.expose_http_server:  # rules.py: the server needs the async engine
@@ -117,7 +123,8 @@ class VLLMRolloutWorker(VersionedEngine):
 
         r, s = self.spec.rollout, self.spec
         kw: dict[str, Any] = dict(
-            model=self.model_dir, dtype=s.model.dtype.value, max_model_len=self.max_model_len, seed=s.grpo.seed,
+            model=self.model_dir, dtype=vllm_compat.engine_dtype(s, cuda=not current_platform.is_cpu()),
+            max_model_len=self.max_model_len, seed=s.grpo.seed,
             enforce_eager=r.enforce_eager, tensor_parallel_size=r.tensor_parallel_size,
             pipeline_parallel_size=r.pipeline_parallel_size,
             load_format="dummy",  # the driver pushes the policy's weights before the first rollout
@@ -129,6 +136,8 @@ class VLLMRolloutWorker(VersionedEngine):
             kw["kv_cache_memory_bytes"] = r.kv_cache_memory_mb * 2**20  # never let vLLM size it from free RAM
         else:
             kw["gpu_memory_utilization"] = r.gpu_memory_utilization
+            if self.ipc_refit:
+                kw.update(vllm_compat.ipc_engine_kwargs())  # the refit: vLLM's weight transfer, CUDA IPC
         return kw
 
     async def _start_async(self, kwargs: dict[str, Any]):
@@ -257,6 +266,56 @@ class VLLMRolloutWorker(VersionedEngine):
         if version is not None:
             self.version = version
         return (time.perf_counter() - t0) * 1e3
+
+    # ------------------------------------------------------------------ refit over CUDA IPC (vllm_compat)
+    def supports_ipc_refit(self) -> bool:
+        """True on CUDA engines whose vLLM has the IPC weight-transfer backend: the driver then has the policy
+        ranks send their weights by `send_weights_ipc` (policy/hybrid.py) instead of a state dict through Ray."""
+        return self.ipc_refit
+
+    def start_weight_update(self) -> None:
+        """First of a refit's calls (policy rank 0 makes them): the async engine is paused (requests in flight
+        finish first, new ones wait), the layerwise reload begins."""
+        self._refit_t0 = time.perf_counter()
+        if self.llm is not None:
+            vllm_compat.start_update(self.llm)
+        else:
+            self._call(self._astart_update())
+
+    async def _astart_update(self) -> None:
+        await self.engine.pause_generation(mode="wait", clear_cache=True)
+        await vllm_compat.astart_update(self.engine)
+
+    def update_weights_ipc(self, update_info: dict) -> None:
+        """One packed buffer of the policy's weights, as CUDA IPC handles; loaded (copied) before returning, so
+        the sender may refill its buffer."""
+        if self.llm is not None:
+            vllm_compat.apply_update(self.llm, update_info)
+        else:
+            self._call(vllm_compat.aapply_update(self.engine, update_info))
+
+    def finish_weight_update(self, version: int | None = None) -> float:
+        """Last call of a refit: finish the reload, drop the stale prefix cache (and resume the async engine).
+        Returns the engine's ms for the whole refit (start to finish)."""
+        if self.llm is not None:
+            vllm_compat.finish_update(self.llm)
+            self.llm.reset_prefix_cache()
+        else:
+            self._call(self._afinish_update(version))
+        self.refits += 1
+        if version is not None:
+            self.version = version
+        self.last_refit_ms = (time.perf_counter() - self._refit_t0) * 1e3
+        return self.last_refit_ms
+
+    async def _afinish_update(self, version: int | None) -> None:
+        try:
+            await vllm_compat.afinish_update(self.engine)
+            await self.engine.reset_prefix_cache()
+            if version is not None:
+                self.version = version
+        finally:
+            await self.engine.resume_generation()
 
     def stage_weights(self, state_dict: dict, version: int) -> int:
         """grpo.async_grpo.in_flight_weight_updates (runs beside a generate call: the "weights" concurrency

@@ -346,11 +346,24 @@ class Trainer:
         if self.plan.hybrid_rollout:
             self.w.get("refit", [p.refit_engine.remote() for p in self.w.policy], self.w.policy)
             return (time.perf_counter() - t0) * 1e3
+        if self._ipc_refit():  # vLLM on CUDA, engines on the policy's GPUs: device buffers shared over CUDA IPC
+            self.w.get("refit", [p.send_weights_ipc.remote(self.w.rollout) for p in self.w.policy], self.w.policy)
+            return (time.perf_counter() - t0) * 1e3
         refs = [p.state_dict.remote() for p in self.w.policy]
         pushes = [r.update_weights.remote(refs[0]) for r in self.w.rollout]
         self.w.clock.wait_all("state_dict", refs, self.w.policy)  # a stuck policy rank is named as such
         self.w.get("refit", pushes, self.w.rollout)
         return (time.perf_counter() - t0) * 1e3
+
+    def _ipc_refit(self) -> bool:
+        """Whether the engines take the weights over CUDA IPC (rollout/vllm_compat.py): GPUs, colocated engines
+        (each on a GPU where a policy rank holds the full weights), and an engine whose vLLM supports it."""
+        if not hasattr(self, "_ipc"):
+            self._ipc = bool(self.plan.use_gpus and not self.plan.rollout_devices
+                             and self.spec.rollout.backend.value == "vllm"
+                             and self.w.get("refit", [self.w.rollout[0].supports_ipc_refit.remote()],
+                                            self.w.rollout[:1])[0])
+        return self._ipc
 
     def validate(self) -> dict[str, float]:
         g = self.spec.grpo

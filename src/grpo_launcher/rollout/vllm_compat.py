@@ -1,0 +1,100 @@
+"""What differs between the vLLM releases rollout=vllm runs on, in one place (the rest of rollout/vllm.py is
+the same on each). Tested: the CPU build 0.32 (tests/test_vllm.py) and the CUDA build 0.25 (tests/test_gpu.py,
+on one H200 with torch 2.11).
+
+| | 0.25 (CUDA) | 0.32 (CPU) |
+|---|---|---|
+| OpenAI app | `entrypoints.openai.api_server` | `entrypoints.launchers.*` (the old module deprecated) |
+| raw TokensPrompt to AsyncLLM.generate | taken as is | wants rendered inputs (`renderer.render_cmpl`) |
+| weight transfer (`weight_transfer_config`) | nccl, ipc, sparse_nccl | also sharded_rdt, nccl_m2n |
+| `LLM.start/finish_weight_update` | methods | worker RPCs only (`collective_rpc`) |
+
+The refit on CUDA goes through vLLM's own RL weight-transfer API, backend "ipc": the policy worker packs its
+weights (cast to the engine's dtype) into ≤ 1 GiB device buffers and sends CUDA IPC handles of them; the engine's
+worker opens them on the same GPU and loads them with `model.load_weights` (layerwise reload around it). No byte of
+the weights crosses the host. Worker RPC names used (both releases): start_weight_update, update_weights,
+finish_weight_update.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any, Callable, Iterable
+
+import torch
+
+IPC_BUFFER_BYTES = 1 << 30  # vLLM's default packed-buffer size: the weights cross in chunks of at most this
+
+
+def vllm_version() -> tuple[int, ...]:
+    try:
+        v = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return (0,)
+    return tuple(int(p) for p in v.split("+")[0].split(".")[:3] if p.isdigit())
+
+
+def has_ipc_weight_transfer() -> bool:
+    """vLLM's weight-transfer API with the CUDA IPC backend (0.2x and later): vllm.distributed.weight_transfer."""
+    try:
+        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def ipc_engine_kwargs() -> dict[str, Any]:
+    """Engine args that enable the IPC weight-transfer backend (CUDA engines only)."""
+    from vllm.config.weight_transfer import WeightTransferConfig
+
+    return {"weight_transfer_config": WeightTransferConfig(backend="ipc")}
+
+
+def engine_dtype(spec, cuda: bool) -> str:
+    """The engine's dtype: on CUDA the run's compute precision (bf16 for train.precision=bfloat16, as the hybrid HF
+    engine keeps it; vLLM's flash-attention kernels take no fp32), else model.dtype."""
+    if cuda and spec.train.precision.value == "bfloat16":
+        return "bfloat16"
+    return spec.model.dtype.value
+
+
+# ------------------------------------------------------------------ engine side (the rollout actor)
+def start_update(llm) -> None:
+    llm.collective_rpc("start_weight_update")
+
+
+def apply_update(llm, update_info: dict) -> None:
+    llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+
+
+def finish_update(llm) -> None:
+    llm.collective_rpc("finish_weight_update")
+
+
+async def astart_update(engine) -> None:
+    await engine.collective_rpc("start_weight_update")
+
+
+async def aapply_update(engine, update_info: dict) -> None:
+    await engine.collective_rpc("update_weights", kwargs={"update_info": update_info})
+
+
+async def afinish_update(engine) -> None:
+    await engine.collective_rpc("finish_weight_update")
+
+
+# ------------------------------------------------------------------ trainer side (a policy worker)
+def send_weights_ipc(weights: Iterable[tuple[str, torch.Tensor]], send: Callable[[dict], None],
+                     dtype: torch.dtype | None = None) -> None:
+    """Every policy rank calls it (the handles are all-gathered when the ranks form a process group); rank 0
+    calls `send(update_info_dict)` once per packed buffer, after which the buffer is reused. `dtype`: the
+    engine's (the fp32 master weights are cast on the device as they are packed)."""
+    from dataclasses import asdict
+
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
+
+    it = ((k, v.detach().to(dtype) if dtype is not None else v.detach()) for k, v in weights)
+    IPCWeightTransferEngine.trainer_send_weights(
+        it, {"send_mode": lambda info: send(asdict(info)), "packed": True,
+             "packed_buffer_size_bytes": IPC_BUFFER_BYTES})
+    torch.cuda.synchronize()
