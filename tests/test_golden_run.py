@@ -47,7 +47,8 @@ def golden(tmp_path_factory) -> dict:
             proc.kill()
             proc.wait()
     status1 = json.loads((root / NAME / "status.json").read_text())
-    run2 = subprocess.run(cmd, stdout=open(out2, "w"), stderr=subprocess.STDOUT, cwd=ROOT, timeout=1500)
+    with open(out2, "w") as log:
+        run2 = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, timeout=1500)
     return {"root": root, "run_dir": root / NAME, "cancel": cancel, "rc1": rc1, "status1": status1,
             "out1": out1.read_text(), "rc2": run2.returncode, "out2": out2.read_text()}
 
