@@ -4,7 +4,9 @@ test that started it."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,4 +20,21 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 @pytest.fixture
 def launch_cmd() -> list[str]:
     return [sys.executable, str(ROOT / "launch.py")]
+
+
+@pytest.fixture
+def launch_here(monkeypatch, capsys):
+    """launch.py's main in this process, from `cwd` (no interpreter start-up, no Ray): (exit code, stdout, stderr)
+    as a CompletedProcess. For pre-flight, dry runs and subcommands; a run that trains goes through helpers.launch."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    import launch as launch_py
+
+    def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        code = launch_py.main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["launch.py", *args], code, out, err)
+
+    return run
 

@@ -58,22 +58,6 @@ SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "tr
 EVERY_STEP = ["checkpoint.save_period=1", "grpo.val_period=1"]  # validate and checkpoint each step
 
 
-@pytest.fixture
-def launch_here(monkeypatch, capsys):
-    """launch.py's main in this process (the pre-flight tests: no Ray, no subprocess start-up), from `cwd`."""
-    monkeypatch.syspath_prepend(str(ROOT))
-    import launch as launch_py
-
-    def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-        monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        code = launch_py.main(list(args))
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["launch.py", *args], code, out, err)
-
-    return run
-
-
 def write_jsonl(path: Path, rows: list[dict], blank_first: bool = False) -> Path:
     path.write_text(("\n" if blank_first else "") + "".join(json.dumps(r) + "\n" for r in rows))
     return path

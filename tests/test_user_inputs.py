@@ -18,22 +18,6 @@ import pytest
 from helpers import ROOT, launch
 
 
-@pytest.fixture
-def launch_here(monkeypatch, capsys):
-    """launch.py's main in this process, from `cwd`: (exit code, stdout, stderr) as a CompletedProcess."""
-    monkeypatch.syspath_prepend(str(ROOT))
-    import launch as launch_py
-
-    def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-        monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        code = launch_py.main(list(args))
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["launch.py", *args], code, out, err)
-
-    return run
-
-
 # ----------------------------------------------------------------------------- 1. data as written
 def dataset_args(train: Path, val: Path, *more: str) -> list[str]:
     return ["env=dataset", f"env.train_path={train}", f"env.val_path={val}", "env.max_prompt_tokens=64",
