@@ -74,6 +74,7 @@ def test_phase_file_and_status_hung(tmp_path):
     clock = PhaseClock(CFG, tmp_path)
     clock.step = 7
     clock.mark("update", 20.0)
+    wait_until(lambda: (tmp_path / "phase.json").exists(), 30, "the phase file (written within a second)")
     st = json.loads((tmp_path / "status.json").read_text())
     assert re.fullmatch(r"update \(step 7\) for \d+\.\d s, deadline 20 s", phase_line(tmp_path, st, "RUNNING"))
     clock.mark_hung("phase update of step 7: no answer after 20.1 s")

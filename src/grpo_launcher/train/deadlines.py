@@ -3,9 +3,11 @@
 A phase (generate, score, logprobs, update, refit, save, ...) may wait max(factor × its slowest of the last
 `window` waits, floor_s); its first wait in this process (no history: load, warm-up, compilation) first_s.
 `PhaseClock.get` is `ray.get` with that timeout: on time it records how long the wait took; past it, it raises
-`Hung` naming the phase and the calls still pending. It also writes RUN_DIR/phase.json at each wait's start
-(the phase, the step, since when, its deadline), which `launch.py status` shows: a file of its own, so that the
-driver never races the launcher's or the job script's writes of status.json.
+`Hung` naming the phase and the calls still pending. It also notes each wait's start (the phase, the step, since
+when, its deadline) for RUN_DIR/phase.json, which `launch.py status` shows: a file of its own, so that the driver
+never races the launcher's or the job script's writes of status.json. A daemon thread writes it at most once per
+`PhaseClock.period` s when it changed: a wait costs a dict, not a file write (a wait shorter than the period may
+never be written; a slow one is, within a second).
 
 The driver (train/driver.run) turns a `Hung` into the report (`hang_report`): the phase, the actors (role,
 rank, node, pid), the last step and checkpoint, each stuck actor's stack (py-spy, when installed), then exit 4.
@@ -17,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -61,6 +64,23 @@ class PhaseClock:
         self.step = 0  # the step in progress (the driver sets it)
         self.prefix = ""  # "val_" while validating: its waits have their own history
         self.history: dict[str, deque[float]] = {}
+        self.current: dict = {}  # the wait in progress (phase.json's content)
+        self.written: dict | None = None
+        self.period = 1.0
+        if run_dir is not None:
+            threading.Thread(target=self._writer, name="grpo-phase-file", daemon=True).start()
+
+    def _writer(self) -> None:
+        while True:
+            time.sleep(self.period)
+            self.flush()
+
+    def flush(self) -> None:
+        """Write phase.json now if the phase changed since the last write."""
+        rec = self.current
+        if rec is not self.written:
+            self.write(rec)
+            self.written = rec
 
     def limit(self, phase: str) -> float | None:
         if not self.cfg.enabled:
@@ -115,17 +135,18 @@ class PhaseClock:
         self.history.setdefault(phase, deque(maxlen=max(1, self.cfg.window))).append(seconds)
 
     def mark(self, phase: str, limit: float | None) -> None:
-        """RUN_DIR/phase.json: what the driver waits for now (atomic: temp file + rename; ~0.1 ms)."""
-        self.write({"phase": phase, "step": self.step, "since": round(time.time(), 3), "pid": os.getpid(),
-                    "deadline_s": None if limit is None else round(limit, 1)})
+        """What the driver waits for now (phase.json's next content; one dict, no I/O here)."""
+        self.current = {"phase": phase, "step": self.step, "since": round(time.time(), 3), "pid": os.getpid(),
+                        "deadline_s": None if limit is None else round(limit, 1)}
 
     def mark_hung(self, summary: str) -> None:
-        """phase.json keeps the stuck phase and says why the run ended (status.json's HUNG message)."""
-        rec = read_phase(self.run_dir) if self.run_dir is not None else {}
-        self.write({**rec, "hung": summary})
+        """phase.json keeps the stuck phase and says why the run ended (status.json's HUNG message), written now."""
+        self.current = {**self.current, "hung": summary}
+        self.flush()
 
     def write(self, rec: dict) -> None:
-        if self.run_dir is None:
+        """Atomically: temp file + rename."""
+        if self.run_dir is None or not rec:
             return
         tmp = self.run_dir / f".{PHASE_FILE}.{os.getpid()}"
         try:
