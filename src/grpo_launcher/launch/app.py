@@ -26,7 +26,7 @@ from typing import Optional
 
 from ..exit_codes import ExitCode
 from ..spec.compose import CONF_DIR, ConfigSource
-from ..spec.errors import ConfigError
+from ..spec.errors import ConfigError, Violation
 
 HYDRA_PRINTS = ("cfg", "info", "hydra_help", "shell_completion")
 
@@ -60,6 +60,10 @@ def main(argv: list[str]) -> int:
 
     if argv and argv[0] in SUBCOMMANDS:  # status | logs | cancel  <run name, job id or run dir>
         return SUBCOMMANDS[argv[0]](argv[1:])
+    typo = subcommand_typo(argv, list(SUBCOMMANDS))
+    if typo is not None:
+        print(typo.render(), file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
     args, code = parse_flags(argv)
     if args is None:
         return code
@@ -80,6 +84,20 @@ def main(argv: list[str]) -> int:
     return single_run(args.overrides, source)
 
 
+def subcommand_typo(argv: list[str], commands: list[str]) -> Optional[ConfigError]:
+    """`launch.py staus NAME`: a first word that is no override (no '=') nor flag, close to a subcommand."""
+    import difflib
+
+    if not argv or "=" in argv[0] or argv[0].startswith("-"):
+        return None
+    near = difflib.get_close_matches(argv[0], commands, n=1, cutoff=0.6)
+    if not near:
+        return None  # an override without '=': the override check says how to write it
+    return ConfigError([Violation("subcommand", (argv[0],), f"'{argv[0]}' is not a command",
+                                  f"did you mean '{near[0]}'? python launch.py {' '.join([near[0], *argv[1:]])} "
+                                  f"(commands: {', '.join(commands)})")])
+
+
 def single_run(overrides: list[str], source: ConfigSource) -> int:
     from .preflight import preflight
     from . import execute
@@ -90,8 +108,17 @@ def single_run(overrides: list[str], source: ConfigSource) -> int:
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
+    if spec.logging.mlflow:
+        from ..tracking.store import tracking_line
+
+        print(tracking_line(spec, plan.tracking_uri), flush=True)
     rc = execute(spec, plan)  # local driver | sbatch (dry run prints, submits nothing)
     if spec.dry_run:
+        if spec.cluster.kind.value == "slurm":
+            from .sbatch import script_path
+
+            print(f"dry run: nothing was written: a real launch writes the script above to {script_path(plan)} "
+                  "and submits it with sbatch")
         from .preflight import real_launch_problems
 
         problems = real_launch_problems(spec)

@@ -73,16 +73,22 @@ def finish(spec: RunSpec) -> tuple[RunSpec, Any]:
 
 def preflight(overrides: list[str], source: Optional[ConfigSource] = None) -> tuple[RunSpec, Any]:
     """A single run's overrides → (spec, plan), or ONE ConfigError with every problem."""
+    from ..spec.compose import _override_key
+    from ..tracking.store import with_mlflow_env
+
     spec = guarded("compose", lambda: load_spec(overrides, source=source))
-    return finish(spec)
+    return finish(with_mlflow_env(spec, [_override_key(o) for o in overrides]))  # MLFLOW_* (tracking/store.py)
 
 
 def preflight_config(cfg: Any, overrides: list[str]) -> tuple[RunSpec, Any]:
     """A composed sweep point → (spec, plan), or ONE ConfigError (same checks as a single run)."""
     from ..spec.compose import _override_key
 
-    spec = guarded("compose", lambda: checked_spec(cfg, [_override_key(o) for o in overrides]))
-    return finish(spec)
+    from ..tracking.store import with_mlflow_env
+
+    keys = [_override_key(o) for o in overrides]
+    spec = guarded("compose", lambda: checked_spec(cfg, keys))
+    return finish(with_mlflow_env(spec, keys))  # MLFLOW_* (tracking/store.py)
 
 
 def real_launch_problems(spec: RunSpec) -> list[Violation]:

@@ -111,6 +111,10 @@ def run_point(cfg: DictConfig) -> Optional[float]:
     from .preflight import preflight_config
 
     spec, plan = preflight_config(cfg, task_overrides())
+    if spec.logging.mlflow:
+        from ..tracking.store import tracking_line
+
+        print(tracking_line(spec, plan.tracking_uri), flush=True)
     code = execute(spec, plan)
     if code != ExitCode.OK:
         raise RuntimeError(f"run {spec.name} exited with {code}")
@@ -205,7 +209,9 @@ def log_best_to_parent(cfg: DictConfig, run_id: str, trial: int, value: float, p
 
     from ..plan import make_plan
 
-    client = MlflowClient(make_plan(to_spec(cfg)).tracking_uri)
+    from ..tracking.store import with_mlflow_env
+
+    client = MlflowClient(make_plan(with_mlflow_env(to_spec(cfg))).tracking_uri)  # the parent's store
     client.log_metric(run_id, f"best/{objective}", value, step=trial)
     client.set_tag(run_id, "best_trial", str(trial))
     for k, v in params.items():

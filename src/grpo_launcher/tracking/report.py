@@ -7,10 +7,13 @@ import json
 import sys
 from pathlib import Path
 
+from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..spec.schema import RunSpec
 from .plot import CURVES, plot_curves
 
+# a stop the run continues from (SIGTERM, Ctrl-C, a save-and-requeue): the block offers the resume command
+STOPS = (ExitCode.TERMINATED, ExitCode.INTERRUPTED, ExitCode.REQUEUE)
 CURVE_PNG = "reward_curve.png"
 PROMPTING = "prompting.json"
 
@@ -67,8 +70,26 @@ def curves(spec: RunSpec, plan: Plan, state) -> Path | None:
         return None
 
 
-def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None) -> str:
+def resume_command(spec: RunSpec, plan: Plan, argv: list[str] | None = None) -> str:
+    """The launch that continues this run from its last checkpoint. Started by a plain `launch.py key=value ...`
+    (a local run): that command again (the same overrides compose the same spec and run name), with the MLFLOW_*
+    variables it used. Else (a Slurm job's driver, a sweep point, `launch.py rerun`): the run's own spec.yaml
+    under the same name, `launch.py rerun RUN_DIR name=NAME`, which resumes it."""
+    import shlex
+
+    from .store import env_prefix
+
+    argv = list(sys.argv if argv is None else argv)
+    subcommand = len(argv) > 1 and "=" not in argv[1] and not argv[1].startswith("-")  # rerun, ...: bare words
+    if argv and Path(argv[0]).name == "launch.py" and not {"-m", "--multirun"} & set(argv[1:]) and not subcommand:
+        return " ".join([*env_prefix(spec), "python", shlex.join(argv)])
+    return f"python launch.py rerun {shlex.quote(str(plan.run_dir))} {shlex.quote(f'name={spec.name}')}"
+
+
+def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None, stopped: bool = False) -> str:
+    """The end-of-run block; after a stop (exit 143/130/3) it offers the resume command instead of `rerun`."""
     from ..checkpoint import CheckpointManager
+    from ..secrets import redact_value
 
     ckpt = CheckpointManager(plan.checkpoint_dir, spec)
     best, last = ckpt.best(), ckpt.latest()
@@ -82,9 +103,12 @@ def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None) -> s
     if png is not None:
         rows.append(("reward curve", png))
     if tracker is not None:
-        rows.append(("MLflow", f"{plan.tracking_uri}  run {tracker.run_id}"))
-        rows.append(("MLflow charts", chart_link(plan.tracking_uri, tracker.experiment_id)))
-    if (plan.run_dir / "repro").is_dir():
+        uri = redact_value(plan.tracking_uri)  # a password in the URI: ***
+        rows.append(("MLflow", f"{uri}  experiment '{spec.logging.experiment}'  run {tracker.run_id}"))
+        rows.append(("MLflow charts", chart_link(uri, tracker.experiment_id)))
+    if stopped and last is not None:
+        rows.append(("resume", resume_command(spec, plan)))
+    elif (plan.run_dir / "repro").is_dir():
         rows.append(("reproduce", f"python launch.py rerun {plan.run_dir}"))
     if best is not None or last is not None:
         rows.append(("export (HF dir)", f"python launch.py export {plan.run_dir}"))
@@ -108,7 +132,7 @@ def finish_run(spec: RunSpec, plan: Plan, state, rc: int) -> int:
     png = curves(spec, plan, state)
     status = {0: "finished"}.get(rc, "stopped")
     print(f"grpo-launcher: run '{spec.name}' {status} at step {state.step}\n"
-          f"{where_everything_is(spec, plan, state, png)}", flush=True)
+          f"{where_everything_is(spec, plan, state, png, stopped=rc in STOPS)}", flush=True)
     return rc
 
 

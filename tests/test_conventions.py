@@ -1,0 +1,178 @@
+"""The ecosystem's conventions, through `launch.py` (issue 31): MLflow's own environment variables, subcommand typos,
+Hydra's submitit launcher refused with a pointer to ours, the dry run's sbatch script, and the resume command
+after a stop. The fast tests run launch.py's main in this process (dry runs, refusals); one slow run trains."""
+
+from __future__ import annotations
+
+import shlex
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from helpers import ROOT, launch
+
+SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "train.global_batch_size=16",
+         "train.micro_batch_size=8", "train.logprob_batch_size=16", "grpo.val_batch_size=8",
+         "rollout.max_new_tokens=6"]
+
+
+@pytest.fixture
+def launch_here(monkeypatch, capsys):
+    """launch.py's main in this process, from `cwd` (no subprocess start-up)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    import launch as launch_py
+
+    def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        code = launch_py.main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["launch.py", *args], code, out, err)
+
+    return run
+
+
+@pytest.fixture
+def no_mlflow_env(monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+# ------------------------------------------------------------------ MLflow's environment variables
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("sqlite:///team.db", "sqlite:///{tmp}/team.db"),  # relative to where launch.py starts, made absolute
+    ("http://127.0.0.1:5999", "http://127.0.0.1:5999"),
+    ("mlruns", "{tmp}/mlruns"),  # a plain path: MLflow's file store
+])
+def test_mlflow_tracking_uri_and_experiment_name_are_honoured(launch_here, no_mlflow_env, tmp_path, value, expected):
+    no_mlflow_env.setenv("MLFLOW_TRACKING_URI", value)
+    no_mlflow_env.setenv("MLFLOW_EXPERIMENT_NAME", "team")
+    r = launch_here(tmp_path, "dry_run=true", "output_root=out")
+    assert r.returncode == 0, r.stderr
+    uri = expected.format(tmp=tmp_path.resolve())
+    assert (f"MLflow runs go to {uri} (from MLFLOW_TRACKING_URI), experiment 'team' (from MLFLOW_EXPERIMENT_NAME)"
+            in r.stdout), r.stdout
+    assert f"tracking             : {uri}\n" in r.stdout  # the plan (and so the driver) uses it
+    assert "mlflow.db" not in r.stdout
+
+
+def test_logging_keys_on_the_command_line_win_over_the_variables(launch_here, no_mlflow_env, tmp_path):
+    no_mlflow_env.setenv("MLFLOW_TRACKING_URI", "sqlite:///env.db")
+    no_mlflow_env.setenv("MLFLOW_EXPERIMENT_NAME", "team")
+    cli = f"sqlite:///{tmp_path}/cli.db"
+    r = launch_here(tmp_path, "dry_run=true", "output_root=out", f"logging.tracking_uri={cli}",
+                    "logging.experiment=grpo")  # the default's value, given explicitly: it wins too
+    assert r.returncode == 0, r.stderr
+    assert (f"MLflow runs go to {cli} (from logging.tracking_uri; MLFLOW_TRACKING_URI not used), experiment 'grpo' "
+            "(from logging.experiment; MLFLOW_EXPERIMENT_NAME not used)") in r.stdout, r.stdout
+
+
+def test_without_the_variables_runs_go_to_the_output_root(launch_here, no_mlflow_env, tmp_path):
+    r = launch_here(tmp_path, "dry_run=true", "output_root=out")
+    assert r.returncode == 0, r.stderr
+    assert (f"MLflow runs go to sqlite:///{tmp_path.resolve()}/out/mlflow.db (from the output root's store "
+            "(MLFLOW_TRACKING_URI unset)), experiment 'grpo'") in r.stdout, r.stdout
+
+
+# ------------------------------------------------------------------ subcommands, launchers, dry run
+
+
+def test_a_subcommand_typo_suggests_the_command(launch_here, tmp_path):
+    r = launch_here(tmp_path, "staus", "my-run")
+    assert r.returncode == 2
+    assert "config error" in r.stderr and "did you mean 'status'? python launch.py status my-run" in r.stderr
+    assert "quote the value" not in r.stderr
+
+
+@pytest.mark.parametrize("args, pointer", [
+    (["-m", "hydra/launcher=submitit_slurm", "grpo.max_steps=1,2", "dry_run=true"], "cluster=slurm -m"),
+    (["hydra/launcher=submitit_slurm", "dry_run=true"], "cluster=slurm -m"),
+    (["-m", "hydra/launcher=submitit_local", "grpo.max_steps=1,2", "dry_run=true"], "python launch.py -m"),
+])
+def test_hydra_submitit_launcher_is_refused_with_a_pointer(launch_here, tmp_path, args, pointer):
+    r = launch_here(tmp_path, *args, "output_root=out")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("config error: 1 problem"), r.stderr
+    assert "hydra/launcher:" in r.stderr and pointer in r.stderr and "[rule: hydra_launcher]" in r.stderr
+    assert "Traceback" not in r.stderr and "Could not find" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_slurm_dry_run_says_its_script_is_not_written(launch_here, tmp_path):
+    r = launch_here(tmp_path, "cluster=slurm", "dry_run=true", "output_root=out")
+    assert r.returncode == 0, r.stderr
+    script = tmp_path.resolve() / "out" / "tiny-grpo" / "job.sbatch"
+    assert (f"dry run: nothing was written: a real launch writes the script above to {script} and submits it"
+            in r.stdout), r.stdout
+    assert not script.exists()
+
+
+# ------------------------------------------------------------------ the end-of-run block
+
+
+def stopped_run(tmp_path: Path, monkeypatch, argv: list[str]) -> tuple[object, object]:
+    """A spec and plan of a run dir holding one checkpoint, as after a stop at step 2."""
+    from grpo_launcher.launch.preflight import preflight
+
+    monkeypatch.chdir(tmp_path)
+    spec, plan = preflight(["output_root=out", "grpo.max_steps=5"])
+    step = plan.checkpoint_dir / "step_000002"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text('{"step": 2}\n')
+    monkeypatch.setattr(sys, "argv", argv)
+    return spec, plan
+
+
+@pytest.mark.parametrize("rc", [143, 130, 3])
+def test_the_end_of_run_block_after_a_stop_offers_the_same_launch(tmp_path, no_mlflow_env, capsys, rc):
+    from grpo_launcher.tracking.report import finish_run
+
+    no_mlflow_env.setenv("MLFLOW_EXPERIMENT_NAME", "team")
+    spec, plan = stopped_run(tmp_path, no_mlflow_env, ["launch.py", "output_root=out", "grpo.max_steps=5"])
+    (plan.run_dir / "repro").mkdir()
+    tracker = SimpleNamespace(run_id="abc", experiment_id="7")
+    assert finish_run(spec, plan, SimpleNamespace(step=2, tracker=tracker), rc) == rc
+    out = capsys.readouterr().out
+    assert "resume" in out and "MLFLOW_EXPERIMENT_NAME=team python launch.py output_root=out grpo.max_steps=5" in out
+    assert "rerun" not in out
+    assert f"{plan.tracking_uri}  experiment 'team'  run abc" in out
+
+
+def test_a_stopped_slurm_driver_offers_its_own_spec_under_the_same_name(tmp_path, no_mlflow_env, capsys):
+    """The job's driver was not started by the user's command line: the run's spec.yaml under its name resumes it."""
+    from grpo_launcher.tracking.report import finish_run
+
+    spec, plan = stopped_run(tmp_path, no_mlflow_env, ["-m", "grpo_launcher.train.driver", "spec.yaml"])
+    finish_run(spec, plan, SimpleNamespace(step=2, tracker=None), 143)
+    assert "resume" in (out := capsys.readouterr().out)
+    assert f"python launch.py rerun {plan.run_dir} name=tiny-grpo" in out
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_run_goes_to_the_mlflow_store_of_the_environment_and_resumes_there(tmp_path):
+    """MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME: the run's metrics land there (not in the output root), a stop
+    (must_save_by: exit 3) prints the resume command, and that command continues the same MLflow run."""
+    env = {"MLFLOW_TRACKING_URI": "sqlite:///team.db", "MLFLOW_EXPERIMENT_NAME": "team"}
+    args = [*SMALL, "output_root=out", "name=conv", "grpo.max_steps=2", "checkpoint.must_save_by=00:00:01"]
+    r = launch(*args, cwd=tmp_path, env=env)
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"MLflow runs go to sqlite:///{tmp_path.resolve()}/team.db (from MLFLOW_TRACKING_URI)" in r.stdout
+    resume = next(line for line in r.stdout.splitlines() if line.strip().startswith("resume"))
+    words = shlex.split(resume.split(":", 1)[1])
+    assert words[:3] == ["MLFLOW_TRACKING_URI=sqlite:///team.db", "MLFLOW_EXPERIMENT_NAME=team", "python"], resume
+    r = launch(*words[4:], cwd=tmp_path, env=env)  # the printed command (its launch.py path and overrides)
+    assert r.returncode in (0, 3), r.stdout[-3000:] + r.stderr[-3000:]
+    assert not (tmp_path / "out" / "mlflow.db").exists()
+    with sqlite3.connect(tmp_path / "team.db") as db:
+        runs = db.execute("SELECT r.name, COUNT(DISTINCT m.step) FROM runs r JOIN experiments e ON "
+                          "r.experiment_id = e.experiment_id JOIN metrics m ON m.run_uuid = r.run_uuid "
+                          "WHERE e.name = 'team' AND m.key = 'train/reward_mean' GROUP BY r.run_uuid").fetchall()
+    assert runs == [("conv", 2)], runs  # one MLflow run, both steps
