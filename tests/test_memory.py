@@ -67,6 +67,25 @@ def test_torch_backend_bytes_per_param():
         4 * n, 4 * n, 8 * n, 2 * n, 4 * n]
 
 
+def test_torch_backend_shards_with_fsdp2_over_dp():
+    """DP 8: weights, grads, AdamW state, the reference and the step temp / 8; the unsharded compute copies of the
+    root and two layers (bf16), one layer's gradient (bf16 + its fp32 copy), the refit's full bf16 gather."""
+    s = RunSpec(model=LLAMA_1B, train=TrainSpec(precision=Precision.bfloat16))
+    s = replace(s, cluster=replace(s.cluster, gpus_per_node=8), loss=replace(s.loss, kl_coef=0.1))
+    p = mem.estimate(s).policy
+    n = 1_213_302_784
+    root = 2 * 32000 * 2048 + 2048  # embedding + output layer + final norm = 131,074,048
+    layer = 10_487_808 + 34_605_056  # attention + MLP = 45,092,864
+    assert [p[k].bytes for k in ("weights", "grads", "optimizer", "reference", "optimizer step temp")] == [
+        4 * n / 8, 4 * n / 8, 8 * n / 8, 4 * n / 8, 4 * n / 8]
+    assert "autocast copies" not in p
+    assert p["fsdp gathered weights"].bytes == 2 * (root + 2 * layer) == 442_519_552
+    assert p["fsdp gradient buffers"].bytes == (2 + 4) * layer
+    assert p["refit gather"].bytes == 2 * n
+    e = mem.estimate(s)
+    assert e.phases["refit"] == pytest.approx((20 * n / 8 + 2 * n) / mem.GIB)  # resident 4+4+8+4 B / 8 + gather
+
+
 def test_activation_bytes_per_token_per_layer():
     a = mem.arch_of(RunSpec(model=LLAMA_1B))
     h, q, kv, f = 2048, 2048, 512, 5632
@@ -147,14 +166,19 @@ def test_unknown_gpu_memory_skips_the_check_with_a_warning():
 
 
 def test_h200_budget_and_torch_backend_refusal():
-    # an 8B model on the torch backend (data parallel only: 18 B/param on every GPU) cannot fit an 80 GB card
+    # an 8B model on one GPU of the torch backend (one rank: nothing to shard, 16 + 2 autocast + 4 step temp
+    # B/param) cannot fit an 80 GB card; FSDP2 over more ranks does: the fix names cluster.nodes
     over = ["model=llama3_1_8b", "rollout.max_new_tokens=16", "cluster=slurm", "dry_run=true",
             "cluster.gpus_per_node=8", "train.precision=bfloat16", "train.micro_batch_size=1",
             "train.logprob_batch_size=1", "train.global_batch_size=128"]
     with pytest.raises(ConfigError) as info:
-        load_spec(over)
+        load_spec([*over, "cluster.gpus_per_node=1"])
     (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
-    assert "no single change found" in v.fix  # the torch backend shards nothing: no key helps
+    assert "optimizer step phase" in v.message and "cluster.nodes=4 → peak" in v.fix
+    e = mem.estimate(load_spec(over))  # 8 GPUs: (4 + 4 + 8) B / 8 resident, peak in the refit's bf16 gather
+    n = mem.param_counts(mem.arch_of(load_spec(over))).total(mem.arch_of(load_spec(over)))
+    assert e.fits and e.policy_phase == "refit"
+    assert e.phases["refit"] == pytest.approx((16 * n / 8 + 2 * n) / mem.GIB)
     # megatron without the distributed optimizer on an H200: the optimizer step's peak is refused ...
     mega = [*over, "train.backend=megatron", "cluster.gpu_memory_gib=140.4"]
     with pytest.raises(ConfigError) as info:

@@ -1,8 +1,10 @@
 """train.backend=torch: a transformers causal LM, data-parallel over torch.distributed (gloo / NCCL).
 
-One instance per DP rank. Losses are normalised by GLOBAL denominators (tokens or sequences of the
-whole minibatch, computed by the driver) and gradients are all-reduced with SUM, so an update over W
-ranks equals the 1-rank update on the same batch (tests/test_grpo_loop.py checks this).
+One instance per DP rank. With more than one rank the model is sharded with FSDP2 (policy/fsdp.py: weights,
+gradients and AdamW state split over the ranks, bf16 compute for train.precision=bfloat16 on GPUs); one rank
+keeps the plain module (nothing to shard). Losses are normalised by GLOBAL denominators (tokens or sequences
+of the whole minibatch, computed by the driver) and gradients are reduce-scattered with SUM, so an update over
+W ranks equals the 1-rank update on the same batch (tests/test_grpo_loop.py, tests/test_fsdp.py check this).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
+from . import fsdp
 from ..algos import LossInputs, entropy_from_logits, local_denominator, spec_policy_loss, token_logprobs
 from ..rollout.hf import engine_dtype
 from ..spec.schema import Precision, RunSpec
@@ -37,17 +41,24 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
-        # fp32 master weights; bf16 compute on GPUs when train.precision=bfloat16
-        self.autocast = spec.train.precision == Precision.bfloat16 and self.device.type == "cuda"
+        # fp32 master weights; bf16 compute on GPUs when train.precision=bfloat16 (autocast, or FSDP2's policy)
+        self.bf16 = spec.train.precision == Precision.bfloat16 and self.device.type == "cuda"
+        self.sharded = world > 1  # FSDP2 over the DP ranks, applied once the process group exists
+        self.autocast = self.bf16 and not self.sharded
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if spec.loss.kl_coef > 0 else None
-        t = spec.train
+        if not self.sharded:
+            self._build_optimizer()
+        # an fp32 CPU run generates with the policy model itself (a sharded model cannot: its forward is a
+        # collective, and each rank generates its own prompts); a GPU run with a copy in its precision
+        same = self.device.type == "cpu" and engine_dtype(spec, self.device) == torch.float32 and not self.sharded
+        self.init_engine(share_model=self.model if same else None)
+
+    def _build_optimizer(self) -> None:
+        t = self.spec.train
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
-                                     fused=self.device.type == "cuda")
+                                     fused=self.device.type == "cuda" and not self.sharded)
         warm = max(1, t.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
-        # an fp32 CPU run generates with the policy model itself; a GPU run with a copy in its precision
-        same = self.device.type == "cpu" and engine_dtype(spec, self.device) == torch.float32
-        self.init_engine(share_model=self.model if same else None)
 
     # ------------------------------------------------------------------ distributed set-up
     def address(self) -> tuple[str, int]:
@@ -67,6 +78,11 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             limit = os.environ.get("GRPO_COLLECTIVE_TIMEOUT_S")
             dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                     world_size=self.world, timeout=timedelta(seconds=float(limit)) if limit else None)
+        if self.sharded:
+            fsdp.shard(self.model, self.bf16)
+            if self.ref is not None:
+                fsdp.shard(self.ref, self.bf16)
+            self._build_optimizer()  # over the sharded parameters (fully_shard replaces them)
 
     # ------------------------------------------------------------------ logprobs
     def _logits(self, model: torch.nn.Module, b: TrainBatch) -> torch.Tensor:
@@ -140,38 +156,46 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         return {"loss": float(loss.detach()), **m}, float(share), old.detach().cpu()
 
     def _sync_and_clip(self) -> float:
+        """Clip to the global norm; a sharded model's gradients were reduce-scattered (SUM) by its backward."""
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.world > 1:
-            for p in params:  # SUM: each rank's loss already carries its share of the global denominator
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-        return float(torch.nn.utils.clip_grad_norm_(params, self.spec.train.max_grad_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, self.spec.train.max_grad_norm)
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
     # ------------------------------------------------------------------ weights
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """CPU copy of the weights (refit source for a separate rollout worker, e.g. vLLM)."""
+        """CPU copy of the full fp32 weights (refit source for a separate rollout worker, e.g. vLLM); sharded:
+        a collective, every rank gets them (param by param, each moved to the CPU once gathered)."""
+        if self.sharded:
+            return fsdp.full_weights(self.model, device=torch.device("cpu"))
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def hf_weights(self) -> dict[str, torch.Tensor]:
+        """Full weights on the device; sharded: gathered (a collective) and cast to the engine's dtype."""
+        if self.sharded:
+            return fsdp.full_weights(self.model, dtype=engine_dtype(self.spec, self.device))
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def save(self, directory: str) -> None:
-        """Rank 0 writes HF weights + optimizer state into a checkpoint's (temporary) directory."""
+        """HF weights + optimizer state (full, name-keyed: any DP size resumes them) into a checkpoint's
+        (temporary) directory. Sharded: every rank joins the gather, rank 0 writes."""
+        weights = fsdp.full_model_state(self.model) if self.sharded else None
+        optim = fsdp.optimizer_state(self.model, self.opt)
         if self.rank != 0:
             return
         path = Path(directory)
-        self.model.save_pretrained(path / "policy")
-        torch.save({"opt": self.opt.state_dict(), "sched": self.sched.state_dict()}, path / "optim.pt")
+        fsdp.save_hf(self.model, weights, path / "policy")
+        torch.save({"opt": optim, "sched": self.sched.state_dict()}, path / "optim.pt")
         for f in (path / "policy").iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
 
     def load(self, directory: str) -> None:
+        """Every rank reads the full files and keeps its shard."""
         from safetensors.torch import load_file
 
         path = Path(directory)
-        self.model.load_state_dict(load_file(path / "policy" / "model.safetensors"), strict=True)
         state = torch.load(path / "optim.pt", weights_only=True)  # tensors and plain values only: no code runs
-        self.opt.load_state_dict(state["opt"])
+        fsdp.load_state(self.model, self.opt, load_file(path / "policy" / "model.safetensors"), state["opt"])
         self.sched.load_state_dict(state["sched"])
         self._spec_hyperparameters()
 

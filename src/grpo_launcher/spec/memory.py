@@ -23,7 +23,15 @@ over data parallelism). What *this* project's workers hold:
   torch (policy/torch_policy.py): the HF model is loaded in fp32 (4 B), fp32 grads (4 B), AdamW m, v
       (8 B) = 16 B/param; with train.precision=bfloat16 autocast keeps a bf16 copy of every weight for the
       backward (2 B), and the foreach AdamW step allocates one fp32 temporary per parameter (sqrt(v), 4 B).
-  reference model (loss.kl_coef > 0): one more copy of the weights (megatron: model dtype; torch: fp32).
+      With DP > 1 the worker shards with FSDP2 (policy/fsdp.py; ZeRO-3 in the paper's terms, §5.3): each rank
+      holds (16 + 4 step temp) / DP B per parameter, no autocast copies; the unsharded weights live only while
+      they compute, in the compute dtype a (2 bf16 on GPUs, else 4): the root's (embedding, output layer,
+      final norm) for the whole forward/backward, plus two layers (the running one and the prefetched one);
+      the backward adds one layer's unsharded gradient in a and its fp32 copy for the reduce-scatter
+      ((a + 4) B × the largest layer). The refit gathers the full model in the engine's dtype on every rank
+      (`hf_weights`: a "refit" phase of its own).
+  reference model (loss.kl_coef > 0): one more copy of the weights (megatron: model dtype; torch: fp32,
+      sharded like the policy with DP > 1).
 
 Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 arXiv:2205.05198, §4): count the tensors each layer saves for its backward, per token. Their GPT layer
@@ -116,7 +124,9 @@ PHASE_PARTS = {  # what the policy holds in each phase (the engine's budget stay
     "logprobs": (*RESIDENT, "autocast copies", "logprob logits"),
     "train": (*RESIDENT, "autocast copies", "activations", "activation work", "logits"),
     "optimizer step": (*RESIDENT, "optimizer step temp"),
+    "refit": (*RESIDENT, "refit gather"),  # torch with FSDP2 only
 }
+FSDP_PARTS = ("fsdp gathered weights", "fsdp gradient buffers")
 
 
 def dtype_bytes(p: Precision) -> int:
@@ -208,6 +218,14 @@ class ParamCounts:
     def total(self, a: Arch) -> int:
         return self.layers_dense(a) + self.experts(a) + self.embedding + self.output + self.final_norm
 
+    def largest_layer(self, a: Arch) -> int:
+        """The parameters of the largest decoder layer (FSDP2's unit; hybrids: one block of each kind)."""
+        moe = self.moe_dense + self.moe_experts
+        if a.hybrid:
+            return max(self.attention if a.attention else 0, self.mlp if a.mlp else 0, moe if a.moe else 0,
+                       self.mamba if a.mamba else 0)
+        return self.attention + (moe if a.moe else self.mlp)
+
 
 def param_counts(a: Arch) -> ParamCounts:
     h, q, kv = a.hidden, a.q_dim, a.kv_dim
@@ -244,11 +262,11 @@ class Layout:
 
 
 def layout_of(spec: RunSpec) -> Layout:
-    from ..plan import world_size
+    from ..plan import train_devices, world_size
 
     t = spec.train
-    if t.backend == TrainBackend.torch:
-        return Layout(1, 1, 1, 1, 1, False, world_size(spec))
+    if t.backend == TrainBackend.torch:  # one policy rank per training device (FSDP2 over them when > 1)
+        return Layout(1, 1, 1, 1, 1, False, max(train_devices(spec), 1))
     return Layout(t.tensor_parallel_size, t.pipeline_parallel_size, t.context_parallel_size,
                   t.expert_parallel_size, t.expert_tensor_parallel_size, t.sequence_parallel, world_size(spec))
 
@@ -369,7 +387,7 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     n = dense + experts
     bf16 = t.precision == Precision.bfloat16
     gpu = est.use_gpus
-    autocast = backend == "torch" and bf16 and gpu
+    autocast = backend == "torch" and bf16 and gpu  # FSDP2's bf16 compute: counted with the same activations
     act = 2 if bf16 and (gpu or backend == "megatron") else 4
     it = est.policy
 
@@ -394,6 +412,8 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
         if lo.kl_coef > 0:
             add("reference", wb * n, f"loss.kl_coef={lo.kl_coef:g}: {P} × {wb} B")
         step_tmp = 4 * opt_n
+    elif lay.dp > 1:
+        step_tmp = _torch_fsdp(spec, est, a, pc, n, lay.dp, act)
     else:
         add("weights", 4 * n, f"{P} params × 4 B (fp32: the torch worker loads fp32)")
         add("grads", 4 * n, f"{P} × 4 B (fp32)")
@@ -403,8 +423,8 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
         if lo.kl_coef > 0:
             add("reference", 4 * n, f"loss.kl_coef={lo.kl_coef:g}: {P} × 4 B (fp32 copy)")
         step_tmp = 4 * n
-        if t.activation_checkpointing:
-            est.notes.append("train.activation_checkpointing is not implemented by the torch worker: counted as off")
+    if backend == "torch" and t.activation_checkpointing:
+        est.notes.append("train.activation_checkpointing is not implemented by the torch worker: counted as off")
     add("optimizer step temp", step_tmp, "4 B × optimizer params (foreach AdamW's sqrt(v))")
 
     # activations of one micro-batch on this rank
@@ -445,14 +465,16 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
 
     g = lambda *keys: sum(it[k].bytes for k in keys if k in it)  # noqa: E731
     resident = g("weights", "grads", "optimizer", "reference")
-    cast = g("autocast copies")
+    cast = g("autocast copies") + g("fsdp gathered weights")  # FSDP2: the unsharded compute copies instead
     est.phases = {
         "generate": gib(resident),
         # (the frozen reference model's casts are not cached: autocast caches leaves that require grad)
         "logprobs": gib(resident + cast + g("logprob logits") + 2 * max(stage) * lp_tokens),
-        "train": gib(resident + cast + g("activations", "activation work", "logits")),
+        "train": gib(resident + cast + g("activations", "activation work", "logits", "fsdp gradient buffers")),
         "optimizer step": gib(resident + g("optimizer step temp")),
     }
+    if "refit gather" in it:
+        est.phases["refit"] = gib(resident + g("refit gather"))
     est.policy_phase = max(est.phases, key=est.phases.get)
     est.policy_alloc_gib = est.phases[est.policy_phase]
     # the big resident blocks (weights, grad buffer, optimizer states) do not fragment; the transients do
@@ -463,6 +485,29 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
                          "not measured")
     if backend == "megatron" and (lay.pp > 1 or lay.cp > 1 or lay.sp or a.experts):
         est.notes.append("extrapolated: PP/CP/SP/MoE activation terms (calibrated on dense TP=1 only)")
+
+
+def _torch_fsdp(spec: RunSpec, est: Estimate, a: Arch, pc: ParamCounts, n: float, dp: int, act: int) -> float:
+    """The torch worker's resident and FSDP2 items with DP > 1 (see the module doc); returns the step temp."""
+    it = est.policy
+    P, S = _fmt_params(n), _fmt_params(n / dp)
+    it["weights"] = Item("weights", 4 * n / dp, f"{P} params × 4 B / DP {dp} (fp32 shards, FSDP2)")
+    it["grads"] = Item("grads", 4 * n / dp, f"{S} × 4 B (fp32 sharded grads)")
+    it["optimizer"] = Item("optimizer", 8 * n / dp, f"{S} × 8 B (AdamW m, v on the shards)")
+    if spec.loss.kl_coef > 0:
+        it["reference"] = Item("reference", 4 * n / dp, f"loss.kl_coef={spec.loss.kl_coef:g}: {S} × 4 B (sharded)")
+    root, layer = pc.embedding + pc.output + pc.final_norm, pc.largest_layer(a)
+    it["fsdp gathered weights"] = Item("fsdp gathered weights", act * (root + 2 * layer),
+                                       f"{act} B × (root {_fmt_params(root)} + 2 layers × {_fmt_params(layer)})")
+    it["fsdp gradient buffers"] = Item("fsdp gradient buffers", (act + 4) * layer,
+                                       f"({act} + 4) B × {_fmt_params(layer)} (one layer's unsharded grad, fp32 "
+                                       "reduce-scatter input)")
+    if spec.cluster.rollout_devices == 0:  # colocated engines refit from `hf_weights` on the device
+        eb = 2 if est.use_gpus and spec.train.precision == Precision.bfloat16 else 4  # rollout.hf.engine_dtype
+        total = pc.total(a)
+        it["refit gather"] = Item("refit gather", eb * total, f"{_fmt_params(total)} × {eb} B (full weights in "
+                                  "the engine's dtype, gathered on every rank for the refit)")
+    return 4 * n / dp
 
 
 def kv_bytes_per_token(a: Arch, tp: int, dtype: int) -> float:
@@ -540,9 +585,12 @@ def host_estimate(spec: RunSpec, est: Estimate) -> None:
         load = per_node * 4 * total
         how = f"{per_node} ranks × {_fmt_params(total)} × 4 B (fp32 load before .to(device))"
         refit_b = 4
+    # engines on devices of their own refit from state_dict(): a sharded torch policy gathers it on every rank
+    sharded = spec.train.backend == TrainBackend.torch and layout_of(spec).dp > 1
+    ranks = per_node if sharded and spec.cluster.rollout_devices > 0 else 1
     it["model load (start-up)"] = Item("model load (start-up)", load, how)
-    it["refit copies (node 0)"] = Item("refit copies (node 0)", 2 * total * refit_b,
-                                       "rank 0's state_dict() + the serialized copy sent to the engines")
+    it["refit copies (node 0)"] = Item("refit copies (node 0)", (ranks + 1) * total * refit_b,
+                                       f"{ranks} rank(s)' state_dict() + the serialized copy sent to the engines")
     files = [p for p in (spec.env.train_path, spec.env.val_path) if p]
     size = sum(os.path.getsize(p) for p in files if os.path.isfile(p))
     it["dataloader"] = Item("dataloader", 3 * size, "3 × the env's data files (parsed rows in the driver); "

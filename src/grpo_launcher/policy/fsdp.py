@@ -1,0 +1,114 @@
+"""FSDP2 for train.backend=torch: shard a transformers causal LM over the data-parallel ranks.
+
+`fully_shard` per decoder layer (the classes the model names in `_no_split_modules`), then the root (embedding,
+final norm, output layer). Each rank holds 1/DP of the fp32 weights, gradients and AdamW state; a layer's full
+weights exist only while it runs (all-gathered in the compute dtype, freed after its forward and backward).
+Gradients are reduce-scattered in fp32 with SUM: every rank's loss already carries its share of the global
+denominator (algos.local_denominator), so an update over W ranks equals the 1-rank update on the same batch.
+
+The full weights are gathered for a refit (`full_weights`, every rank calls it) and for a checkpoint (rank 0
+writes one HF directory and the full optimizer state: the same files as the unsharded path, so `launch.py
+export` and a resume at another DP size read them as they are).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+FULL = StateDictOptions(full_state_dict=True)
+FULL_ON_RANK0_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the other ranks get {}
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks: the classes it lists in `_no_split_modules` (every HF model does), else the
+    children of its longest nn.ModuleList."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    found = [m for m in model.modules() if type(m).__name__ in names]
+    if found:
+        return found
+    best: list[nn.Module] = []
+    for m in model.modules():
+        if isinstance(m, nn.ModuleList) and len(m) > len(best):
+            best = list(m.children())
+    return best
+
+
+def shard(model: nn.Module, bf16: bool, offload: bool = False) -> nn.Module:
+    """fully_shard each decoder layer, then the root, in place (the default process group is the DP group).
+
+    bf16: weights all-gathered and computed in bf16 (fp32 master shards, fp32 reduce-scatter); else fp32 throughout.
+    offload: the shards, gradients and optimizer state live in host RAM (the optimizer step runs on the CPU).
+    """
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+    kw: dict[str, Any] = {"mp_policy": mp, **({"offload_policy": CPUOffloadPolicy()} if offload else {})}
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)  # SUM, not the mean over ranks (see the module doc) ...
+            m.set_force_sum_reduction_for_comms(True)  # ... as a plain SUM (gloo has no PREMUL_SUM)
+    if isinstance(model, FSDPModule):
+        model.set_reduce_scatter_unused_params(True)  # experts one rank routed nothing to: zeros, no mismatch
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def full_weights(model: nn.Module, dtype: torch.dtype | None = None,
+                 device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """HF-named full weights on every rank (a collective), each cast to `dtype` and moved to `device` as soon as
+    it is gathered (so one full fp32 tensor at a time exists beside the result)."""
+    out = {}
+    for k, v in model.state_dict().items():
+        gathered = isinstance(v, DTensor)
+        full = (v.full_tensor() if gathered else v).detach()
+        cast = dtype if dtype is not None and full.is_floating_point() else None
+        out[k] = full.to(device=device, dtype=cast, copy=device is not None and not gathered)
+    return out
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Rank 0: the full weights on the CPU; the other ranks {} (a collective)."""
+    return get_model_state_dict(model, options=FULL_ON_RANK0_CPU)
+
+
+def optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state keyed by parameter names (rank 0 full, on the CPU; others {}). The unsharded path
+    writes the same layout, so a checkpoint resumes at any DP size."""
+    if is_sharded(model):
+        return get_optimizer_state_dict(model, opt, options=FULL_ON_RANK0_CPU)
+    return get_optimizer_state_dict(model, opt)
+
+
+def load_state(model: nn.Module, opt: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
+               optim: dict[str, Any]) -> None:
+    """Full weights and full (name-keyed) optimizer state into a sharded or unsharded model; each rank keeps
+    its shard."""
+    if is_sharded(model):
+        set_model_state_dict(model, weights, options=FULL)
+        set_optimizer_state_dict(model, opt, optim, options=FULL)
+        return
+    model.load_state_dict(weights, strict=True)
+    if all(isinstance(k, int) for k in optim.get("state", {})) and optim.get("state"):
+        opt.load_state_dict(optim)  # a checkpoint of the earlier layout (index-keyed, unsharded only)
+    else:
+        set_optimizer_state_dict(model, opt, optim)
+
+
+def save_hf(model: nn.Module, state: dict[str, torch.Tensor] | None, path: Path) -> None:
+    """One HF directory (rank 0) from the full weights (None: the unsharded model's own); transformers names the
+    FSDP class without its prefix in config.json."""
+    save = getattr(model, "save_pretrained")
+    save(path, **({"state_dict": state} if state is not None else {}))
