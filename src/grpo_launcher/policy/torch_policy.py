@@ -190,12 +190,14 @@ class TorchPolicyWorker(HybridRollout, Profiling):
                 os.fsync(fh.fileno())
 
     def load(self, directory: str) -> None:
-        """Every rank reads the full files and keeps its shard."""
-        from safetensors.torch import load_file
+        """Every rank reads the full files and keeps its shard. The weights are read by transformers: a family
+        whose files use other names than its modules (nemotron_h: backbone.*, one tensor per expert) is mapped."""
+        from transformers import AutoModelForCausalLM
 
         path = Path(directory)
         state = torch.load(path / "optim.pt", weights_only=True)  # tensors and plain values only: no code runs
-        fsdp.load_state(self.model, self.opt, load_file(path / "policy" / "model.safetensors"), state["opt"])
+        weights = AutoModelForCausalLM.from_pretrained(path / "policy", dtype=torch.float32).state_dict()
+        fsdp.load_state(self.model, self.opt, weights, state["opt"])
         self.sched.load_state_dict(state["sched"])
         self._spec_hyperparameters()
 

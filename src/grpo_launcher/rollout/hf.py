@@ -165,14 +165,18 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature
     device = next(model.parameters()).device
     width = max(map(len, prompts))
     ids, attn = left_padded(prompts, pad, width, device)  # [P, W]
-    cache = DynamicCache()
+    cache = DynamicCache(config=model.config)  # hybrids (nemotron_h): Mamba layers get their conv/SSM state
+    rep = n if all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers) else 1
+    if rep == 1:  # a Mamba layer's state cannot be repeated (transformers 5.19): each sample prefills its prompt
+        ids, attn = ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
                    past_key_values=cache, logits_to_keep=1).logits[:, -1]  # [P, V]
-    cache.batch_repeat_interleave(n)  # every sample of a prompt starts from the same prefix
-    logits = logits.repeat_interleave(n, 0)  # [B, V], B = P*n
+    if rep > 1:
+        cache.batch_repeat_interleave(n)  # every sample of a prompt starts from the same prefix
+    logits = logits.repeat_interleave(rep, 0)  # [B, V], B = P*n
     mask = torch.ones(len(logits), width + max_new, dtype=attn.dtype, device=device)
-    mask[:, :width] = attn.repeat_interleave(n, 0)
-    pos = attn.sum(-1).repeat_interleave(n, 0)  # [B] position of the next token
+    mask[:, :width] = attn.repeat_interleave(rep, 0)
+    pos = attn.sum(-1).repeat_interleave(rep, 0)  # [B] position of the next token
     done = torch.zeros(len(logits), dtype=torch.bool, device=device)
     tokens, logprobs = [], []
     for t in range(max_new):

@@ -70,6 +70,9 @@ def _fallback(field: str, cfg: dict, found: dict[str, Any]) -> Any:
         return 1 if cfg.get("multi_query") else found.get("num_attention_heads")
     if field == "ffn_hidden_size" and ("n_inner" in cfg or family in FFN_4X) and "hidden_size" in found:
         return 4 * found["hidden_size"]
+    if field == "num_layers":  # hybrids (nemotron_h) derive it from their layer list; config.json has no count
+        layers = cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern")
+        return len(layers) if isinstance(layers, (list, str)) and layers else None
     if field in ("num_experts", "moe_top_k"):
         return 0  # dense
     if field == "tie_word_embeddings":
