@@ -189,15 +189,20 @@ def last_checkpoint_intact(run_dir: Path) -> str:
     return ckpts[-1].name
 
 
+ASYNC = ("grpo.async_grpo.enabled=true", "cluster.cpu_workers_per_node=2", "cluster.rollout_devices=1",
+         "loss.importance_sampling_correction=true")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("title,role,mlflow", [
-    ("ray::TorchPolicyWorker", "policy rank 0", False),
-    pytest.param("ray::EnvWorker", "env rank 0", True, marks=pytest.mark.extended),  # + the MLflow run's end
-], ids=["policy", "env-worker"])
-def test_frozen_worker_ends_the_run_within_its_deadline(tmp_path, title, role, mlflow):
+@pytest.mark.parametrize("title,role,mlflow,extra", [
+    ("ray::TorchPolicyWorker", "policy rank 0", False, ()),
+    pytest.param("ray::EnvWorker", "env rank 0", True, (), marks=pytest.mark.extended),  # + the MLflow run's end
+    pytest.param("ray::HFRolloutWorker", "rollout rank 0", False, ASYNC, marks=pytest.mark.extended),  # an engine
+], ids=["policy", "env-worker", "async-engine"])
+def test_frozen_worker_ends_the_run_within_its_deadline(tmp_path, title, role, mlflow, extra):
     name = f"h28-{role.split()[0]}"
     run_dir = tmp_path / name
-    proc, worker, log, t0 = started_and_frozen(tmp_path, name, title, "deadlines.floor_s=5", mlflow=mlflow)
+    proc, worker, log, t0 = started_and_frozen(tmp_path, name, title, "deadlines.floor_s=5", *extra, mlflow=mlflow)
     try:
         status = subprocess.run([PY, str(ROOT / "launch.py"), "status", name, "--root", str(tmp_path)],
                                 capture_output=True, text=True, timeout=120)

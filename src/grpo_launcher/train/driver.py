@@ -92,6 +92,7 @@ def report_hang(exc: Hung, workers: Workers, state: LoopState | None) -> int:
     print(hang_report(exc, workers.describe(exc.owners), last, str(ckpt) if ckpt else "none"), file=sys.stderr,
           flush=True)
     workers.clock.mark_hung(str(exc))
+    workers.stuck = list(exc.owners)  # killed at shutdown without waiting for them
     if state is not None:
         if state.tracker is not None:
             state.tracker.set_tag("grpo.hung", str(exc))

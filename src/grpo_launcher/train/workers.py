@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import ray
@@ -72,6 +72,7 @@ class Workers:
     env: Any
     pg: Any
     clock: PhaseClock  # every wait for these actors has a deadline (train/deadlines.py)
+    stuck: list[Any] = field(default_factory=list)  # the actors a passed deadline named: killed, not asked to stop
 
     def get(self, phase: str, refs: list, owners: Sequence[Any]) -> list:
         """ray.get(refs) within the phase's deadline (Hung past it); owners[i] is the actor computing refs[i]."""
@@ -94,7 +95,8 @@ class Workers:
         return [actor_info(a, *self.role_of(a)) for a in actors]
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        separate = [r for r in self.rollout if r not in self.policy]  # hybrid: the policy workers are the engines
+        separate = [r for r in self.rollout if r not in self.policy and r not in self.stuck]  # hybrid: the policy
+        # workers are the engines
         for ref in [r.shutdown.remote() for r in separate]:  # all at once, then each one's outcome
             try:
                 ray.get(ref, timeout=timeout)  # a hung engine is killed below all the same
