@@ -163,8 +163,10 @@ def stop_all(proc: subprocess.Popen, frozen: psutil.Process | None) -> None:
     proc.wait()
 
 
-def started_and_frozen(tmp_path: Path, name: str, title: str, *extra: str, mlflow: bool = False):
-    """Launch, wait for step 12 (checkpoint step_000010 written), freeze the worker; (proc, worker, log, t0)."""
+def started_and_frozen(tmp_path: Path, name: str, title: str, *extra: str, mlflow: bool = False,
+                       sig: int = signal.SIGSTOP):
+    """Launch, wait for step 12 (checkpoint step_000010 written), freeze the worker (or `sig` it);
+    (proc, worker, log, t0)."""
     log = tmp_path / "run.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(run_cmd(tmp_path, name, *extra, mlflow=mlflow), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -177,7 +179,7 @@ def started_and_frozen(tmp_path: Path, name: str, title: str, *extra: str, mlflo
     except BaseException:
         stop_all(proc, None)
         raise
-    worker.send_signal(signal.SIGSTOP)
+    worker.send_signal(sig)
     return proc, worker, log, time.monotonic()
 
 
@@ -255,3 +257,24 @@ def test_sigterm_during_a_frozen_step_ends_within_the_stop_grace(tmp_path):
         print(f"SIGTERM during a frozen step -> exit {rc} after {took:.1f} s")
     finally:
         stop_all(proc, worker)
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_killed_policy_worker_ends_the_run_naming_it(tmp_path):
+    name = "h28-kill9"
+    proc, worker, log, t0 = started_and_frozen(tmp_path, name, "ray::TorchPolicyWorker", sig=signal.SIGKILL)
+    try:
+        rc = proc.wait(timeout=300)
+        took = time.monotonic() - t0
+        text = log.read_text()
+        assert rc == ExitCode.FAILED and took < 120, (rc, took, text[-3000:])
+        m = re.search(r"grpo-launcher: policy rank 0 \(pid (\d+), node \S+\) died in phase (\w+) of step (\d+)", text)
+        assert m and int(m.group(1)) == worker.pid, text[-3000:]
+        assert "last completed step: " in text
+        last_checkpoint_intact(tmp_path / name)
+        st = json.loads((tmp_path / name / "status.json").read_text())
+        assert st["state"] == "FAILED"
+        print(f"kill -9 of the policy worker -> exit {rc} after {took:.1f} s ({m.group(0)})")
+    finally:
+        stop_all(proc, None)

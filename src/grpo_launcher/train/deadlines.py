@@ -55,6 +55,23 @@ class Hung(Exception):
         self.phase, self.step, self.waited, self.how, self.owners = phase, step, waited, how, owners
 
 
+class ActorDied(Exception):
+    """An actor of a wait died (kill -9, OOM, a crash): the run fails at once naming it (not a hang)."""
+
+    def __init__(self, phase: str, step: int, owner: Any, reason: str) -> None:
+        super().__init__(f"died in phase {phase} of step {step}: {reason}")
+        self.phase, self.step, self.owner = phase, step, owner
+
+
+def died(exc: Exception, phase: str, step: int, refs: list, owners: Sequence[Any]) -> ActorDied:
+    """The ActorDied of Ray's ActorDiedError (its actor_id names the owner; else the first owner)."""
+    aid = getattr(exc, "actor_id", None)
+    owner = next((o for o in owners if getattr(getattr(o, "_actor_id", None), "hex", lambda: None)() == aid),
+                 owners[0] if owners else None)
+    reason = str(exc).strip().splitlines()
+    return ActorDied(phase, step, owner, reason[0] if reason else type(exc).__name__)
+
+
 class PhaseClock:
     """The deadlines of one driver process: per-phase history, `get` with a timeout, RUN_DIR/phase.json."""
 
@@ -99,6 +116,8 @@ class PhaseClock:
             out = ray.get(refs, timeout=limit)
         except ray.exceptions.GetTimeoutError:
             raise self.hung(phase, refs, owners, time.monotonic() - t0) from None
+        except ray.exceptions.ActorDiedError as exc:
+            raise died(exc, phase, self.step, refs, owners) from exc
         self.record(phase, time.monotonic() - t0)
         return out
 

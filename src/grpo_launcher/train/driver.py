@@ -19,7 +19,7 @@ from ..spec.schema import EnvName, RunSpec
 from ..tracking import metric_names as M
 from ..batch import Generation, TrainBatch, collate, shard_rows
 from ..secrets import with_http_api_key
-from .deadlines import Hung, hang_report
+from .deadlines import ActorDied, Hung, hang_report
 from .loop_state import LoopState, StopRequest
 from .startup import StartupClock, process_start, quiet_libraries
 from .workers import Workers, create_workers, ray_session
@@ -69,6 +69,8 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
             return user_code_failed(exc, trainer, state)
         except Hung as exc:  # a wait passed its deadline: named, stacks taken, then the actors are killed (finally)
             return report_hang(exc, workers, state)
+        except ActorDied as exc:  # kill -9, OOM, a crash: named with the last step and checkpoint
+            return report_died(exc, workers, state)
         except SystemExit as exc:  # a stop abandoned the step (a second signal, or deadlines.stop_grace_s passed)
             if state is not None:
                 state.abort()  # the last checkpoint stands
@@ -98,6 +100,21 @@ def report_hang(exc: Hung, workers: Workers, state: LoopState | None) -> int:
             state.tracker.set_tag("grpo.hung", str(exc))
         state.abort()  # metrics after the last checkpoint dropped, the run FAILED (as any failure)
     return ExitCode.HUNG
+
+
+def report_died(exc: ActorDied, workers: Workers, state: LoopState | None) -> int:
+    """An actor died mid-wait: which one (role, rank, pid, node), in which phase, the last step and checkpoint."""
+    (a,) = workers.describe([exc.owner]) if exc.owner is not None else [None]
+    who = f"{a.role} rank {a.rank} (pid {a.pid}, node {a.node})" if a else "an actor"
+    ckpt = state.ckpt.latest() if state is not None else None
+    print(f"grpo-launcher: {who} {exc}\n  last completed step: {state.step if state else 0}; last checkpoint: "
+          f"{ckpt or 'none'}; resume starts from it", file=sys.stderr, flush=True)
+    workers.stuck = [exc.owner]
+    if state is not None:
+        if state.tracker is not None:
+            state.tracker.set_tag("grpo.actor_died", f"{who} {exc}"[:500])
+        state.abort()
+    return ExitCode.FAILED
 
 
 def trainer_class(spec: RunSpec) -> type:
