@@ -4,6 +4,7 @@ after a stop. The fast tests run launch.py's main in this process (dry runs, ref
 
 from __future__ import annotations
 
+import os
 import shlex
 import sqlite3
 import subprocess
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import ROOT, launch
+from helpers import ROOT, launch, share_models
 
 SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "train.global_batch_size=16",
          "train.micro_batch_size=8", "train.logprob_batch_size=16", "grpo.val_batch_size=8",
@@ -81,6 +82,17 @@ def test_without_the_variables_runs_go_to_the_output_root(launch_here, no_mlflow
             "(MLFLOW_TRACKING_URI unset)), experiment 'grpo'") in r.stdout, r.stdout
 
 
+def test_a_tracker_does_not_export_its_store_as_the_users(tmp_path, no_mlflow_env):
+    """MLflow's global set_tracking_uri exports MLFLOW_TRACKING_URI: the next point of an in-process sweep (say
+    output_root=a,b) would take the first point's store for the user's."""
+    from grpo_launcher.spec.schema import RunSpec
+    from grpo_launcher.tracking import Tracker
+
+    tracker = Tracker(RunSpec(), f"sqlite:///{tmp_path}/m.db", tmp_path, buffer_until_commit=False)
+    tracker.close()
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
 # ------------------------------------------------------------------ subcommands, launchers, dry run
 
 
@@ -89,6 +101,8 @@ def test_a_subcommand_typo_suggests_the_command(launch_here, tmp_path):
     assert r.returncode == 2
     assert "config error" in r.stderr and "did you mean 'status'? python launch.py status my-run" in r.stderr
     assert "quote the value" not in r.stderr
+    r = launch_here(tmp_path, "dry_run")  # a key without its value is not taken for `rerun`
+    assert r.returncode == 2 and "did you mean" not in r.stderr and "dry_run" in r.stderr
 
 
 @pytest.mark.parametrize("args, pointer", [
@@ -159,9 +173,11 @@ def test_a_stopped_slurm_driver_offers_its_own_spec_under_the_same_name(tmp_path
 @pytest.mark.extended
 def test_a_run_goes_to_the_mlflow_store_of_the_environment_and_resumes_there(tmp_path):
     """MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME: the run's metrics land there (not in the output root), a stop
-    (must_save_by: exit 3) prints the resume command, and that command continues the same MLflow run."""
+    (must_save_by=0: saved and stopped after step 1, exit 3) prints the resume command, and that command continues the same MLflow run."""
     env = {"MLFLOW_TRACKING_URI": "sqlite:///team.db", "MLFLOW_EXPERIMENT_NAME": "team"}
-    args = [*SMALL, "output_root=out", "name=conv", "grpo.max_steps=2", "checkpoint.must_save_by=00:00:01"]
+    (tmp_path / "out").mkdir()
+    share_models(tmp_path / "out")  # the tiny model, built once for the suite
+    args = [*SMALL, "output_root=out", "name=conv", "grpo.max_steps=2", "checkpoint.must_save_by=00:00:00"]
     r = launch(*args, cwd=tmp_path, env=env)
     assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"MLflow runs go to sqlite:///{tmp_path.resolve()}/team.db (from MLFLOW_TRACKING_URI)" in r.stdout

@@ -88,9 +88,11 @@ def subcommand_typo(argv: list[str], commands: list[str]) -> Optional[ConfigErro
     """`launch.py staus NAME`: a first word that is no override (no '=') nor flag, close to a subcommand."""
     import difflib
 
-    if not argv or "=" in argv[0] or argv[0].startswith("-"):
-        return None
-    near = difflib.get_close_matches(argv[0], commands, n=1, cutoff=0.6)
+    from ..spec.compose import SELECTORS, dotted_keys
+
+    if not argv or "=" in argv[0] or argv[0].startswith("-") or argv[0] in {*SELECTORS, *dotted_keys()}:
+        return None  # `launch.py dry_run`, `launch.py loss`: a key without its value (the override check says so)
+    near = difflib.get_close_matches(argv[0], commands, n=1, cutoff=0.8)
     if not near:
         return None  # an override without '=': the override check says how to write it
     return ConfigError([Violation("subcommand", (argv[0],), f"'{argv[0]}' is not a command",

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -128,7 +127,8 @@ class Tracker:
         parent_run_id: str | None = None,
         buffer_until_commit: bool = True,
     ) -> None:
-        mlflow.set_tracking_uri(tracking_uri)
+        # no mlflow.set_tracking_uri: it exports MLFLOW_TRACKING_URI into this process, which the next run of an
+        # in-process sweep would then read as the user's (tracking/store.py); the client carries its own URI
         self.spec = spec
         self.run_dir = Path(run_dir)
         self.buffer_until_commit = buffer_until_commit
