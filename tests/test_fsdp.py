@@ -93,3 +93,117 @@ def test_checkpoint_is_one_hf_directory_and_resumes_at_another_dp_size(one_rank_
     back_opt = torch.optim.AdamW(back.parameters(), lr=1e-3)
     fsdp.load_state(back, back_opt, plain.state_dict(), fsdp.optimizer_state(plain, plain_opt))
     assert _step(back, back_opt, ids) == pytest.approx(_step(plain, plain_opt, ids), rel=1e-5)
+
+
+# ------------------------------------------------------------------ pre-flight: nemotron_h on the torch backend
+
+NANO_TORCH = ["+recipe=nanov3", "cluster=slurm", "dry_run=true", "train.backend=torch", "train.tensor_parallel_size=1",
+              "train.pipeline_parallel_size=1", "train.context_parallel_size=1", "train.expert_parallel_size=1",
+              "train.sequence_parallel=false"]
+
+
+def _gaps(overrides):
+    from grpo_launcher.spec.compose import compose, to_spec
+    from grpo_launcher.spec.rules import build_gaps
+
+    return {keys[0]: what for keys, what, _ in build_gaps(to_spec(compose(overrides)))}
+
+
+def test_build_accepts_nemotron_h_on_torch_and_names_what_megatron_lacks():
+    from importlib.util import find_spec
+
+    torch_gaps = _gaps(NANO_TORCH)
+    assert "model.family" not in torch_gaps  # transformers' NemotronHForCausalLM, pure torch
+    assert "train.sequence_packing" in torch_gaps  # what this build really lacks stays named
+    mega = _gaps(["+recipe=nanov3", "cluster=slurm", "dry_run=true"])["model.family"]
+    assert "no mapping for model.family=nemotron_h" in mega
+    if find_spec("mamba_ssm") is None:
+        assert "mamba-ssm" in mega and "not installed here" in mega
+    moe_loss = _gaps([*NANO_TORCH, "train.moe.load_balancing_type=aux_loss", "train.moe.aux_loss_coeff=0.01"])
+    assert "without a router balancing loss" in moe_loss["train.moe.aux_loss_coeff"]
+
+
+def test_nanov3_on_torch_is_refused_for_memory_only_with_the_fsdp_figures():
+    """The recipe's 49152-token sequences on the torch backend (FSDP2 over 256 GPUs): the shards are small, the
+    activations and logits (no CP, no activation checkpointing here) are what does not fit."""
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.spec.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_spec(NANO_TORCH)
+    (v,) = info.value.violations
+    assert v.rule == "gpu_memory_fits" and "in the train phase" in v.message
+    assert "weights 0.5" in v.message  # 31.6e9 params × 4 B / DP 256 = 0.49 GiB
+    assert "train.tensor_parallel_size" not in v.keys  # the torch backend has none to raise
+
+
+# ------------------------------------------------------------------ through launch.py (slow)
+
+REWARD = '''
+def varied(prompt, completion, **row):
+    """A reward that differs between samples (an untrained model never reverses the digits): nonzero advantages."""
+    return (sum(map(ord, completion)) % 7) / 6
+'''
+SMALL = ["train.backend=torch", "rollout=hf", "env=dataset", "env.reward_fn=rewards.py:varied",
+         "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "train.global_batch_size=16",
+         "train.micro_batch_size=8", "train.logprob_batch_size=8", "grpo.val_batch_size=8", "grpo.max_val_samples=8",
+         "rollout.max_new_tokens=6", "env.max_prompt_tokens=64", "train.max_total_sequence_length=72",
+         "checkpoint.save_period=2", "grpo.val_period=2", "logging.mlflow=false"]
+
+
+def _user_dir(tmp_path):
+    rows = [{"prompt": f"{(i * 7919) % 10000:04d}>", "answer": f"{(i * 7919) % 10000:04d}"[::-1]} for i in range(40)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:32]))
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[32:]))
+    (tmp_path / "rewards.py").write_text(REWARD)
+    return [f"env.train_path={tmp_path / 'train.jsonl'}", f"env.val_path={tmp_path / 'val.jsonl'}",
+            f"output_root={tmp_path / 'out'}", *SMALL]
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_nemotron_h_trains_on_two_fsdp_ranks_and_exports(tmp_path):
+    """model.family=nemotron_h (Mamba-2 / MoE / attention, pure torch) through launch.py on 2 CPU ranks: FSDP2
+    update (routers frozen, as the recipe asks), the hybrid engines refit from the gathered weights, a checkpoint
+    exported as one HF directory."""
+    from transformers import AutoModelForCausalLM
+
+    from helpers import launch
+    from nemotron_tiny import tiny_nemotron_h
+
+    model = tiny_nemotron_h()
+    r = launch(f"model.path={model}", "cluster.cpu_workers_per_node=2", "grpo.max_steps=2", "name=nh",
+               "train.moe.freeze_router=true", *_user_dir(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0 and "finished at step 2" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    m = _metrics(tmp_path / "out" / "nh")
+    assert [x["step"] for x in m] == [1, 2] and all(x["train/grad_norm"] > 0 for x in m)
+    # the engines generate with the refitted weights: their logprobs match the policy's on every step
+    assert all(x["train/gen_vs_policy_logprob_absdiff"] < 1e-4 for x in m)
+    r = launch("export", str(tmp_path / "out" / "nh"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out" / "nh" / "export" / "step_000002"
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["NemotronHForCausalLM"]
+    trained = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    start = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()
+    assert trained.keys() == start.keys()
+    routers = [k for k in start if k.endswith("mixer.gate.weight")]
+    assert len(routers) == 2 and all(torch.equal(trained[k], start[k]) for k in routers)  # freeze_router
+    assert any(not torch.equal(trained[k], start[k]) for k in start)  # the two updates moved the other weights
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_sharded_checkpoint_resumes_on_one_rank(tmp_path):
+    """A checkpoint written by 2 FSDP2 ranks resumes on 1 (full, name-keyed files: any DP size reads them)."""
+    from helpers import launch, tiny_model
+
+    args = [f"model.path={tiny_model()}", "name=dp", *_user_dir(tmp_path)]
+    r = launch(*args, "cluster.cpu_workers_per_node=2", "grpo.max_steps=2", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = launch(*args, "cluster.cpu_workers_per_node=1", "grpo.max_steps=3", cwd=tmp_path)
+    assert r.returncode == 0 and "resuming from step_000002" in r.stdout and "finished at step 3" in r.stdout, \
+        r.stdout[-3000:] + r.stderr[-3000:]
+    assert [x["step"] for x in _metrics(tmp_path / "out" / "dp")][-1] == 3

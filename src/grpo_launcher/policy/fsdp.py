@@ -14,7 +14,7 @@ export` and a resume at another DP size read them as they are).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -42,6 +42,20 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return best
 
 
+def freeze_routers(model: nn.Module) -> list[str]:
+    """train.moe.freeze_router: the MoE routers' parameters (modules named *Router, or a block's `gate`; not
+    `gate_proj`) stop training. Returns their names; none found is an error (the key would do nothing)."""
+    names = []
+    for mod_name, mod in model.named_modules():
+        if "Router" in type(mod).__name__ or mod_name.endswith(".gate"):
+            for k, p in mod.named_parameters(recurse=False):
+                p.requires_grad_(False)
+                names.append(f"{mod_name}.{k}")
+    if not names:
+        raise ValueError(f"train.moe.freeze_router=true, but {type(model).__name__} has no router module")
+    return names
+
+
 def shard(model: nn.Module, bf16: bool, offload: bool = False) -> nn.Module:
     """fully_shard each decoder layer, then the root, in place (the default process group is the DP group).
 
@@ -66,17 +80,21 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_weights(model: nn.Module, dtype: torch.dtype | None = None,
-                 device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    """HF-named full weights on every rank (a collective), each cast to `dtype` and moved to `device` as soon as
-    it is gathered (so one full fp32 tensor at a time exists beside the result)."""
-    out = {}
+def iter_full_weights(model: nn.Module, dtype: torch.dtype | None = None,
+                      device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, full tensor) pairs, gathered one at a time as they are consumed (a collective: every rank
+    iterates to the end), each cast to `dtype` and moved to `device` at once."""
     for k, v in model.state_dict().items():
         gathered = isinstance(v, DTensor)
         full = (v.full_tensor() if gathered else v).detach()
         cast = dtype if dtype is not None and full.is_floating_point() else None
-        out[k] = full.to(device=device, dtype=cast, copy=device is not None and not gathered)
-    return out
+        yield k, full.to(device=device, dtype=cast, copy=device is not None and not gathered)
+
+
+def full_weights(model: nn.Module, dtype: torch.dtype | None = None,
+                 device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """HF-named full weights on every rank (a collective), as `iter_full_weights` gathers them."""
+    return dict(iter_full_weights(model, dtype, device))
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ copies the policy's weights into it in place (nothing at all when the engine sha
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -42,7 +42,7 @@ class HybridRollout:
         if self.engine.shared:
             return 0.0
         t0 = time.perf_counter()
-        self.engine.load_weights(self.hf_weights())  # collective for a sharded megatron model: every rank calls it
+        self.engine.load_weights(self.weight_items())  # collective for a sharded model: every rank calls it
         return (time.perf_counter() - t0) * 1e3
 
     @profiled("refit")
@@ -58,7 +58,7 @@ class HybridRollout:
         lead = getattr(self, "rank", 0) == 0
         if lead:
             ray.get([e.start_weight_update.remote() for e in engines])
-        vllm_compat.send_weights_ipc(self.hf_weights().items(),
+        vllm_compat.send_weights_ipc(self.weight_items(),
                                      lambda info: ray.get([e.update_weights_ipc.remote(info) for e in engines]),
                                      dtype=getattr(torch, vllm_compat.engine_dtype(self.spec, cuda=True)))
         if lead:
@@ -78,3 +78,8 @@ class HybridRollout:
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """HF-named full weights on the worker's device (each backend implements it)."""
         raise NotImplementedError
+
+    def weight_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The refit's (name, full tensor) pairs, in the same order on every rank; a backend whose weights are
+        sharded yields each as it is gathered (policy/torch_policy.py), so no full copy of the model is made."""
+        return iter(self.hf_weights().items())

@@ -13,7 +13,7 @@ import copy
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,8 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        if spec.train.moe.freeze_router and spec.model.num_experts:
+            fsdp.freeze_routers(self.model)
         # fp32 master weights; bf16 compute on GPUs when train.precision=bfloat16 (autocast, or FSDP2's policy)
         self.bf16 = spec.train.precision == Precision.bfloat16 and self.device.type == "cuda"
         self.sharded = world > 1  # FSDP2 over the DP ranks, applied once the process group exists
@@ -174,6 +176,12 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         if self.sharded:
             return fsdp.full_weights(self.model, dtype=engine_dtype(self.spec, self.device))
         return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def weight_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The refit's pairs; sharded: each weight gathered (in the engine's dtype) only when it is consumed."""
+        if self.sharded:
+            return fsdp.iter_full_weights(self.model, dtype=engine_dtype(self.spec, self.device))
+        return super().weight_items()
 
     def save(self, directory: str) -> None:
         """HF weights + optimizer state (full, name-keyed: any DP size resumes them) into a checkpoint's

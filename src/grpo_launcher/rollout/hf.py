@@ -19,6 +19,7 @@ cache (and the captured graphs) keep one shape from step to step.
 from __future__ import annotations
 
 import time
+from typing import Iterable
 
 import torch
 
@@ -110,14 +111,17 @@ class HFEngine:
         return new, rec.finish(new[:, -1])
 
     @torch.no_grad()
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Refit: copy HF-named tensors into the engine's parameters in place (any device, any dtype)."""
+    def load_weights(self, state: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Refit: copy HF-named tensors into the engine's parameters in place (any device, any dtype). `state`: a
+        dict, or (name, tensor) pairs consumed one at a time (a sharded policy gathers each as it is asked for)."""
         own = self.model.state_dict()
-        missing = [k for k in own if k not in state and not k.endswith("rotary_emb.inv_freq")]
+        seen = set()
+        for k, v in state.items() if isinstance(state, dict) else state:
+            own[k].copy_(v, non_blocking=True)
+            seen.add(k)
+        missing = [k for k in own if k not in seen and not k.endswith("rotary_emb.inv_freq")]
         if missing:
             raise KeyError(f"refit is missing {len(missing)} weights, e.g. {missing[:3]}")
-        for k, v in state.items():
-            own[k].copy_(v, non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 

@@ -28,8 +28,9 @@ over data parallelism). What *this* project's workers hold:
       they compute, in the compute dtype a (2 bf16 on GPUs, else 4): the root's (embedding, output layer,
       final norm) for the whole forward/backward, plus two layers (the running one and the prefetched one);
       the backward adds one layer's unsharded gradient in a and its fp32 copy for the reduce-scatter
-      ((a + 4) B × the largest layer). The refit gathers the full model in the engine's dtype on every rank
-      (`hf_weights`: a "refit" phase of its own).
+      ((a + 4) B × the largest layer). The refit to colocated engines gathers one full tensor at a time in the
+      engine's dtype (`weight_items`; the largest: the embedding, or a layer's fused experts), plus vLLM's
+      packed IPC buffer (rollout/vllm_compat.py, ≤ 1 GiB): a "refit" phase of its own.
   reference model (loss.kl_coef > 0): one more copy of the weights (megatron: model dtype; torch: fp32,
       sharded like the policy with DP > 1).
 
@@ -98,6 +99,7 @@ CUDA_CONTEXT_GIB = 0.75  # one process's CUDA context + cuBLAS handles outside t
 NCCL_GIB = 1.3  # NCCL communicators of one process: a distributed job, or megatron (NCCL even at world 1; 1.31 measured)
 VLLM_ACTIVATION_GIB = 1.5  # vLLM's profiled forward peak inside its budget (max_num_batched_tokens=8192)
 VLLM_CUDA_GRAPH_GIB = 1.0  # captured CUDA graphs (enforce_eager=false)
+IPC_BUFFER_BYTES = 2**30  # rollout/vllm_compat.py's packed buffer (vLLM's weight-transfer API)
 HOST_PROCESS_GIB = 2.0  # resident footprint of one GPU process (CUDA/torch/library pages)
 # Logits bytes per vocab entry: (per sequence token, per response token) for compute dtype bytes `a`. The
 # response gather saves its whole input for the backward (torch's gather_backward takes `self`), so the full
@@ -502,12 +504,20 @@ def _torch_fsdp(spec: RunSpec, est: Estimate, a: Arch, pc: ParamCounts, n: float
     it["fsdp gradient buffers"] = Item("fsdp gradient buffers", (act + 4) * layer,
                                        f"({act} + 4) B × {_fmt_params(layer)} (one layer's unsharded grad, fp32 "
                                        "reduce-scatter input)")
-    if spec.cluster.rollout_devices == 0:  # colocated engines refit from `hf_weights` on the device
+    if spec.cluster.rollout_devices == 0:  # colocated engines refit from `weight_items` on the device
         eb = 2 if est.use_gpus and spec.train.precision == Precision.bfloat16 else 4  # rollout.hf.engine_dtype
-        total = pc.total(a)
-        it["refit gather"] = Item("refit gather", eb * total, f"{_fmt_params(total)} × {eb} B (full weights in "
-                                  "the engine's dtype, gathered on every rank for the refit)")
+        big = largest_tensor(a)
+        ipc = min(IPC_BUFFER_BYTES, pc.total(a) * eb) if spec.rollout.backend == RolloutBackend.vllm else 0
+        it["refit gather"] = Item("refit gather", eb * big + ipc, f"{_fmt_params(big)} × {eb} B (the largest "
+                                  "tensor, gathered one at a time)" + (" + vLLM's IPC buffer" if ipc else ""))
     return 4 * n / dp
+
+
+def largest_tensor(a: Arch) -> int:
+    """Elements of the model's largest single tensor: the embedding / output layer, an MLP matrix, a Mamba
+    in_proj, or one MoE layer's routed experts (transformers stores them as one 3-D tensor)."""
+    mamba_in = a.hidden * (2 * a.d_inner + 2 * a.groups * a.state + a.mamba_heads) if a.mamba else 0
+    return max(a.vocab * a.hidden, a.hidden * a.ffn, a.experts * a.ffn * a.hidden, mamba_in)
 
 
 def kv_bytes_per_token(a: Arch, tp: int, dtype: int) -> float:
@@ -759,6 +769,8 @@ def violations(spec: RunSpec) -> list[Violation]:
                 "rollout.gpu_memory_utilization", "train.tensor_parallel_size", "cluster.nodes")
         if t.backend == TrainBackend.megatron and not t.activation_checkpointing:
             keys = (*keys, "train.activation_checkpointing")
+        if t.backend == TrainBackend.torch:  # data parallel only: no TP to raise
+            keys = tuple(k for k in keys if k != "train.tensor_parallel_size")
         out.append(Violation(
             "gpu_memory_fits", keys,
             f"peak per GPU {est.peak_gib:.1f} GiB > {c.gpu_memory_gib:g} GiB "
@@ -766,6 +778,8 @@ def violations(spec: RunSpec) -> list[Violation]:
             f"{est.policy_reserved_gib:.1f} ({parts}; + allocator slack) + rollout "
             f"{est.rollout_gib:.1f} + CUDA contexts {est.context_gib:.1f}",
             ("cheapest: " + "; or ".join(fixes)) if fixes else
-            "no single change found: lower the sequence length or raise several of the keys above"))
+            "no single change found: lower the sequence length or raise several of the keys above"
+            + ("; the torch backend has no context parallelism or activation checkpointing (train.backend=megatron "
+               "has both)" if t.backend == TrainBackend.torch else "")))
     return out
 

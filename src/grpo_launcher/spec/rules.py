@@ -952,6 +952,17 @@ def gym_available() -> bool:
     return installed()
 
 
+def _hybrid_kernels(family: str) -> str:
+    """What megatron's hybrid MambaModel would need beyond a mapping, where this machine lacks it."""
+    if family != "nemotron_h":
+        return ""
+    from importlib.util import find_spec
+
+    absent = [name for name, mod in (("mamba-ssm", "mamba_ssm"), ("Transformer Engine", "transformer_engine"))
+              if find_spec(mod) is None]
+    return f"; its Mamba layers also need {' and '.join(absent)}, not installed here" if absent else ""
+
+
 def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
     """(keys, what is missing, fix) for each part of the spec this build cannot run."""
     m = s.model
@@ -960,11 +971,18 @@ def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
 
         if m.family not in FAMILIES:
             yield (("model.family", "train.backend"), f"the megatron backend has no mapping for model.family="
-                   f"{m.family} (it maps {', '.join(FAMILIES)})", "use train.backend=torch (any transformers causal LM)")
+                   f"{m.family} (it maps {', '.join(FAMILIES)}){_hybrid_kernels(m.family)}",
+                   "use train.backend=torch (any transformers causal LM, nemotron_h included)")
         if s.cluster.gpus_per_node == 0 and not os.environ.get(CPU_SHIM_ENV):
             yield (("train.backend", "cluster.gpus_per_node"), "megatron-core hard-codes CUDA: the megatron backend "
                    f"needs GPUs (on CPU only this repo's tests run it, through the shim {CPU_SHIM_ENV} names)",
                    "use train.backend=torch on CPU, or set cluster.gpus_per_node")
+    moe = s.train.moe
+    if s.train.backend == TrainBackend.torch and m.num_experts and moe.load_balancing_type != "none" \
+            and moe.aux_loss_coeff > 0:
+        yield (("train.moe.aux_loss_coeff", "train.backend"), "the torch backend trains MoE models without a router "
+               f"balancing loss (train.moe.load_balancing_type={moe.load_balancing_type}, aux_loss_coeff="
+               f"{moe.aux_loss_coeff:g} are megatron's)", "set train.moe.aux_loss_coeff=0, or train.backend=megatron")
     if s.env.name == EnvName.nemo_gym and not gym_available():
         yield (("env.name",), "env=nemo_gym needs NeMo Gym and its resource servers, which this build does not "
                "have installed", "use env=toy|math|dataset, or install NeMo Gym (scripts/gym-install.sh)")
