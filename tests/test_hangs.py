@@ -99,13 +99,22 @@ import os, signal, sys, time
 from grpo_launcher.train.loop_state import StopRequest
 stop = StopRequest.install(grace_s=float(sys.argv[1]))
 print("ready", flush=True)
-while True:  # a step that never finishes
+while not stop.requested:  # a step that never finishes
+    signal.pause()
+if sys.argv[2] == "finishes":  # the step ends within the grace: the checkpoint (here: 2 x the grace) is not cut
+    stop.step_done()
+    end = time.monotonic() + 2 * stop.grace_s
+    while time.monotonic() < end:
+        time.sleep(0.05)
+    print("saved", flush=True)
+    sys.exit(stop.exit_code)
+while True:
     signal.pause()
 """
 
 
 def test_first_stop_signal_abandons_a_stuck_step_after_the_grace():
-    child = subprocess.Popen([PY, "-c", STOP_CHILD, "1.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([PY, "-c", STOP_CHILD, "1.5", "stuck"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         t0 = time.monotonic()
@@ -120,6 +129,37 @@ def test_first_stop_signal_abandons_a_stuck_step_after_the_grace():
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_step_that_finishes_in_the_grace_is_not_abandoned_after_it():
+    child = subprocess.Popen([PY, "-c", STOP_CHILD, "0.5", "finishes"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGINT)
+        rc = child.wait(timeout=60)
+        assert rc == ExitCode.INTERRUPTED and child.stdout.read().strip() == "saved", child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+class FakeHandle:
+    def __init__(self, hex_id: str) -> None:
+        self._actor_id = type("Id", (), {"hex": lambda _self: hex_id})()
+
+
+def test_a_dead_actor_is_named_by_its_actor_id():
+    from grpo_launcher.train.deadlines import died
+
+    a, b = FakeHandle("aa"), FakeHandle("bb")
+    exc = RuntimeError("The actor died unexpectedly before finishing this task.\nmore")
+    exc.actor_id = "bb"  # what Ray's ActorDiedError carries
+    d = died(exc, "update", 7, [], [a, b])
+    assert d.owner is b and str(d) == "died in phase update of step 7: The actor died unexpectedly before finishing " \
+                                      "this task."
+    assert died(RuntimeError("x"), "score", 1, [], [a]).owner is a  # no id: the wait's first actor
 
 
 # ------------------------------------------------------------------ real runs, a frozen worker
