@@ -84,6 +84,7 @@ def test_torch_backend_shards_with_fsdp2_over_dp():
     assert p["refit gather"].bytes == 2 * 32000 * 2048  # one tensor at a time: the largest, the embedding, bf16
     e = mem.estimate(s)
     assert e.phases["refit"] == pytest.approx((20 * n / 8 + 2 * 32000 * 2048) / mem.GIB)  # resident 20 B / 8
+    assert e.host["checkpoint gather (node 0)"].bytes == 12 * n  # full-state save: fp32 weights + m, v on rank 0
 
 
 def test_activation_bytes_per_token_per_layer():

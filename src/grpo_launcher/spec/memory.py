@@ -73,7 +73,9 @@ ALLOCATOR_SLACK × the phase's transient part).
 Host RAM per node: the Ray object store (cluster.object_store_memory_mb), each GPU process's own footprint
 (CUDA, torch and library pages), the model loaded on the CPU before it is moved to the GPU (every policy rank
 reads the whole HF checkpoint: torch in fp32, megatron in the checkpoint's dtype plus the converted copy),
-and the refit source: rank 0's `state_dict()` is the full model on the CPU, shipped to every engine.
+and the refit source: rank 0's `state_dict()` is the full model on the CPU, shipped to every engine. A
+sharded torch policy writes full-state checkpoints: rank 0 gathers the fp32 weights and AdamW state (12 B per
+parameter) on its host.
 
 Calibration: benchmarks/memory_gpu.py measures torch.cuda.max_memory_allocated / max_memory_reserved of
 the project's own policy workers on an H200 and prints them next to these predictions
@@ -601,12 +603,16 @@ def host_estimate(spec: RunSpec, est: Estimate) -> None:
     it["model load (start-up)"] = Item("model load (start-up)", load, how)
     it["refit copies (node 0)"] = Item("refit copies (node 0)", (ranks + 1) * total * refit_b,
                                        f"{ranks} rank(s)' state_dict() + the serialized copy sent to the engines")
+    if sharded:  # checkpoints are full-state: rank 0 gathers fp32 weights + AdamW m, v on its host to write them
+        it["checkpoint gather (node 0)"] = Item("checkpoint gather (node 0)", 12 * total,
+                                                f"{_fmt_params(total)} × (4 + 8) B (full weights + optimizer state)")
     files = [p for p in (spec.env.train_path, spec.env.val_path) if p]
     size = sum(os.path.getsize(p) for p in files if os.path.isfile(p))
     it["dataloader"] = Item("dataloader", 3 * size, "3 × the env's data files (parsed rows in the driver); "
                             "built-in generators ≈ 0" if files else "built-in prompt generator (≈ 0)")
     est.host_gib = gib(it["object store"].bytes + it["processes"].bytes + it["dataloader"].bytes
-                       + max(it["model load (start-up)"].bytes, it["refit copies (node 0)"].bytes))
+                       + max(it[k].bytes for k in ("model load (start-up)", "refit copies (node 0)",
+                                                   "checkpoint gather (node 0)") if k in it))
 
 
 def estimate(spec: RunSpec) -> Estimate:
