@@ -241,10 +241,10 @@ def spec_changes(meta: dict[str, Any], spec: RunSpec) -> dict[str, tuple[Any, An
     return out
 
 
-def record_spec_changes(run_dir: Path, meta: dict[str, Any], spec: RunSpec, tracker: Any = None,
+def record_spec_changes(run_dir: Path, meta: dict[str, Any], spec: RunSpec,
                         say: Callable[[str], None] = print) -> dict[str, tuple[Any, Any]]:
-    """A resume under a changed spec: one line in RUN_DIR/spec_changes.jsonl, a message, and in MLflow (params
-    are immutable there) a param `KEY/from_step_N` per changed key and the tag `grpo.spec_change/from_step_N`."""
+    """A resume under a changed spec: one line in RUN_DIR/spec_changes.jsonl and a message; the changes are
+    returned for MLflow (Tracker.log_spec_changes)."""
     changes = spec_changes(meta, spec)
     if not changes:
         return changes
@@ -255,18 +255,6 @@ def record_spec_changes(run_dir: Path, meta: dict[str, Any], spec: RunSpec, trac
         fh.write(json.dumps(line, default=str) + "\n")
     text = ", ".join(f"{k} {old!r} → {new!r}" for k, (old, new) in changes.items())
     say(f"grpo-launcher: resumed with changed keys, applied from step {step} (recorded in {SPEC_CHANGES}): {text}")
-    if tracker is not None:
-        from mlflow.entities import Param
-
-        from ..tracking.mlflow_tracker import MAX_PARAMS_PER_BATCH, chunks, param_value
-
-        params = [Param(f"{k}/from_step_{step}", param_value(new)) for k, (_, new) in changes.items()]
-        try:  # a second resume from the same step with other values: MLflow keeps the first (the file has both)
-            for part in chunks(params, MAX_PARAMS_PER_BATCH):
-                tracker.client.log_batch(tracker.run_id, params=part)
-            tracker.set_tag(f"grpo.spec_change/from_step_{step}", text[:5000])
-        except Exception as exc:  # noqa: BLE001 - the record is kept in the run dir either way
-            say(f"grpo-launcher: WARNING: MLflow kept the earlier spec change of step {step}: {exc}"[:300])
     return changes
 
 

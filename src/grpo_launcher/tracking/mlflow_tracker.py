@@ -248,6 +248,18 @@ class Tracker:
     def set_tag(self, key: str, value: Any) -> None:
         self.client.set_tag(self._run_id, key, str(value))
 
+    def log_spec_changes(self, step: int, changes: dict[str, tuple[Any, Any]]) -> None:
+        """Keys changed on a resume (params are immutable in MLflow): a param `KEY/from_step_N` per key and the tag
+        `grpo.spec_change/from_step_N`. A second resume from the same step keeps the first (the run dir has both)."""
+        text = ", ".join(f"{k} {old!r} → {new!r}" for k, (old, new) in changes.items())
+        params = [Param(f"{k}/from_step_{step}", param_value(new)) for k, (_, new) in changes.items()]
+        try:
+            for part in chunks(params, MAX_PARAMS_PER_BATCH):
+                self.client.log_batch(self._run_id, params=part)
+            self.set_tag(f"grpo.spec_change/from_step_{step}", text[:5000])
+        except MlflowException as exc:
+            print(f"grpo-launcher: MLflow kept the earlier spec change of step {step}: {exc}"[:300], flush=True)
+
     def close(self, status: str = "FINISHED") -> None:
         """Commit, then end the run. After a crash you mean to resume, call discard() before close("FAILED")."""
         if status not in STATUSES:

@@ -111,7 +111,9 @@ class LoopState:
         tracker = _tracker(spec, plan, run_id)
         from ..checkpoint.manager import record_spec_changes  # keys changed on relaunch: file, message, MLflow
 
-        record_spec_changes(plan.run_dir, meta, spec, tracker)
+        changes = record_spec_changes(plan.run_dir, meta, spec)
+        if tracker is not None and changes:
+            tracker.log_spec_changes(int(meta["step"]) + 1, changes)
         if tracker is not None and meta.get("pending_metrics"):
             # the checkpoint became visible but the process died before its MLflow commit: replay it
             sent = tracker.replay(meta["pending_metrics"])
