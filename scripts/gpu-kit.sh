@@ -55,7 +55,7 @@ if [ -n "${VLLM:-}" ]; then
     jiter lark==1.2.2 loguru msgspec openai partial-json-parser prometheus-fastapi-instrumentator pybase64 \
     pydantic pydantic-core pydantic-extra-types pydantic-settings typing-inspection annotated-types \
     python-json-logger python-multipart pyzmq setproctitle sniffio truststore httpx2 httpcore2 fastar \
-    openai-harmony xgrammar llguidance==1.6.1 "model-hosting-container-standards>=0.1.14,<1" jmespath supervisor
+    openai-harmony xgrammar apache-tvm-ffi llguidance==1.6.1 "model-hosting-container-standards>=0.1.14,<1" jmespath supervisor
   rm -rf "$out/parts" && mkdir -p "$out/parts"
   (cd "$out" && tar -cf - ./*.whl) | split -b "${SPLIT_MIB:-58}M" -d - "$out/parts/kit.tar."
   (cd "$out/parts" && sha256sum kit.tar.* > SHA256SUMS)
