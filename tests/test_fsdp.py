@@ -207,3 +207,51 @@ def test_sharded_checkpoint_resumes_on_one_rank(tmp_path):
     assert r.returncode == 0 and "resuming from step_000002" in r.stdout and "finished at step 3" in r.stdout, \
         r.stdout[-3000:] + r.stderr[-3000:]
     assert [x["step"] for x in _metrics(tmp_path / "out" / "dp")][-1] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_nemotron_h_two_rank_fsdp_update_equals_one_rank(tmp_path):
+    """The hybrid family (Mamba-2 state, top-2 routing: each rank routes its rows to other experts) under FSDP2:
+    the 2-rank update equals the unsharded 1-rank update on the same batch, as the dense one does in
+    tests/test_grpo_loop.py."""
+    import ray
+    from transformers import AutoTokenizer
+
+    from grpo_launcher.policy.torch_policy import TorchPolicyWorker, local_denominator
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.train.batch import Generation, collate, shard_rows
+    from nemotron_tiny import tiny_nemotron_h
+
+    model_dir = str(tiny_nemotron_h())
+    spec = load_spec([f"model.path={model_dir}", "train.micro_batch_size=4", "train.global_batch_size=16",
+                      f"output_root={tmp_path}"])
+    g = torch.Generator().manual_seed(0)
+    responses = [torch.randint(3, 250, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
+                 for _ in range(16)]
+    gens = [Generation(torch.randint(3, 250, (4,), generator=g).tolist(), r, [-1.0] * len(r), truncated=False)
+            for r in responses]
+    batch = collate(gens, torch.randn(16, generator=g), torch.ones(16),
+                    AutoTokenizer.from_pretrained(model_dir).pad_token_id)
+    ray.init(num_cpus=3, include_dashboard=False, object_store_memory=200 * 2**20)
+    try:
+        W = ray.remote(TorchPolicyWorker).options(num_cpus=1)
+        single, pair = W.remote(spec, model_dir, 0, 1), [W.remote(spec, model_dir, r, 2) for r in range(2)]
+        host, port = ray.get(pair[0].address.remote())
+        ray.get([w.init_distributed.remote(host, port) for w in pair])
+        prev, _ = ray.get(single.logprobs.remote(batch))
+        batch = batch.with_(prev_logprobs=prev)
+        halves = ray.get([w.logprobs.remote(batch.select(shard_rows(16, 2, r))) for r, w in enumerate(pair)])
+        den = local_denominator("token_mean", batch.response_mask * batch.sample_mask[:, None])
+        m1 = ray.get(single.update.remote([batch], [den]))
+        m2 = ray.get([w.update.remote([batch.select(shard_rows(16, 2, r))], [den]) for r, w in enumerate(pair)])
+        one, two = ray.get([single.state_dict.remote(), *[w.state_dict.remote() for w in pair]])[:2]
+    finally:
+        ray.shutdown()
+    mask = batch.response_mask.bool()
+    sharded_prev = torch.cat([h[0] for h in halves])  # shard_rows: contiguous halves
+    torch.testing.assert_close(sharded_prev[mask], prev[mask], rtol=1e-5, atol=1e-5)  # logprobs
+    assert abs(m1["loss"] - (m2[0]["loss"] + m2[1]["loss"])) < 1e-5
+    assert abs(m1["grad_norm"] - m2[0]["grad_norm"]) < 1e-4 * max(1.0, m1["grad_norm"]) and m1["grad_norm"] > 0
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-6)
