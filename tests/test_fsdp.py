@@ -95,6 +95,45 @@ def test_checkpoint_is_one_hf_directory_and_resumes_at_another_dp_size(one_rank_
     assert _step(back, back_opt, ids) == pytest.approx(_step(plain, plain_opt, ids), rel=1e-5)
 
 
+def _grads_and_saved_bytes(model, ids):
+    """(grads by name, bytes autograd saved for the backward) of one next-token loss."""
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(input_ids=ids, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor() if hasattr(p.grad, "full_tensor")
+             else p.grad for n, p in model.named_parameters()}
+    return grads, sum(saved)
+
+
+def test_activation_checkpointing_same_grads_fewer_saved_bytes(one_rank_group):
+    """train.activation_checkpointing: the layers keep their inputs only; the gradients are the same, plain or
+    sharded, and the names (state dict, optimizer, refit) are the model's own."""
+    from grpo_launcher.policy import fsdp
+
+    path = tiny_model()
+    ids = torch.randint(3, 500, (4, 32), generator=torch.Generator().manual_seed(3))
+    ref, full_bytes = _grads_and_saved_bytes(_model(path), ids)
+    ckpt = _model(path)
+    assert fsdp.checkpoint_layers(ckpt) == ckpt.config.num_hidden_layers
+    assert ckpt.state_dict().keys() == _model(path).state_dict().keys()
+    grads, ckpt_bytes = _grads_and_saved_bytes(ckpt, ids)
+    assert ckpt_bytes < full_bytes / 2  # (the logits and the embedding's output dominate what is left)
+    sharded = _model(path)
+    fsdp.checkpoint_layers(sharded)
+    assert len(fsdp.decoder_layers(sharded)) == 2  # the wrappers: fully_shard goes around the checkpointed block
+    sharded_grads, _ = _grads_and_saved_bytes(fsdp.shard(sharded, bf16=False), ids)
+    for k in ref:
+        torch.testing.assert_close(grads[k], ref[k], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(sharded_grads[k], ref[k], rtol=1e-5, atol=1e-7)
+
+
 # ------------------------------------------------------------------ pre-flight: nemotron_h on the torch backend
 
 NANO_TORCH = ["+recipe=nanov3", "cluster=slurm", "dry_run=true", "train.backend=torch", "train.tensor_parallel_size=1",
@@ -135,6 +174,14 @@ def test_nanov3_on_torch_is_refused_for_memory_only_with_the_fsdp_figures():
     assert v.rule == "gpu_memory_fits" and "in the train phase" in v.message
     assert "weights 0.5" in v.message  # 31.6e9 params × 4 B / DP 256 = 0.49 GiB
     assert "train.tensor_parallel_size" not in v.keys  # the torch backend has none to raise
+    assert "logits 79.0" in v.message  # [49152 tok, V 131072] in bf16 and their fp32 log-softmax: no CP here
+    short = [*NANO_TORCH, "rollout.max_new_tokens=4096", "rollout.max_model_len=8192",
+             "train.max_total_sequence_length=8192"]
+    from grpo_launcher.spec import memory as mem
+
+    e = mem.estimate(load_spec(short))  # 8192-token sequences: FSDP2 over 256 H100s fits, with the engines
+    assert e.fits and e.peak_gib < 79.6 and e.policy["weights"].gib < 0.5
+    assert set(_gaps(short)) <= {"train.sequence_packing", "env.name"}  # packing; Gym where not installed
 
 
 # ------------------------------------------------------------------ through launch.py (slow)
@@ -167,7 +214,7 @@ def _metrics(run_dir):
 @pytest.mark.slow
 def test_nemotron_h_trains_on_two_fsdp_ranks_and_exports(tmp_path):
     """model.family=nemotron_h (Mamba-2 / MoE / attention, pure torch) through launch.py on 2 CPU ranks: FSDP2
-    update (routers frozen, as the recipe asks), the hybrid engines refit from the gathered weights, a checkpoint
+    update (routers frozen, layers checkpointed, as the recipe asks), the hybrid engines refit from the gathered weights, a checkpoint
     exported as one HF directory."""
     from transformers import AutoModelForCausalLM
 
@@ -176,7 +223,7 @@ def test_nemotron_h_trains_on_two_fsdp_ranks_and_exports(tmp_path):
 
     model = tiny_nemotron_h()
     r = launch(f"model.path={model}", "cluster.cpu_workers_per_node=2", "grpo.max_steps=2", "name=nh",
-               "train.moe.freeze_router=true", *_user_dir(tmp_path), cwd=tmp_path)
+               "train.moe.freeze_router=true", "train.activation_checkpointing=true", *_user_dir(tmp_path), cwd=tmp_path)
     assert r.returncode == 0 and "finished at step 2" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
     m = _metrics(tmp_path / "out" / "nh")
     assert [x["step"] for x in m] == [1, 2] and all(x["train/grad_norm"] > 0 for x in m)
@@ -225,7 +272,7 @@ def test_nemotron_h_two_rank_fsdp_update_equals_one_rank(tmp_path):
 
     model_dir = str(tiny_nemotron_h())
     spec = load_spec([f"model.path={model_dir}", "train.micro_batch_size=4", "train.global_batch_size=16",
-                      f"output_root={tmp_path}"])
+                      "train.activation_checkpointing=true", f"output_root={tmp_path}"])
     g = torch.Generator().manual_seed(0)
     responses = [torch.randint(3, 250, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
                  for _ in range(16)]

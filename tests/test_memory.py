@@ -119,6 +119,19 @@ def test_activation_checkpointing_keeps_layer_inputs():
     assert e.policy["activation work"].bytes == 2 * 112_640 * tokens
 
 
+def test_torch_activation_checkpointing_keeps_layer_inputs():
+    """The torch worker's checkpointed layers keep their input: fp32 (4·h) on one rank (fp32 residual stream),
+    bf16 (2·h) under FSDP2's bf16 compute; one layer re-materialised (108,544 B/token, the module doc) + its grads."""
+    base = RunSpec(model=LLAMA_1B, train=TrainSpec(precision=Precision.bfloat16, micro_batch_size=2,
+                                                   max_total_sequence_length=1024, activation_checkpointing=True))
+    tokens = 2 * 1024
+    final = 8 * 2048 + 2 * 2048 + 2 * 4 * 128  # final norm (fp32) + the output layer's bf16 input, RoPE cos/sin
+    for gpus, res in ((1, 4), (8, 2)):
+        e = mem.estimate(replace(base, cluster=replace(base.cluster, gpus_per_node=gpus)))
+        assert e.policy["activations"].bytes == 24 * res * 2048 * tokens + final * tokens
+        assert e.policy["activation work"].bytes == 2 * 108_544 * tokens
+
+
 def test_logits_peak_vocab_times_tokens():
     s = RunSpec(model=LLAMA_1B, train=TrainSpec(backend=TrainBackend.megatron, precision=Precision.bfloat16,
                                                 micro_batch_size=1, max_total_sequence_length=4096))

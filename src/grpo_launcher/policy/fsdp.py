@@ -18,6 +18,8 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl, CheckpointWrapper,
+                                                                         apply_activation_checkpointing)
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
@@ -30,9 +32,15 @@ FULL_ON_RANK0_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)  # 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The model's repeated blocks: the classes it lists in `_no_split_modules` (every HF model does), else the
-    children of its longest nn.ModuleList."""
+    children of its longest nn.ModuleList. A block wrapped for activation checkpointing is found as its wrapper."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    found = [m for m in model.modules() if type(m).__name__ in names]
+    found: list[nn.Module] = []
+    inside: set[int] = set()
+    for m in model.modules():  # pre-order: a wrapper comes before the block it wraps
+        inner = m._checkpoint_wrapped_module if isinstance(m, CheckpointWrapper) else m
+        if id(m) not in inside and type(inner).__name__ in names:
+            found.append(m)
+            inside.update(id(x) for x in m.modules())
     if found:
         return found
     best: list[nn.Module] = []
@@ -40,6 +48,17 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
         if isinstance(m, nn.ModuleList) and len(m) > len(best):
             best = list(m.children())
     return best
+
+
+def checkpoint_layers(model: nn.Module) -> int:
+    """train.activation_checkpointing: each decoder layer keeps only its input for the backward and recomputes
+    the rest (torch's non-reentrant checkpoint wrapper; works in eval mode, unlike transformers' own switch,
+    so dropout stays off). Parameter and state-dict names are unchanged. Returns the number of layers wrapped."""
+    layers = {id(m) for m in decoder_layers(model)}
+    apply_activation_checkpointing(model, check_fn=lambda m: id(m) in layers,
+                                   checkpoint_wrapper_fn=lambda m: CheckpointWrapper(
+                                       m, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+    return len(layers)
 
 
 def freeze_routers(model: nn.Module) -> list[str]:

@@ -43,11 +43,13 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         if spec.train.moe.freeze_router and spec.model.num_experts:
             fsdp.freeze_routers(self.model)
+        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if spec.loss.kl_coef > 0 else None
+        if spec.train.activation_checkpointing:  # the policy only: the reference has no backward
+            fsdp.checkpoint_layers(self.model)
         # fp32 master weights; bf16 compute on GPUs when train.precision=bfloat16 (autocast, or FSDP2's policy)
         self.bf16 = spec.train.precision == Precision.bfloat16 and self.device.type == "cuda"
         self.sharded = world > 1  # FSDP2 over the DP ranks, applied once the process group exists
         self.autocast = self.bf16 and not self.sharded
-        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if spec.loss.kl_coef > 0 else None
         if not self.sharded:
             self._build_optimizer()
         # an fp32 CPU run generates with the policy model itself (a sharded model cannot: its forward is a
@@ -92,7 +94,8 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         L = b.input_ids.shape[1]
         keep = L - int(b.prompt_lens.min()) + 1  # positions L-keep .. L-1 hold every response prediction
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=keep).logits
+            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=keep,
+                           use_cache=False).logits  # no KV cache to build (and none to update twice under AC)
         return response_logits(logits, b.prompt_lens - (L - keep), b.response_ids.shape[1]) / self.spec.rollout.temperature
 
     @torch.no_grad()

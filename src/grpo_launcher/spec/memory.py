@@ -123,14 +123,14 @@ HYBRID_LAYOUTS: dict[tuple[str, int], dict] = {
 
 
 RESIDENT = ("weights", "grads", "optimizer", "reference")
+FSDP_PARTS = ("fsdp gathered weights", "fsdp gradient buffers")  # torch with FSDP2 (DP > 1) only
 PHASE_PARTS = {  # what the policy holds in each phase (the engine's budget stays claimed in all of them)
     "generate": RESIDENT,
-    "logprobs": (*RESIDENT, "autocast copies", "logprob logits"),
-    "train": (*RESIDENT, "autocast copies", "activations", "activation work", "logits"),
+    "logprobs": (*RESIDENT, "autocast copies", "fsdp gathered weights", "logprob logits"),
+    "train": (*RESIDENT, "autocast copies", *FSDP_PARTS, "activations", "activation work", "logits"),
     "optimizer step": (*RESIDENT, "optimizer step temp"),
     "refit": (*RESIDENT, "refit gather"),  # torch with FSDP2 only
 }
-FSDP_PARTS = ("fsdp gathered weights", "fsdp gradient buffers")
 
 
 def dtype_bytes(p: Precision) -> int:
@@ -427,12 +427,13 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
         if lo.kl_coef > 0:
             add("reference", 4 * n, f"loss.kl_coef={lo.kl_coef:g}: {P} × 4 B (fp32 copy)")
         step_tmp = 4 * n
-    if backend == "torch" and t.activation_checkpointing:
-        est.notes.append("train.activation_checkpointing is not implemented by the torch worker: counted as off")
     add("optimizer step temp", step_tmp, "4 B × optimizer params (foreach AdamW's sqrt(v))")
 
     # activations of one micro-batch on this rank
-    ckpt = t.activation_checkpointing and backend == "megatron"
+    ckpt = t.activation_checkpointing
+    # a layer's input under full recompute: megatron's and FSDP2's residual stream is in the compute dtype, the
+    # unsharded torch worker's in fp32 (its master weights; autocast casts only inside the linears)
+    res = act if backend == "megatron" or lay.dp > 1 else 4
     seq, resp = t.max_total_sequence_length, spec.rollout.max_new_tokens
     tokens = t.micro_batch_size * seq / lay.cp
     rtokens = t.micro_batch_size * resp / lay.cp
@@ -448,8 +449,8 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     else:
         final = (4 * a.hidden + 3 * act * a.hidden) / rep + 4 * a.head_dim
     if ckpt:
-        stored = len(stage) * act * a.hidden / rep * tokens * in_flight
-        how = f"{len(stage)} layers × {act}·h B (layer inputs, full recompute) × {tokens:.0f} tok"
+        stored = len(stage) * res * a.hidden / rep * tokens * in_flight
+        how = f"{len(stage)} layers × {res}·h B (layer inputs, full recompute) × {tokens:.0f} tok"
         work = 2 * max(stage) * tokens
     else:
         stored = sum(stage) * tokens * in_flight
@@ -720,7 +721,7 @@ def _fixes(spec: RunSpec, est: Estimate) -> list[str]:
         while lb >= 1 and not attempt(f"train.logprob_batch_size={lb}",
                                       _with(spec, "train", logprob_batch_size=lb)):
             lb //= 2
-    if t.backend == TrainBackend.megatron and not t.activation_checkpointing:
+    if not t.activation_checkpointing:
         attempt("train.activation_checkpointing=true", _with(spec, "train", activation_checkpointing=True))
     if t.backend == TrainBackend.megatron and not t.distributed_optimizer and layout_of(spec).dp > 1:
         attempt("train.distributed_optimizer=true", _with(spec, "train", distributed_optimizer=True))
@@ -773,7 +774,7 @@ def violations(spec: RunSpec) -> list[Violation]:
         t = spec.train
         keys = ("cluster.gpu_memory_gib", "train.micro_batch_size", "train.max_total_sequence_length",
                 "rollout.gpu_memory_utilization", "train.tensor_parallel_size", "cluster.nodes")
-        if t.backend == TrainBackend.megatron and not t.activation_checkpointing:
+        if not t.activation_checkpointing:
             keys = (*keys, "train.activation_checkpointing")
         if t.backend == TrainBackend.torch:  # data parallel only: no TP to raise
             keys = tuple(k for k in keys if k != "train.tensor_parallel_size")
@@ -785,7 +786,7 @@ def violations(spec: RunSpec) -> list[Violation]:
             f"{est.rollout_gib:.1f} + CUDA contexts {est.context_gib:.1f}",
             ("cheapest: " + "; or ".join(fixes)) if fixes else
             "no single change found: lower the sequence length or raise several of the keys above"
-            + ("; the torch backend has no context parallelism or activation checkpointing (train.backend=megatron "
-               "has both)" if t.backend == TrainBackend.torch else "")))
+            + ("; the torch backend has no context parallelism (train.backend=megatron has)"
+               if t.backend == TrainBackend.torch else "")))
     return out
 
