@@ -93,6 +93,10 @@ def test_checkpoint_is_one_hf_directory_and_resumes_at_another_dp_size(one_rank_
     back_opt = torch.optim.AdamW(back.parameters(), lr=1e-3)
     fsdp.load_state(back, back_opt, plain.state_dict(), fsdp.optimizer_state(plain, plain_opt))
     assert _step(back, back_opt, ids) == pytest.approx(_step(plain, plain_opt, ids), rel=1e-5)
+    old = fsdp.shard(_model(path), bf16=False)  # a checkpoint of before FSDP2: torch's index-keyed layout
+    old_opt = torch.optim.AdamW(old.parameters(), lr=1e-3)
+    fsdp.load_state(old, old_opt, plain.state_dict(), plain_opt.state_dict())
+    assert _step(old, old_opt, ids) == pytest.approx(_step(plain, plain_opt, ids), rel=1e-5)
 
 
 def _grads_and_saved_bytes(model, ids):

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl, CheckpointWrapper,
                                                                          apply_activation_checkpointing)
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX as CHECKPOINT_PREFIX
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
@@ -133,15 +134,23 @@ def load_state(model: nn.Module, opt: torch.optim.Optimizer, weights: dict[str, 
                optim: dict[str, Any]) -> None:
     """Full weights and full (name-keyed) optimizer state into a sharded or unsharded model; each rank keeps
     its shard."""
+    optim = named_optimizer_state(model, optim)
     if is_sharded(model):
         set_model_state_dict(model, weights, options=FULL)
         set_optimizer_state_dict(model, opt, optim, options=FULL)
         return
     model.load_state_dict(weights, strict=True)
-    if all(isinstance(k, int) for k in optim.get("state", {})) and optim.get("state"):
-        opt.load_state_dict(optim)  # a checkpoint of the earlier layout (index-keyed, unsharded only)
-    else:
-        set_optimizer_state_dict(model, opt, optim)
+    set_optimizer_state_dict(model, opt, optim)
+
+
+def named_optimizer_state(model: nn.Module, optim: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer state keyed by parameter names. Checkpoints written before FSDP2 hold torch's own layout
+    (keyed by the index in model.parameters()): mapped to the names in that order."""
+    if not optim.get("state") or not all(isinstance(k, int) for k in optim["state"]):
+        return optim
+    names = [n.replace(CHECKPOINT_PREFIX, "") for n, _ in model.named_parameters()]
+    return {"state": {names[i]: v for i, v in optim["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optim["param_groups"]]}
 
 
 def save_hf(model: nn.Module, state: dict[str, torch.Tensor] | None, path: Path) -> None:
