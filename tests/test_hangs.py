@@ -156,10 +156,10 @@ def test_a_dead_actor_is_named_by_its_actor_id():
     a, b = FakeHandle("aa"), FakeHandle("bb")
     exc = RuntimeError("The actor died unexpectedly before finishing this task.\nmore")
     exc.actor_id = "bb"  # what Ray's ActorDiedError carries
-    d = died(exc, "update", 7, [], [a, b])
+    d = died(exc, "update", 7, [a, b])
     assert d.owner is b and str(d) == "died in phase update of step 7: The actor died unexpectedly before finishing " \
                                       "this task."
-    assert died(RuntimeError("x"), "score", 1, [], [a]).owner is a  # no id: the wait's first actor
+    assert died(RuntimeError("x"), "score", 1, [a]).owner is a  # no id: the wait's first actor
 
 
 # ------------------------------------------------------------------ real runs, a frozen worker

@@ -63,7 +63,7 @@ class ActorDied(Exception):
         self.phase, self.step, self.owner = phase, step, owner
 
 
-def died(exc: Exception, phase: str, step: int, refs: list, owners: Sequence[Any]) -> ActorDied:
+def died(exc: Exception, phase: str, step: int, owners: Sequence[Any]) -> ActorDied:
     """The ActorDied of Ray's ActorDiedError (its actor_id names the owner; else the first owner)."""
     aid = getattr(exc, "actor_id", None)
     owner = next((o for o in owners if getattr(getattr(o, "_actor_id", None), "hex", lambda: None)() == aid),
@@ -117,7 +117,7 @@ class PhaseClock:
         except ray.exceptions.GetTimeoutError:
             raise self.hung(phase, refs, owners, time.monotonic() - t0) from None
         except ray.exceptions.ActorDiedError as exc:
-            raise died(exc, phase, self.step, refs, owners) from exc
+            raise died(exc, phase, self.step, owners) from exc
         self.record(phase, time.monotonic() - t0)
         return out
 
