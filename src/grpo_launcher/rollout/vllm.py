@@ -284,8 +284,10 @@ class VLLMRolloutWorker(VersionedEngine):
             self._call(self._astart_update())
 
     async def _astart_update(self) -> None:
-        await self.engine.pause_generation(mode="wait", clear_cache=True)
-        await vllm_compat.astart_update(self.engine)
+        engine = self.engine
+        assert engine is not None  # the async engine: self.llm is None
+        await engine.pause_generation(mode="wait", clear_cache=True)
+        await vllm_compat.astart_update(engine)
 
     def update_weights_ipc(self, update_info: dict) -> None:
         """One packed buffer of the policy's weights, as CUDA IPC handles; loaded (copied) before returning, so
@@ -310,13 +312,15 @@ class VLLMRolloutWorker(VersionedEngine):
         return self.last_refit_ms
 
     async def _afinish_update(self, version: int | None) -> None:
+        engine = self.engine
+        assert engine is not None  # the async engine: self.llm is None
         try:
-            await vllm_compat.afinish_update(self.engine)
-            await self.engine.reset_prefix_cache()
+            await vllm_compat.afinish_update(engine)
+            await engine.reset_prefix_cache()
             if version is not None:
                 self.version = version
         finally:
-            await self.engine.resume_generation()
+            await engine.resume_generation()
 
     def stage_weights(self, state_dict: dict, version: int) -> int:
         """grpo.async_grpo.in_flight_weight_updates (runs beside a generate call: the "weights" concurrency

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 if TYPE_CHECKING:
     import torch
 
+    from ..spec.schema import RunSpec
+
 IPC_BUFFER_BYTES = 1 << 30  # vLLM's default packed-buffer size: the weights cross in chunks of at most this
 
 
@@ -67,7 +69,7 @@ def environment_defaults() -> None:
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
 
-def engine_dtype(spec, cuda: bool) -> str:
+def engine_dtype(spec: RunSpec, cuda: bool) -> str:
     """The engine's dtype: on CUDA the run's compute precision (bf16 for train.precision=bfloat16, as the hybrid HF
     engine keeps it; vLLM's flash-attention kernels take no fp32), else model.dtype."""
     if cuda and spec.train.precision.value == "bfloat16":
@@ -76,27 +78,27 @@ def engine_dtype(spec, cuda: bool) -> str:
 
 
 # ------------------------------------------------------------------ engine side (the rollout actor)
-def start_update(llm) -> None:
+def start_update(llm: Any) -> None:
     llm.collective_rpc("start_weight_update")
 
 
-def apply_update(llm, update_info: dict) -> None:
+def apply_update(llm: Any, update_info: dict) -> None:
     llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
 
 
-def finish_update(llm) -> None:
+def finish_update(llm: Any) -> None:
     llm.collective_rpc("finish_weight_update")
 
 
-async def astart_update(engine) -> None:
+async def astart_update(engine: Any) -> None:
     await engine.collective_rpc("start_weight_update")
 
 
-async def aapply_update(engine, update_info: dict) -> None:
+async def aapply_update(engine: Any, update_info: dict) -> None:
     await engine.collective_rpc("update_weights", kwargs={"update_info": update_info})
 
 
-async def afinish_update(engine) -> None:
+async def afinish_update(engine: Any) -> None:
     await engine.collective_rpc("finish_weight_update")
 
 
