@@ -772,8 +772,8 @@ def violations(spec: RunSpec) -> list[Violation]:
         parts = ", ".join(f"{k} {p[k].gib:.1f}" for k in PHASE_PARTS[est.peak_phase] if k in p)
         fixes = _fixes(spec, est)
         t = spec.train
-        keys = ("cluster.gpu_memory_gib", "train.micro_batch_size", "train.max_total_sequence_length",
-                "rollout.gpu_memory_utilization", "train.tensor_parallel_size", "cluster.nodes")
+        keys: tuple[str, ...] = ("cluster.gpu_memory_gib", "train.micro_batch_size", "train.max_total_sequence_length",
+                                 "rollout.gpu_memory_utilization", "train.tensor_parallel_size", "cluster.nodes")
         if not t.activation_checkpointing:
             keys = (*keys, "train.activation_checkpointing")
         if t.backend == TrainBackend.torch:  # data parallel only: no TP to raise
