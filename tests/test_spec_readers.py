@@ -137,6 +137,7 @@ PREFLIGHT_ONLY = {
     "model.num_experts": "expert_parallelism",  # architecture facts (from config.json with model.path) the rules
     "model.moe_top_k": "megatron_moe",  # check; the workers read the checkpoint's own config
     "train.max_total_sequence_length": "sequence_lengths",  # the bound prompt + generation budgets must fit
+    "cluster.untested_versions": "build_implements_run",  # the version gate's override (spec/versions.py)
 }
 # Labels: recorded (spec.yaml, MLflow params) so a run says which preset it used; nothing else needs them.
 LABELS = {"loss.name": "the loss preset (conf/loss/NAME.yaml) a run used"}

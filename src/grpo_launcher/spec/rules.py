@@ -30,6 +30,7 @@ from ..plan import (
     world_size,
 )
 from .errors import ConfigError, Violation
+from .versions import untested
 from .schema import (
     Aggregation,
     ClusterKind,
@@ -983,6 +984,9 @@ def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
         yield (("train.moe.aux_loss_coeff", "train.backend"), "the torch backend trains MoE models without a router "
                f"balancing loss (train.moe.load_balancing_type={moe.load_balancing_type}, aux_loss_coeff="
                f"{moe.aux_loss_coeff:g} are megatron's)", "set train.moe.aux_loss_coeff=0, or train.backend=megatron")
+    for package, why in untested(s):
+        yield (("cluster.untested_versions",), f"{why} (this interpreter's, which the run uses)",
+               f"install a tested {package} (src/grpo_launcher/spec/versions.py), or set cluster.untested_versions=true")
     if s.env.name == EnvName.nemo_gym and not gym_available():
         yield (("env.name",), "env=nemo_gym needs NeMo Gym and its resource servers, which this build does not "
                "have installed", "use env=toy|math|dataset, or install NeMo Gym (scripts/gym-install.sh)")

@@ -266,6 +266,8 @@ class ClusterSpec:
     env_passthrough: list[str] = field(default_factory=list)  # names only, never values
     # interpreter on the compute nodes (its ray CLI too); null = the one running launch.py
     python: Optional[str] = None
+    # true: launch although vLLM/torch/transformers/megatron-core/Ray lie outside the tested ranges (spec/versions.py)
+    untested_versions: bool = False
     ray_port: int = 6379  # first port of the fixed Ray port block (see launch/sbatch.py)
     ray_temp_dir: str = "/tmp/ray"  # short: AF_UNIX socket paths are capped at 107 bytes
     ray_join_timeout_s: int = 300
