@@ -9,8 +9,9 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_PY = ROOT / "launch.py"
@@ -54,3 +55,37 @@ def share_models(root: Path) -> Path:
     if not (root / ".models").exists():
         (root / ".models").symlink_to(MODEL_CACHE)
     return root
+
+
+def check_train_data_record(rec: dict, eos: int, version: int) -> None:
+    """One row of a real step's train-data log (toy env, sync GRPO: samples from the policy of `version`)."""
+    from grpo_launcher.tracking import FIELDS
+
+    assert set(rec) == set(FIELDS)
+    n = len(rec["token_ids"])
+    assert len(rec["token_loss_mask"]) == len(rec["generation_logprobs"]) == len(rec["prev_logprobs"]) == n
+    p = rec["token_loss_mask"].index(1)
+    assert set(rec["token_loss_mask"][:p]) == {0} and set(rec["token_loss_mask"][p:]) == {1}
+    gen, prev = rec["generation_logprobs"][p:], rec["prev_logprobs"][p:]
+    assert max(abs(a - b) for a, b in zip(gen, prev)) < 1e-3  # the engine and the trainer agree
+    assert rec["truncated"] == (rec["token_ids"][-1] != eos)  # no EOS ⇔ truncated
+    assert rec["agent_ref"] == "toy/reverse_digits" and rec["sample_loss_mask"] == 1
+    assert (rec["policy_version"], rec["policy_version_last"], rec["age"]) == (version, version, 0)
+
+
+@contextmanager
+def policy_ranks(spec: Any, model_dir: str) -> Iterator[tuple[Any, list[Any]]]:
+    """In a local Ray (shut down on exit): one TorchPolicyWorker alone, and two forming a 2-rank process group."""
+    import ray
+
+    from grpo_launcher.policy.torch_policy import TorchPolicyWorker
+
+    ray.init(num_cpus=3, include_dashboard=False, object_store_memory=200 * 2**20)
+    try:
+        W = ray.remote(TorchPolicyWorker).options(num_cpus=1)
+        single, pair = W.remote(spec, model_dir, 0, 1), [W.remote(spec, model_dir, r, 2) for r in range(2)]
+        host, port = ray.get(pair[0].address.remote())
+        ray.get([w.init_distributed.remote(host, port) for w in pair])
+        yield single, pair
+    finally:
+        ray.shutdown()

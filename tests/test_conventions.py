@@ -7,34 +7,17 @@ from __future__ import annotations
 import os
 import shlex
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from helpers import ROOT, launch, share_models
+from helpers import launch, share_models
 
 SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "train.global_batch_size=16",
          "train.micro_batch_size=8", "train.logprob_batch_size=16", "grpo.val_batch_size=8",
          "rollout.max_new_tokens=6"]
-
-
-@pytest.fixture
-def launch_here(monkeypatch, capsys):
-    """launch.py's main in this process, from `cwd` (no subprocess start-up)."""
-    monkeypatch.syspath_prepend(str(ROOT))
-    import launch as launch_py
-
-    def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-        monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        code = launch_py.main(list(args))
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["launch.py", *args], code, out, err)
-
-    return run
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import tiny_model
+from helpers import policy_ranks, tiny_model
 
 
 @pytest.fixture
@@ -269,7 +269,7 @@ def test_nemotron_h_two_rank_fsdp_update_equals_one_rank(tmp_path):
     import ray
     from transformers import AutoTokenizer
 
-    from grpo_launcher.policy.torch_policy import TorchPolicyWorker, local_denominator
+    from grpo_launcher.policy.torch_policy import local_denominator
     from grpo_launcher.spec.compose import load_spec
     from grpo_launcher.train.batch import Generation, collate, shard_rows
     from nemotron_tiny import tiny_nemotron_h
@@ -284,12 +284,7 @@ def test_nemotron_h_two_rank_fsdp_update_equals_one_rank(tmp_path):
             for r in responses]
     batch = collate(gens, torch.randn(16, generator=g), torch.ones(16),
                     AutoTokenizer.from_pretrained(model_dir).pad_token_id)
-    ray.init(num_cpus=3, include_dashboard=False, object_store_memory=200 * 2**20)
-    try:
-        W = ray.remote(TorchPolicyWorker).options(num_cpus=1)
-        single, pair = W.remote(spec, model_dir, 0, 1), [W.remote(spec, model_dir, r, 2) for r in range(2)]
-        host, port = ray.get(pair[0].address.remote())
-        ray.get([w.init_distributed.remote(host, port) for w in pair])
+    with policy_ranks(spec, model_dir) as (single, pair):
         prev, _ = ray.get(single.logprobs.remote(batch))
         batch = batch.with_(prev_logprobs=prev)
         halves = ray.get([w.logprobs.remote(batch.select(shard_rows(16, 2, r))) for r, w in enumerate(pair)])
@@ -297,8 +292,6 @@ def test_nemotron_h_two_rank_fsdp_update_equals_one_rank(tmp_path):
         m1 = ray.get(single.update.remote([batch], [den]))
         m2 = ray.get([w.update.remote([batch.select(shard_rows(16, 2, r))], [den]) for r, w in enumerate(pair)])
         one, two = ray.get([single.state_dict.remote(), *[w.state_dict.remote() for w in pair]])[:2]
-    finally:
-        ray.shutdown()
     mask = batch.response_mask.bool()
     sharded_prev = torch.cat([h[0] for h in halves])  # shard_rows: contiguous halves
     torch.testing.assert_close(sharded_prev[mask], prev[mask], rtol=1e-5, atol=1e-5)  # logprobs

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, share_models, tiny_model, wait_until
+from helpers import ROOT, check_train_data_record, share_models, tiny_model, wait_until
 
 pytestmark = pytest.mark.slow
 NAME = "tiny-grpo"
@@ -110,8 +110,6 @@ def test_output_is_quiet(golden):
 def test_train_data_log_fields_on_real_steps(golden):
     from transformers import AutoTokenizer
 
-    from grpo_launcher.tracking import FIELDS
-
     eos = AutoTokenizer.from_pretrained(tiny_model()).eos_token_id
     logs = sorted((golden["run_dir"] / "train_data").glob("train_data_step_*.jsonl"))
     assert [int(p.stem.rsplit("_", 1)[1]) for p in logs] == list(range(1, 151))
@@ -119,14 +117,4 @@ def test_train_data_log_fields_on_real_steps(golden):
         lines = path.read_text().splitlines()
         assert len(lines) == 16 * 8
         for rec in map(json.loads, lines):
-            assert set(rec) == set(FIELDS)
-            n = len(rec["token_ids"])
-            assert len(rec["token_loss_mask"]) == len(rec["generation_logprobs"]) == len(rec["prev_logprobs"]) == n
-            p = rec["token_loss_mask"].index(1)
-            assert set(rec["token_loss_mask"][:p]) == {0} and set(rec["token_loss_mask"][p:]) == {1}
-            gen, prev = rec["generation_logprobs"][p:], rec["prev_logprobs"][p:]
-            assert max(abs(a - b) for a, b in zip(gen, prev)) < 1e-3  # the engine and the trainer agree
-            assert rec["truncated"] == (rec["token_ids"][-1] != eos)  # no EOS ⇔ truncated
-            assert rec["agent_ref"] == "toy/reverse_digits" and rec["sample_loss_mask"] == 1
-            v = step - 1  # sync GRPO: each sample comes from the policy of the step before
-            assert (rec["policy_version"], rec["policy_version_last"], rec["age"]) == (v, v, 0)
+            check_train_data_record(rec, eos, version=step - 1)  # sync GRPO: the policy of the step before

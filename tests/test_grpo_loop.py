@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import share_models, tiny_model, wait_until
+from helpers import check_train_data_record, policy_ranks, share_models, tiny_model, wait_until
 
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.train.batch import Generation, collate, shard_rows
@@ -109,8 +109,6 @@ def test_incompatible_checkpoint_refused(tmp_path):
 
 @pytest.mark.extended
 def test_train_data_log_fields_on_a_real_step(tmp_path):
-    from grpo_launcher.tracking import FIELDS
-
     proc = launch(tmp_path, "grpo.max_steps=2", "logging.train_data_log=true", "checkpoint.save_period=2",
                   "grpo.val_period=2", "rollout.max_new_tokens=5")
     out = finish(proc)
@@ -121,16 +119,7 @@ def test_train_data_log_fields_on_a_real_step(tmp_path):
     lines = (tmp_path / "tiny-grpo" / "train_data" / "train_data_step_000002.jsonl").read_text().splitlines()
     assert len(lines) == 16 * 8
     for rec in map(json.loads, lines):
-        assert tuple(rec) == FIELDS or set(rec) == set(FIELDS)
-        n = len(rec["token_ids"])
-        assert len(rec["token_loss_mask"]) == len(rec["generation_logprobs"]) == len(rec["prev_logprobs"]) == n
-        p = rec["token_loss_mask"].index(1)
-        assert set(rec["token_loss_mask"][:p]) == {0} and set(rec["token_loss_mask"][p:]) == {1}
-        gen, prev = rec["generation_logprobs"][p:], rec["prev_logprobs"][p:]
-        assert max(abs(a - b) for a, b in zip(gen, prev)) < 1e-3  # the engine and the trainer agree
-        assert rec["truncated"] == (rec["token_ids"][-1] != eos)  # no EOS ⇔ truncated
-        assert rec["agent_ref"] == "toy/reverse_digits" and rec["sample_loss_mask"] == 1
-        assert (rec["policy_version"], rec["policy_version_last"], rec["age"]) == (1, 1, 0)  # sync: step - 1
+        check_train_data_record(rec, eos, version=1)  # sync: step - 1
 
 
 # ------------------------------------------------------------------ data parallel == single worker
@@ -152,18 +141,13 @@ def test_two_worker_dp_update_equals_one_worker(tmp_path, aggregation):
     import ray
     from transformers import AutoTokenizer
 
-    from grpo_launcher.policy.torch_policy import TorchPolicyWorker, local_denominator
+    from grpo_launcher.policy.torch_policy import local_denominator
 
     spec = load_spec(["train.micro_batch_size=4", "train.global_batch_size=16", f"loss.aggregation={aggregation}",
                       "loss.kl_coef=0.1", f"output_root={tmp_path}"])
     model_dir = str(tiny_model())
     batch = _batch(spec, AutoTokenizer.from_pretrained(model_dir))
-    ray.init(num_cpus=3, include_dashboard=False, object_store_memory=200 * 2**20)
-    try:
-        W = ray.remote(TorchPolicyWorker).options(num_cpus=1)
-        single, pair = W.remote(spec, model_dir, 0, 1), [W.remote(spec, model_dir, r, 2) for r in range(2)]
-        host, port = ray.get(pair[0].address.remote())
-        ray.get([w.init_distributed.remote(host, port) for w in pair])
+    with policy_ranks(spec, model_dir) as (single, pair):
         before = ray.get(single.state_dict.remote())
         prev, ref = ray.get(single.logprobs.remote(batch))
         batch = batch.with_(prev_logprobs=prev, ref_logprobs=ref)
@@ -172,8 +156,6 @@ def test_two_worker_dp_update_equals_one_worker(tmp_path, aggregation):
         m2 = ray.get([w.update.remote([batch.select(shard_rows(16, 2, r))], [den]) for r, w in enumerate(pair)])
         one, two_a, two_b = ray.get([single.state_dict.remote(), pair[0].state_dict.remote(),
                                      pair[1].state_dict.remote()])
-    finally:
-        ray.shutdown()
     assert any(not torch.equal(before[k], one[k]) for k in one)  # the update did move the weights
     for k in one:
         torch.testing.assert_close(two_a[k], two_b[k], rtol=0, atol=0)  # ranks stay identical
