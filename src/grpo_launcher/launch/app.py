@@ -104,7 +104,6 @@ def single_run(overrides: list[str], source: ConfigSource) -> int:
     from .preflight import preflight
     from . import execute
 
-    overrides = named_after_overrides(overrides, source)
     try:
         spec, plan = preflight(overrides, source)  # every problem at once; nothing started or written
     except ConfigError as err:
@@ -128,34 +127,6 @@ def single_run(overrides: list[str], source: ConfigSource) -> int:
             print(f"dry run: a real launch of this spec would be refused ({len(problems)} problem"
                   f"{'s' if len(problems) > 1 else ''}):\n" + "\n".join(v.render() for v in problems))
     return rc
-
-
-def named_after_overrides(overrides: list[str], source: ConfigSource) -> list[str]:
-    """No name= given, and the run of the default name has already finished: this run is named after its overrides,
-    as sweep points are (tiny-grpo_rollout=vllm), so that `python launch.py` then `python launch.py rollout=vllm`
-    both run. A run that can go on (grpo.max_steps raised; checkpoint.resume=fresh) keeps the name."""
-    import re
-
-    from ..finished import last_checkpoint_step
-    from ..spec.compose import _override_key, compose, to_spec
-    from ..spec.schema import Resume
-    from .sweep import EXCLUDED_FROM_NAME
-
-    keys = [_override_key(o) for o in overrides]
-    tag = ",".join(o for o, k in zip(overrides, keys) if k not in EXCLUDED_FROM_NAME)
-    if not tag or "name" in keys:
-        return overrides
-    try:
-        spec = to_spec(compose(overrides, source=source))
-    except ConfigError:
-        return overrides  # pre-flight reports it
-    step = last_checkpoint_step(Path(spec.output_root).resolve() / spec.name)
-    if step is None or step < spec.grpo.max_steps or spec.checkpoint.resume != Resume.auto:
-        return overrides
-    name = f"{spec.name}_{re.sub(r'[^A-Za-z0-9_.+=,@-]', '_', tag)}"
-    print(f"grpo-launcher: run '{spec.name}' already finished (step {step}): this run is named '{name}' "
-          "(name=NAME to choose one)")
-    return [*overrides, f"name='{name}'"]
 
 
 def hydra_flags(args: argparse.Namespace) -> list[str]:

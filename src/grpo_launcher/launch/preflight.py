@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
-from ..spec.compose import ConfigSource, checked_spec, load_spec, roundtrip_problems
+from ..spec.compose import ConfigSource, checked_spec, compose_all, roundtrip_problems
 from ..spec.errors import ConfigError, Violation
 from ..spec.schema import ClusterKind, RunSpec
 
@@ -72,12 +72,37 @@ def finish(spec: RunSpec) -> tuple[RunSpec, Any]:
 
 
 def preflight(overrides: list[str], source: Optional[ConfigSource] = None) -> tuple[RunSpec, Any]:
-    """A single run's overrides → (spec, plan), or ONE ConfigError with every problem."""
+    """A single run's overrides → (spec, plan), or ONE ConfigError with every problem (composed once)."""
     from ..spec.compose import _override_key
     from ..tracking.store import with_mlflow_env
 
-    spec = guarded("compose", lambda: load_spec(overrides, source=source))
-    return finish(with_mlflow_env(spec, [_override_key(o) for o in overrides]))  # MLFLOW_* (tracking/store.py)
+    keys = [_override_key(o) for o in overrides]
+    cfg, problems = guarded("compose", lambda: compose_all(overrides, source=source))
+    name_after_overrides(cfg, overrides, keys)
+    spec = guarded("compose", lambda: checked_spec(cfg, keys, problems))
+    return finish(with_mlflow_env(spec, keys))  # MLFLOW_* (tracking/store.py)
+
+
+def name_after_overrides(cfg: Any, overrides: list[str], keys: list[str]) -> None:
+    """No name= given, and the run of the default name has already finished: this run is named after its overrides,
+    as sweep points are (tiny-grpo_rollout=vllm), so that `python launch.py` then `python launch.py rollout=vllm`
+    both run. A run that can go on (grpo.max_steps raised; checkpoint.resume=fresh) keeps the name."""
+    import re
+
+    from ..finished import last_checkpoint_step
+    from ..spec.schema import Resume
+    from .sweep import EXCLUDED_FROM_NAME
+
+    tag = ",".join(o for o, k in zip(overrides, keys) if k not in EXCLUDED_FROM_NAME)
+    if not tag or "name" in keys or cfg.checkpoint.resume != Resume.auto:
+        return
+    step = last_checkpoint_step(Path(str(cfg.output_root)).resolve() / str(cfg.name))
+    if step is None or step < cfg.grpo.max_steps:
+        return
+    name = f"{cfg.name}_{re.sub(r'[^A-Za-z0-9_.+=,@-]', '_', tag)}"
+    print(f"grpo-launcher: run '{cfg.name}' already finished (step {step}): this run is named '{name}' "
+          "(name=NAME to choose one)")
+    cfg.name = name
 
 
 def preflight_config(cfg: Any, overrides: list[str]) -> tuple[RunSpec, Any]:

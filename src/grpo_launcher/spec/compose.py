@@ -241,14 +241,20 @@ def _misplaced_sections(obj: Any, prefix: str = "") -> Iterator[Violation]:
             yield from _misplaced_sections(value, f"{prefix}{f.name}.")
 
 
-def load_spec(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[ConfigSource] = None) -> RunSpec:
-    """Compose, convert, read the model's checkpoint config and validate: ONE ConfigError holding every problem."""
+def compose_all(overrides: list[str], conf_dir: Path = CONF_DIR,
+                source: Optional[ConfigSource] = None) -> tuple[DictConfig, list[Violation]]:
+    """compose, going on past the overrides it refuses: (the config of the rest, the problems found so far)."""
     try:
-        cfg, unknown = compose(overrides, conf_dir, source), []
+        return compose(overrides, conf_dir, source), []
     except ConfigError as err:
         if err.partial is None:
             raise
-        cfg, unknown = err.partial, err.violations  # keep going: report the rules too
+        return err.partial, list(err.violations)  # keep going: report the rules too
+
+
+def load_spec(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[ConfigSource] = None) -> RunSpec:
+    """Compose, convert, read the model's checkpoint config and validate: ONE ConfigError holding every problem."""
+    cfg, unknown = compose_all(overrides, conf_dir, source)
     return checked_spec(cfg, [_override_key(o) for o in overrides], unknown)
 
 
