@@ -41,11 +41,19 @@ def test_tiny_warm_start_raises_no_warning():
 def test_step_line_shows_what_a_user_reads(capsys):
     from grpo_launcher.train.loop_state import Progress
 
-    Progress(5, 0).update(1, {"train/reward_mean": 0.5, "train/loss": 1e-9, "train/kl": 0.01,
-                              "train/clip_fraction": 0.1, "train/tokens_per_s": 2000.0, "time/step_s": 0.3,
-                              "val/reward_mean": 0.25})
+    import time
+
+    progress = Progress(5, 0)
+    progress.t0 = time.monotonic() - 10.2  # 10 s into the run, 1 of 5 steps done: 40 s to go
+    progress.update(1, {"train/reward_mean": 0.5, "train/loss": 1e-9, "train/kl": 0.01,
+                        "train/clip_fraction": 0.1, "train/tokens_per_s": 2000.0, "time/step_s": 0.3,
+                        "val/reward_mean": 0.25})
     line = capsys.readouterr().out.strip()
-    assert line == "step 1/5 reward=0.5 val=0.25 kl=0.01 clip=0.1 tok/s=2e+03 s=0.3", line
+    assert line == ("step 1/5 reward=0.5 val=0.25 kl=0.01 clip=0.1 tok/s=2e+03 s=0.3 elapsed 0:00:10 eta 0:00:41"), line
+    resumed = Progress(5, 3)  # a resumed run: the mean is over this process's steps
+    resumed.t0 = time.monotonic() - 4.2
+    resumed.update(4, {})
+    assert capsys.readouterr().out.strip() == "step 4/5 elapsed 0:00:04 eta 0:00:04"
 
 
 def test_experiment_chart_view_puts_reward_and_validation_first(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import signal
 import sys
 import time
@@ -205,7 +206,7 @@ class Progress:
     def __init__(self, total: int, initial: int, enabled: bool = True):
         self.enabled, self.tty = enabled, sys.stderr.isatty()
         self.bar = None
-        self.total = total
+        self.total, self.initial, self.t0 = total, initial, time.monotonic()
         if enabled and self.tty:
             from tqdm import tqdm
 
@@ -219,7 +220,15 @@ class Progress:
             self.bar.set_postfix(parts, refresh=False)
             self.bar.update(1)
         else:
-            print(f"step {step}/{self.total} " + " ".join(f"{k}={v}" for k, v in parts.items()), flush=True)
+            words = [f"step {step}/{self.total}", *(f"{k}={v}" for k, v in parts.items()), self.timing(step)]
+            print(" ".join(words), flush=True)
+
+    def timing(self, step: int) -> str:
+        """'elapsed H:MM:SS eta H:MM:SS': this process's time so far, and the rest at its mean step time."""
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / max(step - self.initial, 1) * max(self.total - step, 0)
+        clock = [str(datetime.timedelta(seconds=round(t))) for t in (elapsed, eta)]
+        return f"elapsed {clock[0]} eta {clock[1]}"
 
     def close(self) -> None:
         if self.bar is not None:
