@@ -49,6 +49,19 @@ def test_csv_cells_arrive_as_the_file_wrote_them(tmp_path, launch_here):
     assert second.source == f"{data}:3"  # file:line, the header is line 1
 
 
+def test_a_csv_cell_longer_than_the_csv_modules_default_cap_is_read():
+    """Long-context prompts: a 200 KiB cell (the csv module refuses cells over 128 KiB unless told)."""
+    import tempfile
+
+    from grpo_launcher.envs.dataset import _load_csv
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "long.csv"
+        p.write_text("prompt,answer\n" + "7" * 200_000 + ",1\n")
+        table = _load_csv(p, "env.train_path")
+    assert len(table.rows[0]["prompt"]) == 200_000
+
+
 def test_csv_row_with_too_many_cells_is_named(tmp_path, launch_here):
     data = write_csv(tmp_path / "bad.csv", """
         prompt,answer

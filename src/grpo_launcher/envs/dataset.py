@@ -101,6 +101,7 @@ def _load_json(p: Path, key: str) -> Table:
 def _load_csv(p: Path, key: str) -> Table:
     """Every cell as the string the file holds (no type guessing: "0487" stays "0487")."""
     rows, lines = [], []
+    csv.field_size_limit(2**31 - 1)  # long-context prompts: the csv module's default cap is 128 KiB a cell
     try:
         with open(p, encoding="utf-8-sig", newline="") as fh:  # -sig: a spreadsheet's byte-order mark is dropped
             reader = csv.DictReader(fh)

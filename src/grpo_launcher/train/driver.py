@@ -82,6 +82,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
                 state.abort()  # metrics after the last checkpoint are dropped: a resume logs those steps again
             raise
         finally:
+            stop.step_done()  # a stop's grace timer never outlives the run (in-process sweeps, tests)
             workers.shutdown()
             (plan.run_dir / "rollout_endpoints.json").unlink(missing_ok=True)  # its URLs die with the engines
 
@@ -379,8 +380,8 @@ class Trainer:
         if not hasattr(self, "_ipc"):
             self._ipc = bool(self.plan.use_gpus and not self.plan.rollout_devices
                              and self.spec.rollout.backend.value == "vllm"
-                             and self.w.get("refit", [self.w.rollout[0].supports_ipc_refit.remote()],
-                                            self.w.rollout[:1])[0])
+                             and self.w.get("refit_probe", [self.w.rollout[0].supports_ipc_refit.remote()],
+                                            self.w.rollout[:1])[0])  # its own phase: not the refits' history
         return self._ipc
 
     def validate(self) -> dict[str, float]:
