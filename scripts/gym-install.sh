@@ -79,7 +79,8 @@ build_python() {  # Debian sid's python3.13 source package (= the upstream tarba
            libreadline-dev uuid-dev libncurses-dev; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
-  if ((${#need[@]})); then log "apt-get install ${need[*]}"; apt-get -qq update && apt-get -y -qq install "${need[@]}"; fi
+  if ((${#need[@]})); then log "apt-get install ${need[*]}"; apt-get -o DPkg::Lock::Timeout=600 -qq update \
+    && apt-get -o DPkg::Lock::Timeout=600 -y -qq install "${need[@]}"; fi
   (cd "$src/build" && ./configure -q --prefix="$GYM_PY_CACHE" --with-ensurepip=install >/dev/null \
      && make -s -j"$JOBS" >/dev/null 2>"$src/build.log" && make -s install >/dev/null 2>>"$src/build.log") \
      || { log "CPython build failed; see $src/build.log"; tail -20 "$src/build.log" >&2; exit 1; }

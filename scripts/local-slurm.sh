@@ -72,18 +72,19 @@ cmd_install() {
         return 0
     fi
     export DEBIAN_FRONTEND=noninteractive
+    # -o DPkg::Lock::Timeout: scripts/gym-install.sh may be installing build packages beside us (scripts/test.sh)
     local t0=$SECONDS
     # apt-get update only when the package lists do not know slurm-wlm yet.
     if ! apt-cache policy slurm-wlm 2>/dev/null | grep -q 'Candidate: [0-9]'; then
         log "apt-get update"
-        apt-get update -qq
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
     fi
     log "apt-get install slurm-wlm munge"
-    if ! apt-get install -y -qq --no-install-recommends slurm-wlm munge >"/tmp/local-slurm-apt.log" 2>&1; then
+    if ! apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends slurm-wlm munge >"/tmp/local-slurm-apt.log" 2>&1; then
         # stale lists can 404: refresh once and retry
         log "install failed; apt-get update and retry (log: /tmp/local-slurm-apt.log)"
-        apt-get update -qq
-        apt-get install -y -qq --no-install-recommends slurm-wlm munge >"/tmp/local-slurm-apt.log" 2>&1 \
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
+        apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends slurm-wlm munge >"/tmp/local-slurm-apt.log" 2>&1 \
             || { tail -n 30 /tmp/local-slurm-apt.log >&2; die "apt-get install failed"; }
     fi
     log "installed $(slurmctld -V) in $((SECONDS - t0)) s"

