@@ -84,13 +84,17 @@ class PhaseClock:
         self.current: dict = {}  # the wait in progress (phase.json's content)
         self.written: dict | None = None
         self.period = 1.0
+        self.closed = threading.Event()
         if run_dir is not None:
             threading.Thread(target=self._writer, name="grpo-phase-file", daemon=True).start()
 
     def _writer(self) -> None:
-        while True:
-            time.sleep(self.period)
+        while not self.closed.wait(self.period):
             self.flush()
+
+    def close(self) -> None:
+        """Stop the phase.json writer (the workers are gone): a later run in this process starts its own."""
+        self.closed.set()
 
     def flush(self) -> None:
         """Write phase.json now if the phase changed since the last write."""

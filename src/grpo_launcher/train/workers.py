@@ -95,6 +95,7 @@ class Workers:
         return [actor_info(a, *self.role_of(a)) for a in actors]
 
     def shutdown(self, timeout: float = 30.0) -> None:
+        self.clock.close()
         separate = [r for r in self.rollout if r not in self.policy and r not in self.stuck]  # hybrid: the policy
         # workers are the engines
         for ref in [r.shutdown.remote() for r in separate]:  # all at once, then each one's outcome
