@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, launch
+from helpers import ROOT, launch, share_models
 
 
 # ----------------------------------------------------------------------------- 1. data as written
@@ -224,6 +224,87 @@ def test_resume_with_a_new_lr_trains_with_it(tmp_path):
     (run,) = client.search_runs(client.search_experiments()[0].experiment_id)
     assert run.data.params["train.lr"] == "0.0003" and run.data.params["train.lr/from_step_3"] == "1e-05"
     assert "grpo.spec_change/from_step_3" in run.data.tags
+
+
+# ----------------------------------------------------------------------------- 6. rewards
+REWARDS = '''
+def correct(prompt, completion, answer, **row):
+    return float(completion.strip() == answer)
+
+
+def flaky(prompt, completion, answer, id, **row):
+    if id == "row-5":
+        raise ValueError("cannot parse this one")
+    return 0.5
+'''
+
+
+def reverse_jsonl(path: Path, n: int, prefix: str = "row") -> Path:
+    rows = [{"prompt": f"{(i * 7919) % 10000:04d}>", "answer": f"{(i * 7919) % 10000:04d}"[::-1], "id": f"{prefix}-{i}"}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_reward_errors_zero_scores_the_failing_function_0_and_keeps_the_error(tmp_path):
+    """env.reward_errors=zero: the failing function scores 0 on that row, the others still count; raise: the
+    error names the function and the row."""
+    from grpo_launcher.envs.dataset import DatasetEnv, UserCodeError
+    from grpo_launcher.envs.rewards import reward_metrics
+    from grpo_launcher.spec.compose import compose, to_spec
+
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    data = reverse_jsonl(tmp_path / "d.jsonl", 8)
+    args = dataset_args(data, data, f"env.reward_fns=[{tmp_path}/rewards.py:correct,{tmp_path}/rewards.py:flaky]",
+                        "env.reward_weights=[1.0,2.0]")
+    env = DatasetEnv(to_spec(compose([*args, "env.reward_errors=zero"])).env)
+    prompts = env.val_prompts()
+    scored = [env.score_detail(p, p.answer) for p in prompts]
+    assert scored[5].total == 1.0 and scored[5].parts == {"correct": 1.0, "flaky": 0.0}
+    assert "ValueError: cannot parse this one" in scored[5].error and f"{data}:6" in scored[5].error
+    assert "Traceback" in scored[5].error and scored[0].total == 2.0 and scored[0].error is None
+    m = reward_metrics("val", scored)
+    assert m == {"val/reward/correct_mean": 1.0, "val/reward/flaky_mean": 0.5 * 7 / 8, "val/reward_errors": 1.0}
+    strict = DatasetEnv(to_spec(compose(args)).env)  # the default: raise
+    with pytest.raises(UserCodeError, match="rewards.py:flaky raised ValueError"):
+        strict.score(prompts[5], "x")
+
+
+def test_reward_errors_takes_raise_or_zero(tmp_path, launch_here):
+    run = launch_here(tmp_path, "env.reward_errors=skip", "dry_run=true")
+    assert run.returncode == 2 and "env.reward_errors" in run.stderr, run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_reward_errors_zero_trains_on_with_per_function_metrics_and_rows_logged(tmp_path):
+    """A reward function raises on one row: with env.reward_errors=zero the run goes on, counts it
+    (train/reward_errors), keeps the first traceback in RUN_DIR/reward_errors.txt; each function has its own
+    train/ and val/ mean; the train-data log has each row's id, answer, completion and per-function rewards."""
+    share_models(tmp_path)
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    train, val = reverse_jsonl(tmp_path / "train.jsonl", 16), reverse_jsonl(tmp_path / "val.jsonl", 4, "val")
+    run = launch(*dataset_args(train, val, "env.reward_fns=[rewards.py:correct,rewards.py:flaky]",
+                               "env.reward_errors=zero", "env.shuffle=false", "logging.train_data_log=true",
+                               "grpo.max_steps=2", f"output_root={tmp_path}", "logging.mlflow=false", *SMALL[:6],
+                               "grpo.val_period=1", "rollout.max_new_tokens=6"), cwd=tmp_path)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    run_dir = tmp_path / "tiny-grpo"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train/reward_errors"] for r in rows] == [0.0, 4.0]  # row-5 is in step 2, 4 samples of it
+    assert all(0 <= r["train/reward/correct_mean"] <= 1 and "val/reward/flaky_mean" in r for r in rows)
+    assert rows[1]["train/reward/flaky_mean"] == pytest.approx(0.5 * 12 / 16)
+    kept = (run_dir / "reward_errors.txt").read_text()
+    assert "rewards.py:flaky raised ValueError: cannot parse this one" in kept and f"{train}:6" in kept
+    assert "Traceback" in kept and "kept in" in run.stdout
+    recs = [json.loads(line) for line in (run_dir / "train_data" / "train_data_step_000002.jsonl").read_text()
+            .splitlines()]
+    bad = [r for r in recs if r["row_id"] == f"{train}:6"]
+    assert len(bad) == 4 and all(r["reward_parts"]["flaky"] == 0.0 for r in bad)
+    r = recs[0]
+    assert r["row_id"] == f"{train}:5" and r["answer"] == json.loads(train.read_text().splitlines()[4])["answer"]
+    assert r["rewards"] == pytest.approx(r["reward_parts"]["correct"] + r["reward_parts"]["flaky"])
+    assert r["content"].endswith(r["completion"]) or r["completion"] in r["content"]
 
 
 # ----------------------------------------------------------------------------- 7. defaults that work

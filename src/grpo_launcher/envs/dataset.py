@@ -246,8 +246,12 @@ class DatasetEnv:
         return [self._prompt(t, i) for i in range(len(t.rows))]
 
     def score(self, prompt: Prompt, completion: str) -> float:
+        return self.score_detail(prompt, completion).total
+
+    def score_detail(self, prompt: Prompt, completion: str) -> R.Scored:
+        """The reward with each function's value (the per-function metrics, the train-data log)."""
         return R.score(self.rewards, prompt.text, completion, prompt.row, self.spec.prompt_key,
-                       prompt.source or "?")
+                       prompt.source or "?", on_error=self.spec.reward_errors.value)
 
     def warmup_examples(self, n: int) -> list[tuple[str, str]]:
         t = self.table("train")

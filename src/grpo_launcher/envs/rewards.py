@@ -9,11 +9,13 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
 from ..spec.schema import EnvSpec
-from .usercode import UserCodeError, describe, load_ref
+from .usercode import UserCodeError, describe, load_ref, split_ref
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 RESERVED = ("prompt", "completion")  # never passed as row columns (they are the first two arguments)
@@ -39,6 +41,17 @@ class Reward:
     fn: Callable[..., Any]
     weight: float
     key: str  # the config key that named it
+    name: str = ""  # the function's name in metrics (train/reward/<name>_mean) and the train-data log
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One completion's reward: the weighted sum, each function's own value, and (env.reward_errors=zero) the
+    first failure's message with its traceback (the failing function scored 0)."""
+
+    total: float
+    parts: dict[str, float] = field(default_factory=dict)  # reward function name → its unweighted value
+    error: Optional[str] = None
 
 
 def reward_refs(spec: EnvSpec) -> list[tuple[str, str, float]]:
@@ -58,7 +71,17 @@ def load_rewards(spec: EnvSpec, default: Optional[str] = None) -> list[Reward]:
         if not callable(fn):
             raise UserCodeError(f"{key}={ref}: {fn!r} is not callable")
         out.append(Reward(ref, fn, weight, key))
-    return out
+    return named(out)
+
+
+def named(rewards: list[Reward]) -> list[Reward]:
+    """Each function's metric name: the name after the ':' of its ref, suffixed _2, _3 ... when repeated."""
+    seen: dict[str, int] = {}
+    for r in rewards:
+        base = re.sub(r"[^A-Za-z0-9_]+", "_", split_ref(r.ref)[1] or r.key)
+        seen[base] = seen.get(base, 0) + 1
+        r.name = base if seen[base] == 1 else f"{base}_{seen[base]}"
+    return rewards
 
 
 def signature_problem(fn: Callable, columns: list[str]) -> Optional[str]:
@@ -80,24 +103,60 @@ def row_kwargs(row: dict, prompt_key: str) -> dict:
     return {k: v for k, v in row.items() if k != prompt_key and k not in RESERVED}
 
 
-def score(rewards: list[Reward], prompt: Any, completion: str, row: dict, prompt_key: str, where: str) -> float:
-    """The weighted sum; UserCodeError naming the function and the row when one raises or returns a non-number."""
-    total = 0.0
+def score(rewards: list[Reward], prompt: Any, completion: str, row: dict, prompt_key: str, where: str,
+          on_error: str = "raise") -> Scored:
+    """The weighted sum and each function's value. on_error="raise": UserCodeError naming the function and the
+    row when one raises or returns a non-number; "zero": that function scores 0 and the error is kept."""
+    total, parts, error = 0.0, {}, None
     kwargs = row_kwargs(row, prompt_key)
     for r in rewards:
         try:
-            value = r.fn(prompt, completion, **kwargs)
+            value = check_value(r, r.fn(prompt, completion, **kwargs), prompt, completion, where)
         except Exception as exc:  # noqa: BLE001 - user code: anything it raises is reported, with the row
-            raise UserCodeError(f"reward function {r.ref} raised {type(exc).__name__}: {exc}\n"
-                                f"  on the row at {where}: prompt={_short(prompt)}, completion={_short(completion)}"
-                                f"{_user_frame(exc)}") from None
-        if isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise UserCodeError(f"reward function {r.ref} returned {value!r} (expected a finite float)\n"
-                                f"  on the row at {where}: prompt={_short(prompt)}, completion={_short(completion)}")
-        total += r.weight * float(value)
-    return total
+            message = str(exc) if isinstance(exc, UserCodeError) else (
+                f"reward function {r.ref} raised {type(exc).__name__}: {exc}\n"
+                f"  on the row at {where}: prompt={_short(prompt)}, completion={_short(completion)}{_user_frame(exc)}")
+            if on_error == "raise":
+                raise UserCodeError(message) from None
+            trace = "" if isinstance(exc, UserCodeError) else "\n" + "".join(traceback.format_exception(exc))
+            error = error or message + trace
+            value = 0.0
+        parts[r.name] = value
+        total += r.weight * value
+    return Scored(total, parts, error)
+
+
+def check_value(r: Reward, value: Any, prompt: Any, completion: str, where: str) -> float:
+    """A reward function's return as a float; UserCodeError unless it is a finite number (a bool counts)."""
+    if isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserCodeError(f"reward function {r.ref} returned {value!r} (expected a finite float)\n"
+                            f"  on the row at {where}: prompt={_short(prompt)}, completion={_short(completion)}")
+    return float(value)
+
+
+def reward_metrics(split: str, scored: Sequence[Optional[Scored]]) -> dict[str, float]:
+    """<split>/reward/<name>_mean per reward function and <split>/reward_errors (samples whose scoring failed);
+    {} for envs that report no per-function values (toy, Gym, user Env classes)."""
+    got = [s for s in scored if s is not None and s.parts]
+    if not got:
+        return {}
+    out = {f"{split}/reward/{name}_mean": sum(s.parts[name] for s in got) / len(got) for name in got[0].parts}
+    out[f"{split}/reward_errors"] = float(sum(s.error is not None for s in got))
+    return out
+
+
+def keep_first_error(run_dir: Path, scored: Sequence[Optional[Scored]]) -> None:
+    """env.reward_errors=zero: the run's first failure (message and traceback) → RUN_DIR/reward_errors.txt and
+    the log, once; later failures are only counted (train/reward_errors)."""
+    first = next((s.error for s in scored if s is not None and s.error), None)
+    path = Path(run_dir) / "reward_errors.txt"
+    if first is None or path.exists():
+        return
+    path.write_text(first)
+    print(f"grpo-launcher: a reward function failed (scored 0, env.reward_errors=zero; later failures are counted "
+          f"as train/reward_errors); the first, kept in {path}:\n{first}", flush=True)
 
 
 def _short(value: Any, n: int = 80) -> str:

@@ -34,6 +34,11 @@ class EnvName(str, Enum):  # the built-in envs; env.name also takes a user class
     dataset = "dataset"
 
 
+# env.reward_errors (a functional Enum: `raise` is a keyword): raise = the run stops naming the function and the
+# row; zero = the failing function scores 0, failures are counted (train/reward_errors), the first kept
+RewardErrors = Enum("RewardErrors", {"raise": "raise", "zero": "zero"}, type=str)
+
+
 class Precision(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
@@ -231,6 +236,9 @@ class EnvSpec:
     reward_fn: Optional[str] = None
     reward_fns: list[str] = field(default_factory=list)  # several, summed with reward_weights
     reward_weights: list[float] = field(default_factory=list)  # one per reward function; empty = all 1.0
+    # a reward function that raises or returns a non-finite / non-number: raise (stop, naming it and the row) or
+    # zero (score 0, count it as train/reward_errors, keep the first traceback in RUN_DIR/reward_errors.txt)
+    reward_errors: RewardErrors = RewardErrors["raise"]
     # the tokenizer's chat template around each prompt; null = on when the tokenizer has one
     chat_template: Optional[bool] = None
     system_prompt: Optional[str] = None  # the system message (chat template on)

@@ -18,6 +18,11 @@ TRAIN_GEN_LEN_MEAN = "train/gen_len_mean"
 TRAIN_TRUNCATION_RATE = "train/truncation_rate"
 TRAIN_DYNAMIC_SAMPLING_ROUNDS = "train/dynamic_sampling_rounds"
 TRAIN_TOKENS_PER_S = "train/tokens_per_s"
+# env=dataset / math (envs/rewards.py reward_metrics): samples whose reward function failed (env.reward_errors=zero),
+# and each reward function's mean, train/reward/<name>_mean and val/reward/<name>_mean (REWARD_PART_PREFIXES)
+TRAIN_REWARD_ERRORS = "train/reward_errors"
+VAL_REWARD_ERRORS = "val/reward_errors"
+REWARD_PART_PREFIXES = ("train/reward/", "val/reward/")
 # per step: the policy update (algos.policy_loss's metrics, combined over micro-batches and ranks: TRAIN_PREFIX + name)
 TRAIN_PREFIX = "train/"
 TRAIN_LOSS = "train/loss"
@@ -61,4 +66,5 @@ METRICS: frozenset[str] = frozenset(v for k, v in dict(globals()).items() if k.i
 
 def is_metric(name: str) -> bool:
     """A name a run logs: one of METRICS, or a phase's wall time (time/<phase>_s)."""
-    return name in METRICS or (name.startswith(TIME_PREFIX) and name.endswith("_s"))
+    return (name in METRICS or (name.startswith(TIME_PREFIX) and name.endswith("_s"))
+            or (name.startswith(REWARD_PART_PREFIXES) and name.endswith("_mean")))

@@ -22,16 +22,23 @@ def per_token_loss(batch: TrainBatch, spec: RunSpec) -> torch.Tensor:
 
 
 def train_data_records(step: int, prompts: Sequence[Prompt], gens: Sequence[Generation], rewards: Sequence[float],
-                       batch: TrainBatch, spec: RunSpec, tokenizer: Any, group_size: int) -> Iterator[dict[str, Any]]:
-    """group_size: the Plan's (one prompt's samples, contiguous in `gens`)."""
+                       batch: TrainBatch, spec: RunSpec, tokenizer: Any, group_size: int,
+                       scored: Sequence[Any] = ()) -> Iterator[dict[str, Any]]:
+    """group_size: the Plan's (one prompt's samples, contiguous in `gens`); scored: each sample's envs.rewards.Scored
+    (None or absent: the env gives no per-function rewards)."""
     G = group_size
     loss = per_token_loss(batch, spec)
     for i, g in enumerate(gens):
         n, p = len(g.response_ids), len(g.prompt_ids)
         zeros = [0.0] * p
+        prompt, s = prompts[i // G], scored[i] if i < len(scored) else None
         yield {
             "step": step,
-            "agent_ref": prompts[i // G].agent_ref,
+            "agent_ref": prompt.agent_ref,
+            "row_id": prompt.source or None,  # "path/train.jsonl:12" for data rows; None for generated prompts
+            "answer": prompt.answer,
+            "completion": tokenizer.decode(g.response_ids, skip_special_tokens=True),  # as the reward saw it
+            "reward_parts": dict(s.parts) if s is not None else {},  # reward function name → its value
             "content": tokenizer.decode(g.prompt_ids + g.response_ids, skip_special_tokens=False),
             "rewards": float(rewards[i]),
             "token_ids": g.prompt_ids + g.response_ids,

@@ -21,8 +21,12 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 FIELDS = (
     "step",
     "agent_ref",
+    "row_id",
+    "answer",
+    "completion",
     "content",
     "rewards",
+    "reward_parts",
     "token_ids",
     "token_loss_mask",
     "sample_loss_mask",

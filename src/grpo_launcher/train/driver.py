@@ -19,6 +19,7 @@ from ..spec.schema import EnvName, RunSpec
 from ..tracking import metric_names as M
 from ..batch import Generation, TrainBatch, collate, shard_rows
 from ..secrets import with_http_api_key
+from ..envs.rewards import Scored
 from .deadlines import ActorDied, Hung, hang_report
 from .loop_state import LoopState, StopRequest
 from .startup import StartupClock, process_start, quiet_libraries
@@ -158,6 +159,7 @@ class Trainer:
         from ..tracking.report import write_prompting
 
         write_prompting(plan.run_dir, self.tok, spec.env, state.data_log, model_dir)  # chat template, system prompt
+        self.scored: dict[int, Scored] = {}  # id(Generation) → its Scored, until the step takes it
         self.deadline = (time.monotonic() + parse_duration(spec.checkpoint.must_save_by)
                          if spec.checkpoint.must_save_by else None)
 
@@ -215,6 +217,8 @@ class Trainer:
         gens, prompts, rewards, rounds = self.rollout_and_score(step, t)
         pipeline = self.pipeline_metrics(step, t)  # buffer depth, sample ages, idle times: sync and async alike
         batch, m = self.make_batch(gens, rewards)
+        scored, reward_parts = self.take_scored(gens, "train")
+        m.update(reward_parts)
         if not self.plan.logprobs_from_update:  # else the update's own forward gives them (on-policy)
             with t("logprobs"):
                 batch = self.compute_logprobs(batch)
@@ -224,7 +228,8 @@ class Trainer:
         with t("refit"):
             m[M.TIME_REFIT_MS] = self.refit()
         with t("log"):
-            self.state.train_data(step, prompts, gens, rewards, batch, self.tok, self.sample_versions(step, len(gens)))
+            self.state.train_data(step, prompts, gens, rewards, batch, self.tok, self.sample_versions(step, len(gens)),
+                                  scored=scored)
         gen_tokens = int(batch.response_mask.sum())
         m.update(t.as_metrics(), **{M.TRAIN_DYNAMIC_SAMPLING_ROUNDS: rounds,
                                     M.TRAIN_TOKENS_PER_S: gen_tokens / max(self.generation_seconds(t), 1e-9)})
@@ -272,8 +277,17 @@ class Trainer:
     def score(self, prompts: list, gens: list[Generation], n: int) -> torch.Tensor:
         texts = [self.tok.decode(g.response_ids, skip_special_tokens=True) for g in gens]
         expanded = [p for p in prompts for _ in range(n)]
-        scores = self.w.get("score", [self.w.env.score.remote(expanded, texts)], [self.w.env])[0]
-        return torch.tensor(scores, dtype=torch.float32)
+        scored = self.w.get("score", [self.w.env.score.remote(expanded, texts)], [self.w.env])[0]
+        self.scored.update({id(g): s for g, s in zip(gens, scored)})  # per-function rewards: metrics, train data
+        return torch.tensor([s.total for s in scored], dtype=torch.float32)
+
+    def take_scored(self, gens: list[Generation], split: str) -> tuple[list[Scored | None], dict[str, float]]:
+        """These samples' Scored (None: scored elsewhere, e.g. Gym) and their per-function reward metrics."""
+        from ..envs.rewards import keep_first_error, reward_metrics
+
+        scored, self.scored = [self.scored.get(id(g)) for g in gens], {}
+        keep_first_error(self.plan.run_dir, scored)
+        return scored, reward_metrics(split, scored)
 
     def rollout_and_score(self, step: int, t: "Timer"):
         """Generate and score; with dynamic sampling, keep only groups whose rewards vary (refill, capped)."""
@@ -388,18 +402,19 @@ class Trainer:
         g = self.spec.grpo
         prompts = self.env.val_prompts()
         prompts = prompts if g.max_val_samples is None else prompts[: g.max_val_samples]  # null = all
-        rewards = []
+        rewards, all_gens = [], []
         self.w.clock.prefix = "val_"  # its waits have a history of their own (val_generate, val_score)
         try:
             for i in range(0, len(prompts), g.val_batch_size):  # a last partial batch is still validated
                 chunk = prompts[i:i + g.val_batch_size]
                 gens = self.generate(chunk, 1, seed=1234 + i)
                 rewards.append(self.score(chunk, gens, 1))
+                all_gens += gens
         finally:
             self.w.clock.prefix = ""
         r = torch.cat(rewards)
         return {M.VAL_REWARD_MEAN: float(r.mean()), M.VAL_ACCURACY: float((r >= 1).float().mean()),
-                M.VAL_SAMPLES: float(len(r))}
+                M.VAL_SAMPLES: float(len(r)), **self.take_scored(all_gens, "val")[1]}
 
     def save(self, step: int, metrics: dict[str, float]) -> None:
         def write(tmp: Path) -> None:

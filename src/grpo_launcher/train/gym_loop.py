@@ -117,7 +117,7 @@ class GymTrainer(Trainer):
             return {}
         return super().validate()
 
-    def _train_data(self, step, prompts, gens, rewards, batch, tokenizer, versions) -> None:
+    def _train_data(self, step, prompts, gens, rewards, batch, tokenizer, versions, scored=()) -> None:  # noqa: ARG002
         st = self.state
         if st.data_log is None or not st.data_log.enabled_for(step):
             return

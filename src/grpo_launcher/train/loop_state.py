@@ -132,14 +132,14 @@ class LoopState:
         if self.tracker is not None and not self.spec.checkpoint.enabled:
             self.tracker.commit()
 
-    def train_data(self, step, prompts, gens, rewards, batch, tokenizer, versions) -> None:
+    def train_data(self, step, prompts, gens, rewards, batch, tokenizer, versions, scored=()) -> None:
         """`versions`: (first, last) policy version per sample (the records' policy_version, policy_version_last)."""
         if self.data_log is None or not self.data_log.enabled_for(step):
             return
         from ..tracking.records import train_data_records
 
         self.data_log.write_step(step, train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer,
-                                                          self.plan.group_size), versions)
+                                                          self.plan.group_size, scored), versions)
 
     def save_checkpoint(self, step: int, write: Callable[[Path], None], metrics: dict[str, float]) -> None:
         """Metrics are durable before the checkpoint is visible: they go into its meta.json (pending), the

@@ -17,6 +17,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ..envs.rewards import Scored
 from ..plan import Plan
 from ..policy import policy_class
 from ..rollout import rollout_class
@@ -154,5 +155,7 @@ class EnvWorker:
 
         self.env = factory() if factory is not None else make_env(spec)  # factory: the class the driver loaded
 
-    def score(self, prompts: list, completions: list[str]) -> list[float]:
-        return [self.env.score(p, c) for p, c in zip(prompts, completions)]
+    def score(self, prompts: list, completions: list[str]) -> list[Scored]:
+        """Scored per completion (envs/rewards.py): an env with per-function rewards gives its score_detail."""
+        detail = getattr(self.env, "score_detail", None)
+        return [detail(p, c) if detail else Scored(self.env.score(p, c)) for p, c in zip(prompts, completions)]
