@@ -61,6 +61,9 @@ CPU_CONFIGS = [  # megatron's recomputation needs CUDA (its RNG tracker): off on
     ("megatron", 2, 128, False, False),
     ("megatron", 1, 128, False, True),
 ]
+# The logprob phase alone (--logprob-rows): (micro batch, seq, logprob batch, train.logprob_chunk_tokens), torch.
+# Batch 64 x 2048 is the 1.21B dry run whose peak phase was the logprob pass (27 GiB of whole logits).
+LOGPROB_CONFIGS = [(4, 2048, 64, 0), (4, 2048, 64, 4096)]
 TIME_BUDGET_S = 330  # stop starting new configurations after this (the whole run must stay < 6 min)
 
 
@@ -91,9 +94,10 @@ def make_model(shape: str, path: Path, device: str) -> None:
 
 
 def overrides_for(shape: str, model_dir: str, backend: str, mb: int, seq: int, ckpt: bool, ref: bool,
-                  gpu: bool) -> list[str]:
+                  gpu: bool, lb: int | None = None, chunk: int | None = None) -> list[str]:
     s = SHAPES[shape]
     half = seq // 2
+    lb = lb or mb  # the minibatch: 2 micro-batches, or one logprob batch
     return [
         f"model.path={model_dir}", "model.name=bench", "model.family=llama",
         f"model.num_layers={s['num_hidden_layers']}", f"model.hidden_size={s['hidden_size']}",
@@ -106,9 +110,11 @@ def overrides_for(shape: str, model_dir: str, backend: str, mb: int, seq: int, c
         "rollout=vllm",  # no rollout=hf engine copy inside the policy worker: the policy alone is measured
         f"rollout.max_new_tokens={half}", f"env.max_prompt_tokens={half}",
         f"train.backend={backend}", f"train.precision={'bfloat16' if gpu else 'float32'}",
-        f"train.micro_batch_size={mb}", f"train.logprob_batch_size={mb}", f"train.global_batch_size={2 * mb}",
+        f"train.micro_batch_size={mb}", f"train.logprob_batch_size={lb}",
+        f"train.global_batch_size={max(2 * mb, lb)}", f"grpo.num_prompts_per_step={max(mb, lb // 2)}",
+        *([f"train.logprob_chunk_tokens={chunk}"] if chunk is not None else []),
         f"train.max_total_sequence_length={seq}", f"train.activation_checkpointing={str(ckpt).lower()}",
-        "train.lr=1e-6", f"grpo.num_prompts_per_step={mb}", "grpo.num_generations_per_prompt=2",
+        "train.lr=1e-6", "grpo.num_generations_per_prompt=2",
         f"loss.kl_coef={0.01 if ref else 0.0}", "logging.mlflow=false", "checkpoint.enabled=false",
         "name=h16-memory-bench", f"output_root={tempfile.gettempdir()}/h16-memory-bench",
     ]
@@ -158,17 +164,19 @@ def child(cfg: dict) -> dict:
     batch = synthetic_batch(spec.train.global_batch_size, spec.train.max_total_sequence_length,
                             spec.model.vocab_size)
     den = local_denominator(spec.loss.aggregation.value, batch.response_mask * batch.sample_mask[:, None])
+    out: dict = {"init_s": round(init_s, 1), **({"spec_unvalidated": True} if unvalidated else {})}
 
     def step() -> tuple[float, float]:
         t = time.perf_counter()
         prev, ref = worker.logprobs(batch)
         t_lp = time.perf_counter() - t
+        if cuda:  # the logprob phase's own peak (the counters were reset before the measured step)
+            out["lp_alloc_gib"] = torch.cuda.max_memory_allocated() / 2**30
         b = batch.with_(prev_logprobs=prev + 0.01 * torch.randn(prev.shape), ref_logprobs=ref)
         t = time.perf_counter()
         worker.update([b], [den])
         return t_lp, time.perf_counter() - t
 
-    out: dict = {"init_s": round(init_s, 1), **({"spec_unvalidated": True} if unvalidated else {})}
     if cuda:
         step()  # warm-up: the optimizer states exist from here on (the steady state)
         torch.cuda.synchronize()
@@ -267,6 +275,41 @@ def cpu_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run_child(cfg: dict, env: dict, timeout: int) -> dict:
+    """One configuration in a fresh process; its RESULT line, or {"error": ...}."""
+    try:
+        p = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], env=env, text=True,
+                           capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout {timeout}s"}
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    res = json.loads(line[-1][7:]) if line else {"error": f"no result (rc {p.returncode})"}
+    if not line or "error" in res:
+        log(p.stderr[-3000:])
+    return res
+
+
+def logprob_table(shape: str, model_dir: Path, gpu: bool, env: dict, timeout: int) -> str:
+    """The logprob pass's peak (measured from a reset before it) vs the pre-flight's logprobs phase, per chunk."""
+    lines = ["| micro | seq | logprob batch | train.logprob_chunk_tokens | predicted logprobs phase GiB "
+             "(of it: logprob logits) | measured peak of the pass GiB | err | logprob pass s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for mb, seq, lb, chunk in LOGPROB_CONFIGS:
+        ov = overrides_for(shape, str(model_dir), "torch", mb, seq, False, False, gpu, lb=lb, chunk=chunk)
+        res = run_child({"overrides": ov, "model_dir": str(model_dir), "gpu": gpu}, env, timeout)
+        from grpo_launcher.spec.compose import compose, to_spec
+        from grpo_launcher.spec.memory import estimate
+
+        e = estimate(to_spec(compose(ov)))
+        pred, logits = e.phases["logprobs"], e.policy["logprob logits"].bytes / 2**30
+        meas = res.get("lp_alloc_gib")
+        lines.append(f"| {mb} | {seq} | {lb} | {chunk} | {pred:.2f} ({logits:.2f}) | "
+                     f"{res.get('error') or f'{meas:.2f}' if meas is not None else '—'} | {verdict(pred, meas)} "
+                     f"| {res.get('logprobs_s', '—')} |")
+        log(lines[-1])
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", help="write the markdown table here too")
@@ -275,6 +318,8 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated row numbers (1-based) to run")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per configuration")
     ap.add_argument("--predict-only", action="store_true", help="the predicted side only (no model, no run)")
+    ap.add_argument("--logprob-rows", action="store_true",
+                    help="instead of the rows above: the logprob phase's peak, whole vs chunked logits (torch)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--make-model", nargs=3, metavar=("SHAPE", "DIR", "DEVICE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -323,6 +368,12 @@ def main() -> int:
         subprocess.run([sys.executable, __file__, "--make-model", shape, str(model_dir), "cuda" if gpu else "cpu"],
                        env=env, check=True, timeout=240)
         log(f"model {shape} built in {time.time() - t:.0f} s: {model_dir}")
+    if args.logprob_rows:
+        text = logprob_table(shape, model_dir, gpu, env, args.timeout)
+        print(text, flush=True)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        return 0
     device_gib = None
     rows = []
     for backend, mb, seq, ckpt, ref in configs:

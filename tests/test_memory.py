@@ -141,6 +141,21 @@ def test_logits_peak_vocab_times_tokens():
     assert mem.estimate(s).policy["logits"].bytes == 6 * 32000 * 4096 + 16 * 32000 * 2048 == 1_835_008_000
 
 
+def test_chunked_output_layer_replaces_the_logits_term():
+    """train.logprob_chunk_tokens (torch): one chunk of logits at a time, not [tokens, V] (algos/linear_logprobs)."""
+    s = RunSpec(model=LLAMA_1B, train=TrainSpec(precision=Precision.bfloat16, micro_batch_size=4,
+                                                logprob_batch_size=64, max_total_sequence_length=2048))
+    s = replace(s, cluster=replace(s.cluster, gpus_per_node=1), rollout=replace(s.rollout, max_new_tokens=512))
+    whole = mem.estimate(replace(s, train=replace(s.train, logprob_chunk_tokens=0)))
+    chunked = mem.estimate(s)
+    tokens, lp_tokens = 4 * 2048, 64 * 2048
+    assert chunked.policy["logits"].bytes == 12 * 32000 * 4096 + (2 * 2048 + 16) * tokens
+    assert chunked.policy["logprob logits"].bytes == 10 * 32000 * 4096 + (2 * 2048 + 16) * lp_tokens
+    saved = whole.policy["logprob logits"].bytes - chunked.policy["logprob logits"].bytes
+    assert saved > 25 * 2**30  # the 1.21B run's logprob phase (batch 64 x 2048) loses its ~27 GiB of logits
+    assert whole.phases["logprobs"] - chunked.phases["logprobs"] == pytest.approx(saved / 2**30)
+
+
 def test_kv_cache_bytes_per_token():
     a = mem.arch_of(load_spec(["model=llama3_1_8b", "rollout.max_new_tokens=16", "cluster=slurm",
                                "dry_run=true"]))

@@ -31,6 +31,7 @@ from grpo_launcher.algos.core import (
     token_logprobs,
     token_mean,
 )
+from grpo_launcher.algos.linear_logprobs import linear_logprobs
 from grpo_launcher.algos.loss import LossInputs, local_denominator, spec_policy_loss
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "is_correction_weights",
     "kl_estimate",
     "leave_one_out_advantages",
+    "linear_logprobs",
     "local_denominator",
     "loss_mask",
     "masked_mean",

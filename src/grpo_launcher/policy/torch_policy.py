@@ -20,13 +20,14 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from . import fsdp
-from ..algos import LossInputs, entropy_from_logits, local_denominator, spec_policy_loss, token_logprobs
+from ..algos import (LossInputs, entropy_from_logits, linear_logprobs, local_denominator, spec_policy_loss,
+                     token_logprobs)
 from ..rollout.hf import engine_dtype
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch, response_logits
 from .hybrid import HybridRollout
 from .profile import Profiling, profiled
-from .update_log import UpdateLog
+from .update_log import RouterLoad, UpdateLog
 
 __all__ = ["TorchPolicyWorker", "local_denominator"]  # local_denominator (algos/loss.py): old import path
 
@@ -43,6 +44,10 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         if spec.train.moe.freeze_router and spec.model.num_experts:
             fsdp.freeze_routers(self.model)
+        self.router_load = RouterLoad(self.model)  # train/moe/*: MoE routers' load per layer (none: dense)
+        if spec.train.logprob_chunk_tokens:
+            self.model.set_output_embeddings(LogprobHead(self.model.get_output_embeddings(),
+                                                         spec.rollout.temperature, spec.train.logprob_chunk_tokens))
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if spec.loss.kl_coef > 0 else None
         if spec.train.activation_checkpointing:  # the policy only: the reference has no backward
             fsdp.checkpoint_layers(self.model)
@@ -89,14 +94,34 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             self._build_optimizer()  # over the sharded parameters (fully_shard replaces them)
 
     # ------------------------------------------------------------------ logprobs
-    def _logits(self, model: torch.nn.Module, b: TrainBatch) -> torch.Tensor:
-        """Response logits [B, T, V] / temperature; the LM head runs only from the shortest prompt's end on."""
-        L = b.input_ids.shape[1]
+    def _weight_casts_kept(self) -> torch.autocast:
+        """One autocast region around a whole optimizer step (or logprob pass): autocast caches the bf16 cast of
+        each weight until its outermost region exits, so the fp32 master weights are cast once per step, not once
+        per micro-batch (the forwards' own regions nest inside). Off where autocast is (CPU, fp32, FSDP2)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
+
+    def _token_stats(self, model: torch.nn.Module, b: TrainBatch, entropy: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logprobs [B, T], entropy [B, T] or None) of the response tokens at temperature; the output layer runs
+        only from the shortest prompt's end on, chunked (LogprobHead) unless train.logprob_chunk_tokens=0."""
+        L, T = b.input_ids.shape[1], b.response_ids.shape[1]
         keep = L - int(b.prompt_lens.min()) + 1  # positions L-keep .. L-1 hold every response prediction
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=keep,
-                           use_cache=False).logits  # no KV cache to build (and none to update twice under AC)
-        return response_logits(logits, b.prompt_lens - (L - keep), b.response_ids.shape[1]) / self.spec.rollout.temperature
+        head = model.get_output_embeddings()
+        chunked = isinstance(head, LogprobHead)
+        if chunked:  # position p predicts token p + 1 (the last one: nothing, masked)
+            head.targets = torch.cat([b.input_ids[:, L - keep + 1:], b.input_ids[:, -1:]], 1)  # [B, keep]
+        try:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                out = model(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=keep,
+                            use_cache=False).logits  # no KV cache to build (and none to update twice under AC)
+        finally:
+            if chunked:
+                head.targets = None
+        out = response_logits(out, b.prompt_lens - (L - keep), T)  # [B, T, 2] (logprob, entropy) or [B, T, V]
+        if chunked:
+            return out[..., 0], (out[..., 1] if entropy else None)
+        logits = out / self.spec.rollout.temperature
+        return token_logprobs(logits, b.response_ids), (entropy_from_logits(logits) if entropy else None)
 
     @torch.no_grad()
     @profiled("logprobs")
@@ -104,11 +129,12 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         """(prev_logprobs [B, T], ref_logprobs [B, T] or None) for this rank's rows."""
         prev, ref = [], []
         b = b.to(self.device)
-        for rows in _chunks(len(b), self.spec.train.logprob_batch_size):
-            mb = b.select(rows)
-            prev.append(token_logprobs(self._logits(self.model, mb), mb.response_ids))
-            if self.ref is not None:
-                ref.append(token_logprobs(self._logits(self.ref, mb), mb.response_ids))
+        with self._weight_casts_kept():
+            for rows in _chunks(len(b), self.spec.train.logprob_batch_size):
+                mb = b.select(rows)
+                prev.append(self._token_stats(self.model, mb)[0])
+                if self.ref is not None:
+                    ref.append(self._token_stats(self.ref, mb)[0])
         return torch.cat(prev).cpu(), (torch.cat(ref).cpu() if ref else None)
 
     # ------------------------------------------------------------------ update
@@ -123,6 +149,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         """
         log = UpdateLog()
         on_policy = minibatches[0].prev_logprobs is None
+        self.router_load.on = True  # the update's forwards only (not the logprob pass or generation)
         for b, den in zip(minibatches, denominators):
             b = b.to(self.device)
             if den <= 0:
@@ -133,29 +160,29 @@ class TorchPolicyWorker(HybridRollout, Profiling):
                     log.ref.extend([ref] if ref is not None else [])
                 continue
             self.opt.zero_grad(set_to_none=True)
-            for rows in _chunks(len(b), self.spec.train.micro_batch_size):
-                mb = b.select(rows)
-                if on_policy and self.ref is not None:
-                    with torch.no_grad():
-                        mb = mb.with_(ref_logprobs=token_logprobs(self._logits(self.ref, mb), mb.response_ids))
-                    log.ref.append(mb.ref_logprobs.cpu())
-                metrics, weight, lp = self._micro_step(mb, den)
-                log.parts.append((metrics, weight))
-                log.prev.append(lp)
+            with self._weight_casts_kept():
+                for rows in _chunks(len(b), self.spec.train.micro_batch_size):
+                    mb = b.select(rows)
+                    if on_policy and self.ref is not None:
+                        with torch.no_grad():
+                            mb = mb.with_(ref_logprobs=self._token_stats(self.ref, mb)[0])
+                        log.ref.append(mb.ref_logprobs.cpu())
+                    metrics, weight, lp = self._micro_step(mb, den)
+                    log.parts.append((metrics, weight))
+                    log.prev.append(lp)
             log.grad_norms.append(self._sync_and_clip())
             self.opt.step()
             self.sched.step()
-        return log.result(self.sched.get_last_lr()[0], on_policy)
+        self.router_load.on = False
+        return {**log.result(self.sched.get_last_lr()[0], on_policy), **self.router_load.metrics(self.world, self.device)}
 
     def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], float, torch.Tensor]:
         """Backward of this micro-batch's share of the loss; (metrics, share of the global denominator, old lp)."""
         lo = self.spec.loss
-        logits = self._logits(self.model, mb)
-        lp = token_logprobs(logits, mb.response_ids)
+        lp, ent = self._token_stats(self.model, mb, entropy=True)
         old = lp.detach() if mb.prev_logprobs is None else mb.prev_logprobs
         x = LossInputs.of(mb, old)
-        loss, _, m = spec_policy_loss(lp, x, lo, norm_len=self.spec.rollout.max_new_tokens,
-                                      entropy=entropy_from_logits(logits))
+        loss, _, m = spec_policy_loss(lp, x, lo, norm_len=self.spec.rollout.max_new_tokens, entropy=ent)
         share = local_denominator(lo.aggregation, x.effective_mask) / den
         (loss * share).backward()
         return {"loss": float(loss.detach()), **m}, float(share), old.detach().cpu()
@@ -223,6 +250,28 @@ class TorchPolicyWorker(HybridRollout, Profiling):
 
     def ping(self) -> float:
         return time.time()
+
+
+class LogprobHead(torch.nn.Module):
+    """A causal LM's output layer (same weight, same state-dict name) that, while `targets` [B, K] is set, returns
+    [B, K, 2] = (logprob of the target at temperature, entropy) per position from hidden states, chunk by chunk
+    (algos.linear_logprobs); otherwise the plain logits (generation with the policy model itself)."""
+
+    def __init__(self, linear: torch.nn.Module, temperature: float, chunk: int):
+        super().__init__()
+        if getattr(linear, "bias", None) is not None:
+            raise ValueError("LogprobHead: an output layer with a bias")
+        self.weight = linear.weight
+        self.temperature, self.chunk = temperature, chunk
+        self.targets: torch.Tensor | None = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [B, K, H] -> [B, K, V] logits, or [B, K, 2] (logprob, entropy) with targets [B, K]
+        if self.targets is None:
+            return torch.nn.functional.linear(hidden, self.weight)
+        lp, ent = linear_logprobs(hidden.flatten(0, 1), self.weight, self.targets.flatten(),
+                                  temperature=self.temperature, chunk=self.chunk)
+        return torch.stack([lp, ent], -1).view(*hidden.shape[:2], 2)
 
 
 def _chunks(n: int, size: int) -> list[slice]:

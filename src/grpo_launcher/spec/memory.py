@@ -88,7 +88,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Callable, Optional
 
 from .errors import Violation
 from .schema import Precision, RolloutBackend, RunSpec, TrainBackend
@@ -286,6 +286,19 @@ def rank_params(a: Arch, pc: ParamCounts, lay: Layout) -> tuple[float, float]:
 # ------------------------------------------------------------------------------------- activations
 
 
+def _chunked_logits(add: Callable[[str, float, str], None], a: Arch, act: int, chunk: int, tokens: float,
+                    lp_tokens: float) -> None:
+    """The torch worker's chunked output layer (train.logprob_chunk_tokens, algos/linear_logprobs.py): one chunk's
+    logits at a time. Update: the backward's chunk (the compute-dtype GEMM output, fp32 logits, the fp32 gradient
+    and its compute-dtype copy: (2a + 8)·V per token) + the saved compute-dtype hidden states and fp32 per-token
+    stats; the logprob pass: the forward's chunk (GEMM output, fp32 logits and softmax: (a + 8)·V per token)."""
+    c, lp_c = min(chunk, tokens), min(chunk, lp_tokens)
+    add("logits", (2 * act + 8) * a.vocab * c + (act * a.hidden + 16) * tokens,
+        f"chunked: {2 * act + 8}·V × {c:.0f} tok (train.logprob_chunk_tokens={chunk}) + saved hidden")
+    add("logprob logits", (act + 8) * a.vocab * lp_c + (act * a.hidden + 16) * lp_tokens,
+        f"chunked, forward only: {act + 8}·V × {lp_c:.0f} tok + hidden")
+
+
 def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay: Layout) -> dict[str, float]:
     """Bytes per token that one layer of each kind saves for its backward, on one rank.
 
@@ -461,12 +474,15 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     add("activations", stored + final * tokens, how)
     add("activation work", work, "one layer re-materialised/back-propagated" if ckpt else "one layer's gradients")
     v = a.vocab / lay.tp
-    lead, c = LOGITS_COEF[backend](act)
-    add("logits", lead * v * tokens + c * v * rtokens,
-        f"{lead}·V·L + {c}·V·T = V {v:.0f} × (L {tokens:.0f}, T {rtokens:.0f} tok)")
     lp_tokens, lp_rtokens = t.logprob_batch_size * seq / lay.cp, t.logprob_batch_size * resp / lay.cp
-    add("logprob logits", 2 * act * v * lp_tokens + 12 * v * lp_rtokens,
-        f"forward only: {2 * act}·V·L + 12·V·T for train.logprob_batch_size={t.logprob_batch_size}")
+    if backend == "torch" and t.logprob_chunk_tokens:
+        _chunked_logits(add, a, act, t.logprob_chunk_tokens, tokens, lp_tokens)
+    else:
+        lead, c = LOGITS_COEF[backend](act)
+        add("logits", lead * v * tokens + c * v * rtokens,
+            f"{lead}·V·L + {c}·V·T = V {v:.0f} × (L {tokens:.0f}, T {rtokens:.0f} tok)")
+        add("logprob logits", 2 * act * v * lp_tokens + 12 * v * lp_rtokens,
+            f"forward only: {2 * act}·V·L + 12·V·T for train.logprob_batch_size={t.logprob_batch_size}")
 
     g = lambda *keys: sum(it[k].bytes for k in keys if k in it)  # noqa: E731
     resident = g("weights", "grads", "optimizer", "reference")

@@ -120,6 +120,9 @@ def positive_sizes(s: RunSpec) -> Iterator[Violation]:
             yield V("positive_sizes", key, f"must be ≥ 1, got {value}", f"set {key} to a positive integer")
     if s.cluster.gpus_per_node < 0:
         yield V("positive_sizes", "cluster.gpus_per_node", "must be ≥ 0", "0 for CPU, else GPUs per node")
+    if s.train.logprob_chunk_tokens < 0:
+        yield V("positive_sizes", "train.logprob_chunk_tokens", f"must be ≥ 0, got {s.train.logprob_chunk_tokens}",
+                "set a chunk of tokens (e.g. 4096), or 0 for whole logits")
     if s.cluster.gpus_per_node == 0 and s.cluster.cpu_workers_per_node < 1:
         yield V("positive_sizes", "cluster.cpu_workers_per_node", "a CPU run needs ≥ 1 worker slot per node",
                 "set cluster.cpu_workers_per_node=1")

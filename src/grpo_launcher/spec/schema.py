@@ -163,6 +163,10 @@ class TrainSpec:
     global_batch_size: int = 128
     micro_batch_size: int = 32
     logprob_batch_size: int = 64
+    # torch backend: the output layer runs over this many tokens at a time and each chunk's logits are reduced to
+    # the sampled token's logprob and the entropy at once (algos/linear_logprobs.py): no [tokens, V] logits whole,
+    # in the update and the logprob pass. 0 = whole logits (algos.token_logprobs over the model's output)
+    logprob_chunk_tokens: int = 4096
     lr: float = 3e-4  # linear warm-up over warmup_steps, then constant
     warmup_steps: int = 0
     weight_decay: float = 0.0

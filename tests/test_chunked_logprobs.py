@@ -1,0 +1,111 @@
+"""Logprobs without whole logits (algos.linear_logprobs, the torch worker's LogprobHead): equal to the whole-logits
+path (algos.token_logprobs / entropy_from_logits), values and gradients, on the CPU."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from grpo_launcher.algos import entropy_from_logits, linear_logprobs, token_logprobs
+from grpo_launcher.policy.torch_policy import LogprobHead, TorchPolicyWorker
+from grpo_launcher.spec.compose import load_spec
+from test_hybrid import SMALL, rollout_batch, setup
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_chunked_logprobs_equal_whole_logits_with_gradients(chunk):
+    torch.manual_seed(0)
+    N, H, V, temp = 23, 8, 40, 0.7
+    h = torch.randn(N, H, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, H, dtype=torch.float64, requires_grad=True)
+    t, g = torch.randint(0, V, (N,)), torch.randn(N, dtype=torch.float64)
+    lp, ent = linear_logprobs(h, w, t, temperature=temp, chunk=chunk)
+    (lp * g).sum().backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    logits = h @ w.t() / temp
+    want = token_logprobs(logits, t)
+    (want * g).sum().backward()
+    assert torch.allclose(lp, want, atol=1e-12) and torch.allclose(ent, entropy_from_logits(logits), atol=1e-12)
+    assert torch.allclose(gh, h.grad, atol=1e-12) and torch.allclose(gw, w.grad, atol=1e-12)
+    assert not ent.requires_grad  # a metric
+
+
+def test_chunked_logprobs_pass_gradcheck_and_follow_autocast():
+    torch.manual_seed(1)
+    h = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(9, 4, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 9, (6,))
+    assert torch.autograd.gradcheck(lambda a, b: linear_logprobs(a, b, t, chunk=4)[0], (h, w))
+    h32, w32 = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the GEMMs in bf16, the softmax in fp32, grads in fp32
+        lp, _ = linear_logprobs(h32, w32, t, chunk=4)
+        want = token_logprobs(torch.nn.functional.linear(h32, w32), t)
+    lp.sum().backward()
+    assert lp.dtype == torch.float32 and w32.grad.dtype == torch.float32
+    assert (lp - want).abs().max() < 1e-6
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.mark.parametrize("kl", [0.0, 0.05])
+def test_the_worker_with_a_chunked_head_equals_whole_logits(model_root, kl):
+    """The separate logprob pass, the update's loss, grad norm and new weights (and the reference's KL) match."""
+    spec, env, model_dir = setup(model_root)
+    over = [f"output_root={model_root}", *SMALL, f"loss.kl_coef={kl}"]
+    chunked = TorchPolicyWorker(load_spec([*over, "train.logprob_chunk_tokens=7"]), model_dir, 0, 1)
+    whole = TorchPolicyWorker(load_spec([*over, "train.logprob_chunk_tokens=0"]), model_dir, 0, 1)
+    assert isinstance(chunked.model.lm_head, LogprobHead) and isinstance(whole.model.lm_head, torch.nn.Linear)
+    assert chunked.model.state_dict().keys() == whole.model.state_dict().keys()
+    batch = rollout_batch(chunked, env)  # the engine shares the chunked model: its head gives plain logits then
+    mask = batch.response_mask.bool()
+    (pa, ra), (pb, rb) = chunked.logprobs(batch), whole.logprobs(batch)
+    assert (pa - pb)[mask].abs().max() < 1e-5
+    if kl:
+        assert (ra - rb)[mask].abs().max() < 1e-5
+    den = [float(batch.response_mask.sum())]
+    oa, ob = chunked.update([batch], den), whole.update([batch], den)
+    for k in ("loss", "kl", "entropy", "grad_norm"):
+        assert abs(oa[k] - ob[k]) < 1e-5, k
+    for (k, x), y in zip(chunked.model.state_dict().items(), whole.model.state_dict().values()):
+        assert torch.allclose(x, y, atol=1e-5), k
+
+
+class _BF16Casts(TorchDispatchMode):
+    """Counts casts to bf16 of tensors (weights or activations) that run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.n += func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16
+        return func(*args, **kwargs)
+
+
+def test_weight_casts_kept_over_a_step_give_todays_update(model_root, monkeypatch):
+    """bf16 autocast (on the CPU here, as a GPU run does): one region per optimizer step, each weight cast once,
+    equals today's region per micro-batch (a cast per micro-batch) on loss, grad norm and new weights."""
+    spec, env, model_dir = setup(model_root)
+    spec = load_spec([f"output_root={model_root}", *SMALL, "train.micro_batch_size=4"])  # 8 micro-batches
+    kept, per_mb = TorchPolicyWorker(spec, model_dir, 0, 1), TorchPolicyWorker(spec, model_dir, 0, 1)
+    batch = rollout_batch(kept, env)
+    kept.autocast = per_mb.autocast = True
+    monkeypatch.setattr(per_mb, "_weight_casts_kept", nullcontext)  # today's: the forward's own region only
+    den = [float(batch.response_mask.sum())]
+    with _BF16Casts() as ca:
+        oa = kept.update([batch], den)
+    with _BF16Casts() as cb:
+        ob = per_mb.update([batch], den)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in kept.model.modules())
+    assert cb.n - ca.n >= 7 * linears  # each linear's weight cast once instead of 8 times
+    assert abs(oa["loss"] - ob["loss"]) < 1e-6 and abs(oa["grad_norm"] - ob["grad_norm"]) < 1e-5
+    for (k, x), y in zip(kept.model.state_dict().items(), per_mb.model.state_dict().values()):
+        assert torch.allclose(x, y, atol=1e-6), k
