@@ -167,12 +167,12 @@ def test_a_dead_actor_is_named_by_its_actor_id():
 MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
 
 
-def run_cmd(tmp_path: Path, name: str, *extra: str, mlflow: bool = False) -> list[str]:
+def run_cmd(tmp_path: Path, name: str, *extra: str, mlflow: bool = False, steps: int = 2000) -> list[str]:
     """The default tiny CPU run (the tiny model built once per machine: a shared cache)."""
     MODEL_CACHE.mkdir(parents=True, exist_ok=True)
     if not (tmp_path / ".models").exists():
         (tmp_path / ".models").symlink_to(MODEL_CACHE)
-    return [PY, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}", f"name={name}", "grpo.max_steps=2000",
+    return [PY, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}", f"name={name}", f"grpo.max_steps={steps}",
             f"logging.mlflow={str(mlflow).lower()}", "logging.experiment=h28-hangs", "checkpoint.save_period=5", "grpo.val_period=0", "checkpoint.metric=train/reward_mean",
             "logging.progress=true", *extra]
 
@@ -204,16 +204,16 @@ def stop_all(proc: subprocess.Popen, frozen: psutil.Process | None) -> None:
 
 
 def started_and_frozen(tmp_path: Path, name: str, title: str, *extra: str, mlflow: bool = False,
-                       sig: int = signal.SIGSTOP):
-    """Launch, wait for step 12 (checkpoint step_000010 written), freeze the worker (or `sig` it);
+                       sig: int = signal.SIGSTOP, at_step: int = 12, steps: int = 2000):
+    """Launch, wait for step `at_step` (12: checkpoint step_000010 written), freeze the worker (or `sig` it);
     (proc, worker, log, t0)."""
     log = tmp_path / "run.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(run_cmd(tmp_path, name, *extra, mlflow=mlflow), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True)
+        proc = subprocess.Popen(run_cmd(tmp_path, name, *extra, mlflow=mlflow, steps=steps), stdout=out,
+                                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     run_dir = tmp_path / name
     try:
-        wait_until(lambda: steps_done(run_dir) >= 12 or proc.poll() is not None, 900, "step 12")
+        wait_until(lambda: steps_done(run_dir) >= at_step or proc.poll() is not None, 900, f"step {at_step}")
         assert proc.poll() is None, log.read_text()[-3000:]
         worker = wait_until(lambda: worker_of(proc, title), 60, f"the run's {title} process")
     except BaseException:
@@ -316,5 +316,73 @@ def test_killed_policy_worker_ends_the_run_naming_it(tmp_path):
         st = json.loads((tmp_path / name / "status.json").read_text())
         assert st["state"] == "FAILED"
         print(f"kill -9 of the policy worker -> exit {rc} after {took:.1f} s ({m.group(0)})")
+    finally:
+        stop_all(proc, None)
+
+
+# ------------------------------------------------------------------ rollout=vllm: a lost engine is restarted
+
+VLLM = ("rollout=vllm", "deadlines.health_period_s=2", "deadlines.health_timeout_s=5")
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [
+    signal.SIGKILL,
+    pytest.param(signal.SIGSTOP, marks=pytest.mark.extended),
+], ids=["kill9", "sigstop"])
+def test_lost_engine_is_restarted_and_no_step_is_lost_or_repeated(tmp_path, sig):
+    """kill -9 (Ray sees the actor die) or SIGSTOP (the health probe gets no answer, kills it) of the vLLM engine's
+    process mid-run: the engine is started again with the policy's weights, the step's requests retried, and the
+    run finishes with steps 1..N logged once each (metrics.jsonl and MLflow's step axis)."""
+    name, steps = f"h28-engine-{signal.Signals(sig).name.lower()}", 14
+    proc, worker, log, t0 = started_and_frozen(tmp_path, name, "ray::VLLMRolloutWorker", *VLLM, mlflow=True,
+                                               sig=sig, at_step=6, steps=steps)
+    try:
+        rc = proc.wait(timeout=600)
+        text = log.read_text()
+        assert rc == 0, text[-4000:]
+        m = re.search(r"grpo-launcher: rollout engine 0 \(pid (\d+), node \S+\) lost in phase (\w+) of step (\d+): "
+                      r"(.*); restarted \(1 of deadlines.engine_restarts=3\)", text)
+        assert m and int(m.group(1)) == worker.pid, text[-4000:]
+        if sig == signal.SIGSTOP:
+            assert "no answer to a health probe within deadlines.health_timeout_s=5 s" in m.group(4)
+        run_dir = tmp_path / name
+        assert steps_logged(run_dir) == list(range(1, steps + 1))
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        (run,) = client.search_runs([client.get_experiment_by_name("h28-hangs").experiment_id])
+        assert run.info.status == "FINISHED"
+        for key in ("train/reward_mean", "rollout/engine_restarts"):
+            assert [x.step for x in client.get_metric_history(run.info.run_id, key)] == list(range(1, steps + 1))
+        restarts = {x.step: x.value for x in client.get_metric_history(run.info.run_id, "rollout/engine_restarts")}
+        assert restarts[1] == 0 and restarts[steps] == 1
+        print(f"{signal.Signals(sig).name} of the vLLM engine -> restarted in phase {m.group(2)} of step "
+              f"{m.group(3)} ({m.group(4)}); run finished, steps 1..{steps} once each")
+    finally:
+        stop_all(proc, worker)
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_engine_lost_past_the_restart_cap_ends_the_run_naming_it(tmp_path):
+    name = "h28-engine-cap"
+    proc, worker, log, t0 = started_and_frozen(tmp_path, name, "ray::VLLMRolloutWorker", *VLLM,
+                                               "deadlines.engine_restarts=0", sig=signal.SIGKILL, at_step=6)
+    try:
+        rc = proc.wait(timeout=300)
+        took = time.monotonic() - t0
+        text = log.read_text()
+        assert rc == ExitCode.HUNG and took < 120, (rc, took, text[-3000:])
+        assert re.search(r"HUNG: phase \w+ of step \d+: rollout engine lost \(.*\); deadlines.engine_restarts=0 "
+                         r"restarts already made", text), text[-3000:]
+        assert f"waiting for: rollout rank 0 (pid {worker.pid}, node " in text
+        st = json.loads((tmp_path / name / "status.json").read_text())
+        assert st["state"] == "HUNG" and st["exit_code"] == ExitCode.HUNG
+        print(f"kill -9 of the vLLM engine, deadlines.engine_restarts=0 -> exit {rc} after {took:.1f} s")
     finally:
         stop_all(proc, None)

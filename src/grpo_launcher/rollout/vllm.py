@@ -346,6 +346,13 @@ class VLLMRolloutWorker(VersionedEngine):
         finally:
             await self.engine.resume_generation()
 
+    def ping(self) -> bool:
+        """The health probe (train/deadlines.py EngineProbe, in the actor's "health" concurrency group: answered
+        while a generate call runs). Raises when the async engine has errored (its EngineCore process died)."""
+        if self.engine is not None and self.engine.errored:
+            raise RuntimeError("the vLLM engine has errored (its EngineCore process died)")
+        return True
+
     def http_url(self) -> Optional[str]:
         """Base URL of this engine's OpenAI-compatible API (".../v1"), or None when it is not exposed."""
         return self._url

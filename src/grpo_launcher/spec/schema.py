@@ -337,6 +337,13 @@ class DeadlinesSpec:
     window: int = 20  # how many of a phase's most recent waits count
     # the first SIGTERM / SIGINT / SIGUSR1 waits this long for the current step, then abandons it as a second does
     stop_grace_s: float = 300.0
+    # rollout=vllm: every health_period_s each engine answers a probe (off the step's critical path, answered during
+    # a generate call) within health_timeout_s, or it is killed; 0 = no probe (a dead engine is still found by the
+    # waits). A dead or killed engine is restarted, given the policy's current weights, and its requests retried,
+    # at most engine_restarts times per run; the next loss ends the run (exit 4) naming the engine
+    health_period_s: float = 10.0
+    health_timeout_s: float = 10.0
+    engine_restarts: int = 3
 
 
 @dataclass(frozen=True)

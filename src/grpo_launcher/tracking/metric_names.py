@@ -53,6 +53,7 @@ GYM_ENV_MASKED_SAMPLES = "gym/env_masked_samples"
 GYM_TURNS_MEAN = "gym/turns_mean"
 GYM_MULTI_TURN_SAMPLES = "gym/multi_turn_samples"
 GYM_TRAINABLE_SAMPLES = "gym/trainable_samples"
+ROLLOUT_ENGINE_RESTARTS = "rollout/engine_restarts"  # engines restarted in this process (deadlines.engine_restarts)
 # wall time: time/<phase>_s per phase of the step (rollout, score, logprobs, update, refit, log), time/step_s
 TIME_PREFIX = "time/"
 TIME_STEP_S = "time/step_s"

@@ -63,6 +63,16 @@ class ActorDied(Exception):
         self.phase, self.step, self.owner = phase, step, owner
 
 
+class EngineLost(Hung):
+    """A rollout engine was lost (died, or killed by the health probe) once more than deadlines.engine_restarts
+    allows: the run ends as a hang does (exit 4), naming the engine."""
+
+    def __init__(self, phase: str, step: int, owner: Any, reason: str, cap: int) -> None:
+        Exception.__init__(self, f"phase {phase} of step {step}: rollout engine lost ({reason}); "
+                                 f"deadlines.engine_restarts={cap} restarts already made")
+        self.phase, self.step, self.waited, self.how, self.owners = phase, step, 0.0, "", [owner]
+
+
 def died(exc: Exception, phase: str, step: int, owners: Sequence[Any]) -> ActorDied:
     """The ActorDied of Ray's ActorDiedError (its actor_id names the owner; else the first owner)."""
     aid = getattr(exc, "actor_id", None)
@@ -185,6 +195,55 @@ def read_phase(run_dir: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return rec if isinstance(rec, dict) else {}
+
+
+HEALTH_GROUP = "health"  # the engines' concurrency group of `ping` (train/workers.py declares it)
+
+
+class EngineProbe:
+    """rollout=vllm engines' health, off the step's critical path: a daemon thread calls every watched engine's
+    `ping` (in its own concurrency group: answered while a generate call runs) every `period` s. An engine that
+    does not answer within `timeout` s (frozen) or whose ping raises (its engine errored) is killed: the driver's
+    wait on it then fails at once (ActorDied) and the driver restarts it (train/driver.py Trainer.recover)."""
+
+    def __init__(self, period: float, timeout: float) -> None:
+        self.period, self.timeout = period, timeout
+        self.watched: list[Any] = []  # the engines up and refit (the driver sets it; a restarting one is not)
+        self.killed: dict[str, str] = {}  # actor id → why the probe killed it
+        self.closed = threading.Event()
+        threading.Thread(target=self._run, name="grpo-engine-probe", daemon=True).start()
+
+    def close(self) -> None:
+        self.closed.set()
+
+    def why(self, handle: Any) -> str | None:
+        """Why the probe killed this engine (None: it did not)."""
+        return self.killed.get(handle._actor_id.hex())
+
+    def _run(self) -> None:
+        while not self.closed.wait(self.period):
+            self.probe(list(self.watched))
+
+    def probe(self, engines: list[Any]) -> None:
+        import ray
+
+        refs = [e.ping.options(concurrency_group=HEALTH_GROUP).remote() for e in engines]
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.timeout)
+        for e, ref in zip(engines, refs):
+            if self.closed.is_set():
+                return
+            if ref in pending:
+                reason = f"no answer to a health probe within deadlines.health_timeout_s={self.timeout:g} s"
+            else:
+                try:
+                    ray.get(ref)
+                    continue
+                except ray.exceptions.RayActorError:  # dead already: the driver's wait finds it
+                    continue
+                except Exception as exc:  # noqa: BLE001  (the engine's own error: it is restarted)
+                    reason = f"health probe failed: {str(exc).strip().splitlines()[-1][:200]}"
+            self.killed[e._actor_id.hex()] = reason
+            ray.kill(e, no_restart=True)
 
 
 # ------------------------------------------------------------------ the report

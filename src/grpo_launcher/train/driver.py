@@ -20,7 +20,7 @@ from ..tracking import metric_names as M
 from ..batch import Generation, TrainBatch, collate, shard_rows
 from ..secrets import with_http_api_key
 from ..envs.rewards import Scored
-from .deadlines import ActorDied, Hung, hang_report
+from .deadlines import ActorDied, EngineLost, Hung, hang_report
 from .loop_state import LoopState, StopRequest
 from .startup import StartupClock, process_start, quiet_libraries
 from .workers import Workers, create_workers, ray_session
@@ -160,6 +160,7 @@ class Trainer:
 
         write_prompting(plan.run_dir, self.tok, spec.env, state.data_log, model_dir)  # chat template, system prompt
         self.scored: dict[int, Scored] = {}  # id(Generation) → its Scored, until the step takes it
+        self.engine_restarts = 0  # rollout engines lost and started again (deadlines.engine_restarts)
         self.deadline = (time.monotonic() + parse_duration(spec.checkpoint.must_save_by)
                          if spec.checkpoint.must_save_by else None)
 
@@ -234,6 +235,8 @@ class Trainer:
         m.update(t.as_metrics(), **{M.TRAIN_DYNAMIC_SAMPLING_ROUNDS: rounds,
                                     M.TRAIN_TOKENS_PER_S: gen_tokens / max(self.generation_seconds(t), 1e-9)})
         m.update(pipeline)
+        if self.w.probe is not None:
+            m[M.ROLLOUT_ENGINE_RESTARTS] = float(self.engine_restarts)
         if M.TIME_GENERATION_IDLE_S not in m:  # sync: the engines idle through everything but the rollout
             m[M.TIME_GENERATION_IDLE_S] = max(m[M.TIME_STEP_S] - t.seconds["rollout"], 0.0)
         return m
@@ -256,19 +259,56 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
     def generate(self, prompts: list, n: int, seed: int) -> list[Generation]:
-        refs = self.submit_generate(prompts, n, seed)
-        return [g for part in self.w.get("generate", refs, self.w.rollout[:len(refs)]) for g in part]
+        """A lost engine is restarted (recover) and its call made again with the same prompts and seed: the step
+        neither loses nor repeats a sample."""
+        calls = self.engine_calls(prompts, seed)
+        refs = [self.w.rollout[e].generate.remote(ids, n, s) for e, (ids, s) in enumerate(calls)]
+        while True:
+            try:
+                return [g for part in self.w.get("generate", refs, self.w.rollout[:len(refs)]) for g in part]
+            except ActorDied as exc:
+                e = self.recover(exc)
+                refs[e] = self.w.rollout[e].generate.remote(calls[e][0], n, calls[e][1])
 
     def submit_generate(self, prompts: list, n: int, seed: int, method: str = "generate") -> list:
         """The prompts split over the engines, one call each (`method` of the engine); the calls' ObjectRefs
         (call i on engine i: the first len(refs) engines)."""
+        return [getattr(self.w.rollout[e], method).remote(ids, n, s)
+                for e, (ids, s) in enumerate(self.engine_calls(prompts, seed))]
+
+    def engine_calls(self, prompts: list, seed: int) -> list[tuple[list, int]]:
+        """(token ids, seed) of the call on engine i, for the first len() engines (those with prompts)."""
         from ..envs.prompting import encode_prompts
 
         ids = encode_prompts(self.tok, prompts, self.spec.env)  # env.chat_template / system_prompt; same for hf and vllm
-        engines = self.w.rollout
-        per = -(-len(ids) // len(engines))
-        return [getattr(e, method).remote(ids[i * per:(i + 1) * per], n, seed + i) for i, e in enumerate(engines)
-                if ids[i * per:(i + 1) * per]]
+        per = -(-len(ids) // len(self.w.rollout))
+        return [(ids[i * per:(i + 1) * per], seed + i) for i in range(len(self.w.rollout)) if ids[i * per:(i + 1) * per]]
+
+    def recover(self, exc: ActorDied) -> int:
+        """A rollout engine lost (kill -9, OOM, or killed by the health probe: frozen or errored) is started again on
+        its bundle and given the policy's current weights (those of its last refit); returns its index. Another
+        actor's death is raised on; so is a loss past deadlines.engine_restarts (EngineLost: exit 4 naming it)."""
+        w, cap = self.w, self.spec.deadlines.engine_restarts
+        if w.new_engine is None or not any(exc.owner is r for r in w.rollout):
+            raise exc
+        e = next(i for i, r in enumerate(w.rollout) if r is exc.owner)
+        why = (w.probe.why(exc.owner) if w.probe else None) or str(exc).split(": ", 1)[-1]
+        if self.engine_restarts >= cap:
+            raise EngineLost(exc.phase, exc.step, exc.owner, why, cap) from exc
+        (old,) = w.describe([exc.owner])
+        if w.probe is not None:
+            w.probe.watched = [r for r in w.rollout if r is not exc.owner]
+        new = w.restart_engine(e)
+        state = [p.state_dict.remote() for p in w.policy]
+        w.clock.wait_all("state_dict", state, w.policy)
+        w.get("engine_restart", [new.update_weights.remote(state[0])], [new])  # its first wait: deadlines.first_s
+        self.engine_restarts += 1
+        if w.probe is not None:
+            w.probe.watched = list(w.rollout)
+        print(f"grpo-launcher: rollout engine {e} (pid {old.pid}, node {old.node}) lost in phase {exc.phase} of step "
+              f"{exc.step}: {why}; restarted ({self.engine_restarts} of deadlines.engine_restarts={cap}) with the "
+              "policy's current weights, its requests retried", flush=True)
+        return e
 
     def train_seed(self, step: int, round_: int) -> int:
         """The sampling seed of a step's generation round (the same in sync and async)."""
@@ -383,9 +423,16 @@ class Trainer:
             self.w.get("refit", [p.send_weights_ipc.remote(self.w.rollout) for p in self.w.policy], self.w.policy)
             return (time.perf_counter() - t0) * 1e3
         refs = [p.state_dict.remote() for p in self.w.policy]
-        pushes = [r.update_weights.remote(refs[0]) for r in self.w.rollout]
+        pushes = dict(enumerate(r.update_weights.remote(refs[0]) for r in self.w.rollout))
         self.w.clock.wait_all("state_dict", refs, self.w.policy)  # a stuck policy rank is named as such
-        self.w.get("refit", pushes, self.w.rollout)
+        while True:
+            try:
+                self.w.get("refit", list(pushes.values()), [self.w.rollout[e] for e in pushes])
+                break
+            except ActorDied as exc:
+                pushes.pop(self.recover(exc))  # restarted with these weights
+        if self.w.probe is not None:
+            self.w.probe.watched = list(self.w.rollout)  # up and refit: probed from now on
         return (time.perf_counter() - t0) * 1e3
 
     def _ipc_refit(self) -> bool:

@@ -11,7 +11,7 @@ import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -22,7 +22,7 @@ from ..plan import Plan
 from ..policy import policy_class
 from ..rollout import rollout_class
 from ..spec.schema import RunSpec
-from .deadlines import ActorInfo, PhaseClock, actor_info
+from .deadlines import HEALTH_GROUP, ActorInfo, EngineProbe, PhaseClock, actor_info
 
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
               "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_DEDUP_LOGS": "1",
@@ -74,6 +74,8 @@ class Workers:
     pg: Any
     clock: PhaseClock  # every wait for these actors has a deadline (train/deadlines.py)
     stuck: list[Any] = field(default_factory=list)  # the actors a passed deadline named: killed, not asked to stop
+    new_engine: Callable[[int], Any] | None = None  # engine e started again on its bundle (separate engines)
+    probe: EngineProbe | None = None  # rollout=vllm: the engines' health probe (deadlines.health_period_s)
 
     def get(self, phase: str, refs: list, owners: Sequence[Any]) -> list:
         """ray.get(refs) within the phase's deadline (Hung past it); owners[i] is the actor computing refs[i]."""
@@ -95,8 +97,17 @@ class Workers:
     def describe(self, actors: Sequence[Any]) -> list[ActorInfo]:
         return [actor_info(a, *self.role_of(a)) for a in actors]
 
+    def restart_engine(self, e: int) -> Any:
+        """Rollout engine e killed (whatever is left of it) and started again on its bundle; the new handle."""
+        assert self.new_engine is not None
+        ray.kill(self.rollout[e], no_restart=True)
+        self.rollout[e] = self.new_engine(e)
+        return self.rollout[e]
+
     def shutdown(self, timeout: float = 30.0) -> None:
         self.clock.close()
+        if self.probe is not None:
+            self.probe.close()  # first: no engine is killed while they stop
         separate = [r for r in self.rollout if r not in self.policy and r not in self.stuck]  # hybrid: the policy
         # workers are the engines
         for ref in [r.shutdown.remote() for r in separate]:  # all at once, then each one's outcome
@@ -136,15 +147,24 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
         from ..rollout.versions import WEIGHTS_GROUP  # here: it imports torch, which the env worker (this module) must not
 
         staged = plan.async_grpo and spec.grpo.async_grpo.in_flight_weight_updates
-        R = ray.remote(concurrency_groups={WEIGHTS_GROUP: 1})(cls) if staged else ray.remote(cls)
+        probed = spec.rollout.backend.value == "vllm" and spec.deadlines.health_period_s > 0
+        groups = {**({WEIGHTS_GROUP: 1} if staged else {}), **({HEALTH_GROUP: 1} if probed else {})}
+        R = ray.remote(concurrency_groups=groups)(cls) if groups else ray.remote(cls)
         tp = spec.rollout.tensor_parallel_size
-        rollout = [R.options(**on(plan.engine_bundle0 + e * tp)).remote(spec, model_dir, threads,
-                                                                        max_model_len=plan.max_model_len)
-                   for e in range(plan.rollout_engines)]
+
+        def new_engine(e: int) -> Any:
+            return R.options(**on(plan.engine_bundle0 + e * tp)).remote(spec, model_dir, threads,
+                                                                       max_model_len=plan.max_model_len)
+
+        rollout = [new_engine(e) for e in range(plan.rollout_engines)]
+        d = spec.deadlines
+        probe = EngineProbe(d.health_period_s, d.health_timeout_s) if probed else None
     from ..envs import EnvFactory
 
     env = ray.remote(EnvWorker).options(num_cpus=0).remote(spec, EnvFactory(spec))  # the driver's env class
-    return Workers(policy=policy, rollout=rollout, env=env, pg=pg, clock=PhaseClock(spec.deadlines, plan.run_dir))
+    return Workers(policy=policy, rollout=rollout, env=env, pg=pg, clock=PhaseClock(spec.deadlines, plan.run_dir),
+                   new_engine=None if plan.hybrid_rollout else new_engine,
+                   probe=None if plan.hybrid_rollout else probe)
 
 
 class EnvWorker:
