@@ -36,7 +36,19 @@ def _export(args: list[str]) -> int:  # launch.py export RUN_DIR [--step N | --l
     return main(args)
 
 
-SUBCOMMANDS.update(rerun=_rerun, export=_export)
+def _eval(args: list[str]) -> int:  # launch.py eval|generate RUN_DIR|MODEL_DIR ... (launch/eval.py)
+    from .eval import eval_main
+
+    return eval_main(args)
+
+
+def _generate(args: list[str]) -> int:
+    from .eval import generate_main
+
+    return generate_main(args)
+
+
+SUBCOMMANDS.update(rerun=_rerun, export=_export, eval=_eval, generate=_generate)
 
 
 def execute(spec: RunSpec, plan: Plan) -> int:

@@ -117,7 +117,9 @@ def positive_sizes(s: RunSpec) -> Iterator[Violation]:
     }
     for key, value in sizes.items():
         if value < 1:
-            yield V("positive_sizes", key, f"must be ≥ 1, got {value}", f"set {key} to a positive integer")
+            yield V("positive_sizes", key, f"must be ≥ 1, got {value}", f"set {key} to a positive integer"
+                    + (" (to score a checkpoint without training: python launch.py eval RUN_DIR|MODEL_DIR)"
+                       if key == "grpo.max_steps" else ""))
     if s.cluster.gpus_per_node < 0:
         yield V("positive_sizes", "cluster.gpus_per_node", "must be ≥ 0", "0 for CPU, else GPUs per node")
     if s.train.logprob_chunk_tokens < 0:

@@ -1,0 +1,204 @@
+"""`launch.py eval` and `launch.py generate`: a checkpoint scored or sampled through the run's own engines, no training.
+
+    python launch.py eval RUN_DIR|RUN_NAME|MODEL_DIR [--step N] [--out FILE] [key=value ...]
+        scores the val set (or env.val_path=FILE) with the run's env and reward, through the same Ray workers,
+        engines and validation code as training; prints the metrics and writes them as JSON
+        (default RUN_DIR/eval/step_NNNNNN.json; a MODEL_DIR: OUTPUT_ROOT/eval/<dir name>.json)
+    python launch.py generate RUN_DIR|RUN_NAME|MODEL_DIR --prompt TEXT [--prompt TEXT ...] [-n N] [--step N]
+        N samples per prompt from the checkpoint (the newest, or --step N), the run's chat template and sampling
+
+A run dir's checkpoint is loaded into the policy workers as a resume does (the newest, or --step N); a MODEL_DIR
+(an HF directory, e.g. `launch.py export`'s) is composed as `python launch.py model.path=MODEL_DIR [key=value ...]`.
+key=value overrides change the run's spec for this command only (data: env.val_path, grpo.max_val_samples,
+grpo.val_batch_size; sampling: rollout.temperature, rollout.max_new_tokens). Exit codes: 0 ok, 1 failed, 2 a bad
+argument or config (a `config error` block naming the key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from ..exit_codes import ExitCode
+from ..spec.errors import ConfigError, Violation
+from ..spec.schema import RunSpec
+
+# rules about launching a training run under this name: an eval of a finished run trains nothing and writes no checkpoint
+NOT_FOR_EVAL = {"run_name_not_finished", "run_name_checkpoints_compatible"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    spec: RunSpec
+    checkpoint: Optional[Path]  # the run's checkpoint to load (None: the model dir's weights as they are)
+    out_dir: Path  # where the metrics JSON and the workers' phase file go (never the run's own phase.json)
+
+
+def parse(args: list[str], prog: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog=f"launch.py {prog}", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target", help="a run dir, a run name under --root, or an HF model directory")
+    ap.add_argument("overrides", nargs="*", help="key=value changes for this command (e.g. env.val_path=FILE)")
+    ap.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the newest)")
+    ap.add_argument("--root", type=Path, default=Path(os.environ.get("GRPO_OUTPUT_ROOT", "outputs")),
+                    help="where run dirs live, for a run name (default: $GRPO_OUTPUT_ROOT, else ./outputs)")
+    if prog == "eval":
+        ap.add_argument("--out", type=Path, default=None, help="the metrics JSON (default RUN_DIR/eval/step_N.json)")
+    else:
+        ap.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+        ap.add_argument("-n", type=int, default=1, help="samples per prompt (default 1)")
+        ap.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    return ap.parse_intermixed_args(args)
+
+
+def target(ns: argparse.Namespace) -> Target:
+    """The spec (saved or composed, + overrides, validated) and the checkpoint to load; ConfigError if bad."""
+    bad = [o for o in ns.overrides if "=" not in o]
+    if bad:
+        raise ConfigError([Violation("override_syntax", (b,), f"{b!r} is not key=value", "write key=value")
+                           for b in bad])
+    path = Path(ns.target)
+    run_dir = next((p for p in (path, ns.root / ns.target) if (p / "spec.yaml").is_file()), None)
+    if run_dir is not None:
+        return _run_target(run_dir.resolve(), ns.step, ns.overrides)
+    if (path / "config.json").is_file():
+        if ns.step is not None:
+            raise ConfigError([Violation("eval_step", ("--step",), f"{path} is a model directory, not a run dir: "
+                                         "it has no checkpoints to pick", "leave --step out")])
+        return _model_target(path.resolve(), ns.overrides)
+    raise ConfigError([Violation("eval_target", (ns.target,), f"'{ns.target}' is neither a run dir (spec.yaml), "
+                                 f"a run under {ns.root.resolve()} (--root), nor an HF model dir (config.json)",
+                                 "give a run dir, a run name, or a model directory")])
+
+
+def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Target:
+    from omegaconf import OmegaConf
+
+    from ..export import ExportError, pick_checkpoint
+    from ..runfiles import load_spec_file
+    from ..spec.compose import spec_to_yaml, to_spec
+
+    try:
+        ckpt = pick_checkpoint(run_dir, step, last=True)
+    except ExportError as exc:
+        raise ConfigError([Violation("eval_step", ("--step",), str(exc), "pick a step that has a checkpoint")])
+    cfg = OmegaConf.create(spec_to_yaml(load_spec_file(run_dir / "spec.yaml")))
+    try:
+        spec = to_spec(OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides)))
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (OmegaConf's errors: an unknown key, a wrong type)
+        raise ConfigError([Violation("composition", ("<overrides>",), str(exc).splitlines()[0], "fix the override")])
+    return Target(_checked(spec), ckpt, run_dir / "eval")
+
+
+def _model_target(model_dir: Path, overrides: list[str]) -> Target:
+    from ..spec.compose import load_spec
+
+    spec = load_spec([f"model.path={model_dir}", *overrides])  # ConfigError: every problem, keys named
+    return Target(_checked(spec), None, Path(spec.output_root).resolve() / "eval")
+
+
+def _checked(spec: RunSpec) -> RunSpec:
+    from ..spec.rules import validate
+
+    spec = dataclasses.replace(spec, dry_run=False)
+    bad = [v for v in validate(spec) if v.rule not in NOT_FOR_EVAL]
+    if bad:
+        raise ConfigError(bad)
+    return spec
+
+
+def run_workers(t: Target, work: Any) -> Any:
+    """Bring up the run's Ray workers (policy, engines, env) on this machine, load the checkpoint, push the weights
+    to the engines, and call work(trainer); the workers are stopped whatever happens."""
+    from ..plan import make_plan
+    from .local import private_ray_token
+
+    t.out_dir.mkdir(parents=True, exist_ok=True)
+    plan = dataclasses.replace(make_plan(t.spec), run_dir=t.out_dir)  # phase.json, prompting.json: not the run's
+    private_ray_token(plan)  # as a local run: its own token file (0600); before Ray is imported, which reads it
+    from ..envs import make_env
+    from ..train.driver import Trainer
+    from ..train.loop_state import LoopState, StopRequest
+    from ..train.setup import prepare_model
+    from ..train.startup import quiet_libraries
+    from ..train.workers import create_workers, ray_session
+
+    quiet_libraries()
+    spec = t.spec
+    env = make_env(spec)
+    model_dir = prepare_model(spec, plan, env)
+    with ray_session(spec, plan):
+        workers = create_workers(spec, plan, str(model_dir))
+        try:
+            workers.ready()
+            if t.checkpoint is not None:
+                workers.get("load", [p.load.remote(str(t.checkpoint)) for p in workers.policy], workers.policy)
+            state = LoopState(spec, plan, ckpt=None, tracker=None)
+            trainer = Trainer(spec, plan, env, workers, state, StopRequest.install(), model_dir)
+            trainer.refit()  # the engines take the loaded weights
+            return work(trainer)
+        finally:
+            workers.shutdown()
+
+
+def source_label(t: Target) -> str:
+    return f"checkpoint {t.checkpoint}" if t.checkpoint else f"model {t.spec.model.path}"
+
+
+def eval_main(args: list[str]) -> int:
+    ns = parse(args, "eval")
+    try:
+        t = target(ns)
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
+    out = ns.out or t.out_dir / (f"{t.checkpoint.name}.json" if t.checkpoint else f"{Path(str(t.spec.model.path)).name}.json")
+    print(f"grpo-launcher: eval of {source_label(t)} on {val_source(t.spec)}", flush=True)
+    metrics = run_workers(t, lambda trainer: trainer.validate())
+    record = {"checkpoint": str(t.checkpoint) if t.checkpoint else None, "model_path": t.spec.model.path,
+              "step": int(t.checkpoint.name.split("_")[-1]) if t.checkpoint else None,
+              "data": val_source(t.spec), "metrics": metrics}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    for key in sorted(metrics):
+        print(f"{key:32s}{metrics[key]:.4g}")
+    print(f"grpo-launcher: eval metrics written to {out}", flush=True)
+    return ExitCode.OK
+
+
+def val_source(spec: RunSpec) -> str:
+    """What was scored: the val file, or the env's own held-out set; and how many of it."""
+    where = spec.env.val_path or f"env {getattr(spec.env.name, 'value', spec.env.name)}'s val set"
+    n = spec.grpo.max_val_samples
+    return f"{where} ({'all rows' if n is None else f'first {n} rows'})"
+
+
+def generate_main(args: list[str]) -> int:
+    ns = parse(args, "generate")
+    try:
+        if ns.n < 1:
+            raise ConfigError([Violation("generate_n", ("-n",), f"must be ≥ 1, got {ns.n}", "e.g. -n 4")])
+        t = target(ns)
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
+    from ..envs.base import Prompt
+
+    prompts = [Prompt(text=p, answer="", agent_ref="generate") for p in ns.prompt]
+    print(f"grpo-launcher: sampling {ns.n} per prompt from {source_label(t)}", flush=True)
+
+    def sample(trainer: Any) -> list[str]:
+        gens = trainer.generate(prompts, ns.n, seed=ns.seed)
+        return [trainer.tok.decode(g.response_ids, skip_special_tokens=True) for g in gens]
+
+    texts = run_workers(t, sample)
+    for i, text in enumerate(texts):
+        print(f"--- prompt {i // ns.n + 1} sample {i % ns.n + 1}: {ns.prompt[i // ns.n]!r}\n{text}", flush=True)
+    return ExitCode.OK

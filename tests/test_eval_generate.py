@@ -1,0 +1,86 @@
+"""`launch.py eval` and `launch.py generate` (issue 31): a checkpoint scored and sampled through the run's own
+workers, no training. The refusals run launch.py's main in this process; one slow test trains 2 steps for real,
+then evaluates and samples its checkpoints through launch.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import launch, share_models, tiny_model
+
+SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "train.global_batch_size=16",
+         "train.micro_batch_size=8", "train.logprob_batch_size=16", "grpo.val_batch_size=8",
+         "rollout.max_new_tokens=6", "grpo.max_val_samples=8"]
+
+
+def test_eval_of_nothing_is_a_config_error(launch_here, tmp_path):
+    r = launch_here(tmp_path, "eval", "no-such-run")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("config error") and "'no-such-run' is neither a run dir" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_generate_needs_a_prompt(launch_here, tmp_path):
+    with pytest.raises(SystemExit) as exc:  # argparse's usage error
+        launch_here(tmp_path, "generate", "somewhere")
+    assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("args, key", [
+    (["--step", "3"], "--step"),  # a model dir has no checkpoints
+    (["grpo.max_val_sample=3"], "grpo.max_val_sample"),
+    (["grpo.val_batch_size"], "grpo.val_batch_size"),  # no '='
+])
+def test_eval_of_a_model_dir_refuses_bad_arguments_naming_them(launch_here, tmp_path, args, key):
+    model = tiny_model()
+    r = launch_here(tmp_path, "eval", str(model), *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("config error") and f"  - {key}" in r.stderr, r.stderr
+    assert not (tmp_path / "outputs").exists()  # nothing started
+
+
+def test_max_steps_zero_points_to_eval(launch_here, tmp_path):
+    r = launch_here(tmp_path, "grpo.max_steps=0", "dry_run=true")
+    assert r.returncode == 2
+    assert "grpo.max_steps" in r.stderr and "launch.py eval" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_eval_and_generate_score_and_sample_a_trained_checkpoint(tmp_path):
+    """Train 2 steps (validation each step), then `eval` the run: the same val/reward_mean as the run's own step-2
+    validation (same weights, same engines, same seeds); `--step 1` and a data file of our own; `generate`."""
+    share_models(tmp_path)
+    r = launch(*SMALL, f"output_root={tmp_path}", "name=ev", "grpo.max_steps=2", "grpo.val_period=1",
+               "checkpoint.save_period=1", "logging.mlflow=false", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_dir = tmp_path / "ev"
+    logged = {rec["step"]: rec for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+    r = launch("eval", "ev", "--root", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = json.loads((run_dir / "eval" / "step_000002.json").read_text())
+    assert out["step"] == 2 and out["metrics"]["val/samples"] == 8
+    assert out["metrics"]["val/reward_mean"] == pytest.approx(logged[2]["val/reward_mean"])
+    assert f"val/reward_mean                 {logged[2]['val/reward_mean']:.4g}" in r.stdout
+    assert not (run_dir / "checkpoints" / "step_000003").exists()  # no training
+
+    data = tmp_path / "mine.jsonl"  # a data file of the user's: the toy task's rows, answers all wrong but one
+    data.write_text("".join(json.dumps({"prompt": f"{s}>", "answer": s[::-1] if i == 0 else "x"}) + "\n"
+                            for i, s in enumerate(["1234", "5678", "9012", "3456"])))
+    r = launch("eval", str(run_dir), "--step", "1", "env.name=dataset", f"env.val_path={data}",
+               f"env.train_path={data}", "grpo.max_val_samples=null", "--out", str(tmp_path / "e.json"), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = json.loads((tmp_path / "e.json").read_text())
+    assert out["step"] == 1 and out["metrics"]["val/samples"] == 4 and out["metrics"]["val/reward_mean"] <= 0.25
+    assert str(data) in out["data"]
+
+    r = launch("generate", str(run_dir), "--prompt", "1234>", "--prompt", "5678>", "-n", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    heads = [line for line in r.stdout.splitlines() if line.startswith("--- prompt")]
+    assert heads == ["--- prompt 1 sample 1: '1234>'", "--- prompt 1 sample 2: '1234>'",
+                     "--- prompt 2 sample 1: '5678>'", "--- prompt 2 sample 2: '5678>'"], r.stdout
+    assert "checkpoint" in r.stdout and "step_000002" in r.stdout
+    assert not Path(run_dir / "eval" / "phase.json").read_text().startswith('{"phase": "HUNG"')
