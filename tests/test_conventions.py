@@ -175,3 +175,29 @@ def test_a_run_goes_to_the_mlflow_store_of_the_environment_and_resumes_there(tmp
                           "r.experiment_id = e.experiment_id JOIN metrics m ON m.run_uuid = r.run_uuid "
                           "WHERE e.name = 'team' AND m.key = 'train/reward_mean' GROUP BY r.run_uuid").fetchall()
     assert runs == [("conv", 2)], runs  # one MLflow run, both steps
+
+
+# ------------------------------------------------------------------ status: elapsed time and ETA
+
+
+def test_status_shows_elapsed_time_and_eta_of_a_live_local_run(launch_here, tmp_path):
+    """A live local run (this process's pid) started 100 s ago, at step 5 of 10, 2 s per step lately: the ETA is the
+    5 steps left at that pace; a resumed step's last line counts."""
+    import json
+    import socket
+    import time
+
+    run = tmp_path / "out" / "live"
+    run.mkdir(parents=True)
+    (run / "status.json").write_text(json.dumps({
+        "kind": "local", "name": "live", "state": "RUNNING", "pid": os.getpid(), "host": socket.gethostname(),
+        "max_steps": 10, "events": {"started": time.time() - 100}}))
+    steps = [(s, 9.0) for s in (1, 2, 3)] + [(s, 2.0) for s in (1, 2, 3, 4, 5)]  # a resume from step 0 logs 1..3 again
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "time/step_s": t}) + "\n" for s, t in steps))
+    r = launch_here(tmp_path, "status", "live", "--root", "out")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("time"))
+    assert line.startswith("time       elapsed 0:01:4"), line  # 100 s and the test's own time
+    assert line.endswith("(this start); eta 0:00:10 (5 steps left at 2 s/step, the mean of the last 5)"), line
+    r = launch_here(tmp_path, "status", "live", "--root", "out", "--json")
+    assert "eta 0:00:10" in json.loads(r.stdout)["timing"]

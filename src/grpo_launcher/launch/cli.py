@@ -33,6 +33,7 @@ from .status import (
     read_status,
     scheduler_job,
     slurm,
+    timing_line,
     write_status,
 )
 
@@ -106,6 +107,7 @@ def describe(run_dir: Path) -> dict:
            "step": last_step(logs / f"driver-{job}.log") if job else None,
            "driver_log": str(logs / f"driver-{job}.log") if job else None,
            "slurm_log": str(logs / f"slurm-{job}.out") if job else None, "phase": phase_line(run_dir, st, state)}
+    out["timing"] = timing_line(run_dir, st, state, out["step"])
     if sched:
         out["slurm"] = {k: sched.get(k) for k in ("JobState", "Reason", "NodeList", "RunTime", "TimeLimit",
                                                     "Restarts", "ExitCode") if sched.get(k) is not None}
@@ -147,6 +149,8 @@ def status(args: list[str]) -> int:
                               f"{s.get('TimeLimit')}  restarts {s.get('Restarts')}  reason {s.get('Reason')}"))
     if info["step"]:
         rows.append(("step", f"{info['step']}  (last step line of the driver log)"))
+    if info.get("timing"):
+        rows.append(("time", info["timing"]))
     if info.get("phase"):
         rows.append(("phase", info["phase"]))
     if info["exit_code"] is not None:

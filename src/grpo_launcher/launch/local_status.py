@@ -102,13 +102,15 @@ def local_step(run_dir: Path, st: dict) -> Optional[str]:
 
 def describe_local(run_dir: Path, st: dict) -> dict:
     """cli.describe() for a local run: the same keys as a Slurm run's."""
-    from .status import phase_line
+    from .status import phase_line, timing_line
 
     state, note = local_state(st)
-    return {"phase": phase_line(run_dir, st, state), "name": st.get("name", Path(run_dir).name), "state": state, "note": note, "job_id": LOCAL,
-            "job_ids": [], "kind": LOCAL, "pid": st.get("pid"), "recorded_state": st.get("state"),
-            "run_dir": str(run_dir), "restarts": st.get("restarts"), "exit_code": st.get("exit_code"),
-            "message": st.get("message"), "step": local_step(run_dir, st), "driver_log": st.get("driver_log"),
+    step = local_step(run_dir, st)
+    return {"phase": phase_line(run_dir, st, state), "timing": timing_line(run_dir, st, state, step),
+            "name": st.get("name", Path(run_dir).name), "state": state, "note": note, "job_id": LOCAL, "job_ids": [],
+            "kind": LOCAL, "pid": st.get("pid"), "recorded_state": st.get("state"), "run_dir": str(run_dir),
+            "restarts": st.get("restarts"), "exit_code": st.get("exit_code"),
+            "message": st.get("message"), "step": step, "driver_log": st.get("driver_log"),
             "slurm_log": None}
 
 

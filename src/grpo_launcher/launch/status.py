@@ -102,6 +102,58 @@ def phase_line(run_dir: Path, st: dict, state: str) -> Optional[str]:
     return f"{where} for {time.time() - since:.1f} s" + (f", deadline {limit:g} s" if limit else ", no deadline")
 
 
+def timing_line(run_dir: Path, st: dict, state: str, step: Optional[str]) -> Optional[str]:
+    """'elapsed 0:05:12 (this start); eta 0:01:40 (48 steps left at 2.08 s/step, the mean of the last 10)': the
+    time since the latest start (status.json's events; to its end once ended), and for a live run the steps left
+    (`step` 'N/M') at the recent step time (time/step_s of RUN_DIR/metrics.jsonl's last steps)."""
+    import datetime
+
+    events = st.get("events") or {}
+    started = events.get("started")
+    if not isinstance(started, (int, float)):
+        return None
+    live = state in ("RUNNING", "REQUEUED")
+    end = time.time() if live else events.get("ended") or _epoch(st.get("updated"))
+    if not isinstance(end, (int, float)) or end < started:
+        return None
+    def hms(seconds: float) -> str:
+        return str(datetime.timedelta(seconds=round(seconds)))
+
+    line = f"elapsed {hms(end - started)} ({'this start' if live else 'the last start, to its end'})"
+    m = re.fullmatch(r"(\d+)/(\d+)", step or "")
+    times = recent_step_seconds(Path(run_dir))
+    if live and m and times:
+        left = max(int(m.group(2)) - int(m.group(1)), 0)
+        per = sum(times) / len(times)
+        line += f"; eta {hms(left * per)} ({left} steps left at {per:.3g} s/step, the mean of the last {len(times)})"
+    return line
+
+
+def _epoch(text: object) -> Optional[float]:
+    try:
+        return time.mktime(time.strptime(str(text), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def recent_step_seconds(run_dir: Path, n: int = 10) -> list[float]:
+    """time/step_s of the last n steps in RUN_DIR/metrics.jsonl (a resumed step: its last line)."""
+    from ..tracking.metric_names import TIME_STEP_S
+
+    per_step: dict[int, float] = {}
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            per_step[int(rec["step"])] = float(rec[TIME_STEP_S])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return [per_step[k] for k in sorted(per_step)[-n:]]
+
+
 # ------------------------------------------------------------------ what Slurm says
 
 
