@@ -26,6 +26,7 @@ from ..rollout.hf import engine_dtype
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch, response_logits
 from .hybrid import HybridRollout
+from .packing import pack, packed_slices, unpack
 from .profile import Profiling, profiled
 from .update_log import RouterLoad, UpdateLog
 
@@ -34,14 +35,12 @@ __all__ = ["TorchPolicyWorker", "local_denominator"]  # local_denominator (algos
 
 class TorchPolicyWorker(HybridRollout, Profiling):
     def __init__(self, spec: RunSpec, model_dir: str, rank: int, world: int, threads: int = 1):
-        from transformers import AutoModelForCausalLM
-
         torch.set_num_threads(threads)
         torch.manual_seed(spec.grpo.seed + rank)
         self.spec, self.model_dir, self.rank, self.world = spec, str(model_dir), rank, world
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        self.model = fsdp.load_model(self.model_dir, self.device, sharded=world > 1)  # sharded: on meta
         if spec.train.moe.freeze_router and spec.model.num_experts:
             fsdp.freeze_routers(self.model)
         self.router_load = RouterLoad(self.model)  # train/moe/*: MoE routers' load per layer (none: dense)
@@ -91,6 +90,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             fsdp.shard(self.model, self.bf16)
             if self.ref is not None:
                 fsdp.shard(self.ref, self.bf16)
+            fsdp.materialize([m for m in (self.model, self.ref) if m is not None], self.model_dir, self.device)
             self._build_optimizer()  # over the sharded parameters (fully_shard replaces them)
 
     # ------------------------------------------------------------------ logprobs
@@ -102,26 +102,45 @@ class TorchPolicyWorker(HybridRollout, Profiling):
 
     def _token_stats(self, model: torch.nn.Module, b: TrainBatch, entropy: bool = False
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logprobs [B, T], entropy [B, T] or None) of the response tokens at temperature; the output layer runs
-        only from the shortest prompt's end on, chunked (LogprobHead) unless train.logprob_chunk_tokens=0."""
-        L, T = b.input_ids.shape[1], b.response_ids.shape[1]
-        keep = L - int(b.prompt_lens.min()) + 1  # positions L-keep .. L-1 hold every response prediction
-        head = model.get_output_embeddings()
-        chunked = isinstance(head, LogprobHead)
-        if chunked:  # position p predicts token p + 1 (the last one: nothing, masked)
-            head.targets = torch.cat([b.input_ids[:, L - keep + 1:], b.input_ids[:, -1:]], 1)  # [B, keep]
-        try:
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                out = model(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=keep,
-                            use_cache=False).logits  # no KV cache to build (and none to update twice under AC)
-        finally:
-            if chunked:
-                head.targets = None
-        out = response_logits(out, b.prompt_lens - (L - keep), T)  # [B, T, 2] (logprob, entropy) or [B, T, V]
-        if chunked:
+        """(logprobs [B, T], entropy [B, T] or None) of the response tokens at temperature. Unpacked: the output
+        layer runs from the shortest prompt's end on; packed (train.sequence_packing): over the packed rows, where
+        a response token is predicted. Chunked (LogprobHead) unless train.logprob_chunk_tokens=0."""
+        if self.spec.train.sequence_packing:
+            p = pack(b, max(self.spec.train.max_total_sequence_length, b.input_ids.shape[1]))
+            out = self._forward(model, p.targets, input_ids=p.input_ids, position_ids=p.position_ids,
+                                attention_mask=None)  # transformers: a block-diagonal mask from the position ids
+            out = unpack(out, p)  # [B, T, 2] or [B, T, V]
+        else:
+            L = b.input_ids.shape[1]
+            keep = L - int(b.prompt_lens.min()) + 1  # positions L-keep .. L-1 hold every response prediction
+            targets = torch.cat([b.input_ids[:, L - keep + 1:], b.input_ids[:, -1:]], 1)  # p predicts token p + 1
+            out = self._forward(model, targets, input_ids=b.input_ids, attention_mask=b.attention_mask,
+                                logits_to_keep=keep)
+            out = response_logits(out, b.prompt_lens - (L - keep), b.response_ids.shape[1])
+        if isinstance(model.get_output_embeddings(), LogprobHead):
             return out[..., 0], (out[..., 1] if entropy else None)
         logits = out / self.spec.rollout.temperature
         return token_logprobs(logits, b.response_ids), (entropy_from_logits(logits) if entropy else None)
+
+    def _forward(self, model: torch.nn.Module, targets: torch.Tensor, **inputs: Any) -> torch.Tensor:
+        """The model's output: [B, K, 2] (logprob, entropy) through a LogprobHead given targets [B, K], else logits."""
+        head = model.get_output_embeddings()
+        chunked = isinstance(head, LogprobHead)
+        if chunked:
+            head.targets = targets
+        try:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                return model(**inputs, use_cache=False).logits  # no KV cache (and none to update twice under AC)
+        finally:
+            if chunked:
+                head.targets = None
+
+    def _micro_slices(self, b: TrainBatch, size: int) -> list[slice]:
+        """Rows of `size` sequences, or packed (train.sequence_packing): consecutive sequences filling `size` rows."""
+        if not self.spec.train.sequence_packing:
+            return _chunks(len(b), size)
+        capacity = max(self.spec.train.max_total_sequence_length, b.input_ids.shape[1])
+        return packed_slices(b.attention_mask.sum(1).tolist(), capacity, size)
 
     @torch.no_grad()
     @profiled("logprobs")
@@ -130,7 +149,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         prev, ref = [], []
         b = b.to(self.device)
         with self._weight_casts_kept():
-            for rows in _chunks(len(b), self.spec.train.logprob_batch_size):
+            for rows in self._micro_slices(b, self.spec.train.logprob_batch_size):
                 mb = b.select(rows)
                 prev.append(self._token_stats(self.model, mb)[0])
                 if self.ref is not None:
@@ -161,7 +180,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
                 continue
             self.opt.zero_grad(set_to_none=True)
             with self._weight_casts_kept():
-                for rows in _chunks(len(b), self.spec.train.micro_batch_size):
+                for rows in self._micro_slices(b, self.spec.train.micro_batch_size):
                     mb = b.select(rows)
                     if on_policy and self.ref is not None:
                         with torch.no_grad():
@@ -255,7 +274,8 @@ class TorchPolicyWorker(HybridRollout, Profiling):
 class LogprobHead(torch.nn.Module):
     """A causal LM's output layer (same weight, same state-dict name) that, while `targets` [B, K] is set, returns
     [B, K, 2] = (logprob of the target at temperature, entropy) per position from hidden states, chunk by chunk
-    (algos.linear_logprobs); otherwise the plain logits (generation with the policy model itself)."""
+    (algos.linear_logprobs), 0 where the target is -1 (not computed); otherwise the plain logits (generation with
+    the policy model itself)."""
 
     def __init__(self, linear: torch.nn.Module, temperature: float, chunk: int):
         super().__init__()
@@ -269,9 +289,12 @@ class LogprobHead(torch.nn.Module):
         # hidden: [B, K, H] -> [B, K, V] logits, or [B, K, 2] (logprob, entropy) with targets [B, K]
         if self.targets is None:
             return torch.nn.functional.linear(hidden, self.weight)
-        lp, ent = linear_logprobs(hidden.flatten(0, 1), self.weight, self.targets.flatten(),
+        t = self.targets.flatten()
+        at = (t >= 0).nonzero().squeeze(1)  # positions whose next token is wanted (-1: none, e.g. a packed prompt)
+        lp, ent = linear_logprobs(hidden.flatten(0, 1).index_select(0, at), self.weight, t[at],
                                   temperature=self.temperature, chunk=self.chunk)
-        return torch.stack([lp, ent], -1).view(*hidden.shape[:2], 2)
+        out = torch.zeros(t.shape[0], 2, dtype=lp.dtype, device=lp.device)
+        return out.index_copy(0, at, torch.stack([lp, ent], -1)).view(*hidden.shape[:2], 2)
 
 
 def _chunks(n: int, size: int) -> list[slice]:

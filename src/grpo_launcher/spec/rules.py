@@ -995,8 +995,12 @@ def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
     if s.env.name == EnvName.nemo_gym and not gym_available():
         yield (("env.name",), "env=nemo_gym needs NeMo Gym and its resource servers, which this build does not "
                "have installed", "use env=toy|math|dataset, or install NeMo Gym (scripts/gym-install.sh)")
-    if s.train.sequence_packing:
-        yield (("train.sequence_packing",), "sequence packing is not implemented by this build's policy workers",
+    if s.train.sequence_packing and s.train.backend != TrainBackend.torch:
+        yield (("train.sequence_packing", "train.backend"), "sequence packing is implemented by the torch backend "
+               "only (policy/packing.py)", "set train.backend=torch, or train.sequence_packing=false")
+    elif s.train.sequence_packing and m.family == "nemotron_h":
+        yield (("train.sequence_packing", "model.family"), "model.family=nemotron_h has Mamba layers, whose torch "
+               "path takes no seq_idx: a packed row's recurrent state would run on from one sequence into the next",
                "set train.sequence_packing=false")
     if m.path is None and (m.family != "qwen2" or m.tie_word_embeddings or m.num_experts):
         yield (("model.path", "model.family", "model.num_experts", "model.tie_word_embeddings"),

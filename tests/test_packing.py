@@ -1,0 +1,79 @@
+"""train.sequence_packing on the torch backend (policy/packing.py): sequences end to end in fixed-length rows,
+attention kept within each sequence; the logprobs, loss and update equal the unpacked batch's, on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_launcher.batch import Generation, collate
+from grpo_launcher.policy.packing import next_fit_rows, pack, packed_slices, unpack
+from grpo_launcher.policy.torch_policy import TorchPolicyWorker
+from grpo_launcher.spec.compose import load_spec
+from test_hybrid import SMALL, rollout_batch, setup
+
+
+def test_next_fit_keeps_order_and_fills_rows():
+    assert next_fit_rows([3, 4, 2, 5, 1], 6) == [0, 1, 1, 2, 2]
+    assert packed_slices([3, 4, 2, 5, 1], 6, 2) == [slice(0, 3), slice(3, 5)]  # rows 0-1, then row 2
+    assert packed_slices([6, 6, 6], 6, 1) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+
+
+def test_pack_lays_out_positions_targets_and_the_way_back():
+    gens = [Generation([5, 6], [7, 8, 9], [0.0] * 3, False), Generation([10, 11, 12], [13], [0.0], False),
+            Generation([14], [15, 16], [0.0] * 2, False)]
+    b = collate(gens, torch.zeros(3), torch.ones(3), pad_id=0)  # lengths 5, 4, 3
+    p = pack(b, capacity=8)
+    assert p.input_ids.tolist() == [[5, 6, 7, 8, 9, 0, 0, 0], [10, 11, 12, 13, 14, 15, 16, 0]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 0, 1, 2, 7]]
+    assert p.targets.tolist() == [[-1, 7, 8, 9, -1, -1, -1, -1], [-1, -1, 13, -1, 15, 16, -1, -1]]
+    # the token each response position predicts, read back through the index: the response itself
+    nxt = torch.cat([p.input_ids[:, 1:], p.input_ids[:, :1]], 1)[..., None]  # [R, C, 1]
+    got = unpack(nxt, p)[..., 0]
+    assert torch.equal(torch.where(b.response_mask.bool(), got, 0), b.response_ids)
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.mark.parametrize("chunk", [4096, 0])
+def test_packed_update_equals_the_unpacked_one(model_root, chunk):
+    """Same batch (lengths vary), packed into rows of 64 tokens vs right-padded: logprobs, loss, grad norm and
+    the new weights agree; the packed micro-batches hold more sequences each."""
+    spec, env, model_dir = setup(model_root)
+    over = [f"output_root={model_root}", *SMALL, f"train.logprob_chunk_tokens={chunk}", "train.micro_batch_size=4"]
+    packed = TorchPolicyWorker(load_spec([*over, "train.sequence_packing=true"]), model_dir, 0, 1)
+    padded = TorchPolicyWorker(load_spec(over), model_dir, 0, 1)
+    batch = rollout_batch(padded, env)
+    lengths = batch.attention_mask.sum(1)
+    assert lengths.min() < lengths.max()  # something to pack
+    assert len(packed._micro_slices(batch, 4)) < len(padded._micro_slices(batch, 4))
+    mask = batch.response_mask.bool()
+    (pa, _), (pb, _) = packed.logprobs(batch), padded.logprobs(batch)
+    assert (pa - pb)[mask].abs().max() < 1e-5
+    den = [float(batch.response_mask.sum())]
+    packed.opt.step = padded.opt.step = lambda: None  # the gradients stay as the backward left them
+    oa, ob = packed.update([batch], den), padded.update([batch], den)
+    assert (oa["prev_logprobs"] - ob["prev_logprobs"])[mask].abs().max() < 1e-5
+    for k in ("loss", "grad_norm"):
+        assert abs(oa[k] - ob[k]) < 1e-5, k
+    # the entropy metric is a token mean per micro-batch weighted by the micro-batch's share of the loss's
+    # denominator (sequences here): other micro-batches, a slightly other mean
+    assert abs(oa["entropy"] - ob["entropy"]) < 1e-3
+    for (k, x), y in zip(packed.model.named_parameters(), padded.model.parameters()):  # Adam's first step is ~lr·sign(g)
+        assert torch.allclose(x.grad, y.grad, atol=1e-6), k  # (the grads before the step: no step taken)
+
+
+@pytest.mark.parametrize("overrides, keys, why", [
+    (["train.backend=megatron"], ("train.sequence_packing", "train.backend"), "torch backend only"),
+    (["model.family=nemotron_h", "model.num_experts=4"], ("train.sequence_packing", "model.family"), "no seq_idx"),
+])
+def test_preflight_refuses_packing_where_it_cannot_pack(overrides, keys, why):
+    from grpo_launcher.spec.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_spec(["train.sequence_packing=true", *overrides])
+    (v,) = [v for v in info.value.violations if "train.sequence_packing" in v.keys]
+    assert v.keys == keys and why in v.message
