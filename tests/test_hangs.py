@@ -59,7 +59,7 @@ def test_the_window_forgets_old_waits_and_disabled_means_none():
 def test_hang_report_names_phase_actor_step_checkpoint_and_stack():
     exc = Hung("update", 13, 10.4, explain([2.0], CFG), owners=["a"])
     text = hang_report(exc, [ActorInfo("policy", 0, 4242, "node-1")], 12, "/r/checkpoints/step_000010",
-                       stack=lambda pid: f'Thread {pid} (idle)\n    update (torch_policy.py:1)')
+                       stack=lambda a: f'Thread {a.pid} (idle)\n    update (torch_policy.py:1)')
     assert text.startswith("grpo-launcher: HUNG: phase update of step 13: no answer after 10.4 s")
     assert "policy rank 0 (pid 4242, node node-1)" in text
     assert "last completed step: 12; last checkpoint: /r/checkpoints/step_000010" in text
@@ -162,6 +162,33 @@ def test_a_dead_actor_is_named_by_its_actor_id():
     assert died(RuntimeError("x"), "score", 1, [a]).owner is a  # no id: the wait's first actor
 
 
+@pytest.mark.slow
+@pytest.mark.extended
+def test_stack_is_taken_on_the_actors_node_by_a_pinned_task():
+    import ray
+
+    from grpo_launcher.train.deadlines import actor_info, stack_on_node
+
+    @ray.remote(num_cpus=0)
+    class Sleeper:
+        def nap(self) -> None:
+            time.sleep(3600)
+
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    try:
+        a = Sleeper.remote()
+        a.nap.remote()
+        info = wait_until(lambda: (i := actor_info(a, "policy", 0)).pid and i, 120, "the actor's pid")
+        assert info.node_id == ray.get_runtime_context().get_node_id()
+        text = stack_on_node(info)
+        assert text.startswith(f"(py-spy run on node {info.node}, the actor's)"), text
+        assert "nap" in text or "py-spy" in text, text  # the sleeping method, or why py-spy could not read it
+        ray.kill(a)
+    finally:
+        ray.shutdown()
+    assert stack_on_node(ActorInfo("policy", 0, None, None)) == "(no pid known: no stack)"  # Ray down: here
+
+
 # ------------------------------------------------------------------ real runs, a frozen worker
 
 MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
@@ -260,6 +287,7 @@ def test_frozen_worker_ends_the_run_within_its_deadline(tmp_path, title, role, m
         assert last >= 12 and int(m.group(2)) in (last, last + 1)  # (last: hung in its checkpoint save)
         assert f"stack of {role} (pid {worker.pid}):" in text
         assert re.search(r"Thread|py-spy", text.split(f"stack of {role}")[1])
+        assert "(py-spy run on node " in text.split(f"stack of {role}")[1]  # a task pinned to the actor's node
         st = json.loads((run_dir / "status.json").read_text())
         assert st["state"] == "HUNG" and st["exit_code"] == ExitCode.HUNG and st["message"].startswith("phase ")
         ckpt = last_checkpoint_intact(run_dir)

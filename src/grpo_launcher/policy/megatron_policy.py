@@ -211,10 +211,15 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
             raise NotImplementedError("train.backend=megatron: pipeline parallelism is not wired yet (PP=1)")
         if t.context_parallel_size > 1 or t.sequence_parallel:
             raise NotImplementedError("context/sequence parallelism need Transformer Engine (not available)")
+        from datetime import timedelta  # the collective timeout matches the driver's deadlines (train/workers.py)
+
+        limit = os.environ.get("GRPO_COLLECTIVE_TIMEOUT_S")  # deadlines.first_s; unset (deadlines off): the defaults
         if not dist.is_initialized():
             dist.init_process_group("nccl" if self.cuda else "gloo", init_method=f"tcp://{host}:{port}",
-                                    rank=self.rank, world_size=self.world)
-        ps.initialize_model_parallel(tensor_model_parallel_size=t.tensor_parallel_size,
+                                    rank=self.rank, world_size=self.world,
+                                    timeout=timedelta(seconds=float(limit)) if limit else None)
+        ps.initialize_model_parallel(distributed_timeout_minutes=max(1, -(-int(float(limit or 1800)) // 60)),
+                                     tensor_model_parallel_size=t.tensor_parallel_size,
                                      pipeline_model_parallel_size=t.pipeline_parallel_size,
                                      context_parallel_size=t.context_parallel_size,
                                      expert_model_parallel_size=t.expert_parallel_size,

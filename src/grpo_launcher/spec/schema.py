@@ -335,7 +335,8 @@ class DeadlinesSpec:
     # a phase's first wait (no history yet); also the policy ranks' gloo/NCCL collective timeout
     first_s: float = 1800.0
     window: int = 20  # how many of a phase's most recent waits count
-    # the first SIGTERM / SIGINT / SIGUSR1 waits this long for the current step, then abandons it as a second does
+    # the first SIGTERM / SIGINT / SIGUSR1 waits this long for the current step, then abandons it as a second does;
+    # also with enabled=false (a stop the user asked for never waits for ever); 0 = it waits for the step
     stop_grace_s: float = 300.0
     # rollout=vllm: every health_period_s each engine answers a probe (off the step's critical path, answered during
     # a generate call) within health_timeout_s, or it is killed; 0 = no probe (a dead engine is still found by the

@@ -10,7 +10,8 @@ never races the launcher's or the job script's writes of status.json. A daemon t
 never be written; a slow one is, within a second).
 
 The driver (train/driver.run) turns a `Hung` into the report (`hang_report`): the phase, the actors (role,
-rank, node, pid), the last step and checkpoint, each stuck actor's stack (py-spy, when installed), then exit 4.
+rank, node, pid), the last step and checkpoint, each stuck actor's stack (py-spy, when installed, run on the
+actor's own node by a Ray task pinned there), then exit 4.
 """
 
 from __future__ import annotations
@@ -255,6 +256,7 @@ class ActorInfo:
     rank: int
     pid: int | None
     node: str | None
+    node_id: str | None = None  # Ray's: where its stack is taken (stack_on_node)
 
 
 def actor_info(handle: Any, role: str, rank: int) -> ActorInfo:
@@ -262,7 +264,7 @@ def actor_info(handle: Any, role: str, rank: int) -> ActorInfo:
     import ray
     from ray._private.state import state
 
-    pid = node = None
+    pid = node = nid = None
     try:
         rec = state.actor_table(handle._actor_id.hex())
         pid = rec.get("Pid") or None
@@ -272,7 +274,25 @@ def actor_info(handle: Any, role: str, rank: int) -> ActorInfo:
                 node = n.get("NodeManagerHostname") or n.get("NodeManagerAddress")
     except Exception:  # noqa: BLE001 (the report goes on without it)
         pass
-    return ActorInfo(role, rank, pid, node)
+    return ActorInfo(role, rank, pid, node, nid)
+
+
+def stack_on_node(actor: ActorInfo, timeout: float = 30.0) -> str:
+    """The actor's stacks taken on its own node: stack_of in a Ray task pinned there (not soft: never another
+    node's py-spy on a pid that is not there); here when its node is unknown or Ray is not up."""
+    import ray
+
+    if actor.node_id is None or not ray.is_initialized():
+        return stack_of(actor.pid, timeout)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    where = NodeAffinitySchedulingStrategy(actor.node_id, soft=False)
+    task = ray.remote(stack_of).options(num_cpus=0, scheduling_strategy=where, max_retries=0)
+    try:
+        stack = ray.get(task.remote(actor.pid, timeout), timeout=timeout + 60)  # + a worker's start there
+        return f"(py-spy run on node {actor.node}, the actor's)\n{stack}"
+    except Exception as exc:  # noqa: BLE001 (the report goes on without it)
+        return f"(py-spy on node {actor.node} failed: {type(exc).__name__}: {str(exc)[:200]})"
 
 
 def stack_of(pid: int | None, timeout: float = 30.0) -> str:
@@ -298,14 +318,14 @@ def _beside_python(name: str) -> str | None:
 
 
 def hang_report(exc: Hung, actors: list[ActorInfo], last_step: int, checkpoint: str,
-                stack: Callable[[int | None], str] = stack_of) -> str:
+                stack: Callable[[ActorInfo], str] = stack_on_node) -> str:
     """The message a hang ends the run with."""
     who = "; ".join(f"{a.role} rank {a.rank} (pid {a.pid}, node {a.node})" for a in actors) or "(no actor named)"
     lines = [f"grpo-launcher: HUNG: {exc}", f"  waiting for: {who}",
              f"  last completed step: {last_step}; last checkpoint: {checkpoint}"]
     for a in actors:
         lines.append(f"  stack of {a.role} rank {a.rank} (pid {a.pid}):")
-        lines += ["    " + line for line in stack(a.pid).splitlines()]
+        lines += ["    " + line for line in stack(a).splitlines()]
     lines.append("  the deadlines are deadlines.factor / floor_s / first_s / window (deadlines.enabled=false: "
                  "no deadline); resume starts from the last checkpoint")
     return "\n".join(lines)
