@@ -223,6 +223,33 @@ def test_resume_with_a_new_lr_trains_with_it(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs(client.search_experiments()[0].experiment_id)
     assert run.data.params["train.lr"] == "0.0003" and run.data.params["train.lr/from_step_3"] == "1e-05"
+# ----------------------------------------------------------------------------- 8. rerun: the same door as a launch
+def test_rerun_with_another_model_path_reads_its_config_json(tmp_path, launch_here):
+    """`rerun RUN_DIR model.path=OTHER` resolves OTHER's architecture (config.json) as a launch does, instead of
+    keeping the saved one; a width stated on the command line that disagrees with it is named."""
+    from grpo_launcher.launch.preflight import preflight
+    from grpo_launcher.spec.compose import load_spec, spec_to_yaml
+
+    llama, gpt2 = model_dir(tmp_path / "tiny-llama", CONFIGS["llama"]), model_dir(tmp_path / "tiny-gpt2", CONFIGS["gpt2"])
+    spec = load_spec([f"model.path={llama}", f"output_root={tmp_path}", "name=orig",
+                      "train.max_total_sequence_length=64"])
+    run_dir = tmp_path / "orig"
+    run_dir.mkdir()
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    run = launch_here(tmp_path, "rerun", str(run_dir), f"model.path={gpt2}", "dry_run=true")
+    assert run.returncode == 0, run.stderr
+    assert "rerunning" in run.stdout and "run 'orig-rerun1'" in run.stdout, run.stdout
+    m = preflight([f"model.path={gpt2}"], saved=run_dir / "spec.yaml")[0].model
+    got = (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size,
+           m.max_position_embeddings, m.tie_word_embeddings)
+    assert (m.family, m.name, got) == ("gpt2", "tiny-gpt2", EXPECTED["gpt2"])
+    kept = preflight(["grpo.max_steps=3"], saved=run_dir / "spec.yaml")[0]  # no new model.path: the saved model
+    assert kept.model == spec.model and kept.name == "orig-rerun1" and kept.grpo.max_steps == 3
+    run = launch_here(tmp_path, "rerun", str(run_dir), f"model.path={gpt2}", "model.ffn_hidden_size=100",
+                      "dry_run=true")
+    assert run.returncode == 2 and "model.ffn_hidden_size=100" in run.stderr and "=256" in run.stderr, run.stderr
+
+
     assert "grpo.spec_change/from_step_3" in run.data.tags
 
 

@@ -100,12 +100,13 @@ def subcommand_typo(argv: list[str], commands: list[str]) -> Optional[ConfigErro
                                   f"(commands: {', '.join(commands)})")])
 
 
-def single_run(overrides: list[str], source: ConfigSource) -> int:
+def single_run(overrides: list[str], source: Optional[ConfigSource] = None, saved: Optional[Path] = None) -> int:
+    """argv's overrides → pre-flight → execute: the one door to a run (`saved`: launch.py rerun's spec.yaml)."""
     from .preflight import preflight
     from . import execute
 
     try:
-        spec, plan = preflight(overrides, source)  # every problem at once; nothing started or written
+        spec, plan = preflight(overrides, source, saved)  # every problem at once; nothing started or written
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR

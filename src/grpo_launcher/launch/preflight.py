@@ -71,14 +71,20 @@ def finish(spec: RunSpec) -> tuple[RunSpec, Any]:
     return spec, plan
 
 
-def preflight(overrides: list[str], source: Optional[ConfigSource] = None) -> tuple[RunSpec, Any]:
-    """A single run's overrides → (spec, plan), or ONE ConfigError with every problem (composed once)."""
+def preflight(overrides: list[str], source: Optional[ConfigSource] = None,
+              saved: Optional[Path] = None) -> tuple[RunSpec, Any]:
+    """A single run's overrides → (spec, plan), or ONE ConfigError with every problem (composed once). `saved`: a
+    run's spec.yaml (launch.py rerun) composed with the overrides instead of conf/; the rest is the same."""
     from ..spec.compose import _override_key
     from ..tracking.store import with_mlflow_env
+    from .repro import saved_config
 
     keys = [_override_key(o) for o in overrides]
-    cfg, problems = guarded("compose", lambda: compose_all(overrides, source=source))
-    name_after_overrides(cfg, overrides, keys)
+    if saved is not None:
+        cfg, problems = guarded("compose", lambda: saved_config(saved, overrides))
+    else:
+        cfg, problems = guarded("compose", lambda: compose_all(overrides, source=source))
+        name_after_overrides(cfg, overrides, keys)
     spec = guarded("compose", lambda: checked_spec(cfg, keys, problems))
     return finish(with_mlflow_env(spec, keys))  # MLFLOW_* (tracking/store.py)
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
+from ..spec.errors import Violation
 from ..tracking.repro import REPRO, git_state
-
-if TYPE_CHECKING:
-    from ..spec.schema import RunSpec
 
 
 def rerun(args: list[str]) -> int:
-    """`launch.py rerun RUN_DIR [key=value ...]`: the run's resolved spec again, validated, as a new run."""
+    """`launch.py rerun RUN_DIR [key=value ...]`: the run's resolved spec again, as a new run, through the same door
+    as a launch (app.single_run: pre-flight, model.path's config.json, plan, execute)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="launch.py rerun", description=rerun.__doc__)
@@ -32,49 +31,41 @@ def rerun(args: list[str]) -> int:
     if not spec_file.is_file():
         print(f"error: {ns.run_dir} is not a run dir (no spec.yaml)", file=sys.stderr)
         return 2
-    from ..plan import make_plan
-    from ..spec.errors import ConfigError
-    from . import execute
+    from .app import single_run
 
     _launch_dir(ns.run_dir / REPRO / "git.json")
-    try:
-        spec = rerun_spec(spec_file, ns.overrides)
-    except ConfigError as err:
-        print(err.render(), file=sys.stderr)
-        return 2
     _say_code_drift(ns.run_dir / REPRO / "git.json")
-    print(f"grpo-launcher: rerunning {ns.run_dir} as '{spec.name}'", flush=True)
-    return execute(spec, make_plan(spec))
+    print(f"grpo-launcher: rerunning {ns.run_dir}", flush=True)
+    return single_run(ns.overrides, saved=spec_file)
 
 
-def rerun_spec(spec_file: Path, overrides: list[str]) -> RunSpec:
-    """The saved spec (secrets included) + overrides → a validated RunSpec with a fresh run name."""
-    import dataclasses
-
+def saved_config(spec_file: Path, overrides: list[str]) -> tuple[Any, list[Violation]]:
+    """The saved spec (secrets included) + overrides, as a config for pre-flight (launch/preflight.py), with a fresh
+    run name unless name= is given. A new model.path drops the saved architecture (model.family, num_layers, ...):
+    pre-flight reads it from that directory's config.json, as for a launch."""
     from omegaconf import OmegaConf
 
-    from ..spec.compose import spec_to_yaml, to_spec
-    from ..spec.errors import ConfigError, Violation
-    from ..spec.rules import validate
+    from ..spec.compose import _override_key, spec_to_yaml
+    from ..spec.model_dir import ARCH_KEYS
+    from ..spec.schema import ModelSpec
     from .rundir import load_spec_file
 
     base = load_spec_file(spec_file)
     cfg = OmegaConf.create(spec_to_yaml(base))
     bad = [o for o in overrides if "=" not in o]
     if bad:
-        raise ConfigError([Violation("override_syntax", (b,), f"{b!r} is not key=value", "write key=value")
-                           for b in bad])
+        return cfg, [Violation("override_syntax", (b,), f"{b!r} is not key=value", "write key=value") for b in bad]
+    keys = [_override_key(o) for o in overrides]
+    if "model.path" in keys:
+        for field in ("name", *ARCH_KEYS):
+            cfg.model[field] = getattr(ModelSpec(), field)
     try:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     except Exception as exc:  # noqa: BLE001
-        raise ConfigError([Violation("composition", ("<overrides>",), str(exc), "fix the override")]) from exc
-    spec = to_spec(cfg)
-    if not any(o.startswith("name=") for o in overrides):
-        spec = dataclasses.replace(spec, name=_fresh_name(Path(spec.output_root), base.name))
-    violations = validate(spec)
-    if violations:
-        raise ConfigError(violations)
-    return spec
+        return cfg, [Violation("composition", ("<overrides>",), str(exc), "fix the override")]
+    if "name" not in keys:
+        cfg.name = _fresh_name(Path(str(cfg.output_root)), base.name)
+    return cfg, []
 
 
 def _launch_dir(git_file: Path) -> None:
