@@ -189,6 +189,47 @@ def test_stack_is_taken_on_the_actors_node_by_a_pinned_task():
     assert stack_on_node(ActorInfo("policy", 0, None, None)) == "(no pid known: no stack)"  # Ray down: here
 
 
+@pytest.mark.slow
+@pytest.mark.extended
+def test_ipc_refit_failure_names_the_engine_not_policy_rank_0():
+    """The CUDA IPC refit (policy rank 0 drives the engines) past its deadline, or failed: the engine that gives
+    no health answer (SIGSTOP) is named, then the dead one (kill -9). Real actors; the refit itself needs CUDA."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from grpo_launcher.train.deadlines import HEALTH_GROUP, ActorDied, actor_info
+    from grpo_launcher.train.driver import Trainer
+
+    @ray.remote(num_cpus=0, concurrency_groups={HEALTH_GROUP: 1})
+    class Engine:
+        def ping(self) -> bool:
+            return True
+
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    frozen = None
+    try:
+        engines = [Engine.remote(), Engine.remote()]
+        ray.get([e.ping.remote() for e in engines], timeout=120)
+        me = SimpleNamespace(w=SimpleNamespace(probe=object(), rollout=engines),
+                             spec=SimpleNamespace(deadlines=DeadlinesSpec(health_timeout_s=3)))
+        policy_hung = Hung("refit", 9, 300.0, "x", owners=["policy rank 0"])
+        assert Trainer.engine_at_fault(me, policy_hung) is policy_hung  # every engine answers: the policy's fault
+        frozen = psutil.Process(actor_info(engines[1], "rollout", 1).pid)
+        frozen.send_signal(signal.SIGSTOP)
+        named = Trainer.engine_at_fault(me, policy_hung)
+        assert isinstance(named, Hung) and named.owners == [engines[1]] and named.phase == "refit"
+        assert "policy rank 0 waits on the engines' refit" in str(named)
+        frozen.send_signal(signal.SIGCONT)
+        ray.kill(engines[1])
+        named = Trainer.engine_at_fault(me, ActorDied("refit", 9, "policy rank 0", "x"))
+        assert isinstance(named, ActorDied) and named.owner is engines[1], named
+    finally:
+        if frozen is not None and frozen.is_running():
+            frozen.send_signal(signal.SIGCONT)
+        ray.shutdown()
+
+
 # ------------------------------------------------------------------ real runs, a frozen worker
 
 MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))

@@ -420,7 +420,10 @@ class Trainer:
             self.w.get("refit", [p.refit_engine.remote() for p in self.w.policy], self.w.policy)
             return (time.perf_counter() - t0) * 1e3
         if self._ipc_refit():  # vLLM on CUDA, engines on the policy's GPUs: device buffers shared over CUDA IPC
-            self.w.get("refit", [p.send_weights_ipc.remote(self.w.rollout) for p in self.w.policy], self.w.policy)
+            try:
+                self.w.get("refit", [p.send_weights_ipc.remote(self.w.rollout) for p in self.w.policy], self.w.policy)
+            except (Hung, ActorDied) as exc:  # policy rank 0 drives the engines: name the engine it waited on
+                raise self.engine_at_fault(exc) from exc
             return (time.perf_counter() - t0) * 1e3
         refs = [p.state_dict.remote() for p in self.w.policy]
         pushes = dict(enumerate(r.update_weights.remote(refs[0]) for r in self.w.rollout))
@@ -434,6 +437,28 @@ class Trainer:
         if self.w.probe is not None:
             self.w.probe.watched = list(self.w.rollout)  # up and refit: probed from now on
         return (time.perf_counter() - t0) * 1e3
+
+    def engine_at_fault(self, exc: Hung | ActorDied) -> Hung | ActorDied:
+        """The IPC refit's wait, past its deadline or failed, as the engines' fault where an engine does not answer
+        its health ping (frozen: Hung naming it) or is dead (ActorDied naming it); else `exc` (the policy's)."""
+        import ray
+
+        if self.w.probe is None:  # no "health" concurrency group: a ping would queue behind the stuck refit call
+            return exc
+        from .deadlines import HEALTH_GROUP
+
+        refs = [e.ping.options(concurrency_group=HEALTH_GROUP).remote() for e in self.w.rollout]
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.spec.deadlines.health_timeout_s)
+        frozen = [e for e, r in zip(self.w.rollout, refs) if r in pending]
+        if frozen:
+            return Hung(exc.phase, exc.step, getattr(exc, "waited", 0.0),
+                        "policy rank 0 waits on the engines' refit; they give no health answer", frozen)
+        for e, r in zip(self.w.rollout, refs):
+            try:
+                ray.get(r)
+            except Exception as err:  # noqa: BLE001  (dead or errored: this engine is the one)
+                return ActorDied(exc.phase, exc.step, e, str(err).strip().splitlines()[0][:200])
+        return exc
 
     def _ipc_refit(self) -> bool:
         """Whether the engines take the weights over CUDA IPC (rollout/vllm_compat.py): GPUs, colocated engines
