@@ -180,3 +180,82 @@ def test_resume_from_an_older_checkpoint_never_logs_a_step_twice(tmp_path, uri):
     assert resumed.replay([["train/loss", 6.0, 0, 6], ["train/loss", 99.0, 0, 5]]) == 1  # 6 new, 5 known
     assert [s for s, _ in resumed.metric_history("train/loss")] == [1, 2, 3, 4, 5, 6]
     resumed.close()
+
+
+# ------------------------------------------------------------------ TensorBoard (logging.tensorboard=true)
+
+
+def test_tensorboard_log_buffers_until_commit_and_never_writes_a_step_twice(tmp_path):
+    """Steps 1..3 committed, 4 left uncommitted (a crash); a reopened log (a resume from the checkpoint of step 2,
+    as after an invalid newest one) logs 3..5 again: every step once, the committed values kept."""
+    from grpo_launcher.tracking.tensorboard_log import TensorBoardLog, read_scalars
+
+    tb = TensorBoardLog(tmp_path)
+    for step in (1, 2, 3):
+        tb.log_metrics(step, {"train/reward_mean": step / 10, "val/reward_mean": step / 20}, 1000.0 + step)
+    assert read_scalars(tmp_path) == {}  # nothing before commit
+    assert tb.commit() == 6
+    tb.log_metrics(4, {"train/reward_mean": 0.4}, 1004.0)
+    assert tb.pending() == [["train/reward_mean", 0.4, 1004000, 4]]
+    tb.discard()
+    tb.close()
+    tb = TensorBoardLog(tmp_path)
+    for step in (3, 4, 5):
+        tb.log_metrics(step, {"train/reward_mean": step / 10 + 1}, 2000.0 + step)
+    assert tb.commit() == 2  # 4 and 5
+    tb.close()
+    got = read_scalars(tmp_path)
+    assert [s for s, _ in got["train/reward_mean"]] == [1, 2, 3, 4, 5]
+    assert [round(v, 3) for _, v in got["train/reward_mean"]] == [0.1, 0.2, 0.3, 1.4, 1.5]
+    assert [s for s, _ in got["val/reward_mean"]] == [1, 2, 3]
+
+
+def test_trackers_without_mlflow_answer_mlflow_calls_with_nothing(tmp_path):
+    from grpo_launcher.tracking.tensorboard_log import TensorBoardLog, Trackers
+
+    t = Trackers(None, TensorBoardLog(tmp_path))
+    t.log_metrics(1, {"train/reward_mean": 0.5})
+    assert t.run_id is None and t.set_tag("grpo.hung", "x") is None
+    assert t.replay(t.pending()) == 1  # a checkpoint's pending metrics, replayed on resume
+    t.close("FAILED")
+
+
+def test_wandb_is_refused_at_pre_flight_naming_the_key(launch_here, tmp_path):
+    r = launch_here(tmp_path, "logging.wandb=true", "logging.tensorboard=true", "dry_run=true")
+    assert r.returncode == 2
+    assert "  - logging.wandb: W&B is not supported by this build" in r.stderr and "tensorboard" not in \
+        r.stderr.split("logging.wandb:")[0]
+
+
+@pytest.mark.slow
+def test_tensorboard_event_files_match_mlflow_across_a_stop_and_resume(tmp_path):
+    """`launch.py logging.tensorboard=true`, stopped after step 1 (checkpoint.must_save_by=0: exit 3), then the same
+    command resumes and finishes step 2: the event files hold every MLflow metric of steps 1 and 2 once, same names,
+    same values."""
+    import sqlite3
+
+    from helpers import launch, share_models
+    from grpo_launcher.tracking.tensorboard_log import read_scalars
+
+    share_models(tmp_path)
+    args = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "train.global_batch_size=16",
+            "train.micro_batch_size=8", "train.logprob_batch_size=16", "grpo.val_batch_size=8",
+            "rollout.max_new_tokens=6", "grpo.max_val_samples=8", "grpo.val_period=1", "checkpoint.save_period=1",
+            f"output_root={tmp_path}", "name=tb", "grpo.max_steps=2", "logging.tensorboard=true",
+            "checkpoint.must_save_by=00:00:00", f"logging.tracking_uri=sqlite:///{tmp_path}/mlflow.db"]
+    r = launch(*args, cwd=tmp_path)
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"tensorboard --logdir {tmp_path.resolve()}/tb/tensorboard" in r.stdout
+    r = launch(*args, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    tb = read_scalars(tmp_path / "tb" / "tensorboard")
+    assert len(list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one per start
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        rows = db.execute("SELECT key, step, value FROM metrics").fetchall()
+    mlflow: dict[str, list[tuple[int, float]]] = {}
+    for key, step, value in sorted(rows):
+        mlflow.setdefault(key, []).append((step, value))
+    assert set(tb) == set(mlflow) and "train/reward_mean" in tb and "val/reward_mean" in tb
+    for key, points in mlflow.items():
+        assert [s for s, _ in tb[key]] == [s for s, _ in points] == [1, 2], key
+        assert [v for _, v in tb[key]] == pytest.approx([v for _, v in points], rel=1e-6), key

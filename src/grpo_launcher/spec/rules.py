@@ -1029,6 +1029,21 @@ def env_data_and_code(s: RunSpec) -> Iterator[Violation]:
 
 
 @rule
+def trackers_installed(s: RunSpec) -> Iterator[Violation]:
+    """logging.wandb is refused (not supported by this build); logging.tensorboard needs the tensorboard package."""
+    import importlib.util
+
+    if s.logging.wandb:
+        have = importlib.util.find_spec("wandb") is not None
+        yield V("trackers_installed", "logging.wandb", "W&B is not supported by this build" + (
+                "" if have else ": the `wandb` package is not installed here"), "set logging.wandb=false; use "
+                "logging.tensorboard=true (event files in RUN_DIR/tensorboard) and/or MLflow (logging.mlflow)")
+    if s.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        yield V("trackers_installed", "logging.tensorboard", "the `tensorboard` package is not installed",
+                "pip install tensorboard (a dependency of this package: reinstall it), or logging.tensorboard=false")
+
+
+@rule
 def run_name_not_finished(s: RunSpec) -> Iterator[Violation]:
     """Re-launching a finished run's name would train nothing (and overwrite its summary): refused."""
     from ..finished import finished_problem

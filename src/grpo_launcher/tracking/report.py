@@ -102,7 +102,9 @@ def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None, stop
         rows.append(("last checkpoint", last))
     if png is not None:
         rows.append(("reward curve", png))
-    if tracker is not None:
+    if spec.logging.tensorboard:
+        rows.append(("TensorBoard", f"tensorboard --logdir {plan.run_dir / 'tensorboard'}"))
+    if tracker is not None and spec.logging.mlflow:
         uri = redact_value(plan.tracking_uri)  # a password in the URI: ***
         rows.append(("MLflow", f"{uri}  experiment '{spec.logging.experiment}'  run {tracker.run_id}"))
         rows.append(("MLflow charts", chart_link(uri, tracker.experiment_id)))

@@ -176,6 +176,15 @@ class LoopState:
 
 
 def _tracker(spec: RunSpec, plan: Plan, run_id: Optional[str]):
+    tracker = _mlflow(spec, plan, run_id)
+    if not spec.logging.tensorboard:
+        return tracker
+    from ..tracking.tensorboard_log import TB_DIR, TensorBoardLog, Trackers
+
+    return Trackers(tracker, TensorBoardLog(plan.run_dir / TB_DIR))
+
+
+def _mlflow(spec: RunSpec, plan: Plan, run_id: Optional[str]):
     if not spec.logging.mlflow:
         return None
     import os

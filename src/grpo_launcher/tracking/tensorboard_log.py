@@ -1,0 +1,114 @@
+"""TensorBoard event files beside MLflow (logging.tensorboard=true): RUN_DIR/tensorboard/, one scalar per metric, the
+same names (`train/reward_mean`) and step axis as MLflow.
+
+Like the MLflow tracker, metrics are buffered until `commit()` (right after a checkpoint is written), and a reopened
+log reads back which (tag, step) pairs its event files hold already and never writes one twice: after a stop and
+resume, or a crash and a resume from an older checkpoint, every step is in the event files exactly once.
+`Trackers` sends the loop's metric calls to both; MLflow-only calls (tags, artifacts, the run id) go to MLflow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+TB_DIR = "tensorboard"  # under the run dir
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the event files under log_dir: {tag: [(step, value), ...]} in file order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not Path(log_dir).is_dir():
+        return {}
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})  # 0: keep every value
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+class TensorBoardLog:
+    """One run's event files: buffered scalars, written on commit, never a (tag, step) twice."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = Path(log_dir)
+        self._logged = {(tag, step) for tag, points in read_scalars(self.log_dir).items() for step, _ in points}
+        self._writer = SummaryWriter(str(self.log_dir))  # a new event file per process
+        self._buffer: list[tuple[str, float, float, int]] = []  # (tag, value, wall time s, step)
+
+    def log_metrics(self, step: int, metrics: dict[str, float], wall_time: float) -> None:
+        self._buffer.extend((k, float(v), wall_time, int(step)) for k, v in metrics.items())
+
+    def commit(self) -> int:
+        """Write the buffered scalars not in the files yet; returns how many were written."""
+        buffered, self._buffer = self._buffer, []
+        sent = 0
+        for tag, value, wall, step in buffered:
+            if (tag, step) not in self._logged:
+                self._writer.add_scalar(tag, value, global_step=step, walltime=wall)
+                self._logged.add((tag, step))
+                sent += 1
+        self._writer.flush()
+        return sent
+
+    def replay(self, pending: list) -> int:
+        """A checkpoint's uncommitted metrics ([key, value, timestamp_ms, step]), written if missing."""
+        self._buffer = [(str(k), float(v), int(ts) / 1000, int(step)) for k, v, ts, step in pending] + self._buffer
+        return self.commit()
+
+    def pending(self) -> list[list]:
+        return [[k, v, int(wall * 1000), step] for k, v, wall, step in self._buffer]
+
+    def discard(self) -> int:
+        dropped, self._buffer = len(self._buffer), []
+        return dropped
+
+    def close(self) -> None:
+        self.commit()
+        self._writer.close()
+
+
+class Trackers:
+    """The loop's tracker: MLflow (or None) and TensorBoard (or None) behind one object. Metric calls go to both;
+    the rest (run_id, experiment_id, tags, artifacts, spec changes) is MLflow's, a no-op without it."""
+
+    def __init__(self, mlflow: Any, tensorboard: Optional[TensorBoardLog]) -> None:
+        self.mlflow, self.tensorboard = mlflow, tensorboard
+
+    def __getattr__(self, name: str) -> Any:  # MLflow-only calls
+        if self.mlflow is not None:
+            return getattr(self.mlflow, name)
+        if name in ("run_id", "experiment_id"):
+            return None
+        return lambda *args, **kwargs: None
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        import time
+
+        if self.mlflow is not None:
+            self.mlflow.log_metrics(step, metrics)
+        if self.tensorboard is not None:
+            self.tensorboard.log_metrics(step, metrics, time.time())
+
+    def commit(self) -> int:
+        sent = self.mlflow.commit() if self.mlflow is not None else 0
+        return sent + (self.tensorboard.commit() if self.tensorboard is not None else 0)
+
+    def pending(self) -> list[list]:
+        source = self.mlflow if self.mlflow is not None else self.tensorboard
+        return source.pending() if source is not None else []
+
+    def replay(self, pending: list) -> int:
+        sent = self.mlflow.replay(pending) if self.mlflow is not None else 0
+        return sent + (self.tensorboard.replay(pending) if self.tensorboard is not None else 0)
+
+    def discard(self) -> int:
+        dropped = self.mlflow.discard() if self.mlflow is not None else 0
+        return dropped + (self.tensorboard.discard() if self.tensorboard is not None else 0)
+
+    def close(self, status: str = "FINISHED") -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.mlflow is not None:
+            self.mlflow.close(status)
