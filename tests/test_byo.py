@@ -109,7 +109,8 @@ def test_broken_data_and_reward_all_named_at_once(user):
     assert r.returncode == 2, r.stderr
     err = r.stderr
     assert "config error" in err and "Traceback" not in err
-    assert f"{user / 'train.jsonl'}:3: the row has no 'prompt'" in err, err
+    assert "env.train_path" in err and "1 row without 'prompt' (env.prompt_key): line 3" in err, err
+    assert f"{user / 'train.jsonl'}:3 has the keys ['answer', 'id']" in err, err
     assert "env.reward_weights" in err and "1 weight(s) for 2 reward functions" in err
     assert "env.reward_fns[0]" in err and "SyntaxError" in err and "line 2" in err, err
     assert "env.reward_fns[1]" in err and "defines no 'nope'" in err, err
@@ -118,7 +119,7 @@ def test_broken_data_and_reward_all_named_at_once(user):
 @pytest.mark.parametrize("case,expect", [
     ("missing", "no file"),
     ("empty", "holds no rows"),
-    ("malformed", "train.jsonl:3: not valid JSON"),
+    ("malformed", "train.jsonl: 1 row with invalid JSON: line 3 (Expecting"),
     ("signature", "cannot be called as fn(prompt, completion, **row)"),
     ("no_function", "defines no 'nope'"),
     ("too_long", "exceed env.max_prompt_tokens=64"),
@@ -158,7 +159,9 @@ def test_parquet_and_saved_datasets_dirs_dry_run(launch_here, user):
     assert r.returncode == 0, r.stderr
     r = launch_here(user, *data_args(user, **{"env.train_path": str(user / "train.parquet"), "env.prompt_key": "q",
                                               "dry_run": "true"}), *SMALL)
-    assert r.returncode == 2 and "train.parquet[row 0]: the row has no 'q'" in r.stderr, r.stderr
+    assert r.returncode == 2 and "no row has 'q' (env.prompt_key)" in r.stderr
+    assert "the columns: question, solution, id" in r.stderr, r.stderr
+    assert "val.jsonl:\n      no row has 'q'" in r.stderr, r.stderr  # every problem of both files at once
 
 
 def test_user_env_class_and_reward_checked_at_preflight(launch_here, user):

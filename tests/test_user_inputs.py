@@ -93,6 +93,75 @@ def test_json_chat_messages_in_a_csv_column_are_parsed(tmp_path, launch_here):
     assert chat["messages"] == msgs and text["messages"] == "[not json"  # only a real message list is parsed
 
 
+# ----------------------------------------------------------------------------- 4. data pre-flight
+def test_every_bad_row_is_named_in_one_config_error(tmp_path, launch_here):
+    """Empty answers at lines 4 and 9, an empty prompt at line 5, a missing prompt at line 7: one launch names them
+    all; past MAX_LISTED a problem says how many it left out."""
+    from grpo_launcher.envs.dataset import MAX_LISTED
+
+    rows = [{"prompt": f"{i}>", "answer": str(i)} for i in range(10)]
+    rows[3]["answer"] = rows[8]["answer"] = ""
+    rows[4]["prompt"] = ""
+    del rows[6]["prompt"]
+    data = tmp_path / "bad.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = launch_here(tmp_path, *dataset_args(data, data), "dry_run=true")
+    assert run.returncode == 2 and "config error" in run.stderr
+    for line in ("2 rows with an empty 'answer' (env.answer_key): lines 4, 9",
+                 "1 row with an empty 'prompt' (env.prompt_key): line 5",
+                 "1 row without 'prompt' (env.prompt_key): line 7", f"{data}:7 has the keys ['answer']"):
+        assert line in run.stderr, run.stderr
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(json.dumps({"prompt": "1>", "answer": ""}) + "\n" for _ in range(MAX_LISTED + 5)))
+    run = launch_here(tmp_path, *dataset_args(many, data), "dry_run=true")
+    assert f"{MAX_LISTED + 5} rows with an empty 'answer'" in run.stderr
+    assert "lines 1, 2, 3" in run.stderr and f"(the first {MAX_LISTED} of {MAX_LISTED + 5})" in run.stderr
+
+
+def test_data_is_read_once_per_preflight_and_a_large_file_says_so(tmp_path, launch_here, monkeypatch):
+    from grpo_launcher.envs import dataset, preflight
+
+    data = reverse_jsonl(tmp_path / "d.jsonl", 8)
+    reads: list[Path] = []
+    real = dataset._load_jsonl
+    monkeypatch.setattr(dataset, "_load_jsonl", lambda p, key: reads.append(p) or real(p, key))
+    monkeypatch.setattr(preflight, "PROGRESS_BYTES", 0)  # every file counts as large
+    run = launch_here(tmp_path, *dataset_args(data, data), "dry_run=true", f"output_root={tmp_path}")
+    assert run.returncode == 0, run.stderr
+    assert reads == [data, data]  # train and val, once each (a dry run validates twice: as given, as launched)
+    assert f"pre-flight: reading {data}" in run.stderr and "d.jsonl: 8 rows: prompt tokens counted in" in run.stderr
+
+
+BAD_REWARDS = '''
+def nan(prompt, completion, **row):
+    return float("nan")
+
+
+def text(prompt, completion, **row):
+    return "1.0"
+
+
+def boom(prompt, completion, **row):
+    raise KeyError("score")
+'''
+
+
+@pytest.mark.parametrize("fn,expect", [("nan", "returned nan (expected a finite float)"),
+                                       ("text", "returned '1.0' (expected a finite float)"),
+                                       ("boom", "raised KeyError")])
+def test_reward_functions_are_called_on_real_rows_at_preflight(tmp_path, launch_here, fn, expect):
+    """A NaN, a string or an exception from a reward function is a config error before anything starts; with
+    env.reward_errors=zero an exception is left to the run (scored 0 and counted), a NaN is not."""
+    (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
+    data = reverse_jsonl(tmp_path / "d.jsonl", 4)
+    args = dataset_args(data, data, f"env.reward_fn=bad_rewards.py:{fn}", "dry_run=true", f"output_root={tmp_path}")
+    run = launch_here(tmp_path, *args)
+    assert run.returncode == 2 and "env.reward_fn" in run.stderr and expect in run.stderr, run.stderr
+    assert f"{data}:1" in run.stderr and "called at pre-flight" in run.stderr
+    zero = launch_here(tmp_path, *args, "env.reward_errors=zero")
+    assert (zero.returncode == 0) == (fn == "boom"), zero.stderr
+
+
 # ----------------------------------------------------------------------------- 3. any causal LM
 # config.json as transformers 5's save_pretrained writes them (trimmed to the architecture keys)
 CONFIGS = {
@@ -152,6 +221,33 @@ def test_model_dir_reader_imports_no_transformers():
             "assert not {'torch', 'transformers'} & set(sys.modules), sorted(sys.modules)")
     proc = subprocess.run([str(ROOT / ".venv/bin/python"), "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- 8. rerun: the same door as a launch
+def test_rerun_with_another_model_path_reads_its_config_json(tmp_path, launch_here):
+    """`rerun RUN_DIR model.path=OTHER` resolves OTHER's architecture (config.json) as a launch does, instead of
+    keeping the saved one; a width stated on the command line that disagrees with it is named."""
+    from grpo_launcher.launch.preflight import preflight
+    from grpo_launcher.spec.compose import load_spec, spec_to_yaml
+
+    llama, gpt2 = model_dir(tmp_path / "tiny-llama", CONFIGS["llama"]), model_dir(tmp_path / "tiny-gpt2", CONFIGS["gpt2"])
+    spec = load_spec([f"model.path={llama}", f"output_root={tmp_path}", "name=orig",
+                      "train.max_total_sequence_length=64"])
+    run_dir = tmp_path / "orig"
+    run_dir.mkdir()
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    run = launch_here(tmp_path, "rerun", str(run_dir), f"model.path={gpt2}", "dry_run=true")
+    assert run.returncode == 0, run.stderr
+    assert "rerunning" in run.stdout and "run 'orig-rerun1'" in run.stdout, run.stdout
+    m = preflight([f"model.path={gpt2}"], saved=run_dir / "spec.yaml")[0].model
+    got = (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size,
+           m.max_position_embeddings, m.tie_word_embeddings)
+    assert (m.family, m.name, got) == ("gpt2", "tiny-gpt2", EXPECTED["gpt2"])
+    kept = preflight(["grpo.max_steps=3"], saved=run_dir / "spec.yaml")[0]  # no new model.path: the saved model
+    assert kept.model == spec.model and kept.name == "orig-rerun1" and kept.grpo.max_steps == 3
+    run = launch_here(tmp_path, "rerun", str(run_dir), f"model.path={gpt2}", "model.ffn_hidden_size=100",
+                      "dry_run=true")
+    assert run.returncode == 2 and "model.ffn_hidden_size=100" in run.stderr and "=256" in run.stderr, run.stderr
 
 
 # ----------------------------------------------------------------------------- 2. resume truth
@@ -223,33 +319,6 @@ def test_resume_with_a_new_lr_trains_with_it(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs(client.search_experiments()[0].experiment_id)
     assert run.data.params["train.lr"] == "0.0003" and run.data.params["train.lr/from_step_3"] == "1e-05"
-# ----------------------------------------------------------------------------- 8. rerun: the same door as a launch
-def test_rerun_with_another_model_path_reads_its_config_json(tmp_path, launch_here):
-    """`rerun RUN_DIR model.path=OTHER` resolves OTHER's architecture (config.json) as a launch does, instead of
-    keeping the saved one; a width stated on the command line that disagrees with it is named."""
-    from grpo_launcher.launch.preflight import preflight
-    from grpo_launcher.spec.compose import load_spec, spec_to_yaml
-
-    llama, gpt2 = model_dir(tmp_path / "tiny-llama", CONFIGS["llama"]), model_dir(tmp_path / "tiny-gpt2", CONFIGS["gpt2"])
-    spec = load_spec([f"model.path={llama}", f"output_root={tmp_path}", "name=orig",
-                      "train.max_total_sequence_length=64"])
-    run_dir = tmp_path / "orig"
-    run_dir.mkdir()
-    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
-    run = launch_here(tmp_path, "rerun", str(run_dir), f"model.path={gpt2}", "dry_run=true")
-    assert run.returncode == 0, run.stderr
-    assert "rerunning" in run.stdout and "run 'orig-rerun1'" in run.stdout, run.stdout
-    m = preflight([f"model.path={gpt2}"], saved=run_dir / "spec.yaml")[0].model
-    got = (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size,
-           m.max_position_embeddings, m.tie_word_embeddings)
-    assert (m.family, m.name, got) == ("gpt2", "tiny-gpt2", EXPECTED["gpt2"])
-    kept = preflight(["grpo.max_steps=3"], saved=run_dir / "spec.yaml")[0]  # no new model.path: the saved model
-    assert kept.model == spec.model and kept.name == "orig-rerun1" and kept.grpo.max_steps == 3
-    run = launch_here(tmp_path, "rerun", str(run_dir), f"model.path={gpt2}", "model.ffn_hidden_size=100",
-                      "dry_run=true")
-    assert run.returncode == 2 and "model.ffn_hidden_size=100" in run.stderr and "=256" in run.stderr, run.stderr
-
-
     assert "grpo.spec_change/from_step_3" in run.data.tags
 
 

@@ -11,8 +11,9 @@ the answer as text (str of a string, JSON text of any other value). A prompt is 
 messages [{"role", "content"}, ...]; a string that is the JSON text of such a list (a messages column
 written to CSV) is parsed into the list.
 
-Every row must hold env.prompt_key (and env.answer_key unless it is null); a missing key, a null value,
-a malformed line or an empty file is a DataError naming the file and the line (row, for columnar files).
+Every row must hold env.prompt_key (and env.answer_key unless it is null); missing keys, null or empty values,
+malformed lines or an empty file make one DataError naming the file and every bad line (row, for columnar
+files), grouped by problem, up to MAX_LISTED lines each ("12 rows with an empty 'answer' ...: lines 4, 9, ...").
 Training order: every row once per epoch, reshuffled each epoch when env.shuffle (seeded by grpo.seed);
 dynamic-sampling refills (round > 0) draw at random. The same (step, round) always gives the same prompts.
 """
@@ -35,6 +36,7 @@ from .usercode import UserCodeError
 JSONL = (".jsonl", ".ndjson")
 SAVED_DATASET_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 VAL_SPLITS = ("validation", "val", "test")
+MAX_LISTED = 20  # bad lines named per problem in a DataError (the count is always the full one)
 
 
 class DataError(UserCodeError):
@@ -47,6 +49,21 @@ class Table:
     rows: list[dict]
     where: Callable[[int], str]  # row index → "file:line" / "file[row i]"
     columns: list[str]
+    label: Callable[[int], str] = str  # row index → "line 4" / "row 3" (lists of bad rows)
+
+
+def lines_of(problems: list[str]) -> str:
+    """One problem on the same line, several each on its own (indented under the config error's key)."""
+    return f" {problems[0]}" if len(problems) == 1 else "".join(f"\n      {p}" for p in problems)
+
+
+def listed(what: str, labels: list[str]) -> str:
+    """'12 rows with an empty 'answer': lines 4, 9, ... (the first 20)'."""
+    shown = labels[:MAX_LISTED]
+    kind, nums = (shown[0].split(" ", 1)[0], [x.split(" ", 1)[-1] for x in shown]) if shown else ("line", [])
+    more = f", ... (the first {MAX_LISTED} of {len(labels)})" if len(labels) > MAX_LISTED else ""
+    return f"{len(labels)} row{'s' if len(labels) != 1 else ''} {what}: {kind}{'s' if len(shown) > 1 else ''} " \
+           f"{', '.join(nums)}{more}"
 
 
 def load_table(path: str, key: str, split_for: str = "train") -> Table:
@@ -72,7 +89,7 @@ def load_table(path: str, key: str, split_for: str = "train") -> Table:
 
 
 def _load_jsonl(p: Path, key: str) -> Table:
-    rows, lines = [], []
+    rows, lines, bad_json, not_object = [], [], [], []
     with open(p, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -80,12 +97,19 @@ def _load_jsonl(p: Path, key: str) -> Table:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"{key}: {p}:{n}: not valid JSON ({exc.msg}, column {exc.colno})") from None
+                bad_json.append(f"line {n} ({exc.msg}, column {exc.colno})")
+                continue
             if not isinstance(row, dict):
-                raise DataError(f"{key}: {p}:{n}: a line must be a JSON object, got {type(row).__name__}")
+                not_object.append(f"line {n} (a {type(row).__name__})")
+                continue
             rows.append(row)
             lines.append(n)
-    return Table(p, rows, lambda i: f"{p}:{lines[i]}", sorted({k for r in rows for k in r}))
+    problems = [listed(what, labels) for what, labels in (("with invalid JSON", bad_json),
+                                                          ("with a JSON value that is not an object", not_object)) if labels]
+    if problems:
+        raise DataError(f"{key}: {p}:{lines_of(problems)}")
+    return Table(p, rows, lambda i: f"{p}:{lines[i]}", sorted({k for r in rows for k in r}),
+                 lambda i: f"line {lines[i]}")
 
 
 def _load_json(p: Path, key: str) -> Table:
@@ -95,7 +119,7 @@ def _load_json(p: Path, key: str) -> Table:
         raise DataError(f"{key}: {p}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise DataError(f"{key}: {p} must hold a JSON list of objects (or use JSONL: one object per line)")
-    return Table(p, data, lambda i: f"{p}[row {i}]", sorted({k for r in data for k in r}))
+    return Table(p, data, lambda i: f"{p}[row {i}]", sorted({k for r in data for k in r}), lambda i: f"row {i}")
 
 
 def _load_csv(p: Path, key: str) -> Table:
@@ -113,7 +137,7 @@ def _load_csv(p: Path, key: str) -> Table:
                 lines.append(reader.line_num)
     except (UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{key}: cannot read {p} as CSV: {type(exc).__name__}: {exc}") from None
-    return Table(p, rows, lambda i: f"{p}:{lines[i]}", list(reader.fieldnames or []))
+    return Table(p, rows, lambda i: f"{p}:{lines[i]}", list(reader.fieldnames or []), lambda i: f"line {lines[i]}")
 
 
 def _load_columnar(p: Path, key: str) -> Table:
@@ -148,26 +172,35 @@ def _load_saved(p: Path, key: str, split_for: str) -> Table:
 
 
 def _from_dataset(ds, p: Path, split: str = "") -> Table:
-    return Table(p, ds.to_list(), lambda i: f"{p}[{split}row {i}]", list(ds.column_names))
+    return Table(p, ds.to_list(), lambda i: f"{p}[{split}row {i}]", list(ds.column_names),
+                 lambda i: f"{split}row {i}")
 
 
 def check_rows(table: Table, env: EnvSpec, key: str) -> None:
-    """Every row holds the prompt (and answer) column with a value: DataError at the first that does not."""
-    needed = [k for k in (env.prompt_key, env.answer_key) if k]
+    """Every row holds the prompt (and answer) column with a value: one DataError naming every row that does not,
+    grouped by problem."""
+    knobs = {env.prompt_key: "env.prompt_key", **({env.answer_key: "env.answer_key"} if env.answer_key else {})}
+    bad: dict[str, list[int]] = {}
     for i, row in enumerate(table.rows):
-        for k in needed:
+        for k, knob in knobs.items():
             if k not in row:
-                knob = "env.prompt_key" if k == env.prompt_key else "env.answer_key"
-                fix = f"set {knob} to one of its keys" + (" or env.answer_key=null" if knob == "env.answer_key"
-                                                          else "")
-                raise DataError(f"{key}: {table.where(i)}: the row has no {k!r} ({knob}); its keys: "
-                                f"{sorted(row)}; {fix}")
-            if row[k] is None or row[k] == "":
-                raise DataError(f"{key}: {table.where(i)}: {k!r} is empty")
-        prompt = row[env.prompt_key]
-        if not isinstance(prompt, (str, list)):
-            raise DataError(f"{key}: {table.where(i)}: {env.prompt_key!r} is a {type(prompt).__name__}; "
-                            "expected a string or a list of chat messages")
+                bad.setdefault(f"without {k!r} ({knob}", []).append(i)
+            elif row[k] is None or row[k] == "":
+                bad.setdefault(f"with an empty {k!r} ({knob})", []).append(i)
+        prompt = row.get(env.prompt_key)
+        if prompt not in (None, "") and not isinstance(prompt, (str, list)):
+            bad.setdefault(f"whose {env.prompt_key!r} is neither a string nor a list of chat messages", []).append(i)
+    if not bad:
+        return
+    everywhere = {what for what, rows in bad.items() if what.startswith("without") and len(rows) == len(table.rows)}
+    lines = [f"no row has {what[len('without '):]})" if what in everywhere
+             else listed(what + (")" if what.startswith("without") else ""), [table.label(i) for i in rows])
+             for what, rows in bad.items()]
+    missing = next((i for what, rows in bad.items() if what.startswith("without") and what not in everywhere
+                    for i in rows[:1]), None)
+    hint = "" if missing is None else f"{table.where(missing)} has the keys {sorted(table.rows[missing])}"
+    hint = f"the columns: {', '.join(table.columns)}" if everywhere else hint
+    raise DataError(f"{key}: {table.path}:{lines_of(lines + ([hint] if hint else []))}")
 
 
 def as_messages(prompt: Any) -> Any:

@@ -1,18 +1,31 @@
 """Pre-flight for what a user brings to the env section: the Env class, the data files, the reward functions
 and the prompts (length under the chat template). Each problem is a Violation naming the key and the file
-(and line); called by the `env_data_and_code` rule in spec/rules.py before anything is started."""
+(and line); called by the `env_data_and_code` rule in spec/rules.py before anything is started.
+
+The data is read once per pre-flight (the verdict is kept for the same spec and files: a dry run's second
+pass, real_launch_problems, reuses it); a file over PROGRESS_BYTES says what it is doing on stderr. Each reward
+function is called on the first REWARD_PROBE_ROWS rows (the row's answer as the completion): a NaN, a string or
+(env.reward_errors=raise) an exception is a config error here, not after Ray's start-up.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..spec.errors import Violation
 from ..spec.schema import ClusterKind, RunSpec
 from .usercode import UserCodeError, describe, is_file_ref, is_ref, load_ref, split_ref
 
 RULE = "env_data_and_code"
+PROGRESS_BYTES = 8 * 2**20  # a data file this large says what pre-flight is doing with it
+REWARD_PROBE_ROWS = 3
+_CHECKED: dict[tuple, list[Violation]] = {}  # (spec, data files' stats) → the verdict
 
 
 def V(keys: str | tuple[str, ...], message: str, fix: str) -> Violation:  # noqa: N802
@@ -29,6 +42,39 @@ def here(s: RunSpec, path: str | None) -> bool:
 
 
 def check_env(s: RunSpec) -> Iterator[Violation]:
+    """Every problem of the env section (kept per spec and data files: the data is read once)."""
+    key = (repr(dataclasses.replace(s, dry_run=False)), *(_stat(p) for p in (s.env.train_path, s.env.val_path)))
+    if key not in _CHECKED:
+        _CHECKED.clear()
+        _CHECKED[key] = list(_check_env(s))
+    yield from _CHECKED[key]
+
+
+def _stat(path: str | None) -> tuple:
+    try:
+        st = Path(path).expanduser().stat() if path else None
+    except OSError:
+        return (path,)
+    return (path, st.st_mtime_ns, st.st_size) if st else (path,)
+
+
+@contextmanager
+def progress(what: Any, done: str) -> Iterator[None]:
+    """'pre-flight: train.jsonl: 200000 rows read in 2.1 s' on stderr, for a file over PROGRESS_BYTES."""
+    path = Path(getattr(what, "path", what)).expanduser()
+    big = path.is_file() and path.stat().st_size > PROGRESS_BYTES
+    if big and not hasattr(what, "rows"):
+        print(f"grpo-launcher: pre-flight: reading {path} ({path.stat().st_size / 2**20:.0f} MiB) ...",
+              file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    yield
+    if big:
+        rows = f"{len(what.rows)} rows: " if hasattr(what, "rows") else ""
+        print(f"grpo-launcher: pre-flight: {path.name}: {rows}{done} in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr, flush=True)
+
+
+def _check_env(s: RunSpec) -> Iterator[Violation]:
     from . import ENVS, PLANNED_ONLY, env_class
     from .dataset import DatasetEnv
 
@@ -116,7 +162,8 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
         if not Path(path).expanduser().exists():
             continue  # local_paths_exist names it (local runs); a Slurm job's file may live on the cluster
         try:
-            tables[which] = load_split(e, which)
+            with progress(path, "read"):
+                tables[which] = load_split(e, which)
         except DataError as exc:
             yield V(f"env.{which}_path", str(exc), _data_fix(str(exc)))
     if fns and "train" in tables:
@@ -125,19 +172,43 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
             problem = R.signature_problem(r.fn, columns)
             if problem:
                 yield V(r.key, problem, "def fn(prompt, completion, **kwargs) -> float")
+            else:
+                yield from _probe_reward(s, r, tables["train"])
     if "train" in tables:
         yield from _check_epochs(s, len(tables["train"].rows))
     if tables:
         yield from check_prompts(s, tables)
 
 
+def _probe_reward(s: RunSpec, r: Any, table: Any) -> Iterator[Violation]:
+    """Call the reward function on the first rows, the answer as the completion: its return must be a finite float
+    (an exception too is a config error unless env.reward_errors=zero)."""
+    from . import rewards as R
+    from .dataset import answer_text
+
+    e = s.env
+    for i in range(min(REWARD_PROBE_ROWS, len(table.rows))):
+        row = table.rows[i]
+        completion = answer_text(row[e.answer_key]) if e.answer_key else ""
+        try:
+            R.score([r], row[e.prompt_key], completion, row, e.prompt_key, table.where(i))
+        except R.UserCodeError as exc:
+            if "raised" in str(exc).split("\n")[0] and e.reward_errors.value == "zero":
+                continue  # scored 0 and counted at run time
+            yield V(r.key, f"{exc}\n      (called at pre-flight with the row's answer as the completion)",
+                    "return a finite float from every call (float(...); NaN is not a reward)"
+                    + ("" if e.reward_errors.value == "zero" else ", or env.reward_errors=zero to score 0 when it "
+                       "raises"))
+            return
+
+
 def _data_fix(message: str) -> str:
     if "no rows" in message:
         return "point it at a file with rows"
-    if "not valid JSON" in message or "must be a JSON" in message:
-        return "fix that line (JSONL: one JSON object per line)"
-    if "the row has no" in message:
-        return "fix the row, or name the right column with env.prompt_key / env.answer_key"
+    if "invalid JSON" in message or "not an object" in message or "must be a JSON" in message:
+        return "fix those lines (JSONL: one JSON object per line)"
+    if " without " in message or "with an empty" in message or "no row has" in message:
+        return "fix those rows (or drop them), or name the right column with env.prompt_key / env.answer_key"
     return "fix the file or point the key at another one"
 
 
@@ -176,7 +247,7 @@ def load_tokenizer(s: RunSpec):
 
 def check_prompts(s: RunSpec, tables: dict) -> Iterator[Violation]:
     """Chat template present when asked for; every prompt within env.max_prompt_tokens once templated."""
-    from .prompting import encode, templating_on
+    from .prompting import prompt_lengths, templating_on
 
     e = s.env
     tok = load_tokenizer(s)
@@ -193,7 +264,8 @@ def check_prompts(s: RunSpec, tables: dict) -> Iterator[Violation]:
                 "set env.chat_template=true with a tokenizer that has a template")
         return
     for which, t in tables.items():
-        lengths = [len(encode(tok, r[e.prompt_key], e)) for r in t.rows]
+        with progress(t, "prompt tokens counted"):
+            lengths = prompt_lengths(tok, [r[e.prompt_key] for r in t.rows], e)
         over = [i for i, n in enumerate(lengths) if n > e.max_prompt_tokens]
         if over:
             worst = max(over, key=lambda i: lengths[i])

@@ -42,6 +42,20 @@ def encode(tokenizer, prompt: Any, env: EnvSpec) -> list[int]:
     return list(tokenizer(render(tokenizer, prompt, env))["input_ids"])
 
 
+def prompt_lengths(tokenizer, prompts: list, env: EnvSpec, chunk: int = 8192) -> list[int]:
+    """Token count of each prompt as encode() makes it, tokenised in batches (pre-flight over a whole data set)."""
+    on = templating_on(tokenizer, env)
+    fast = getattr(tokenizer, "is_fast", False) and getattr(tokenizer, "backend_tokenizer", None)
+    out: list[int] = []
+    for i in range(0, len(prompts), chunk):
+        texts = [render(tokenizer, p, env) for p in prompts[i:i + chunk]]
+        if fast:  # the Rust tokenizer's encodings, without transformers' per-row conversion
+            out += [len(x.ids) for x in fast.encode_batch(texts, add_special_tokens=not on)]
+        else:
+            out += [len(x) for x in tokenizer(texts, add_special_tokens=not on)["input_ids"]]
+    return out
+
+
 class PromptTooLong(UserCodeError):
     pass
 
