@@ -230,6 +230,47 @@ def test_ipc_refit_failure_names_the_engine_not_policy_rank_0():
         ray.shutdown()
 
 
+def test_frozen_http_server_is_found_by_the_gym_probe(tmp_path):
+    """GymServers' health probe over a real HTTP server process: answers, then SIGSTOP: named as frozen (its pid,
+    the key), and check() raises it; a refused connection is left to check()'s pid test (not called frozen)."""
+    from grpo_launcher.gym.servers import GymServerHung, GymServers, free_port
+
+    port = free_port()
+    server = subprocess.Popen([PY, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        gym = GymServers(inst=None, workdir=tmp_path, proc=server, head_url=f"http://127.0.0.1:{port}",
+                         log_path=tmp_path / "gym.log")
+        wait_until(lambda: gym.probe(5.0) is None and _answers(port), 60, "the HTTP server")
+        server.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        gym.watch(0.2, 1.0)
+        wait_until(lambda: gym.frozen is not None, 30, "the probe to find the frozen server")
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(GymServerHung) as info:
+            gym.check()
+        assert str(info.value) == (f"NeMo Gym server 'head server' (pid {server.pid}, http://127.0.0.1:{port}/health) "
+                                   "gave no answer to a health probe within deadlines.health_timeout_s=1 s")
+        assert info.value.actors[0].pid == server.pid and info.value.actors[0].role == "gym server"
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.kill()
+        server.wait()
+    gym.stopped = True
+    assert GymServers(inst=None, workdir=tmp_path, proc=server, head_url=f"http://127.0.0.1:{port}",
+                      log_path=tmp_path / "gym.log").probe(1.0) is None  # refused: not frozen
+
+
+def _answers(port: int) -> bool:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()
+        return True
+    except OSError:
+        return False
+
+
 # ------------------------------------------------------------------ real runs, a frozen worker
 
 MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
@@ -455,3 +496,46 @@ def test_engine_lost_past_the_restart_cap_ends_the_run_naming_it(tmp_path):
         print(f"kill -9 of the vLLM engine, deadlines.engine_restarts=0 -> exit {rc} after {took:.1f} s")
     finally:
         stop_all(proc, None)
+
+
+@pytest.mark.slow
+@pytest.mark.gym
+@pytest.mark.extended
+def test_frozen_gym_server_ends_the_run_naming_it(tmp_path):
+    """SIGSTOP of a Gym resources server mid-run: the probe finds it within period + timeout, the run ends with
+    exit 4 naming the server (not every rollout failing at its HTTP timeout, step after step)."""
+    from grpo_launcher.gym.install import find_install
+
+    if find_install() is None:
+        pytest.skip("NeMo Gym's venv is not installed: run `make gym`")
+    from test_nemo_gym import GYM
+
+    name = "h28-gym"
+    extra = (*GYM, "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "train.global_batch_size=16",
+             "train.micro_batch_size=16", "train.logprob_batch_size=16", "deadlines.health_period_s=2",
+             "deadlines.health_timeout_s=5")
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(run_cmd(tmp_path, name, *extra), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                start_new_session=True)
+    server = None
+    try:
+        wait_until(lambda: steps_done(tmp_path / name) >= 2 or proc.poll() is not None, 1800, "step 2")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        server = wait_until(lambda: next((p for p in psutil.Process(proc.pid).children(recursive=True)
+                                          if "math_with_judge" in " ".join(p.cmdline())), None), 60, "a Gym server")
+        server.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=600)
+        took = time.monotonic() - t0
+        text = log.read_text()
+        assert rc == ExitCode.HUNG, text[-4000:]
+        m = re.search(r"HUNG: NeMo Gym server '([^']+)' \(pid (\d+), \S+\) gave no answer to a health probe within "
+                      r"deadlines.health_timeout_s=5 s", text)
+        assert m and took < 180, (took, text[-4000:])
+        assert "last completed step: " in text and "stack of gym server rank 0" in text
+        st = json.loads((tmp_path / name / "status.json").read_text())
+        assert st["state"] == "HUNG" and st["message"].startswith("NeMo Gym server")
+        print(f"SIGSTOP of Gym server pid {server.pid} -> exit {rc} after {took:.1f} s ({m.group(0)})")
+    finally:
+        stop_all(proc, server)

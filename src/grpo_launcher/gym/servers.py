@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..train.deadlines import ActorInfo, Hung
 from .install import GymInstall, find_install
 
 
@@ -39,6 +40,16 @@ class GymServerDied(GymError):
 
 class GymStartTimeout(GymError):
     pass
+
+
+class GymServerHung(Hung):
+    """A Gym server gave no answer to its health probe (frozen): the run ends as a hang does (exit 4), naming it;
+    `actors` is the server, described for the report (its stack taken here: Gym runs on the driver's node)."""
+
+    def __init__(self, message: str, server: ActorInfo) -> None:
+        Exception.__init__(self, message)
+        self.phase, self.step, self.waited, self.how, self.owners = "generate", 0, 0.0, "", []
+        self.actors = [server]
 
 
 def free_port(host: str = "127.0.0.1", low: int = 0, high: int = 0) -> int:
@@ -104,6 +115,7 @@ class GymServers:
     _log: object = None
     stopped: bool = False
     ray_tmp: Optional[Path] = None
+    frozen: Optional[GymServerHung] = None  # what the health probe found (watch), raised by check()
 
     # ------------------------------------------------------------------ start
     @classmethod
@@ -241,10 +253,45 @@ class GymServers:
         urls = yaml.safe_load((self.workdir / "env.yaml").read_text()).get("policy_base_url") or []
         return [urls] if isinstance(urls, str) else list(urls)
 
+    def watch(self, period_s: float, timeout_s: float) -> None:
+        """Probe the servers from a daemon thread every period_s (off the rollouts' path): one that does not answer
+        an HTTP GET within timeout_s is frozen, and the next check() raises GymServerHung naming it."""
+        import threading
+
+        def run() -> None:
+            while not self.stopped and self.frozen is None:
+                time.sleep(period_s)
+                if not self.stopped:
+                    self.frozen = self.probe(timeout_s)
+
+        if period_s > 0:
+            threading.Thread(target=run, name="grpo-gym-probe", daemon=True).start()
+
+    def probe(self, timeout_s: float) -> Optional[GymServerHung]:
+        """The first server (head included) that accepts a connection but gives no answer within timeout_s."""
+        import requests
+
+        servers = [("head server", f"{self.head_url}/health", self.proc.pid),
+                   *((f"{i.get('process_name') or i.get('name')} ({i.get('server_type')})", i.get("url"),
+                      i.get("pid")) for i in self.instances if i.get("url"))]
+        for name, url, pid in servers:
+            try:
+                requests.get(url, timeout=timeout_s)
+            except requests.Timeout:
+                return GymServerHung(f"NeMo Gym server {name!r} (pid {pid}, {url}) gave no answer to a health "
+                                     f"probe within deadlines.health_timeout_s={timeout_s:g} s",
+                                     ActorInfo("gym server", 0, int(pid) if pid else None, socket.gethostname()))
+            except requests.RequestException:  # refused: it died, which check() names by its pid
+                continue
+        return None
+
     def check(self) -> None:
-        """Raise GymServerDied naming what is gone: `gym env start` itself, or one of its servers."""
+        """Raise GymServerDied naming what is gone: `gym env start` itself, or one of its servers; GymServerHung
+        naming one the health probe (watch) found frozen."""
         if self.stopped:
             return
+        if self.frozen is not None:
+            raise self.frozen
         if self.proc.poll() is not None:
             raise GymServerDied(f"NeMo Gym (`gym env start`, pid {self.proc.pid}) exited with code "
                                 f"{self.proc.returncode}; last lines of {self.log_path}:\n{self.log_tail()}")

@@ -93,8 +93,8 @@ def report_hang(exc: Hung, workers: Workers, state: LoopState | None) -> int:
     (the launcher's status.json takes it: launch/status.py); the MLflow run FAILED with tag grpo.hung."""
     ckpt = state.ckpt.latest() if state is not None else None
     last = state.step if state is not None else 0
-    print(hang_report(exc, workers.describe(exc.owners), last, str(ckpt) if ckpt else "none"), file=sys.stderr,
-          flush=True)
+    actors = getattr(exc, "actors", None) or workers.describe(exc.owners)  # a Gym server comes described
+    print(hang_report(exc, actors, last, str(ckpt) if ckpt else "none"), file=sys.stderr, flush=True)
     workers.clock.mark_hung(str(exc))
     workers.stuck = list(exc.owners)  # killed at shutdown without waiting for them
     if state is not None:

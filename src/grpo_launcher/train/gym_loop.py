@@ -45,6 +45,7 @@ def start_servers(spec, plan, abort=None) -> GymServers:
     servers = GymServers.start(list(spec.env.gym_config_paths), urls, model, plan.run_dir / "gym", api_key=key,
                                host=host, timeout_s=float(getattr(spec.env, "gym_start_timeout_s", 600.0)),
                                overrides=list(getattr(spec.env, "gym_overrides", []) or []), abort=abort)
+    servers.watch(spec.deadlines.health_period_s, spec.deadlines.health_timeout_s)  # a frozen server: exit 4
     node = os.environ.get("SLURMD_NODENAME")  # in a Slurm job: the head node, where the driver's step runs
     print(f"grpo-launcher: NeMo Gym ready at {servers.head_url}{f' on Slurm node {node}' if node else ''} "
           f"(agents: {', '.join(sorted(servers.agents()))})", flush=True)
