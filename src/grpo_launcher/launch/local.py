@@ -24,19 +24,57 @@ def run_local(spec: RunSpec, plan: Plan) -> int:
         print(f"error: run '{spec.name}' is already in use by {holder} (run dir {plan.run_dir}); "
               f"wait for it, cancel it, or pick another name=", file=sys.stderr)
         return ExitCode.FAILED
+    joined = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE")}  # cluster=ray sets them for this run
     try:
         rundir.prepare(spec, plan)
-        private_ray_token(plan)
+        if spec.cluster.ray_address:
+            join_existing_cluster(spec.cluster.ray_address)
+        else:
+            private_ray_token(plan)
         # no Ray Prometheus listener: it binds every interface without auth (the run's metrics go to MLflow)
         os.environ.setdefault("RAY_enable_metrics_collection", "0")
         from ..train.driver import run
         from .local_status import recorded
 
         with recorded(spec, plan) as rec:  # status.json + logs/driver-local.log: `launch.py status|logs` find it
-            rec["rc"] = run(spec, plan)
+            try:
+                rec["rc"] = run(spec, plan)
+            except ConnectionError as exc:  # ray.init's, joining cluster=ray (an auth failure ends the same way)
+                if not spec.cluster.ray_address:
+                    raise
+                rec["rc"] = refuse_connection(spec.cluster.ray_address, exc)
         return rec["rc"]
     finally:
         rundir.release_run_lock(plan.run_dir)
+        for key, value in joined.items():  # the next run of an in-process sweep starts from the user's
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def join_existing_cluster(address: str) -> None:
+    """cluster=ray: the driver joins RAY_ADDRESS (train/workers.py ray_session) and never starts or stops it. A
+    cluster with token auth (Ray's default) refuses a driver that does not send its token: RAY_AUTH_MODE=token when
+    a token is at hand and no mode was chosen."""
+    os.environ["RAY_ADDRESS"] = address
+    token = os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(
+        os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token"))
+    if token and "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = "token"
+    print(f"grpo-launcher: joining the Ray cluster at {address} (auth: {os.environ.get('RAY_AUTH_MODE', 'none')}); "
+          "it is not started or stopped by this run", flush=True)
+
+
+def refuse_connection(address: str, exc: BaseException) -> int:
+    from ..spec.errors import ConfigError, Violation
+
+    print(ConfigError([Violation(
+        "ray_cluster_auth", ("cluster.ray_address",), f"could not join the Ray cluster at {address}: {exc}",
+        "check the address, and the cluster's auth: RAY_AUTH_MODE=token with its token in RAY_AUTH_TOKEN, "
+        "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (`ray get-auth-token` on the head)")]).render(),
+        file=sys.stderr, flush=True)
+    return ExitCode.CONFIG_ERROR
 
 
 def private_ray_token(plan: Plan) -> None:

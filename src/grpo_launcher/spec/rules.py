@@ -724,7 +724,7 @@ def ray_object_store_minimum(s: RunSpec) -> Iterator[Violation]:
 
 @rule
 def local_is_one_node(s: RunSpec) -> Iterator[Violation]:
-    if s.cluster.kind == ClusterKind.local and s.cluster.nodes != 1:
+    if s.cluster.kind == ClusterKind.local and s.cluster.nodes != 1 and not s.cluster.ray_address:
         yield V("local_is_one_node", ("cluster.nodes", "cluster.kind"),
                 f"cluster=local runs on this machine, but cluster.nodes={s.cluster.nodes}",
                 "use cluster=slurm for several nodes")
@@ -733,8 +733,8 @@ def local_is_one_node(s: RunSpec) -> Iterator[Violation]:
 @rule
 def local_gpus_present(s: RunSpec) -> Iterator[Violation]:
     """cluster=local asking for GPUs this machine does not have: Ray would wait forever for them."""
-    if s.cluster.kind != ClusterKind.local or s.cluster.gpus_per_node <= 0 or s.dry_run:
-        return
+    if s.cluster.kind != ClusterKind.local or s.cluster.gpus_per_node <= 0 or s.dry_run or s.cluster.ray_address:
+        return  # an existing Ray cluster's GPUs are its nodes', not this machine's
     import torch  # only for a GPU request: device_count reads the driver (NVML) without starting CUDA
 
     have = torch.cuda.device_count()
@@ -744,6 +744,33 @@ def local_gpus_present(s: RunSpec) -> Iterator[Violation]:
                 f"device(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})",
                 f"set cluster.gpus_per_node={have}" + (" (the CPU default)" if not have else "")
                 + ", or run on a GPU node / with cluster=slurm")
+
+
+@rule
+def ray_cluster_reachable(s: RunSpec) -> Iterator[Violation]:
+    """cluster=ray: an address is given, HOST:PORT, and something listens there (Ray's own connect would retry for
+    a minute and end in a traceback). Its auth is checked when the driver joins (launch/local.py)."""
+    address = s.cluster.ray_address
+    fix = "cluster.ray_address=HOST:PORT of the cluster's head (its GCS port, `ray start --head --port`), or RAY_ADDRESS"
+    if address is None:
+        return
+    if s.cluster.kind != ClusterKind.local:
+        yield V("ray_cluster_reachable", ("cluster.ray_address", "cluster.kind"), "an existing Ray cluster is joined "
+                f"by a driver on this machine (cluster=ray), not by a {s.cluster.kind.value} job", "use cluster=ray")
+        return
+    host, _, port = address.rpartition(":")
+    if not address or not host or not port.isdigit() or "://" in address:
+        yield V("ray_cluster_reachable", "cluster.ray_address", f"cluster=ray needs the cluster's address HOST:PORT, "
+                f"got {address!r}" + (" (RAY_ADDRESS is unset)" if not address else ""), fix)
+        return
+    if s.dry_run:
+        return
+    import socket
+
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        yield V("ray_cluster_reachable", "cluster.ray_address", f"no Ray cluster answers at {address}: {exc}", fix)
 
 
 @rule

@@ -280,6 +280,10 @@ class ClusterSpec:
     python: Optional[str] = None
     # true: launch although vLLM/torch/transformers/megatron-core/Ray lie outside the tested ranges (spec/versions.py)
     untested_versions: bool = False
+    # cluster=ray: an existing Ray cluster's GCS address HOST:PORT (conf/cluster/ray.yaml takes $RAY_ADDRESS); the
+    # driver runs here, joins it with its auth (RAY_AUTH_MODE=token where a token is found), never starts or stops
+    # it; "" = cluster=ray without an address (refused); null = start a Ray here (cluster=local) or the job's own
+    ray_address: Optional[str] = None
     ray_port: int = 6379  # first port of the fixed Ray port block (see launch/sbatch.py)
     ray_temp_dir: str = "/tmp/ray"  # short: AF_UNIX socket paths are capped at 107 bytes
     ray_join_timeout_s: int = 300
