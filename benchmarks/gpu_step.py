@@ -11,6 +11,8 @@ per-phase times are read from RUN_DIR/metrics.jsonl. TRL runs the harness in ../
     python benchmarks/gpu_step.py --only ours-torch,ours-megatron      # a subset
     python benchmarks/gpu_step.py --only ours-torch,ours-vllm-torch,ours-vllm-megatron   # HF engine vs vLLM
 
+    python benchmarks/gpu_step.py --worker --out OUT      # the torch worker alone: before/after per change, packing
+
 `ours-vllm-<backend>` rows: `rollout=vllm` (vLLM's CUDA build, an engine actor beside the policy on the same GPU,
 CUDA graphs on: rollout.enforce_eager=false), refit over CUDA IPC (rollout/vllm_compat.py).
 
@@ -116,6 +118,112 @@ def run_trl(args) -> dict:
     return {"name": "trl", "summary": summary, "log_tail": proc.stdout[-2500:]}
 
 
+# --worker: the update and the logprob pass of the policy worker alone (no Ray, no rollout), before/after each change
+# of issue 29 in one process, and packed vs unpacked on long-tailed lengths (issue 26). (label, overrides,
+# weight casts kept over a step, Liger kernels, long-tailed batch)
+WORKER_ROWS = [
+    ("before: whole logits, casts per micro-batch", ["train.logprob_chunk_tokens=0"], False, False, False),
+    ("chunked logits", [], False, False, False),
+    ("chunked + casts once per step (default)", [], True, False, False),
+    ("default + Liger RMSNorm/SwiGLU/RoPE", [], True, True, False),
+    ("long-tailed lengths, unpacked (default)", [], True, False, True),
+    ("long-tailed lengths, train.sequence_packing=true", ["train.sequence_packing=true"], True, False, True),
+]
+
+
+def bench_batch(long_tail: bool, vocab: int, seed: int = 0):
+    """64 rows: prompt 1536 + 512 new (the launch.py rows' shape), or long-tailed: prompts 128-512, responses
+    lognormal (median ~154, capped at 1536), so that a padded batch is mostly padding."""
+    import math
+
+    import torch
+
+    from grpo_launcher.batch import Generation, collate
+
+    rng = random.Random(seed)
+    gens = []
+    for _ in range(PROMPTS * GENS):
+        p, n = (rng.randint(PROMPT // 12, PROMPT // 3),
+                min(PROMPT, max(8, int(math.exp(rng.gauss(math.log(PROMPT / 10), 1.0)))))) if long_tail \
+            else (PROMPT, NEW)
+        ids = [rng.randrange(3, vocab) for _ in range(p + n)]
+        gens.append(Generation(ids[:p], ids[p:], [0.0] * n, False))
+    return collate(gens, torch.randn(len(gens)), torch.ones(len(gens)), pad_id=0)
+
+
+def worker_rows(args, peak: float) -> list[dict]:
+    import gc
+    from contextlib import nullcontext
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import memory_gpu as mg
+
+    from grpo_launcher.algos import local_denominator
+    from grpo_launcher.policy.torch_policy import TorchPolicyWorker
+    from grpo_launcher.spec.compose import compose, to_spec
+
+    model_dir = args.out / "llama-1b"
+    if not (model_dir / "config.json").exists():
+        mg.make_model("1b", model_dir, "cuda" if torch.cuda.is_available() else "cpu")
+    base = [o for o in mg.overrides_for("1b", str(model_dir), "torch", MICRO, PROMPT + NEW, False, False, True,
+                                        lb=2 * MICRO) if not o.startswith(("rollout.max_new", "env.max_prompt"))]
+    base += [f"rollout.max_new_tokens={NEW}", f"env.max_prompt_tokens={PROMPT}"]
+    rows = []
+    for label, extra, kept, liger, long_tail in WORKER_ROWS:
+        cpu = [] if torch.cuda.is_available() else ["cluster.gpus_per_node=0"]  # a CPU smoke run of the code
+        spec = to_spec(compose([*base, *extra, *cpu]))
+        w = TorchPolicyWorker(spec, str(model_dir), 0, 1)
+        if not kept:
+            w._weight_casts_kept = nullcontext  # type: ignore[method-assign]  (today's: a cast per micro-batch)
+        if liger:
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+            apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, model=w.model)
+        b = bench_batch(long_tail, spec.model.vocab_size).to(w.device)
+        tokens = float(b.attention_mask.sum())
+        den = local_denominator(spec.loss.aggregation.value, b.response_mask)
+        n = sum(p.numel() for p in w.model.parameters())
+        times: dict[str, list[float]] = {"logprobs": [], "update": []}
+        for rep in range(3):  # the first: warm-up (optimizer states, kernels)
+            if rep == 1:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            t = time.perf_counter()
+            prev, _ = w.logprobs(b)
+            torch.cuda.synchronize()
+            lp_s = time.perf_counter() - t
+            lp_peak = torch.cuda.max_memory_allocated() / 2**30
+            t = time.perf_counter()
+            w.update([b.with_(prev_logprobs=prev.to(w.device))], [den])
+            torch.cuda.synchronize()
+            if rep:
+                times["logprobs"].append(lp_s)
+                times["update"].append(time.perf_counter() - t)
+        up, lp = statistics.median(times["update"]), statistics.median(times["logprobs"])
+        rows.append({"row": label, "tokens": tokens, "update_s": up, "update_tok_s": tokens / up,
+                     "update_mfu": 100 * 6 * n * tokens / up / (peak * 1e12), "logprobs_s": lp,
+                     "logprob_mfu": 100 * 2 * n * tokens / lp / (peak * 1e12), "logprob_peak_gib": lp_peak,
+                     "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
+        print(json.dumps(rows[-1]), flush=True)
+        del w, prev
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def worker_markdown(rows: list[dict], peak: float) -> str:
+    out = ["| worker, 1.21B, 64 rows, micro-batch 4, logprob batch 8 | real tokens | update | update MFU "
+           "| logprob pass | logprob MFU | peak of the logprob pass | peak |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['row']} | {r['tokens']:,.0f} | {r['update_s']:.2f} s, {r['update_tok_s']:,.0f} tok/s "
+                   f"| {r['update_mfu']:.1f} % | {r['logprobs_s']:.2f} s | {r['logprob_mfu']:.1f} % "
+                   f"| {r['logprob_peak_gib']:.1f} GiB | {r['peak_gib']:.1f} GiB |")
+    return "\n".join(out) + f"\n\nbf16 matmul peak {peak:.0f} TFLOP/s; MFU = 6 N (update) or 2 N (logprob pass) " \
+        "x real tokens / s / peak; medians of 2 after a warm-up.\n"
+
+
 def matmul_peak() -> float:
     import torch
 
@@ -140,6 +248,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/gpu-step"))
     ap.add_argument("--profile", action="store_true",
                     help="ours: one more step under logging.profile_step (kernel classes per phase), not in the medians")
+    ap.add_argument("--worker", action="store_true",
+                    help="instead: the torch worker's update and logprob pass alone, per change (WORKER_ROWS)")
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -147,6 +257,11 @@ def main() -> int:
     write_prompts(data, 256)
     peak = matmul_peak()
     print(f"bf16 matmul peak: {peak:.0f} TFLOP/s", flush=True)
+    if args.worker:
+        text = worker_markdown(worker_rows(args, peak), peak)
+        (args.out / "worker.md").write_text(text)
+        print(text, flush=True)
+        return 0
     results = []
     for name in args.only.split(","):
         print(f"--- {name}", flush=True)
