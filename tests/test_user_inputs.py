@@ -322,6 +322,42 @@ def test_resume_with_a_new_lr_trains_with_it(tmp_path):
     assert "grpo.spec_change/from_step_3" in run.data.tags
 
 
+# ----------------------------------------------------------------------------- 5. prompts as recorded
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_prompting_json_records_each_splits_first_prompt_and_system_source(tmp_path):
+    """Train rows carry their own system message (CSV, JSON messages), val rows are strings: one rule for both (a
+    row's own system message wins, the others get env.system_prompt), and the record says which each split got."""
+    import csv
+
+    from grpo_launcher.envs.dataset import DatasetEnv
+    from grpo_launcher.envs.prompting import split_prompts
+    from grpo_launcher.models.tiny import build_tokenizer
+    from grpo_launcher.spec.compose import compose, to_spec
+    from grpo_launcher.tracking.report import write_prompting
+
+    train = tmp_path / "train.csv"
+    with open(train, "w", newline="") as fh:
+        rows = [[json.dumps([{"role": "system", "content": "Row system."}, {"role": "user", "content": "12"}]), "21"],
+                [json.dumps([{"role": "user", "content": "34"}]), "43"]]
+        csv.writer(fh).writerows([["prompt", "answer"], *rows])
+    val = write_csv(tmp_path / "val.csv", "prompt,answer\n56,65\n")
+    spec = to_spec(compose(dataset_args(train, val, "env.chat_template=true", "env.system_prompt=CLI system.",
+                                        "env.shuffle=false")))
+    env = DatasetEnv(spec.env)
+    tok = build_tokenizer()
+    tok.chat_template = CHATML
+    rec = write_prompting(tmp_path, tok, spec.env, splits=split_prompts(env, 4))
+    assert rec["first_prompt"]["train"] == ("<|im_start|>system\nRow system.<|im_end|>\n<|im_start|>user\n12<|im_end|>"
+                                            "\n<|im_start|>assistant\n")
+    assert rec["first_prompt"]["val"].startswith("<|im_start|>system\nCLI system.<|im_end|>\n<|im_start|>user\n56")
+    assert rec["system_prompt_source"] == {"train": "1 prompt: their own system message; 1 prompt: env.system_prompt",
+                                           "val": "1 prompt: env.system_prompt"}
+    assert json.loads((tmp_path / "prompting.json").read_text())["first_prompt"] == rec["first_prompt"]
+
+
 # ----------------------------------------------------------------------------- 6. rewards
 REWARDS = '''
 def correct(prompt, completion, answer, **row):
@@ -401,6 +437,9 @@ def test_reward_errors_zero_trains_on_with_per_function_metrics_and_rows_logged(
     assert r["row_id"] == f"{train}:5" and r["answer"] == json.loads(train.read_text().splitlines()[4])["answer"]
     assert r["rewards"] == pytest.approx(r["reward_parts"]["correct"] + r["reward_parts"]["flaky"])
     assert r["content"].endswith(r["completion"]) or r["completion"] in r["content"]
+    prompting = json.loads((run_dir / "prompting.json").read_text())  # no chat template: system prompt none
+    assert prompting["first_prompt"]["val"] == "0000>" and prompting["first_prompt"]["train"] == "0000>"
+    assert prompting["system_prompt_source"]["train"] == "16 prompts: none (env.system_prompt is null)"
 
 
 # ----------------------------------------------------------------------------- 7. defaults that work

@@ -3,6 +3,10 @@
 env.chat_template=true wraps each prompt in the tokenizer's chat template (with env.system_prompt and
 the generation prompt); false sends the raw text; null (default) = on exactly when the tokenizer has a
 template (instruct models). A prompt may also be a list of chat messages [{"role", "content"}, ...].
+
+The system prompt, one rule for train and val alike: a prompt that carries its own system message keeps it (and
+env.system_prompt is not added to it); every other prompt gets env.system_prompt (null: none). prompting.json
+records, per split, how many prompts took which (system_prompt_source) and the first prompt as rendered.
 """
 
 from __future__ import annotations
@@ -74,9 +78,36 @@ def encode_prompts(tokenizer, prompts: list, env: EnvSpec) -> list[list[int]]:
     return out
 
 
-def prompting_record(tokenizer, env: EnvSpec) -> dict:
-    """How prompts were built, for the train-data log and the run dir."""
+def own_system(prompt: Any) -> bool:
+    return isinstance(prompt, (list, tuple)) and any(m.get("role") == "system" for m in prompt)
+
+
+def system_source(prompts: list, env: EnvSpec) -> str:
+    """Where a split's system messages come from: '64 prompts: env.system_prompt', '12 prompts: their own system
+    message; 52 prompts: env.system_prompt'."""
+    own = sum(own_system(p) for p in prompts)
+    rest = "env.system_prompt" if env.system_prompt else "none (env.system_prompt is null)"
+    parts = [(own, "their own system message"), (len(prompts) - own, rest)]
+    return "; ".join(f"{n} prompt{'s' if n != 1 else ''}: {what}" for n, what in parts if n)
+
+
+def split_prompts(env: Any, n: int) -> dict[str, list]:
+    """Each split's prompts in the order the run gives them to the model, from step 1's first: a data set's whole
+    first epoch (env=dataset, math), otherwise step 1's n prompts; and the validation set."""
+    if hasattr(env, "table"):
+        n = len(env.table("train").rows)
+    return {"train": [p.text for p in env.train_prompts(1, 0, n)], "val": [p.text for p in env.val_prompts()]}
+
+
+def prompting_record(tokenizer, env: EnvSpec, splits: dict[str, list] | None = None) -> dict:
+    """How prompts were built, for the train-data log and the run dir; with `splits` (split_prompts), the first
+    prompt of each split as the model gets it and where its system messages come from."""
     on = templating_on(tokenizer, env)
     example = render(tokenizer, "<PROMPT>", env)
-    return {"chat_template": on, "chat_template_setting": env.chat_template, "system_prompt": env.system_prompt,
-            "template": getattr(tokenizer, "chat_template", None) if on else None, "rendered_example": example}
+    record = {"chat_template": on, "chat_template_setting": env.chat_template, "system_prompt": env.system_prompt,
+              "template": getattr(tokenizer, "chat_template", None) if on else None, "rendered_example": example}
+    splits = {k: v for k, v in (splits or {}).items() if v}
+    if splits:
+        record["first_prompt"] = {k: render(tokenizer, v[0], env) for k, v in splits.items()}
+        record["system_prompt_source"] = {k: system_source(v, env) for k, v in splits.items()}
+    return record

@@ -245,7 +245,8 @@ class EnvSpec:
     reward_errors: RewardErrors = RewardErrors["raise"]
     # the tokenizer's chat template around each prompt; null = on when the tokenizer has one
     chat_template: Optional[bool] = None
-    system_prompt: Optional[str] = None  # the system message (chat template on)
+    # the system message of every prompt without its own (train and val alike; a row's own system message wins)
+    system_prompt: Optional[str] = None
     # NeMo Gym resource servers (config files the Gym side reads)
     gym_config_paths: list[str] = field(default_factory=list)
     # env=nemo_gym (grpo_launcher/gym): Gym config overrides "dotted.key=value" (value read as YAML), e.g.

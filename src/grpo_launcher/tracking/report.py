@@ -18,7 +18,8 @@ CURVE_PNG = "reward_curve.png"
 PROMPTING = "prompting.json"
 
 
-def write_prompting(run_dir: Path, tokenizer, env, data_log=None, model_dir: Path | None = None) -> dict:
+def write_prompting(run_dir: Path, tokenizer, env, data_log=None, model_dir: Path | None = None,
+                    splits: dict | None = None) -> dict:
     """How prompts are built (chat template, system prompt, an example): RUN_DIR/prompting.json, and beside
     the train-data log (train_data/prompting.json) when that is on. Also RUN_DIR/model.json: the HF directory
     the run loaded (where `launch.py export` finds the tokenizer)."""
@@ -29,7 +30,7 @@ def write_prompting(run_dir: Path, tokenizer, env, data_log=None, model_dir: Pat
     if model_dir is not None:
         write_atomic(Path(run_dir) / MODEL_RECORD, json.dumps({"model_dir": str(Path(model_dir).resolve())}) + "\n")
 
-    record = prompting_record(tokenizer, env)
+    record = prompting_record(tokenizer, env, splits)  # splits: envs.prompting.split_prompts
     text = json.dumps(record, indent=1) + "\n"
     write_atomic(Path(run_dir) / PROMPTING, text)
     if data_log is not None:

@@ -156,9 +156,11 @@ class Trainer:
         self.spec, self.plan, self.env, self.w, self.state, self.stop = spec, plan, env, workers, state, stop
         self.tok = workers.get("load_tokenizer", [workers.policy[0].load_tokenizer.remote()],  # policy/hybrid.py:
                                workers.policy[:1])[0]  # why not AutoTokenizer
+        from ..envs.prompting import split_prompts
         from ..tracking.report import write_prompting
 
-        write_prompting(plan.run_dir, self.tok, spec.env, state.data_log, model_dir)  # chat template, system prompt
+        write_prompting(plan.run_dir, self.tok, spec.env, state.data_log, model_dir,  # chat template, system prompt,
+                        split_prompts(env, plan.prompts_per_step))  # each split's first prompt as rendered
         self.scored: dict[int, Scored] = {}  # id(Generation) → its Scored, until the step takes it
         self.engine_restarts = 0  # rollout engines lost and started again (deadlines.engine_restarts)
         self.deadline = (time.monotonic() + parse_duration(spec.checkpoint.must_save_by)
