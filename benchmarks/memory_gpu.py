@@ -123,7 +123,7 @@ def overrides_for(shape: str, model_dir: str, backend: str, mb: int, seq: int, c
 def synthetic_batch(B: int, seq: int, vocab: int, seed: int = 0):
     import torch
 
-    from grpo_launcher.train.batch import Generation, collate
+    from grpo_launcher.batch import Generation, collate
 
     g = torch.Generator().manual_seed(seed)
     prompt = seq // 2

@@ -223,7 +223,7 @@ def test_secrets_redacted_in_spec_yaml_plan_and_params_kept_0600(tmp_path):
 
 
 def test_http_api_key_generated_per_run():
-    from grpo_launcher.launch.secrets import with_http_api_key
+    from grpo_launcher.secrets import with_http_api_key
     from grpo_launcher.spec.compose import load_spec
 
     spec = load_spec(["rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true"])

@@ -271,7 +271,7 @@ def test_nemotron_h_two_rank_fsdp_update_equals_one_rank(tmp_path):
 
     from grpo_launcher.policy.torch_policy import local_denominator
     from grpo_launcher.spec.compose import load_spec
-    from grpo_launcher.train.batch import Generation, collate, shard_rows
+    from grpo_launcher.batch import Generation, collate, shard_rows
     from nemotron_tiny import tiny_nemotron_h
 
     model_dir = str(tiny_nemotron_h())

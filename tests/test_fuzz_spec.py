@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from grpo_launcher.spec.compose import REMOVED_KEYS, SELECTORS, dotted_keys
 from grpo_launcher.spec.errors import ConfigError
-from grpo_launcher.spec.preflight import preflight
+from grpo_launcher.launch.preflight import preflight
 
 FUZZ_EXAMPLES = int(os.environ.get("GRPO_FUZZ_EXAMPLES", "80"))
 SECTIONS = ("model", "rollout", "loss", "train", "grpo", "env", "cluster", "checkpoint", "logging", "train.moe")

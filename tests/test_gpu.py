@@ -100,7 +100,7 @@ def _free_port() -> int:
 
 def _batch(worker, spec):
     from grpo_launcher.envs import make_env
-    from grpo_launcher.train.batch import collate
+    from grpo_launcher.batch import collate
 
     env = make_env(spec)
     prompts = [worker.engine.tokenizer(p.text)["input_ids"] for p in env.train_prompts(1, 0, 4)]

@@ -9,7 +9,7 @@ from grpo_launcher.envs import make_env
 from grpo_launcher.policy.torch_policy import TorchPolicyWorker
 from grpo_launcher.rollout.hf import HFEngine
 from grpo_launcher.spec.compose import load_spec
-from grpo_launcher.train.batch import collate
+from grpo_launcher.batch import collate
 from helpers import tiny_model
 
 SMALL = ["grpo.num_prompts_per_step=4", "train.global_batch_size=32", "train.micro_batch_size=8",

@@ -20,8 +20,6 @@ PACKAGE_LEVEL = 1  # batch.py, plan.py, secrets.py, runfiles.py, exit_codes.py, 
 VOCABULARY = {"spec.schema", "spec.errors"}  # what every layer is typed against: layer 0
 
 ALLOWED = {
-    ("spec.preflight", "launch.preflight"): "re-export of the module's new place, for older imports",
-    ("gym.trainer", "train.gym_loop"): "re-export of the module's new place, for older imports",
     ("gym.env", "train.gym_loop"): "the env names its loop (trainer_class), imported only when asked",
     ("gym.probe", "train.setup"): "a diagnostic script (python -m grpo_launcher.gym.probe) builds the model as the "
                                   "driver does",

@@ -119,7 +119,7 @@ def test_gym_mask_sample_is_not_trainable():
 
 
 def test_make_batch_applies_the_gym_masks():
-    from grpo_launcher.gym.trainer import GymTrainer
+    from grpo_launcher.train.gym_loop import GymTrainer
     from grpo_launcher.plan import make_plan
 
     spec = load_spec([*GYM, "grpo.num_prompts_per_step=1", "grpo.num_generations_per_prompt=2",
@@ -188,7 +188,7 @@ def test_preflight_multi_node_engines_must_not_serve_on_loopback():
 
 def test_nemo_gym_is_in_the_env_registry():
     from grpo_launcher.envs import LAZY_ENVS, env_class
-    from grpo_launcher.gym.trainer import GymTrainer
+    from grpo_launcher.train.gym_loop import GymTrainer
 
     assert "nemo_gym" in LAZY_ENVS
     cls = env_class("nemo_gym")

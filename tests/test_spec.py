@@ -317,7 +317,7 @@ def test_spec_roundtrip_detects_what_the_job_would_read_differently():
 
 
 def test_preflight_renders_and_roundtrips_slurm():
-    from grpo_launcher.spec.preflight import preflight
+    from grpo_launcher.launch.preflight import preflight
 
     spec, plan = preflight(["cluster=slurm", "dry_run=true"])
     assert plan.world_size == 1 and spec.cluster.kind.value == "slurm"

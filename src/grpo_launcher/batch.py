@@ -2,8 +2,7 @@
 
 `Generation` is what every rollout backend returns per sample (the same fields from every path).
 `TrainBatch` is the right-padded tensor form the policy workers consume: row i is prompt_i ++ response_i.
-Imported by train/, policy/, rollout/, gym/ and tracking/; imports nothing of the package itself
-(grpo_launcher.train.batch re-exports it for older imports).
+Imported by train/, policy/, rollout/, gym/ and tracking/; imports nothing of the package itself.
 """
 
 from __future__ import annotations

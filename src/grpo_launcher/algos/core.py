@@ -25,7 +25,6 @@ from torch import Tensor
 from ..spec.schema import Advantage, Aggregation, KLEstimator
 
 LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| cap before exp: exp(20) ≈ 4.9e8, finite in float32 and bf16
-SKIPPED_STEPS_METRIC = "train/skipped_optimizer_steps"  # minibatches with no loss-bearing sample: no step
 
 # --------------------------------------------------------------------------- helpers
 
@@ -391,7 +390,7 @@ def loss_mask(mask: Tensor, sample_mask: Tensor | None = None) -> Tensor:
 def has_loss(mask: Tensor, sample_mask: Tensor | None = None) -> bool:
     """False when no token of the minibatch carries loss (dynamic sampling / overlong filtering dropped every
     sample): the optimizer must not step then (AdamW's momentum and weight decay would still move the weights).
-    Decide on the WHOLE minibatch (all DP ranks together), count skips under SKIPPED_STEPS_METRIC."""
+    Decide on the WHOLE minibatch (all DP ranks together), count skips as train/skipped_optimizer_steps."""
     # mask: [B, T]; sample_mask: [B]
     return bool((loss_mask(mask, sample_mask) > 0).any())
 

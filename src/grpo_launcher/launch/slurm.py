@@ -27,17 +27,6 @@ def for_slurm(spec: RunSpec) -> RunSpec:
     return dataclasses.replace(spec, output_root=str(Path(spec.output_root).resolve()))
 
 
-def active_job(run_dir: Path) -> str | None:
-    """The job id of a job still queued or running for this run dir, if any."""
-    from .status import SLURM_ACTIVE, read_status, scheduler_job
-
-    job = read_status(run_dir).get("job_id")
-    if not job:
-        return None
-    info = scheduler_job(str(job))
-    return str(job) if info is not None and info.get("JobState") in SLURM_ACTIVE else None
-
-
 def submit_slurm(spec: RunSpec, plan: Plan) -> int:
     spec = for_slurm(spec)
     script = render(spec, plan)

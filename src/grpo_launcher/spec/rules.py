@@ -29,7 +29,7 @@ from ..plan import (
     train_model_parallel,
     world_size,
 )
-from .errors import ConfigError, Violation
+from .errors import Violation
 from .versions import untested
 from .schema import (
     Aggregation,
@@ -82,12 +82,6 @@ def validate(spec: RunSpec) -> list[Violation]:
             out.append(V(name, "<spec>", f"could not evaluate ({type(exc).__name__}: {exc})",
                          "fix the values named by the other problems"))
     return out
-
-
-def check(spec: RunSpec) -> None:
-    bad = validate(spec)
-    if bad:
-        raise ConfigError(bad)
 
 
 # ---------------------------------------------------------------- sizes ----------------------

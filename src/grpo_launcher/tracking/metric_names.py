@@ -34,7 +34,7 @@ TRAIN_RATIO_MAX = "train/ratio_max"
 TRAIN_ENTROPY = "train/entropy"
 TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_LR = "train/lr"
-TRAIN_SKIPPED_OPTIMIZER_STEPS = "train/skipped_optimizer_steps"  # = algos.SKIPPED_STEPS_METRIC
+TRAIN_SKIPPED_OPTIMIZER_STEPS = "train/skipped_optimizer_steps"  # minibatches with no loss-bearing sample: no step
 TRAIN_LOGPROBS_FROM_UPDATE = "train/logprobs_from_update"
 TRAIN_GEN_VS_POLICY_LOGPROB_ABSDIFF = "train/gen_vs_policy_logprob_absdiff"
 # per step: the rollout pipeline, the same keys in sync and async GRPO (train/async_loop.py)
