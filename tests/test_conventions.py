@@ -4,6 +4,7 @@ after a stop. The fast tests run launch.py's main in this process (dry runs, ref
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sqlite3
@@ -201,3 +202,85 @@ def test_status_shows_elapsed_time_and_eta_of_a_live_local_run(launch_here, tmp_
     assert line.endswith("(this start); eta 0:00:10 (5 steps left at 2 s/step, the mean of the last 5)"), line
     r = launch_here(tmp_path, "status", "live", "--root", "out", "--json")
     assert "eta 0:00:10" in json.loads(r.stdout)["timing"]
+
+
+# ------------------------------------------------------------------ cluster=ray: an existing Ray cluster
+
+
+@pytest.mark.parametrize("args, message", [
+    (["cluster=ray"], "cluster=ray needs the cluster's address HOST:PORT, got '' (RAY_ADDRESS is unset)"),
+    (["cluster=ray", "cluster.ray_address=ray://head:10001"], "cluster=ray needs the cluster's address HOST:PORT, "
+                                                              "got 'ray://head:10001'"),
+    (["cluster=ray", "cluster.ray_address=127.0.0.1:1"], "no Ray cluster answers at 127.0.0.1:1"),
+])
+def test_a_bad_ray_address_is_a_config_error(launch_here, tmp_path, monkeypatch, args, message):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    r = launch_here(tmp_path, *args, "output_root=out")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "  - cluster.ray_address: " + message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_cluster_ray_joins_an_existing_cluster_with_its_token_and_leaves_it_running(tmp_path):
+    """A real `ray start --head --block` with token auth (its own token file and temp dir), stopped by its PID at the
+    end. RAY_ADDRESS + cluster=ray: the run joins (RAY_AUTH_MODE=token set for it), trains 2 steps, and leaves the
+    cluster up with every CPU free again and its placement group removed; a wrong token is a config error."""
+    import subprocess
+    import tempfile
+
+    from helpers import wait_until
+
+    token = tmp_path / "token"
+    token.write_text("0123456789abcdef" * 4)
+    token.chmod(0o600)
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="grpo-rh-", dir="/tmp")  # short: Ray's socket paths
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+                             "--include-dashboard=false", f"--temp-dir={temp}"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    probe = [sys.executable, "-c", "import json, ray; ray.init(logging_level='ERROR'); from ray.util import "
+             "placement_group_table as t; print(json.dumps([ray.available_resources().get('CPU'), "
+             "sorted({p['state'] for p in t().values()})]))"]
+    try:
+        import socket
+
+        wait_until(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 120, "the Ray head's GCS port")
+        (tmp_path / "out").mkdir()
+        share_models(tmp_path / "out")
+        user = {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_TOKEN_PATH": str(token)}  # no RAY_AUTH_MODE: we set it
+        run_env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")} | user
+        r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "launch.py"), "cluster=ray", *SMALL,
+                            "output_root=out", "name=joined", "grpo.max_steps=2", "logging.mlflow=false"],
+                           cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert f"joining the Ray cluster at 127.0.0.1:{port} (auth: token)" in r.stdout
+        assert "run 'joined' finished at step 2" in r.stdout
+        assert head.poll() is None  # the cluster is still up
+        p = subprocess.run(probe, env={**run_env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        cpus, states = json.loads(p.stdout.strip().splitlines()[-1])
+        assert cpus == 2.0 and states in ([], ["REMOVED"]), p.stdout  # what the run took is released
+
+        bad = run_env | {"RAY_AUTH_TOKEN": "f" * 64}
+        r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "launch.py"), "cluster=ray", *SMALL,
+                            "output_root=out", "name=refused", "grpo.max_steps=1", "logging.mlflow=false"],
+                           cwd=tmp_path, env=bad, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "  - cluster.ray_address: could not join the Ray cluster" in r.stderr and "Traceback" not in r.stderr
+        assert head.poll() is None
+    finally:
+        head.terminate()  # `ray start --block` stops the processes it started on SIGTERM
+        head.wait(timeout=60)
