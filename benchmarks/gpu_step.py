@@ -124,10 +124,10 @@ def run_trl(args) -> dict:
 WORKER_ROWS = [
     ("before: whole logits, casts per micro-batch", ["train.logprob_chunk_tokens=0"], False, False, False),
     ("chunked logits", [], False, False, False),
-    ("chunked + casts once per step (default)", [], True, False, False),
-    ("default + Liger RMSNorm/SwiGLU/RoPE", [], True, True, False),
-    ("long-tailed lengths, unpacked (default)", [], True, False, True),
-    ("long-tailed lengths, train.sequence_packing=true", ["train.sequence_packing=true"], True, False, True),
+    ("chunked + casts once per step", [], True, False, False),
+    ("+ train.fused_kernels (Liger RMSNorm/SwiGLU/RoPE)", [], True, True, False),
+    ("long-tailed lengths, unpacked", [], True, True, True),
+    ("long-tailed lengths, train.sequence_packing=true", ["train.sequence_packing=true"], True, True, True),
 ]
 
 
@@ -173,14 +173,10 @@ def worker_rows(args, peak: float) -> list[dict]:
     rows = []
     for label, extra, kept, liger, long_tail in WORKER_ROWS:
         cpu = [] if torch.cuda.is_available() else ["cluster.gpus_per_node=0"]  # a CPU smoke run of the code
-        spec = to_spec(compose([*base, *extra, *cpu]))
+        spec = to_spec(compose([*base, *extra, *cpu, f"train.fused_kernels={str(liger and not cpu).lower()}"]))
         w = TorchPolicyWorker(spec, str(model_dir), 0, 1)
         if not kept:
             w._weight_casts_kept = nullcontext  # type: ignore[method-assign]  (today's: a cast per micro-batch)
-        if liger:
-            from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-            apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, model=w.model)
         b = bench_batch(long_tail, spec.model.vocab_size).to(w.device)
         tokens = float(b.attention_mask.sum())
         den = local_denominator(spec.loss.aggregation.value, b.response_mask)

@@ -160,3 +160,26 @@ def test_chunked_and_packed_logprobs_match_whole_logits_in_bf16(tmp_path, packin
           f"{on['loss']:.6f} vs {ow['loss']:.6f}; grad norm {on['grad_norm']:.5f} vs {ow['grad_norm']:.5f}")
     assert d.mean() < 5e-3 and d.max() < 0.1
     assert abs(on["loss"] - ow["loss"]) < 1e-3 and abs(on["grad_norm"] / ow["grad_norm"] - 1) < 0.02
+
+
+def test_fused_kernels_match_the_hf_layers_in_bf16(tmp_path):
+    """train.fused_kernels (Liger's RMSNorm, SwiGLU, RoPE) against the plain HF layers on the same weights."""
+    pytest.importorskip("liger_kernel")
+    from dataclasses import replace
+
+    from grpo_launcher.policy.torch_policy import TorchPolicyWorker
+
+    spec = _spec(tmp_path, "torch")
+    model_dir = _model_dir(spec, tmp_path)
+    plain, liger = (TorchPolicyWorker(replace(spec, train=replace(spec.train, fused_kernels=on)), model_dir, 0, 1)
+                    for on in (False, True))
+    _, batch = _batch(plain, spec)
+    mask = batch.response_mask.bool()
+    lp_p, lp_l = plain.logprobs(batch)[0], liger.logprobs(batch)[0]
+    d = (lp_l - lp_p)[mask].abs()
+    den = [float(mask.sum())]
+    op, ol = (w.update([batch.with_(prev_logprobs=lp_p)], den) for w in (plain, liger))
+    print(f"|liger - hf| logprob mean {d.mean():.2e} max {d.max():.2e}; loss {ol['loss']:.6f} vs {op['loss']:.6f};"
+          f" grad norm {ol['grad_norm']:.5f} vs {op['grad_norm']:.5f}")
+    assert d.mean() < 5e-3 and d.max() < 0.1
+    assert abs(ol["loss"] - op["loss"]) < 1e-3 and abs(ol["grad_norm"] / op["grad_norm"] - 1) < 0.02

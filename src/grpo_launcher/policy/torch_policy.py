@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from . import fsdp
+from . import fsdp, fused
 from ..algos import (LossInputs, entropy_from_logits, linear_logprobs, local_denominator, spec_policy_loss,
                      token_logprobs)
 from ..rollout.hf import engine_dtype
@@ -43,6 +43,8 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         self.model = fsdp.load_model(self.model_dir, self.device, sharded=world > 1)  # sharded: on meta
         if spec.train.moe.freeze_router and spec.model.num_experts:
             fsdp.freeze_routers(self.model)
+        if fused.wanted(spec.train.fused_kernels, spec.model.family, self.device):
+            fused.apply(self.model, spec.model.family)
         self.router_load = RouterLoad(self.model)  # train/moe/*: MoE routers' load per layer (none: dense)
         if spec.train.logprob_chunk_tokens:
             self.model.set_output_embeddings(LogprobHead(self.model.get_output_embeddings(),

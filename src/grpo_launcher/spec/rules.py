@@ -1023,6 +1023,18 @@ def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
         yield (("train.sequence_packing", "model.family"), "model.family=nemotron_h has Mamba layers, whose torch "
                "path takes no seq_idx: a packed row's recurrent state would run on from one sequence into the next",
                "set train.sequence_packing=false")
+    if s.train.fused_kernels:
+        from importlib.util import find_spec
+
+        from ..policy.fused import FAMILIES as LIGER
+
+        missing = [what for what, ok in (("train.backend=torch", s.train.backend == TrainBackend.torch),
+                                         (f"model.family in {sorted(LIGER)}", m.family in LIGER),
+                                         ("GPUs", s.cluster.gpus_per_node > 0),
+                                         ("liger-kernel installed", find_spec("liger_kernel") is not None)) if not ok]
+        if missing:
+            yield (("train.fused_kernels",), f"Liger's fused kernels (Triton) need {', '.join(missing)}",
+                   "set train.fused_kernels=null (on where they apply) or false")
     if m.path is None and (m.family != "qwen2" or m.tie_word_embeddings or m.num_experts):
         yield (("model.path", "model.family", "model.num_experts", "model.tie_word_embeddings"),
                f"model.path=null builds the tiny dense, untied Qwen2 model here, not family={m.family}, "
