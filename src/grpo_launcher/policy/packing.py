@@ -29,7 +29,8 @@ class Packed:
 
 def next_fit_rows(lengths: list[int], capacity: int) -> list[int]:
     """The row of each sequence when packed next-fit in order into rows of `capacity` tokens."""
-    rows, used = [], capacity
+    rows: list[int] = []
+    used = capacity
     for n in lengths:
         if used + n > capacity:
             rows.append(len(rows) and rows[-1] + 1)
