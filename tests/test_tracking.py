@@ -228,6 +228,7 @@ def test_wandb_is_refused_at_pre_flight_naming_the_key(launch_here, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test keeps the unit test above on real event files; this one is two more Ray runs
 def test_tensorboard_event_files_match_mlflow_across_a_stop_and_resume(tmp_path):
     """`launch.py logging.tensorboard=true`, stopped after step 1 (checkpoint.must_save_by=0: exit 3), then the same
     command resumes and finishes step 2: the event files hold every MLflow metric of steps 1 and 2 once, same names,
