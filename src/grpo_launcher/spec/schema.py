@@ -183,7 +183,8 @@ class TrainSpec:
     expert_tensor_parallel_size: int = 1
     sequence_parallel: bool = False
     activation_checkpointing: bool = False
-    # megatron layout of the recipes (CP needs it); this build's workers do not pack: a launch with it is refused
+    # sequences end to end in rows of max_total_sequence_length (micro_batch_size then counts rows): the torch
+    # backend, dense and MoE attention models (policy/packing.py); refused on megatron and for Mamba layers
     sequence_packing: bool = False
     distributed_optimizer: bool = False
     # megatron backend: core attention of the local layer spec: sdpa (torch flash/efficient kernels) | local
