@@ -181,6 +181,7 @@ FAILING = [
      "async_grpo_combinations", "loss.dynamic_sampling"),
     (["grpo.async_grpo.enabled=true", "cluster.cpu_workers_per_node=2", "cluster.rollout_devices=1", "rollout=vllm"],
      "async_grpo_combinations", "loss.importance_sampling_correction"),
+    (["deadlines.health_timeout_s=0"], "deadlines_health_keys", "deadlines.health_timeout_s"),
     # what this build cannot run: refused before submission (dry runs still plan)
     (["+recipe=nanov3", "cluster=slurm"], "build_implements_run", "model.family"),
     (["+recipe=nanov3", "cluster=slurm"], "build_implements_run", "train.sequence_packing"),

@@ -1118,3 +1118,15 @@ def gpu_memory_fits(s: RunSpec) -> Iterator[Violation]:
     from .memory import violations as memory_violations
 
     yield from memory_violations(s)
+
+
+@rule
+def deadlines_health_keys(s: RunSpec) -> Iterator[Violation]:
+    """The engines' health probe and restart cap (train/deadlines.py EngineProbe, train/driver.py recover)."""
+    d = s.deadlines
+    for key, value, ok, fix in (("health_period_s", d.health_period_s, d.health_period_s >= 0, "0 = no probe"),
+                                ("health_timeout_s", d.health_timeout_s, d.health_timeout_s > 0, "e.g. 10"),
+                                ("engine_restarts", d.engine_restarts, d.engine_restarts >= 0, "0 = never restart")):
+        if not ok:
+            yield V("deadlines_health_keys", f"deadlines.{key}", f"must be {'> 0' if key == 'health_timeout_s' else '≥ 0'}"
+                    f", got {value}", f"set deadlines.{key} ({fix})")

@@ -237,7 +237,7 @@ class Trainer:
         m.update(t.as_metrics(), **{M.TRAIN_DYNAMIC_SAMPLING_ROUNDS: rounds,
                                     M.TRAIN_TOKENS_PER_S: gen_tokens / max(self.generation_seconds(t), 1e-9)})
         m.update(pipeline)
-        if self.w.probe is not None:
+        if self.w.new_engine is not None and self.spec.rollout.backend.value == "vllm":  # restartable engines
             m[M.ROLLOUT_ENGINE_RESTARTS] = float(self.engine_restarts)
         if M.TIME_GENERATION_IDLE_S not in m:  # sync: the engines idle through everything but the rollout
             m[M.TIME_GENERATION_IDLE_S] = max(m[M.TIME_STEP_S] - t.seconds["rollout"], 0.0)
