@@ -33,6 +33,7 @@ def test_generate_needs_a_prompt(launch_here, tmp_path):
     (["--step", "3"], "--step"),  # a model dir has no checkpoints
     (["grpo.max_val_sample=3"], "grpo.max_val_sample"),
     (["grpo.val_batch_size"], "grpo.val_batch_size"),  # no '='
+    (["cluster=slurm"], "cluster.kind"),  # eval runs here
 ])
 def test_eval_of_a_model_dir_refuses_bad_arguments_naming_them(launch_here, tmp_path, args, key):
     model = tiny_model()

@@ -108,6 +108,10 @@ def _checked(spec: RunSpec) -> RunSpec:
     from ..spec.rules import validate
 
     spec = dataclasses.replace(spec, dry_run=False)
+    if spec.cluster.kind.value != "local":
+        raise ConfigError([Violation("eval_here", ("cluster.kind",), f"eval and generate run on this machine; the run "
+                                     f"is cluster.kind={spec.cluster.kind.value}", "add cluster.kind=local "
+                                     "cluster.nodes=1 (and cluster.gpus_per_node=N on a GPU node)")])
     bad = [v for v in validate(spec) if v.rule not in NOT_FOR_EVAL]
     if bad:
         raise ConfigError(bad)
@@ -118,11 +122,14 @@ def run_workers(t: Target, work: Any) -> Any:
     """Bring up the run's Ray workers (policy, engines, env) on this machine, load the checkpoint, push the weights
     to the engines, and call work(trainer); the workers are stopped whatever happens."""
     from ..plan import make_plan
-    from .local import private_ray_token
+    from .local import join_existing_cluster, private_ray_token
 
     t.out_dir.mkdir(parents=True, exist_ok=True)
     plan = dataclasses.replace(make_plan(t.spec), run_dir=t.out_dir)  # phase.json, prompting.json: not the run's
-    private_ray_token(plan)  # as a local run: its own token file (0600); before Ray is imported, which reads it
+    if t.spec.cluster.ray_address:  # a cluster=ray run: its cluster again
+        join_existing_cluster(t.spec.cluster.ray_address)
+    else:
+        private_ray_token(plan)  # as a local run: its own token file (0600); before Ray is imported, which reads it
     from ..envs import make_env
     from ..train.driver import Trainer
     from ..train.loop_state import LoopState, StopRequest
@@ -141,7 +148,7 @@ def run_workers(t: Target, work: Any) -> Any:
             if t.checkpoint is not None:
                 workers.get("load", [p.load.remote(str(t.checkpoint)) for p in workers.policy], workers.policy)
             state = LoopState(spec, plan, ckpt=None, tracker=None)
-            trainer = Trainer(spec, plan, env, workers, state, StopRequest.install(), model_dir)
+            trainer = Trainer(spec, plan, env, workers, state, StopRequest(), model_dir)  # Ctrl-C: Python's
             trainer.refit()  # the engines take the loaded weights
             return work(trainer)
         finally:
