@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -223,7 +224,12 @@ class EngineProbe:
 
     def _run(self) -> None:
         while not self.closed.wait(self.period):
-            self.probe(list(self.watched))
+            try:
+                self.probe(list(self.watched))
+            except Exception as exc:  # noqa: BLE001  (Ray going down under it at the run's end; else said, retried)
+                if not self.closed.is_set():
+                    print(f"grpo-launcher: engine health probe failed ({type(exc).__name__}: {exc}); "
+                          "probing again next period", file=sys.stderr, flush=True)
 
     def probe(self, engines: list[Any]) -> None:
         import ray
