@@ -174,7 +174,11 @@ def worker_rows(args, peak: float) -> list[dict]:
     for label, extra, kept, liger, long_tail in WORKER_ROWS:
         cpu = [] if torch.cuda.is_available() else ["cluster.gpus_per_node=0"]  # a CPU smoke run of the code
         spec = to_spec(compose([*base, *extra, *cpu, f"train.fused_kernels={str(liger and not cpu).lower()}"]))
-        w = TorchPolicyWorker(spec, str(model_dir), 0, 1)
+        try:
+            w = TorchPolicyWorker(spec, str(model_dir), 0, 1)
+        except Exception as exc:  # noqa: BLE001  (e.g. Liger absent: the row says so, the others run)
+            rows.append({"row": label, "error": f"{type(exc).__name__}: {exc}"[:200]})
+            continue
         if not kept:
             w._weight_casts_kept = nullcontext  # type: ignore[method-assign]  (today's: a cast per micro-batch)
         b = bench_batch(long_tail, spec.model.vocab_size).to(w.device)
@@ -213,6 +217,9 @@ def worker_markdown(rows: list[dict], peak: float) -> str:
     out = ["| worker, 1.21B, 64 rows, micro-batch 4, logprob batch 8 | real tokens | update | update MFU "
            "| logprob pass | logprob MFU | peak of the logprob pass | peak |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if "error" in r:
+            out.append(f"| {r['row']} | {r['error']} | | | | | | |")
+            continue
         out.append(f"| {r['row']} | {r['tokens']:,.0f} | {r['update_s']:.2f} s, {r['update_tok_s']:,.0f} tok/s "
                    f"| {r['update_mfu']:.1f} % | {r['logprobs_s']:.2f} s | {r['logprob_mfu']:.1f} % "
                    f"| {r['logprob_peak_gib']:.1f} GiB | {r['peak_gib']:.1f} GiB |")
