@@ -454,6 +454,30 @@ def test_default_name_after_a_finished_default_run_takes_the_overrides(tmp_path,
     assert "run 'tiny-grpo' (local)" in more.stdout, more.stdout
 
 
+def test_dataset_takes_its_prompt_budget_from_the_data(tmp_path, launch_here):
+    """env=dataset without env.max_prompt_tokens: the longest prompt of train and val, as templated, said and kept in
+    the spec; a number given caps it as before."""
+    from grpo_launcher.launch.preflight import preflight
+
+    train = reverse_jsonl(tmp_path / "train.jsonl", 8)
+    val = tmp_path / "val.jsonl"
+    val.write_text(json.dumps({"prompt": "1234567890123>", "answer": "x"}) + "\n")  # 14 tokens, the longest
+    args = ["env=dataset", f"env.train_path={train}", f"env.val_path={val}", f"output_root={tmp_path}"]
+    run = launch_here(tmp_path, *args, "dry_run=true")
+    assert run.returncode == 0, run.stderr
+    assert f"env.max_prompt_tokens=14: the longest prompt of the data ({val}:1)" in run.stdout, run.stdout
+    assert preflight([*args, "dry_run=true"])[0].env.max_prompt_tokens == 14
+    run = launch_here(tmp_path, *args, "env.max_prompt_tokens=8", "dry_run=true")
+    assert run.returncode == 2 and "exceed env.max_prompt_tokens=8" in run.stderr, run.stderr
+
+
+def test_a_prompt_budget_from_data_that_is_not_here_is_asked_for(tmp_path, launch_here):
+    run = launch_here(tmp_path, "env=dataset", "env.train_path=/cluster/only/train.jsonl", "cluster=slurm",
+                      "env.val_path=/cluster/only/val.jsonl", "cluster.account=a", "cluster.partition=p",
+                      f"output_root={tmp_path}", "dry_run=true")
+    assert run.returncode == 2 and "env.max_prompt_tokens=0 takes the longest prompt" in run.stderr, run.stderr
+
+
 # GPT-2 as save_pretrained writes it (n_inner: null) + a byte-level tokenizer without a chat template, no hub
 MAKE_GPT2 = '''
 import sys

@@ -26,6 +26,8 @@ RULE = "env_data_and_code"
 PROGRESS_BYTES = 8 * 2**20  # a data file this large says what pre-flight is doing with it
 REWARD_PROBE_ROWS = 3
 _CHECKED: dict[tuple, list[Violation]] = {}  # (spec, data files' stats) → the verdict
+_READ: dict[tuple, Any] = {}  # (split, file stats, keys) → its Table or DataError: read once per pre-flight
+_LENGTHS: dict[tuple, list[int]] = {}  # (split, file stats, how prompts are rendered) → each prompt's tokens
 
 
 def V(keys: str | tuple[str, ...], message: str, fix: str) -> Violation:  # noqa: N802
@@ -130,7 +132,7 @@ def _check_rewards_declared(s: RunSpec, cls: type) -> Iterator[Violation]:
 
 def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
     from . import rewards as R
-    from .dataset import DataError, load_split
+    from .dataset import DataError
 
     e = s.env
     fns: list = []
@@ -162,8 +164,7 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
         if not Path(path).expanduser().exists():
             continue  # local_paths_exist names it (local runs); a Slurm job's file may live on the cluster
         try:
-            with progress(path, "read"):
-                tables[which] = load_split(e, which)
+            tables[which] = read_split(e, which)
         except DataError as exc:
             yield V(f"env.{which}_path", str(exc), _data_fix(str(exc)))
     if fns and "train" in tables:
@@ -202,6 +203,80 @@ def _probe_reward(s: RunSpec, r: Any, table: Any) -> Iterator[Violation]:
             return
 
 
+def read_split(e: Any, which: str) -> Any:
+    """load_split, once per file version and keys (the prompt budget and the checks share it)."""
+    from .dataset import load_split
+
+    path = getattr(e, f"{which}_path")
+    key = (which, _stat(path), e.name, e.prompt_key, e.answer_key)
+    if key not in _READ:
+        if len(_READ) > 8:
+            _READ.clear()
+        try:
+            with progress(path, "read"):
+                _READ[key] = load_split(e, which)
+        except UserCodeError as exc:
+            _READ[key] = exc
+    if isinstance(_READ[key], Exception):
+        raise _READ[key]
+    return _READ[key]
+
+
+def split_lengths(s: RunSpec, tok: Any, which: str, table: Any) -> list[int]:
+    """Each prompt's token count as the model gets it (chat template, system prompt), once per file version."""
+    from .prompting import prompt_lengths
+
+    e = s.env
+    key = (which, _stat(getattr(e, f"{which}_path")), e.prompt_key, e.chat_template, e.system_prompt, s.model.path)
+    if key not in _LENGTHS:
+        if len(_LENGTHS) > 8:
+            _LENGTHS.clear()
+        with progress(table, "prompt tokens counted"):
+            _LENGTHS[key] = prompt_lengths(tok, [r[e.prompt_key] for r in table.rows], e)
+    return _LENGTHS[key]
+
+
+def resolve_prompt_budget(s: RunSpec) -> tuple[RunSpec, list[Violation]]:
+    """env.max_prompt_tokens=0 (env=dataset's default): the longest prompt of the train and val files as the model
+    gets it. Problems with the files themselves are check_dataset's to name (the budget then stays 0)."""
+    from .dataset import DatasetEnv, DataError
+
+    e = s.env
+    if e.max_prompt_tokens != 0:
+        return s, []
+    fix = "set env.max_prompt_tokens to the longest prompt's token count"
+    try:
+        from . import env_class
+
+        dataset = issubclass(env_class(e.name), DatasetEnv)
+    except Exception:  # noqa: BLE001 - an unknown env is check_env's to name
+        return s, []
+    if not dataset:
+        return s, [V("env.max_prompt_tokens", f"env.max_prompt_tokens=0 takes the longest prompt of a data set, and "
+                     f"env={e.name} reads none", fix)]
+    paths = [p for p in (e.train_path, e.val_path) if p]
+    if not paths or not all(here(s, p) and Path(p).expanduser().exists() for p in paths):
+        return s, [V("env.max_prompt_tokens", "env.max_prompt_tokens=0 takes the longest prompt of the data, which "
+                     "cannot be read from here (a path on the cluster only)", fix)] if paths else []
+    tok = load_tokenizer(s)
+    if tok is None:
+        return s, [V("env.max_prompt_tokens", f"env.max_prompt_tokens=0 counts the data's prompts with the model's "
+                     f"tokenizer, which cannot be read from {s.model.path}", fix)]
+    longest, where = 0, ""
+    try:
+        for which in ("train", "val"):
+            if getattr(e, f"{which}_path"):
+                t = read_split(e, which)
+                lengths = split_lengths(s, tok, which, t)
+                i = max(range(len(lengths)), key=lengths.__getitem__)
+                if lengths[i] > longest:
+                    longest, where = lengths[i], t.where(i)
+    except (DataError, UserCodeError):
+        return s, []
+    print(f"grpo-launcher: env.max_prompt_tokens={longest}: the longest prompt of the data ({where})", flush=True)
+    return dataclasses.replace(s, env=dataclasses.replace(e, max_prompt_tokens=longest)), []
+
+
 def _data_fix(message: str) -> str:
     if "no rows" in message:
         return "point it at a file with rows"
@@ -225,8 +300,17 @@ def _check_epochs(s: RunSpec, rows: int) -> Iterator[Violation]:
                 f"set grpo.max_steps={want} (or env.epochs=null)")
 
 
-def load_tokenizer(s: RunSpec):
-    """The run's tokenizer (model.path, or the tiny model's), or None if it cannot be read here."""
+_TOKENIZERS: dict[str | None, Any] = {}
+
+
+def load_tokenizer(s: RunSpec) -> Any:
+    """The run's tokenizer (model.path, or the tiny model's), or None if it cannot be read here; once per path."""
+    if s.model.path not in _TOKENIZERS or _TOKENIZERS[s.model.path] is None:
+        _TOKENIZERS[s.model.path] = _read_tokenizer(s)
+    return _TOKENIZERS[s.model.path]
+
+
+def _read_tokenizer(s: RunSpec) -> Any:
     try:
         if s.model.path:
             if not here(s, s.model.path):
@@ -247,7 +331,7 @@ def load_tokenizer(s: RunSpec):
 
 def check_prompts(s: RunSpec, tables: dict) -> Iterator[Violation]:
     """Chat template present when asked for; every prompt within env.max_prompt_tokens once templated."""
-    from .prompting import prompt_lengths, templating_on
+    from .prompting import templating_on
 
     e = s.env
     tok = load_tokenizer(s)
@@ -264,8 +348,7 @@ def check_prompts(s: RunSpec, tables: dict) -> Iterator[Violation]:
                 "set env.chat_template=true with a tokenizer that has a template")
         return
     for which, t in tables.items():
-        with progress(t, "prompt tokens counted"):
-            lengths = prompt_lengths(tok, [r[e.prompt_key] for r in t.rows], e)
+        lengths = split_lengths(s, tok, which, t)
         over = [i for i, n in enumerate(lengths) if n > e.max_prompt_tokens]
         if over:
             worst = max(over, key=lambda i: lengths[i])

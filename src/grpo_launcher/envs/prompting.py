@@ -46,7 +46,7 @@ def encode(tokenizer, prompt: Any, env: EnvSpec) -> list[int]:
     return list(tokenizer(render(tokenizer, prompt, env))["input_ids"])
 
 
-def prompt_lengths(tokenizer, prompts: list, env: EnvSpec, chunk: int = 8192) -> list[int]:
+def prompt_lengths(tokenizer: Any, prompts: list, env: EnvSpec, chunk: int = 8192) -> list[int]:
     """Token count of each prompt as encode() makes it, tokenised in batches (pre-flight over a whole data set)."""
     on = templating_on(tokenizer, env)
     fast = getattr(tokenizer, "is_fast", False) and getattr(tokenizer, "backend_tokenizer", None)
@@ -99,7 +99,7 @@ def split_prompts(env: Any, n: int) -> dict[str, list]:
     return {"train": [p.text for p in env.train_prompts(1, 0, n)], "val": [p.text for p in env.val_prompts()]}
 
 
-def prompting_record(tokenizer, env: EnvSpec, splits: dict[str, list] | None = None) -> dict:
+def prompting_record(tokenizer: Any, env: EnvSpec, splits: dict[str, list] | None = None) -> dict:
     """How prompts were built, for the train-data log and the run dir; with `splits` (split_prompts), the first
     prompt of each split as the model gets it and where its system messages come from."""
     on = templating_on(tokenizer, env)

@@ -233,6 +233,8 @@ class EnvSpec:
     train_path: Optional[str] = None
     val_path: Optional[str] = None
     num_val_prompts: int = 64  # generated envs: size of the held-out set
+    # prompt budget in tokens (chat template included); 0 = the longest prompt of the train and val files, counted at
+    # pre-flight (env=dataset's default; spec.yaml records the number)
     max_prompt_tokens: int = 8
     prompt_key: str = "prompt"  # dataset column holding the prompt (a string, or a list of chat messages)
     answer_key: Optional[str] = "answer"  # column with the reference answer; null = rows have none
