@@ -294,7 +294,7 @@ class Trainer:
         if w.new_engine is None or not any(exc.owner is r for r in w.rollout):
             raise exc
         e = next(i for i, r in enumerate(w.rollout) if r is exc.owner)
-        why = (w.probe.why(exc.owner) if w.probe else None) or str(exc).split(": ", 1)[-1]
+        why = (w.probe.why(exc.owner) if w.probe else None) or str(exc).split(": ", 1)[-1].rstrip(".")
         if self.engine_restarts >= cap:
             raise EngineLost(exc.phase, exc.step, exc.owner, why, cap) from exc
         (old,) = w.describe([exc.owner])
