@@ -44,7 +44,7 @@ class StopRequest:
         req.reinstall()
         return req
 
-    def handler(self, signum, _frame) -> None:
+    def handler(self, signum: int, _frame: object) -> None:
         self.count += 1
         self.requested, self.reason = True, signal.Signals(signum).name
         self.requeue = self.requeue or signum == signal.SIGUSR1
