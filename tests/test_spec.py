@@ -47,6 +47,8 @@ def test_every_recipe_and_cluster_composes(recipe, cluster):
         assert spec.cluster.nodes == 32 and spec.cluster.gpus_per_node == 8
     elif cluster == "local_slurm":  # the local pseudo-cluster's nodes have no GPUs: the rule says so
         assert {v.rule for v in violations(overrides)} == {"slurm_node_shape"}
+    elif cluster == "ray":  # an existing cluster may have 32 nodes; none is named here (RAY_ADDRESS unset)
+        assert {v.rule for v in violations(overrides)} == {"ray_cluster_reachable"}
     else:  # a 32-node recipe cannot run on one machine: composition works, the rule says why
         assert {v.rule for v in violations(overrides)} == {"local_is_one_node"}
 
@@ -120,6 +122,8 @@ FAILING = [
     (["checkpoint.metric=val/reward"], "checkpoint_metric_is_produced", "checkpoint.metric"),
     (["cluster.nodes=2"], "local_is_one_node", "cluster.nodes"),
     (["cluster.gpus_per_node=1"], "local_gpus_present", "cluster.gpus_per_node"),  # this CPU machine has none
+    (["cluster=ray", "cluster.ray_address=127.0.0.1:1"], "ray_cluster_reachable", "cluster.ray_address"),
+    (["logging.wandb=true"], "trackers_installed", "logging.wandb"),
     (["cluster=slurm", "cluster.partition='x; touch /tmp/p'"], "slurm_fields", "cluster.partition"),
     (["cluster=slurm", "cluster.requires_account=true"], "slurm_fields", "cluster.account"),
     (["cluster.ray_temp_dir=/tmp/a/very/long/path/that/ray/sockets/will/overflow"],

@@ -718,7 +718,7 @@ def ray_object_store_minimum(s: RunSpec) -> Iterator[Violation]:
 
 @rule
 def local_is_one_node(s: RunSpec) -> Iterator[Violation]:
-    if s.cluster.kind == ClusterKind.local and s.cluster.nodes != 1 and not s.cluster.ray_address:
+    if s.cluster.kind == ClusterKind.local and s.cluster.nodes != 1 and s.cluster.ray_address is None:
         yield V("local_is_one_node", ("cluster.nodes", "cluster.kind"),
                 f"cluster=local runs on this machine, but cluster.nodes={s.cluster.nodes}",
                 "use cluster=slurm for several nodes")
