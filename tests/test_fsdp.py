@@ -138,6 +138,44 @@ def test_activation_checkpointing_same_grads_fewer_saved_bytes(one_rank_group):
         torch.testing.assert_close(sharded_grads[k], ref[k], rtol=1e-5, atol=1e-7)
 
 
+def _meta_rank(rank: int, path: str, store: str, out: str) -> None:
+    """One of 2 gloo ranks: the policy built as TorchPolicyWorker builds it when sharded (meta device, fully_shard,
+    rank 0's weights broadcast); rank 0 saves the gathered weights and the logits of a fixed batch."""
+    from grpo_launcher.policy import fsdp
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        model = fsdp.load_model(path, torch.device("cpu"), sharded=True)
+        assert all(p.is_meta for p in model.parameters())  # nothing read, nothing allocated yet
+        fsdp.shard(model, bf16=False)
+        fsdp.materialize([model], path, torch.device("cpu"))
+        full = fsdp.full_weights(model, device=torch.device("cpu"))
+        with torch.no_grad():  # a forward is a collective: both ranks run it
+            logits = model(input_ids=torch.arange(3, 19).view(2, 8)).logits
+        if rank == 0:
+            torch.save({"weights": full, "logits": logits}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_meta_device_init_on_two_ranks_equals_the_loaded_model(tmp_path):
+    """FSDP2 ranks build the model on the meta device and receive rank 0's weights by broadcast (no rank but 0
+    reads the files): weights, and the buffers a state dict leaves out (rotary frequencies: the logits), equal
+    today's from_pretrained load."""
+    import torch.multiprocessing as mp
+
+    path, out = str(tiny_model()), str(tmp_path / "rank0.pt")
+    mp.spawn(_meta_rank, args=(path, str(tmp_path / "store"), out), nprocs=2, join=True)
+    got = torch.load(out, weights_only=True)
+    plain = _model(path)
+    ref = plain.state_dict()
+    assert got["weights"].keys() == ref.keys()
+    for k in ref:
+        assert torch.equal(got["weights"][k], ref[k]), k
+    with torch.no_grad():
+        torch.testing.assert_close(got["logits"], plain(input_ids=torch.arange(3, 19).view(2, 8)).logits)
+
+
 # ------------------------------------------------------------------ pre-flight: nemotron_h on the torch backend
 
 NANO_TORCH = ["+recipe=nanov3", "cluster=slurm", "dry_run=true", "train.backend=torch", "train.tensor_parallel_size=1",

@@ -1,4 +1,5 @@
-"""The tiny model, built here (no hub): byte-level tokenizer + small Qwen2 + a short supervised warm start.
+"""The tiny model, built here (no hub): byte-level tokenizer + small Qwen2 (or Nemotron-H, models/nemotron_h.py)
++ a short supervised warm start.
 
 head_dim = hidden / heads stays ≥ 32 so vLLM's CPU attention can run the same model. The result is an
 ordinary HF directory (safetensors + tokenizer), cached by a hash of everything that shapes it.
@@ -38,6 +39,11 @@ def build_tokenizer():
 
 def build_model(spec: ModelSpec, tokenizer, seed: int, device: str = "cpu"):
     import torch
+
+    if spec.family == "nemotron_h":  # the recipe's hybrid Mamba-2 / attention / MoE family
+        from .nemotron_h import build_model as build_nemotron_h
+
+        return build_nemotron_h(spec, tokenizer, seed, device)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)

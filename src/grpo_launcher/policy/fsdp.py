@@ -96,6 +96,41 @@ def shard(model: nn.Module, bf16: bool, offload: bool = False) -> nn.Module:
     return model
 
 
+def load_model(model_dir: str, device: torch.device, sharded: bool) -> nn.Module:
+    """The policy's HF model: loaded onto `device`, or (sharded) its modules on the meta device, no memory
+    taken until `materialize` fills this rank's shards from rank 0's copy."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not sharded:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
+
+
+def materialize(models: list[nn.Module], model_dir: str, device: torch.device) -> None:
+    """Sharded meta-device models -> real shards on `device`: rank 0 alone reads the weights (on the CPU), each
+    rank receives its shards by broadcast (torch.distributed.checkpoint's broadcast_from_rank0); the buffers a
+    state dict leaves out (rotary inverse frequencies, ...) are broadcast as rank 0's copy computed them."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    lead = dist.get_rank() == 0
+    full = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32) if lead else None
+    state = full.state_dict() if full is not None else {}
+    buffers = dict(full.named_buffers()) if full is not None else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    for model in models:
+        model.to_empty(device=device)
+        set_model_state_dict(model, state, options=options)
+        in_state = set(model.state_dict())
+        for name, buf in model.named_buffers():
+            name = name.replace(CHECKPOINT_PREFIX, "")
+            if name not in in_state:
+                if lead:
+                    buf.copy_(buffers[name])
+                dist.broadcast(buf, src=0)
+
+
 def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 

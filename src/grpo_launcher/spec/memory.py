@@ -195,6 +195,10 @@ def arch_of(spec: RunSpec) -> Arch:
                 ffn=m.ffn_hidden_size, vocab=m.vocab_size, experts=m.num_experts, top_k=m.moe_top_k,
                 qkv_bias=m.family == "qwen2", tied=bool(getattr(m, "tie_word_embeddings", False)))
     hybrid = HYBRID_LAYOUTS.get((m.family, m.num_layers))
+    if m.family == "nemotron_h" and m.path is None:  # built here: models/nemotron_h.py's layout, exactly
+        from ..models.nemotron_h import memory_layout
+
+        hybrid = memory_layout(m)
     if hybrid:
         return Arch(**{**base, **hybrid}, hybrid=True)
     if m.num_experts:
@@ -501,9 +505,10 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     # the big resident blocks (weights, grad buffer, optimizer states) do not fragment; the transients do
     est.policy_reserved_gib = est.policy_alloc_gib + ALLOCATOR_SLACK * (est.policy_alloc_gib - est.phases["generate"])
     if a.hybrid:
-        est.notes.append(f"extrapolated: the {spec.model.family} layer layout (23 Mamba / 23 MoE / 6 attention) "
-                         "is the published one, not read from model.path; Mamba/MoE activations are counted, "
-                         "not measured")
+        where = "the one built here (models/nemotron_h.py)" if spec.model.path is None else \
+            "the published one, not read from model.path"
+        est.notes.append(f"extrapolated: the {spec.model.family} layer layout ({a.mamba} Mamba / {a.moe} MoE / "
+                         f"{a.attention} attention) is {where}; Mamba/MoE activations are counted, not measured")
     if backend == "megatron" and (lay.pp > 1 or lay.cp > 1 or lay.sp or a.experts):
         est.notes.append("extrapolated: PP/CP/SP/MoE activation terms (calibrated on dense TP=1 only)")
 

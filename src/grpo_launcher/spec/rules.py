@@ -1035,10 +1035,11 @@ def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
         if missing:
             yield (("train.fused_kernels",), f"Liger's fused kernels (Triton) need {', '.join(missing)}",
                    "set train.fused_kernels=null (on where they apply) or false")
-    if m.path is None and (m.family != "qwen2" or m.tie_word_embeddings or m.num_experts):
+    builds = (m.family == "qwen2" and not m.num_experts) or (m.family == "nemotron_h" and m.num_experts > 0)
+    if m.path is None and (not builds or m.tie_word_embeddings):
         yield (("model.path", "model.family", "model.num_experts", "model.tie_word_embeddings"),
-               f"model.path=null builds the tiny dense, untied Qwen2 model here, not family={m.family}, "
-               f"num_experts={m.num_experts}, tie_word_embeddings={m.tie_word_embeddings}",
+               f"model.path=null builds an untied dense Qwen2 or MoE nemotron_h model here (models/), not "
+               f"family={m.family}, num_experts={m.num_experts}, tie_word_embeddings={m.tie_word_embeddings}",
                "set model.path to an HF checkpoint directory of that architecture")
 
 

@@ -54,6 +54,11 @@ GYM_TURNS_MEAN = "gym/turns_mean"
 GYM_MULTI_TURN_SAMPLES = "gym/multi_turn_samples"
 GYM_TRAINABLE_SAMPLES = "gym/trainable_samples"
 ROLLOUT_ENGINE_RESTARTS = "rollout/engine_restarts"  # engines restarted in this process (deadlines.engine_restarts)
+# MoE models, per step (policy/update_log.py RouterLoad): the routers' load, over all MoE layers and per layer
+# (train/moe/layer_<i>/max_load, train/moe/layer_<i>/entropy)
+TRAIN_MOE_PREFIX = "train/moe/"
+TRAIN_MOE_MAX_LOAD = "train/moe/max_load"  # the busiest expert's token share / the mean share (1 = balanced)
+TRAIN_MOE_ENTROPY = "train/moe/entropy"  # routing entropy / log(experts), mean over layers (1 = uniform)
 # wall time: time/<phase>_s per phase of the step (rollout, score, logprobs, update, refit, log), time/step_s
 TIME_PREFIX = "time/"
 TIME_STEP_S = "time/step_s"
@@ -68,4 +73,5 @@ METRICS: frozenset[str] = frozenset(v for k, v in dict(globals()).items() if k.i
 def is_metric(name: str) -> bool:
     """A name a run logs: one of METRICS, or a phase's wall time (time/<phase>_s)."""
     return (name in METRICS or (name.startswith(TIME_PREFIX) and name.endswith("_s"))
-            or (name.startswith(REWARD_PART_PREFIXES) and name.endswith("_mean")))
+            or (name.startswith(REWARD_PART_PREFIXES) and name.endswith("_mean"))
+            or (name.startswith(TRAIN_MOE_PREFIX) and name.endswith(("/max_load", "/entropy"))))
