@@ -42,7 +42,7 @@ def test_async_plan_gives_the_engine_its_own_slot():
 
 def test_async_without_devices_of_its_own_says_how_many():
     with pytest.raises(ConfigError) as info:
-        load_spec(["grpo.async_grpo.enabled=true"])
+        load_spec(["grpo.async_grpo.enabled=true", "cluster.rollout_devices=0"])  # stated: not picked for it
     (v,) = [v for v in info.value.violations if v.rule == "async_grpo_combinations"]
     assert "cluster.rollout_devices" in v.keys and "cluster.cpu_workers_per_node=2" in v.fix
 

@@ -176,7 +176,7 @@ FAILING = [
     # async GRPO and separate rollout devices (train/async_loop.py)
     (["cluster.rollout_devices=1"], "separate_rollout_devices", "cluster.rollout_devices"),
     (["cluster.rollout_devices=-1"], "separate_rollout_devices", "cluster.rollout_devices"),
-    (["grpo.async_grpo.enabled=true"], "async_grpo_combinations", "cluster.rollout_devices"),
+    (["grpo.async_grpo.enabled=true", "cluster.rollout_devices=0"], "async_grpo_combinations", "cluster.rollout_devices"),
     (["grpo.async_grpo.max_trajectory_age_steps=0"], "async_grpo_combinations",
      "grpo.async_grpo.max_trajectory_age_steps"),
     (["grpo.async_grpo.in_flight_weight_updates=true"], "async_grpo_combinations",

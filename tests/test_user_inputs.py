@@ -478,6 +478,22 @@ def test_a_prompt_budget_from_data_that_is_not_here_is_asked_for(tmp_path, launc
     assert run.returncode == 2 and "env.max_prompt_tokens=0 takes the longest prompt" in run.stderr, run.stderr
 
 
+def test_async_alone_picks_devices_for_the_engines_and_the_plan_shows_them(tmp_path, launch_here):
+    """`grpo.async_grpo.enabled=true` alone: one more CPU slot for the engine (a 1-slot CPU run), or half of a
+    larger job's devices; a stated cluster.rollout_devices=0 is refused with one override line to add."""
+    from grpo_launcher.launch.preflight import preflight
+
+    root = f"output_root={tmp_path}"
+    run = launch_here(tmp_path, root, "grpo.async_grpo.enabled=true", "dry_run=true")
+    assert run.returncode == 0, run.stderr
+    assert "cluster.rollout_devices=1 cluster.cpu_workers_per_node=2" in run.stdout
+    assert "placement            : separate: 1 policy + 1 rollout device(s)" in run.stdout, run.stdout
+    spec = preflight([root, "grpo.async_grpo.enabled=true", "cluster.cpu_workers_per_node=4", "dry_run=true"])[0]
+    assert (spec.cluster.rollout_devices, spec.cluster.cpu_workers_per_node) == (2, 4)
+    run = launch_here(tmp_path, root, "grpo.async_grpo.enabled=true", "cluster.gpus_per_node=1", "dry_run=true")
+    assert run.returncode == 2 and "add cluster.rollout_devices=1 cluster.gpus_per_node=2" in run.stderr, run.stderr
+
+
 # GPT-2 as save_pretrained writes it (n_inner: null) + a byte-level tokenizer without a chat template, no hub
 MAKE_GPT2 = '''
 import sys

@@ -262,9 +262,10 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
     """A composed config → the validated RunSpec (model architecture from model.path), or ONE ConfigError."""
     from ..envs.preflight import resolve_prompt_budget
     from .model_dir import resolve_model
-    from .rules import validate
+    from .rules import async_placement, validate
 
     spec, problems = to_spec(cfg), list(known_problems)
+    spec = async_placement(spec, cli_keys)  # grpo.async_grpo.enabled alone: devices for the engines
     spec, model_problems = resolve_model(spec, cli_keys)
     spec, budget_problems = resolve_prompt_budget(spec)  # env.max_prompt_tokens=0: the data's longest prompt
     model_problems += budget_problems

@@ -597,6 +597,27 @@ def separate_rollout_devices(s: RunSpec) -> Iterator[Violation]:
                 f"set cluster.rollout_devices ≤ {world - 1}, or give the job more devices ({per_node})")
 
 
+def async_placement(s: RunSpec, cli_keys: Iterable[str]) -> RunSpec:
+    """grpo.async_grpo.enabled without cluster.rollout_devices: the engines get devices of their own, said on stdout
+    (the plan's placement line shows them): half the job's devices (whole engines of rollout.tensor_parallel_size),
+    or, on a one-slot CPU run, one more CPU worker slot. A one-GPU job (or stated values) is the rule's to refuse."""
+    keys = set(cli_keys)
+    if not s.grpo.async_grpo.enabled or s.cluster.rollout_devices or "cluster.rollout_devices" in keys:
+        return s
+    world, tp, c = world_size(s), s.rollout.tensor_parallel_size, s.cluster
+    if world >= 2 * tp:
+        picked = dataclasses.replace(c, rollout_devices=max(tp, world // 2 // tp * tp))
+        said = f"cluster.rollout_devices={picked.rollout_devices}"
+    elif c.gpus_per_node == 0 and c.nodes == 1 and tp == 1 and "cluster.cpu_workers_per_node" not in keys:
+        picked = dataclasses.replace(c, rollout_devices=1, cpu_workers_per_node=c.cpu_workers_per_node + 1)
+        said = f"cluster.rollout_devices=1 cluster.cpu_workers_per_node={picked.cpu_workers_per_node}"
+    else:
+        return s
+    print(f"grpo-launcher: grpo.async_grpo.enabled: the rollout engines get devices of their own: {said} (set "
+          "cluster.rollout_devices to choose)", flush=True)
+    return dataclasses.replace(s, cluster=picked)
+
+
 @rule
 def async_grpo_combinations(s: RunSpec) -> Iterator[Violation]:
     """grpo.async_grpo (train/async_loop.py): what async GRPO needs, and what it does not support."""
@@ -614,7 +635,7 @@ def async_grpo_combinations(s: RunSpec) -> Iterator[Violation]:
     if rollout_devices(s) < 1:
         world = world_size(s)
         per_node = "cluster.gpus_per_node" if s.cluster.gpus_per_node > 0 else "cluster.cpu_workers_per_node"
-        fix = (f"set cluster.rollout_devices=1 and {per_node}={devices_per_node(s) + 1} (one more device for the "
+        fix = (f"add cluster.rollout_devices=1 {per_node}={devices_per_node(s) + 1} (one more device for the "
                "engine)" if world < 2 else f"set cluster.rollout_devices (1 ≤ it < {world}), e.g. {max(1, world // 4)}")
         yield V(name, ("cluster.rollout_devices", "grpo.async_grpo.enabled"),
                 f"async GRPO generates while the trainer updates, so the engines need devices of their own; "
