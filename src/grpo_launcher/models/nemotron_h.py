@@ -17,9 +17,13 @@ NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
 KINDS = {"M": "mamba", "E": "moe", "*": "attention"}
 
 
-def layer_kinds(num_layers: int) -> list[str]:
+def layer_pattern(num_layers: int) -> str:
     """Nano's pattern cut to num_layers (repeated past 52)."""
-    return [KINDS[NANO_PATTERN[i % len(NANO_PATTERN)]] for i in range(num_layers)]
+    return "".join(NANO_PATTERN[i % len(NANO_PATTERN)] for i in range(num_layers))
+
+
+def layer_kinds(num_layers: int) -> list[str]:
+    return [KINDS[c] for c in layer_pattern(num_layers)]
 
 
 def nemotron_h_config(spec: ModelSpec, vocab_size: int, eos_token_id: int, pad_token_id: int) -> dict[str, Any]:
@@ -28,7 +32,8 @@ def nemotron_h_config(spec: ModelSpec, vocab_size: int, eos_token_id: int, pad_t
     mamba_head_dim = min(64, head_dim)
     groups = next(g for g in (8, 4, 2, 1) if (2 * spec.hidden_size // mamba_head_dim) % g == 0)
     return dict(
-        vocab_size=vocab_size, hidden_size=spec.hidden_size, layers_block_type=layer_kinds(spec.num_layers),
+        # the published checkpoints' key (every transformers with NemotronH reads it; 5.x maps it to layer_types)
+        vocab_size=vocab_size, hidden_size=spec.hidden_size, hybrid_override_pattern=layer_pattern(spec.num_layers),
         num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_kv_heads, head_dim=head_dim,
         intermediate_size=spec.ffn_hidden_size, max_position_embeddings=spec.max_position_embeddings,
         mamba_num_heads=2 * spec.hidden_size // mamba_head_dim, mamba_head_dim=mamba_head_dim, n_groups=groups,
@@ -54,7 +59,7 @@ def build_model(spec: ModelSpec, tokenizer: Any, seed: int, device: str = "cpu")
 def memory_layout(spec: ModelSpec) -> dict[str, Any]:
     """The layer counts and Mamba / expert sizes of the model built here, as spec/memory.py's HYBRID_LAYOUTS."""
     cfg = nemotron_h_config(spec, spec.vocab_size, 2, 0)
-    kinds = cfg["layers_block_type"]
+    kinds = layer_kinds(spec.num_layers)
     return dict(attention=kinds.count("attention"), mlp=0, moe=kinds.count("moe"), mamba=kinds.count("mamba"),
                 gated=False, shared_ffn=cfg["moe_shared_expert_intermediate_size"], head_dim=cfg["head_dim"],
                 mamba_heads=cfg["mamba_num_heads"], mamba_head_dim=cfg["mamba_head_dim"], groups=cfg["n_groups"],
