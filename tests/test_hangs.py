@@ -550,3 +550,29 @@ def test_bad_health_keys_are_a_config_error(launch_here, tmp_path, key, value):
     out = launch_here(tmp_path, f"deadlines.{key}={value}", "dry_run=true")
     assert out.returncode == 2 and "config error" in out.stdout + out.stderr
     assert f"deadlines.{key}: must be" in out.stdout + out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_killed_engine_core_process_is_restarted(tmp_path):
+    """rollout.async_engine=true: kill -9 of the engine's EngineCore child process (the actor lives on, its calls
+    raise EngineDeadError): the engine's ping fails too, so it is restarted like a dead one; the run finishes."""
+    name, steps = "h28-engine-core", 12
+    proc, worker, log, t0 = started_and_frozen(tmp_path, name, "ray::VLLMRolloutWorker", *VLLM,
+                                               "rollout.async_engine=true", sig=0, at_step=5, steps=steps)
+    try:
+        core = wait_until(lambda: next((p for p in worker.children(recursive=True)
+                                        if "EngineCore" in " ".join(p.cmdline())), None), 60, "the EngineCore")
+        core.kill()
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=600)
+        text = log.read_text()
+        assert rc == 0, text[-4000:]
+        m = re.search(r"rollout engine 0 \(pid (\d+), node \S+\) lost in phase (\w+) of step (\d+): (.*); restarted "
+                      r"\(1 of deadlines.engine_restarts=3\)", text)
+        assert m and int(m.group(1)) == worker.pid, text[-4000:]
+        assert steps_logged(tmp_path / name) == list(range(1, steps + 1))
+        print(f"kill -9 of the EngineCore (pid {core.pid}) -> engine restarted in phase {m.group(2)} of step "
+              f"{m.group(3)} ({m.group(4)}); run finished {time.monotonic() - t0:.1f} s later, steps 1..{steps} once")
+    finally:
+        stop_all(proc, None)

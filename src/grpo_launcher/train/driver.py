@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import ray
 import torch
 
 from .. import algos
@@ -270,7 +271,9 @@ class Trainer:
                 return [g for part in self.w.get("generate", refs, self.w.rollout[:len(refs)]) for g in part]
             except ActorDied as exc:
                 e = self.recover(exc)
-                refs[e] = self.w.rollout[e].generate.remote(calls[e][0], n, calls[e][1])
+            except ray.exceptions.RayTaskError as err:  # an engine's own error: lost if its ping fails too
+                e = self.recover(self.dead_engine(err, "generate"))
+            refs[e] = self.w.rollout[e].generate.remote(calls[e][0], n, calls[e][1])
 
     def submit_generate(self, prompts: list, n: int, seed: int, method: str = "generate") -> list:
         """The prompts split over the engines, one call each (`method` of the engine); the calls' ObjectRefs
@@ -285,6 +288,22 @@ class Trainer:
         ids = encode_prompts(self.tok, prompts, self.spec.env)  # env.chat_template / system_prompt; same for hf and vllm
         per = -(-len(ids) // len(self.w.rollout))
         return [(ids[i * per:(i + 1) * per], seed + i) for i in range(len(self.w.rollout)) if ids[i * per:(i + 1) * per]]
+
+    def dead_engine(self, err: Exception, phase: str) -> ActorDied:
+        """An engine call raised: the engine whose own health ping fails too (its EngineCore process died: vLLM's
+        EngineDeadError; or it does not answer) is lost as a dead actor is; else `err` stands (raised again)."""
+        from .deadlines import HEALTH_GROUP
+
+        if self.w.probe is None or self.w.new_engine is None:  # no health group to ask, or nothing to restart
+            raise err
+        for e in self.w.rollout:
+            try:
+                ray.get(e.ping.options(concurrency_group=HEALTH_GROUP).remote(),
+                        timeout=self.spec.deadlines.health_timeout_s)
+            except Exception:  # noqa: BLE001  (dead, errored or silent: this engine is the one)
+                reason = str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__
+                return ActorDied(self.w.clock.prefix + phase, self.w.clock.step, e, reason)
+        raise err
 
     def recover(self, exc: ActorDied) -> int:
         """A rollout engine lost (kill -9, OOM, or killed by the health probe: frozen or errored) is started again on
@@ -436,6 +455,8 @@ class Trainer:
                 break
             except ActorDied as exc:
                 pushes.pop(self.recover(exc))  # restarted with these weights
+            except ray.exceptions.RayTaskError as err:
+                pushes.pop(self.recover(self.dead_engine(err, "refit")))
         if self.w.probe is not None:
             self.w.probe.watched = list(self.w.rollout)  # up and refit: probed from now on
         return (time.perf_counter() - t0) * 1e3
