@@ -265,3 +265,71 @@ def load_local(model: torch.nn.Module, full: dict[str, Tensor], *, tp_rank: int,
             if tuple(w.shape) != tuple(p.shape):
                 raise ValueError(f"{g}: converted shape {tuple(w.shape)} ≠ megatron's {tuple(p.shape)}")
             p.copy_(w)
+
+
+# ------------------------------------------------------------------------------ nemotron_h, on paper
+# HF NemotronH (transformers 5 module names) ↔ megatron-core's MambaModel built from mamba_stack_spec (its TE spec:
+# a layer's pre-norm is fused into its first linear as `layer_norm_weight`, except the MoE layer's own
+# pre_mlp_layernorm; grouped-GEMM experts hold `weight{e}`). Checked against megatron-core's source in
+# tests/test_megatron.py; not run: MambaModel needs mamba-ssm and Transformer Engine (pre-flight says so).
+
+HYBRID_TOP = (("embedding.word_embeddings.weight", "model.embeddings.weight"),
+              ("decoder.final_norm.weight", "model.norm_f.weight"))
+HYBRID_LAYER = {  # layer kind -> (megatron suffix, HF suffix) copied as they are
+    "mamba": (("mixer.in_proj.layer_norm_weight", "norm.weight"), ("mixer.in_proj.weight", "mixer.in_proj.weight"),
+              ("mixer.conv1d.weight", "mixer.conv1d.weight"), ("mixer.conv1d.bias", "mixer.conv1d.bias"),
+              ("mixer.A_log", "mixer.A_log"), ("mixer.D", "mixer.D"), ("mixer.dt_bias", "mixer.dt_bias"),
+              ("mixer.norm.weight", "mixer.norm.weight"), ("mixer.out_proj.weight", "mixer.out_proj.weight")),
+    "attention": (("self_attention.linear_qkv.layer_norm_weight", "norm.weight"),
+                  ("self_attention.linear_proj.weight", "mixer.o_proj.weight")),
+    "moe": (("pre_mlp_layernorm.weight", "norm.weight"), ("mlp.router.weight", "mixer.gate.weight"),
+            ("mlp.router.expert_bias", "mixer.gate.e_score_correction_bias"),
+            ("mlp.shared_experts.linear_fc1.weight", "mixer.shared_experts.up_proj.weight"),
+            ("mlp.shared_experts.linear_fc2.weight", "mixer.shared_experts.down_proj.weight")),
+}
+
+
+def hybrid_kinds(cfg: dict) -> list[str]:
+    """The layer kinds of an HF NemotronH config (dict): mamba | moe | attention (| mlp)."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if pattern:
+        return [{"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}[c] for c in pattern]
+    names = {"linear_attention": "mamba", "full_attention": "attention"}
+    return [names.get(k, k) for k in cfg["layers_block_type"]]
+
+
+def hybrid_hf_to_full(hf: dict[str, Tensor], kinds: list[str], a: Arch) -> dict[str, Tensor]:
+    """NemotronH HF state dict → MambaModel full-form names (global layer indices, unsharded); no arithmetic
+    but the attention's q/k/v interleave (as for GPT layers). `a` gives the head counts and the tying."""
+    out = {m: hf[h] for m, h in HYBRID_TOP}
+    if not a.tie_embeddings:
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    for i, kind in enumerate(kinds):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        out.update({m + ms: hf[h + hs] for ms, hs in HYBRID_LAYER[kind]})
+        if kind == "attention":
+            out[m + "self_attention.linear_qkv.weight"] = _qkv_fuse(
+                hf[h + "mixer.q_proj.weight"], hf[h + "mixer.k_proj.weight"], hf[h + "mixer.v_proj.weight"], a)
+        if kind == "moe":  # squared-ReLU experts: no gate half, fc1 = up_proj [E, f, h], fc2 = down_proj [E, h, f]
+            for e, (up, down) in enumerate(zip(hf[h + "mixer.experts.up_proj"], hf[h + "mixer.experts.down_proj"])):
+                out[m + f"mlp.experts.linear_fc1.weight{e}"], out[m + f"mlp.experts.linear_fc2.weight{e}"] = up, down
+        if kind == "mlp":
+            raise NotImplementedError("nemotron_h dense MLP layers ('-') are not mapped")
+    return out
+
+
+def hybrid_full_to_hf(full: dict[str, Tensor], kinds: list[str], a: Arch) -> dict[str, Tensor]:
+    """Inverse of hybrid_hf_to_full (bit-exact)."""
+    out = {h: full[m] for m, h in HYBRID_TOP}
+    out["lm_head.weight"] = full["embedding.word_embeddings.weight" if a.tie_embeddings else "output_layer.weight"]
+    for i, kind in enumerate(kinds):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        out.update({h + hs: full[m + ms] for ms, hs in HYBRID_LAYER[kind]})
+        if kind == "attention":
+            q, k, v = _qkv_split(full[m + "self_attention.linear_qkv.weight"], a)
+            out[h + "mixer.q_proj.weight"], out[h + "mixer.k_proj.weight"], out[h + "mixer.v_proj.weight"] = q, k, v
+        if kind == "moe":
+            for hs, ms in (("up_proj", "linear_fc1"), ("down_proj", "linear_fc2")):
+                out[h + f"mixer.experts.{hs}"] = torch.stack(
+                    [full[m + f"mlp.experts.{ms}.weight{e}"] for e in range(a.num_experts)])
+    return out
