@@ -49,18 +49,23 @@ def test_max_steps_zero_points_to_eval(launch_here, tmp_path):
     assert "grpo.max_steps" in r.stderr and "launch.py eval" in r.stderr, r.stderr
 
 
-@pytest.mark.slow
-def test_eval_and_generate_score_and_sample_a_trained_checkpoint(tmp_path):
-    """Train 2 steps (validation each step), then `eval` the run: the same val/reward_mean as the run's own step-2
-    validation (same weights, same engines, same seeds); `--step 1` and a data file of our own; `generate`."""
-    share_models(tmp_path)
-    r = launch(*SMALL, f"output_root={tmp_path}", "name=ev", "grpo.max_steps=2", "grpo.val_period=1",
-               "checkpoint.save_period=1", "logging.mlflow=false", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, dict]:
+    """A 2-step run validating every step: (its run dir, its metrics.jsonl by step)."""
+    root = share_models(tmp_path_factory.mktemp("evalroot"))
+    r = launch(*SMALL, f"output_root={root}", "name=ev", "grpo.max_steps=2", "grpo.val_period=1",
+               "checkpoint.save_period=1", "logging.mlflow=false", cwd=root)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run_dir = tmp_path / "ev"
-    logged = {rec["step"]: rec for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    run_dir = root / "ev"
+    return run_dir, {rec["step"]: rec for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
-    r = launch("eval", "ev", "--root", str(tmp_path), cwd=tmp_path)
+
+@pytest.mark.slow
+def test_eval_and_generate_score_and_sample_a_trained_checkpoint(trained):
+    """`eval` a 2-step run by name: the same val/reward_mean as the run's own step-2 validation (same weights, same
+    engines, same seeds), no training; `generate` from its newest checkpoint."""
+    run_dir, logged = trained
+    r = launch("eval", "ev", "--root", str(run_dir.parent), cwd=run_dir.parent)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = json.loads((run_dir / "eval" / "step_000002.json").read_text())
     assert out["step"] == 2 and out["metrics"]["val/samples"] == 8
@@ -68,7 +73,19 @@ def test_eval_and_generate_score_and_sample_a_trained_checkpoint(tmp_path):
     assert f"val/reward_mean                 {logged[2]['val/reward_mean']:.4g}" in r.stdout
     assert not (run_dir / "checkpoints" / "step_000003").exists()  # no training
 
-    data = tmp_path / "mine.jsonl"  # a data file of the user's: the toy task's rows, answers all wrong but one
+    r = launch("generate", str(run_dir), "--prompt", "1234>", "--prompt", "5678>", "-n", "2", cwd=run_dir.parent)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    heads = [line for line in r.stdout.splitlines() if line.startswith("--- prompt")]
+    assert heads == ["--- prompt 1 sample 1: '1234>'", "--- prompt 1 sample 2: '1234>'",
+                     "--- prompt 2 sample 1: '5678>'", "--- prompt 2 sample 2: '5678>'"], r.stdout
+    assert "checkpoint" in r.stdout and "step_000002" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_eval_of_an_older_checkpoint_on_a_data_file_of_ones_own(trained, tmp_path):
+    run_dir, _ = trained
+    data = tmp_path / "mine.jsonl"  # the toy task's rows, answers all wrong but one
     data.write_text("".join(json.dumps({"prompt": f"{s}>", "answer": s[::-1] if i == 0 else "x"}) + "\n"
                             for i, s in enumerate(["1234", "5678", "9012", "3456"])))
     r = launch("eval", str(run_dir), "--step", "1", "env.name=dataset", f"env.val_path={data}",
@@ -77,11 +94,3 @@ def test_eval_and_generate_score_and_sample_a_trained_checkpoint(tmp_path):
     out = json.loads((tmp_path / "e.json").read_text())
     assert out["step"] == 1 and out["metrics"]["val/samples"] == 4 and out["metrics"]["val/reward_mean"] <= 0.25
     assert str(data) in out["data"]
-
-    r = launch("generate", str(run_dir), "--prompt", "1234>", "--prompt", "5678>", "-n", "2", cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    heads = [line for line in r.stdout.splitlines() if line.startswith("--- prompt")]
-    assert heads == ["--- prompt 1 sample 1: '1234>'", "--- prompt 1 sample 2: '1234>'",
-                     "--- prompt 2 sample 1: '5678>'", "--- prompt 2 sample 2: '5678>'"], r.stdout
-    assert "checkpoint" in r.stdout and "step_000002" in r.stdout
-    assert not Path(run_dir / "eval" / "phase.json").read_text().startswith('{"phase": "HUNG"')
