@@ -337,3 +337,23 @@ def test_nemotron_h_two_rank_fsdp_update_equals_one_rank(tmp_path):
     assert abs(m1["grad_norm"] - m2[0]["grad_norm"]) < 1e-4 * max(1.0, m1["grad_norm"]) and m1["grad_norm"] > 0
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_nemotron_h_tiny_learns_through_launch(tmp_path, ranks):
+    """model=nemotron_h_tiny (Nano's layer pattern in miniature, built and warm-started here) learns the toy task
+    through launch.py on the torch backend: one rank (the plain module) and two (FSDP2, built on the meta device);
+    the routers' load is logged each step (train/moe/*)."""
+    from helpers import launch, share_models
+
+    share_models(tmp_path)
+    r = launch("model=nemotron_h_tiny", f"cluster.cpu_workers_per_node={ranks}", "grpo.max_steps=60", "name=nh",
+               f"output_root={tmp_path}", "logging.mlflow=false", cwd=tmp_path, timeout=1800)
+    assert r.returncode == 0 and "finished at step 60" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    m = _metrics(tmp_path / "nh")
+    rewards = [x["train/reward_mean"] for x in m]
+    assert sum(rewards[-10:]) / 10 - sum(rewards[:10]) / 10 >= 0.3, rewards
+    assert all(0 < x["train/moe/entropy"] <= 1 and 1 <= x["train/moe/max_load"] <= 4 for x in m)
+    assert {"train/moe/layer_1/max_load", "train/moe/layer_3/entropy"} <= m[0].keys()  # per MoE layer (1 and 3)

@@ -7,6 +7,8 @@ loss-bearing sample (global denominator 0, the same on every rank) takes no opti
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..algos import METRIC_REDUCTIONS, combine_metrics
@@ -47,7 +49,7 @@ class RouterLoad:
                 self.layers.append(name)
                 mod.register_forward_hook(self._hook(name, int(experts)))
 
-    def _hook(self, name: str, experts: int):
+    def _hook(self, name: str, experts: int) -> Callable[[torch.nn.Module, object, object], None]:
         def count(_mod: torch.nn.Module, _args: object, out: object) -> None:
             if not self.on or not isinstance(out, tuple) or out[-1].is_floating_point():
                 return
