@@ -359,7 +359,7 @@ def main() -> int:
                CUDA_DEVICE_MAX_CONNECTIONS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", NCCL_NVLS_ENABLE="0", PYTHONWARNINGS="ignore")
     if not gpu:
-        env.setdefault("GRPO_MEGATRON_CPU_SHIM", str(ROOT / "tests" / "megatron_cpu_shim.py"))
+        env.setdefault("GRPO_MEGATRON_CPU_SHIM", "1")  # megatron-core on CPU (policy/megatron_cpu.py)
         env["CUDA_VISIBLE_DEVICES"] = ""
     tmp = Path(tempfile.mkdtemp(prefix="h16-memory-"))
     model_dir = Path(args.model_dir) if args.model_dir else tmp / f"llama-{shape}"

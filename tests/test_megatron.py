@@ -21,7 +21,7 @@ import torch
 from grpo_launcher.policy import megatron_convert as mc
 from helpers import ROOT, share_models, tiny_model
 
-SHIM = str(ROOT / "tests" / "megatron_cpu_shim.py")
+SHIM = "1"  # GRPO_MEGATRON_CPU_SHIM: megatron-core on CPU (policy/megatron_cpu.py)
 
 
 # ------------------------------------------------------------------------------ tiny HF models

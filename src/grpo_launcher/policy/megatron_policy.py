@@ -19,12 +19,11 @@ Optimizer. On CPU (tests): torch AdamW over each rank's local shards with our ow
 (megatron's DDP and optimizer hard-code CUDA). On GPUs: megatron DDP + megatron optimizer (fp32 master
 weights with bf16, distributed optimizer when train.distributed_optimizer).
 
-CPU: megatron-core needs the test shim tests/megatron_cpu_shim.py; set GRPO_MEGATRON_CPU_SHIM to its path.
+CPU: megatron-core needs the patches in policy/megatron_cpu.py (tests and development only): GRPO_MEGATRON_CPU_SHIM=1.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -59,16 +58,14 @@ def quiet_megatron_notices() -> None:
 
 
 def _load_cpu_shim():
-    path = os.environ.get(CPU_SHIM_ENV)
-    if not path:
+    if not os.environ.get(CPU_SHIM_ENV):
         raise RuntimeError(
             "train.backend=megatron without a GPU: megatron-core hard-codes CUDA. For CPU tests set "
-            f"{CPU_SHIM_ENV}=<repo>/tests/megatron_cpu_shim.py (test-only shim), or run on GPUs.")
-    spec = importlib.util.spec_from_file_location("megatron_cpu_shim", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.install()
-    return mod
+            f"{CPU_SHIM_ENV}=1 (policy/megatron_cpu.py, tests and development only), or run on GPUs.")
+    from . import megatron_cpu
+
+    megatron_cpu.install()
+    return megatron_cpu
 
 
 # ------------------------------------------------------------------------------ model building

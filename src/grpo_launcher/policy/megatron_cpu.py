@@ -1,4 +1,6 @@
-"""CPU test shim for megatron-core (tests only; never imported by the package unless named explicitly).
+"""megatron-core on a CPU (gloo): patches for the few places where it hard-codes CUDA. For tests and development
+only: `GRPO_MEGATRON_CPU_SHIM=1` turns it on; pre-flight refuses the megatron backend on a CPU without it, and on
+GPUs nothing of this is used.
 
 megatron-core hard-codes CUDA in a few places that a CPU forward/backward reaches
 (../shared/reference/feasibility-megatron.md §1.2):
@@ -6,9 +8,7 @@ megatron-core hard-codes CUDA in a few places that a CPU forward/backward reache
   * the tensor-parallel RNG tracker (``get_cuda_rng_tracker().fork()``) needs CUDA RNG states;
   * 0.16.1 only: ``moe_utils.te_general_gemm`` is undefined without Transformer Engine.
 
-The policy worker loads this file when no GPU is present and ``GRPO_MEGATRON_CPU_SHIM`` names it
-(tests set it; ``python launch.py train.backend=megatron`` on CPU needs it set too). On GPUs nothing
-of this is used. Hooks: ``install()`` before any model is built, ``after_parallel_init()`` after
+Hooks: ``install()`` before any model is built, ``after_parallel_init()`` after
 ``parallel_state.initialize_model_parallel``.
 """
 
