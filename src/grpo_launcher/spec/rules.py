@@ -1023,7 +1023,7 @@ def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
                    "use train.backend=torch (any transformers causal LM, nemotron_h included)")
         if s.cluster.gpus_per_node == 0 and not os.environ.get(CPU_SHIM_ENV):
             yield (("train.backend", "cluster.gpus_per_node"), "megatron-core hard-codes CUDA: the megatron backend "
-                   f"needs GPUs (on CPU only this repo's tests run it, through the shim {CPU_SHIM_ENV} names)",
+                   f"needs GPUs (on CPU only this repo's tests run it, with {CPU_SHIM_ENV}=1)",
                    "use train.backend=torch on CPU, or set cluster.gpus_per_node")
     moe = s.train.moe
     if s.train.backend == TrainBackend.torch and m.num_experts and moe.load_balancing_type != "none" \
