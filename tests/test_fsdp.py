@@ -176,6 +176,18 @@ def test_meta_device_init_on_two_ranks_equals_the_loaded_model(tmp_path):
         torch.testing.assert_close(got["logits"], plain(input_ids=torch.arange(3, 19).view(2, 8)).logits)
 
 
+def test_router_balance_per_layer_and_over_layers():
+    """train/moe/*: [layers, experts] token counts -> the busiest expert's share over the mean share and the
+    normalised routing entropy, per MoE layer (named by its index) and over layers (max, mean)."""
+    from grpo_launcher.policy.update_log import router_balance
+
+    m = router_balance(torch.tensor([[4.0, 4, 4, 4], [16, 0, 0, 0]], dtype=torch.float64),
+                       ["model.layers.1.mixer.gate", "model.layers.3.mixer.gate"])
+    assert m["moe/layer_1/max_load"] == 1 and m["moe/layer_1/entropy"] == pytest.approx(1)
+    assert m["moe/layer_3/max_load"] == 4 and m["moe/layer_3/entropy"] == 0
+    assert m["moe/max_load"] == 4 and m["moe/entropy"] == pytest.approx(0.5)
+
+
 # ------------------------------------------------------------------ pre-flight: nemotron_h on the torch backend
 
 NANO_TORCH = ["+recipe=nanov3", "cluster=slurm", "dry_run=true", "train.backend=torch", "train.tensor_parallel_size=1",

@@ -67,7 +67,7 @@ class RouterLoad:
 
         experts = max((c.numel() for c in self.counts.values()), default=1)
         local = torch.stack([self.counts.get(n, torch.zeros(experts, dtype=torch.float64)) for n in self.layers])
-        glob = local.to(device)
+        glob = local.to(device, copy=True)  # local stays this rank's (on the CPU .to would alias it)
         if world > 1 and dist.is_initialized():
             dist.all_reduce(glob)  # every rank's update calls this once
         glob = glob.cpu()
