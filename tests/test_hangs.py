@@ -538,6 +538,7 @@ def test_frozen_gym_server_ends_the_run_naming_it(tmp_path):
                       r"deadlines.health_timeout_s=5 s", text)
         assert m and took < 180, (took, text[-4000:])
         assert "last completed step: " in text and "stack of gym server rank 0" in text
+        assert "Thread" in text.split("stack of gym server rank 0")[1], text[-3000:]  # taken while it was there
         st = json.loads((tmp_path / name / "status.json").read_text())
         assert st["state"] == "HUNG" and st["message"].startswith("NeMo Gym server")
         print(f"SIGSTOP of Gym server pid {server.pid} -> exit {rc} after {took:.1f} s ({m.group(0)})")

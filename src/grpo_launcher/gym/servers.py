@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..train.deadlines import ActorInfo, Hung
+from ..train.deadlines import ActorInfo, Hung, stack_of
 from .install import GymInstall, find_install
 
 
@@ -44,12 +44,14 @@ class GymStartTimeout(GymError):
 
 class GymServerHung(Hung):
     """A Gym server gave no answer to its health probe (frozen): the run ends as a hang does (exit 4), naming it;
-    `actors` is the server, described for the report (its stack taken here: Gym runs on the driver's node)."""
+    `actors` is the server, described for the report, and `stack` its stack, taken when it was found (Gym runs on
+    the driver's node; its servers are stopped before the report is written)."""
 
     def __init__(self, message: str, server: ActorInfo) -> None:
         Exception.__init__(self, message)
         self.phase, self.step, self.waited, self.how, self.owners = "generate", 0, 0.0, "", []
         self.actors = [server]
+        self.stack = stack_of(server.pid)
 
 
 def free_port(host: str = "127.0.0.1", low: int = 0, high: int = 0) -> int:

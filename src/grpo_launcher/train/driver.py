@@ -21,7 +21,7 @@ from ..tracking import metric_names as M
 from ..batch import Generation, TrainBatch, collate, shard_rows
 from ..secrets import with_http_api_key
 from ..envs.rewards import Scored
-from .deadlines import ActorDied, EngineLost, Hung, hang_report
+from .deadlines import ActorDied, EngineLost, Hung, hang_report, stack_on_node
 from .loop_state import LoopState, StopRequest
 from .startup import StartupClock, process_start, quiet_libraries
 from .workers import Workers, create_workers, ray_session
@@ -95,7 +95,9 @@ def report_hang(exc: Hung, workers: Workers, state: LoopState | None) -> int:
     ckpt = state.ckpt.latest() if state is not None else None
     last = state.step if state is not None else 0
     actors = getattr(exc, "actors", None) or workers.describe(exc.owners)  # a Gym server comes described
-    print(hang_report(exc, actors, last, str(ckpt) if ckpt else "none"), file=sys.stderr, flush=True)
+    taken = getattr(exc, "stack", None)  # ... with its stack, taken when it was found
+    print(hang_report(exc, actors, last, str(ckpt) if ckpt else "none",
+                      stack=(lambda _: taken) if taken else stack_on_node), file=sys.stderr, flush=True)
     workers.clock.mark_hung(str(exc))
     workers.stuck = list(exc.owners)  # killed at shutdown without waiting for them
     if state is not None:
