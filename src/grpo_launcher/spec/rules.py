@@ -1001,14 +1001,16 @@ def gym_available() -> bool:
 
 
 def _hybrid_kernels(family: str) -> str:
-    """What megatron's hybrid MambaModel would need beyond a mapping, where this machine lacks it."""
+    """What the megatron path for nemotron_h lacks: a worker (its names are mapped), mamba-ssm / TE where absent."""
     if family != "nemotron_h":
         return ""
     from importlib.util import find_spec
 
     absent = [name for name, mod in (("mamba-ssm", "mamba_ssm"), ("Transformer Engine", "transformer_engine"))
               if find_spec(mod) is None]
-    return f"; its Mamba layers also need {' and '.join(absent)}, not installed here" if absent else ""
+    need = f"; its Mamba layers also need {' and '.join(absent)}, not installed here" if absent else ""
+    return ("; only its weight names are mapped, on paper (policy/megatron_convert.py hybrid_*): no worker "
+            f"builds megatron-core's MambaModel{need}")
 
 
 def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
