@@ -163,9 +163,13 @@ def test_meta_device_init_on_two_ranks_equals_the_loaded_model(tmp_path):
     reads the files): weights, and the buffers a state dict leaves out (rotary frequencies: the logits), equal
     today's from_pretrained load."""
     import torch.multiprocessing as mp
+    from transformers import AutoModelForCausalLM  # noqa: F401  imported once, here: the forked ranks inherit it
+
+    from grpo_launcher.policy import fsdp  # noqa: F401
 
     path, out = str(tiny_model()), str(tmp_path / "rank0.pt")
-    mp.spawn(_meta_rank, args=(path, str(tmp_path / "store"), out), nprocs=2, join=True)
+    # fork: the ranks inherit the imports (spawn re-imports torch + transformers: ~15 s of a 2-core CI runner)
+    mp.start_processes(_meta_rank, args=(path, str(tmp_path / "store"), out), nprocs=2, start_method="fork")
     got = torch.load(out, weights_only=True)
     plain = _model(path)
     ref = plain.state_dict()
