@@ -509,6 +509,9 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
             "the published one, not read from model.path"
         est.notes.append(f"extrapolated: the {spec.model.family} layer layout ({a.mamba} Mamba / {a.moe} MoE / "
                          f"{a.attention} attention) is {where}; Mamba/MoE activations are counted, not measured")
+        est.notes.append("without mamba-ssm on the nodes, transformers' pure-torch Mamba-2 scan holds temporaries not "
+                         "counted here (nemotron_h_1b on an H200: ~57 GiB by nvidia-smi vs 21 predicted; "
+                         "benchmarks/results/nemotron_gpu.md)")
     if backend == "megatron" and (lay.pp > 1 or lay.cp > 1 or lay.sp or a.experts):
         est.notes.append("extrapolated: PP/CP/SP/MoE activation terms (calibrated on dense TP=1 only)")
 
