@@ -139,17 +139,23 @@ def test_activation_checkpointing_same_grads_fewer_saved_bytes(one_rank_group):
 
 
 def _meta_rank(rank: int, path: str, store: str, out: str) -> None:
-    """One of 2 gloo ranks: the policy built as TorchPolicyWorker builds it when sharded (meta device, fully_shard,
-    rank 0's weights broadcast); rank 0 saves the gathered weights and the logits of a fixed batch."""
+    """One of 2 gloo ranks: the policy and its reference built as TorchPolicyWorker builds them when sharded (meta
+    device, fully_shard, rank 0's weights broadcast); rank 0 saves the gathered weights and a fixed batch's logits."""
+    import copy
+
     from grpo_launcher.policy import fsdp
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         model = fsdp.load_model(path, torch.device("cpu"), sharded=True)
         assert all(p.is_meta for p in model.parameters())  # nothing read, nothing allocated yet
+        ref = copy.deepcopy(model)  # the KL reference, as the worker makes it (loss.kl_coef > 0)
         fsdp.shard(model, bf16=False)
-        fsdp.materialize([model], path, torch.device("cpu"))
+        fsdp.shard(ref, bf16=False)
+        fsdp.materialize([model, ref], path, torch.device("cpu"))
         full = fsdp.full_weights(model, device=torch.device("cpu"))
+        ref_full = fsdp.full_weights(ref, device=torch.device("cpu"))
+        assert all(torch.equal(ref_full[k], v) for k, v in full.items())
         with torch.no_grad():  # a forward is a collective: both ranks run it
             logits = model(input_ids=torch.arange(3, 19).view(2, 8)).logits
         if rank == 0:

@@ -121,7 +121,7 @@ def materialize(models: list[nn.Module], model_dir: str, device: torch.device) -
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     for model in models:
         model.to_empty(device=device)
-        set_model_state_dict(model, state, options=options)
+        set_model_state_dict(model, dict(state), options=options)  # a copy: it puts shards in the dict it gets
         in_state = set(model.state_dict())
         for name, buf in model.named_buffers():
             name = name.replace(CHECKPOINT_PREFIX, "")
