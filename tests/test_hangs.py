@@ -24,7 +24,7 @@ import pytest
 
 from grpo_launcher.exit_codes import ExitCode
 from grpo_launcher.spec.schema import DeadlinesSpec
-from grpo_launcher.train.deadlines import ActorInfo, Hung, PhaseClock, deadline_s, explain, hang_report
+from grpo_launcher.deadlines import ActorInfo, Hung, PhaseClock, deadline_s, explain, hang_report
 
 from helpers import ROOT, wait_until
 
@@ -151,7 +151,7 @@ class FakeHandle:
 
 
 def test_a_dead_actor_is_named_by_its_actor_id():
-    from grpo_launcher.train.deadlines import died
+    from grpo_launcher.deadlines import died
 
     a, b = FakeHandle("aa"), FakeHandle("bb")
     exc = RuntimeError("The actor died unexpectedly before finishing this task.\nmore")
@@ -167,7 +167,7 @@ def test_a_dead_actor_is_named_by_its_actor_id():
 def test_stack_is_taken_on_the_actors_node_by_a_pinned_task():
     import ray
 
-    from grpo_launcher.train.deadlines import actor_info, stack_on_node
+    from grpo_launcher.deadlines import actor_info, stack_on_node
 
     @ray.remote(num_cpus=0)
     class Sleeper:
@@ -198,7 +198,7 @@ def test_ipc_refit_failure_names_the_engine_not_policy_rank_0():
 
     import ray
 
-    from grpo_launcher.train.deadlines import HEALTH_GROUP, ActorDied, actor_info
+    from grpo_launcher.deadlines import HEALTH_GROUP, ActorDied, actor_info
     from grpo_launcher.train.driver import Trainer
 
     @ray.remote(num_cpus=0, concurrency_groups={HEALTH_GROUP: 1})

@@ -24,9 +24,11 @@ ALLOWED = {
     ("gym.probe", "train.setup"): "a diagnostic script (python -m grpo_launcher.gym.probe) builds the model as the "
                                   "driver does",
     ("runfiles", "spec.compose"): "load_spec_file reads spec.yaml back through the spec's own composition",
+    ("spec.compose", "envs.preflight"): "env.max_prompt_tokens=0 resolves from the env room's one read of the data",
     ("spec.rules", "envs.preflight"): "a rule delegates to the env room's own pre-flight check",
     ("spec.rules", "gym.preflight"): "a rule delegates to the Gym room's own pre-flight check",
     ("spec.rules", "gym.install"): "a rule asks whether Gym's venv is installed",
+    ("spec.rules", "policy.fused"): "a rule asks which families Liger's kernels patch (no torch import)",
     ("spec.rules", "policy.megatron_families"): "a rule asks which HF architectures the Megatron converter maps",
     ("tracking.records", "envs.base"): "type annotation only (TYPE_CHECKING)",
     ("tracking.report", "envs.prompting"): "the run's prompting record comes from the env's prompt builder",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..train.deadlines import ActorInfo, Hung, stack_of
+from ..deadlines import ActorInfo, Hung, stack_of
 from .install import GymInstall, find_install
 
 

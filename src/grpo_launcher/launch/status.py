@@ -8,7 +8,7 @@ on the local cluster) and reconcile the two: the script cannot write anything on
 status.json keys: name, state, job_id, job_ids (every id this run dir has had), run_dir, submitted,
 updated, exit_code, message, restarts (SLURM_RESTART_COUNT of the latest start), events (epoch seconds
 of the latest start's phases: started, ray_ready). HUNG (driver exit 4): a wait passed its deadline; the message
-is the driver's summary of it. The driver's current phase is in RUN_DIR/phase.json (train/deadlines.py), a file
+is the driver's summary of it. The driver's current phase is in RUN_DIR/phase.json (deadlines.py), a file
 of its own: the driver never races this one's writers; `phase_line` reads it for `launch.py status`.
 """
 
@@ -40,7 +40,7 @@ def write_status(run_dir: Path, state: str, /, reset: bool = False, **fields: ob
         current = {"job_ids": current.get("job_ids", [])}
     event = fields.pop("event", None)
     if state == "HUNG" and not fields.get("message"):  # the driver's summary: which phase, which step
-        from ..train.deadlines import read_phase
+        from ..deadlines import read_phase
 
         fields["message"] = read_phase(run_dir).get("hung")
     if fields.get("restarts") is not None:  # a new start: the previous start's phase times no longer apply
@@ -89,7 +89,7 @@ def read_status(run_dir: Path) -> dict:
 
 def phase_line(run_dir: Path, st: dict, state: str) -> Optional[str]:
     """'update (step 12) for 3.4 s, deadline 300 s': what the driver of the current start waits for now."""
-    from ..train.deadlines import read_phase
+    from ..deadlines import read_phase
 
     rec = read_phase(run_dir)
     since, started = rec.get("since"), (st.get("events") or {}).get("started", 0)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib
 from importlib.util import find_spec
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # pre-flight reads FAMILIES without importing torch
+    import torch
 
 # model.family -> liger_kernel.transformers' patch function for it
 FAMILIES = {"llama": "apply_liger_kernel_to_llama", "qwen2": "apply_liger_kernel_to_qwen2",

@@ -347,7 +347,7 @@ class VLLMRolloutWorker(VersionedEngine):
             await self.engine.resume_generation()
 
     def ping(self) -> bool:
-        """The health probe (train/deadlines.py EngineProbe, in the actor's "health" concurrency group: answered
+        """The health probe (deadlines.py EngineProbe, in the actor's "health" concurrency group: answered
         while a generate call runs). Raises when the async engine has errored (its EngineCore process died)."""
         if self.engine is not None and self.engine.errored:
             raise RuntimeError("the vLLM engine has errored (its EngineCore process died)")

@@ -1146,7 +1146,7 @@ def gpu_memory_fits(s: RunSpec) -> Iterator[Violation]:
 
 @rule
 def deadlines_health_keys(s: RunSpec) -> Iterator[Violation]:
-    """The engines' health probe and restart cap (train/deadlines.py EngineProbe, train/driver.py recover)."""
+    """The engines' health probe and restart cap (deadlines.py EngineProbe, train/driver.py recover)."""
     d = s.deadlines
     for key, value, ok, fix in (("health_period_s", d.health_period_s, d.health_period_s >= 0, "0 = no probe"),
                                 ("health_timeout_s", d.health_timeout_s, d.health_timeout_s > 0, "e.g. 10"),

@@ -338,7 +338,7 @@ class LoggingSpec:
 @dataclass(frozen=True)
 class DeadlinesSpec:
     """How long the driver waits for another process (a policy rank, a rollout engine, the env worker) before it
-    calls the run hung (train/deadlines.py). Each phase (generate, score, logprobs, update, refit, save, ...) may
+    calls the run hung (deadlines.py). Each phase (generate, score, logprobs, update, refit, save, ...) may
     wait max(factor × its slowest of the last `window` waits, floor_s); its first wait in a driver process (no
     history yet: model load, warm-up, compilation) first_s. A passed deadline ends the run with exit code 4
     (ExitCode.HUNG), status HUNG, and a message naming the phase, the stuck actor and its stack."""

@@ -81,7 +81,7 @@ class GymTrainer(Trainer):
         r = self.spec.rollout
         rows = [stamp_row(p.row, r.temperature, getattr(r, "top_p", 1.0), r.max_new_tokens) for p in prompts for _ in range(n)]
         before = self.stats.failed
-        with self.w.clock.timed("generate") as limit:  # each agent call within the phase's deadline (train/deadlines.py)
+        with self.w.clock.timed("generate") as limit:  # each agent call within the phase's deadline (deadlines.py)
             gens = run_rollouts(rows, self.agents, check=self.servers.check, max_model_len=self.plan.max_model_len,
                                 stats=self.stats, log_path=self.plan.run_dir / "gym" / "rejected_rows.jsonl",
                                 timeout_s=limit or 900.0)

@@ -22,7 +22,7 @@ from ..plan import Plan
 from ..policy import policy_class
 from ..rollout import rollout_class
 from ..spec.schema import RunSpec
-from .deadlines import HEALTH_GROUP, ActorInfo, EngineProbe, PhaseClock, actor_info
+from ..deadlines import HEALTH_GROUP, ActorInfo, EngineProbe, PhaseClock, actor_info
 
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
               "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_DEDUP_LOGS": "1",
@@ -72,7 +72,7 @@ class Workers:
     rollout: list[Any]  # one actor per engine (rollout=hf: the policy actors themselves)
     env: Any
     pg: Any
-    clock: PhaseClock  # every wait for these actors has a deadline (train/deadlines.py)
+    clock: PhaseClock  # every wait for these actors has a deadline (deadlines.py)
     stuck: list[Any] = field(default_factory=list)  # the actors a passed deadline named: killed, not asked to stop
     new_engine: Callable[[int], Any] | None = None  # engine e started again on its bundle (separate engines)
     probe: EngineProbe | None = None  # rollout=vllm: the engines' health probe (deadlines.health_period_s)

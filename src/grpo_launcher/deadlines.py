@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from ..spec.schema import DeadlinesSpec
+from .spec.schema import DeadlinesSpec
 
 PHASE_FILE = "phase.json"
 
