@@ -28,7 +28,7 @@ if [ "${1:-}" = install ]; then
 fi
 out=${1:-.gpu-kit/whl}
 pyv=${PYV:-3.12}
-packages=(ray==2.60.0 hydra-core==1.3.8 omegaconf==2.3.1 megatron-core==0.19.2
+packages=(ray==2.60.0 liger-kernel==0.8.5 hydra-core==1.3.8 omegaconf==2.3.1 megatron-core==0.19.2
           jsonschema referencing rpds-py jsonschema-specifications)
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64

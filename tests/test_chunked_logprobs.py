@@ -112,12 +112,12 @@ def test_weight_casts_kept_over_a_step_give_todays_update(model_root, monkeypatc
         assert torch.allclose(x, y, atol=1e-6), k
 
 
-def test_fused_kernels_apply_on_cuda_only_and_true_on_cpu_is_refused():
+def test_fused_kernels_stay_off_on_cpu_and_true_there_is_refused():
     from grpo_launcher.policy import fused
     from grpo_launcher.spec.errors import ConfigError
 
-    assert not fused.wanted(True, "qwen2", torch.device("cpu"))  # Triton: CUDA only
-    assert not fused.wanted(True, "nemotron_h", torch.device("cuda"))  # no Liger mapping for the family
+    assert not fused.wanted(None, "qwen2", torch.device("cpu"))  # null: off on CPU
+    assert not fused.wanted(None, "nemotron_h", torch.device("cuda"))  # no Liger mapping for the family
     with pytest.raises(ConfigError) as info:
         load_spec(["train.fused_kernels=true"])  # the default run: CPU
     (v,) = [v for v in info.value.violations if "train.fused_kernels" in v.keys]

@@ -1,6 +1,6 @@
 """train.fused_kernels on the torch backend: Liger's Triton kernels (liger-kernel) for RMSNorm, SwiGLU and RoPE,
-patched into the policy's HF model in place (module names and weights unchanged). CUDA only; off by default until
-measured on a GPU (benchmarks/results/gpu_step.md: not yet)."""
+patched into the policy's HF model in place (module names and weights unchanged). CUDA only; null = on where it
+applies (a GPU, a family below, liger-kernel importable), as measured in benchmarks/results/gpu_step.md."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ FAMILIES = {"llama": "apply_liger_kernel_to_llama", "qwen2": "apply_liger_kernel
             "qwen3": "apply_liger_kernel_to_qwen3"}
 
 
-def wanted(setting: bool, family: str, device: torch.device) -> bool:
-    """train.fused_kernels where it applies (pre-flight refuses true elsewhere; a CPU test worker just skips it)."""
-    return setting and device.type == "cuda" and family in FAMILIES and find_spec("liger_kernel") is not None
+def wanted(setting: bool | None, family: str, device: torch.device) -> bool:
+    """train.fused_kernels resolved: true/false as set; null = a CUDA device, a mapped family and Liger installed."""
+    if setting is not None:
+        return setting
+    return device.type == "cuda" and family in FAMILIES and find_spec("liger_kernel") is not None
 
 
 def apply(model: torch.nn.Module, family: str) -> None:

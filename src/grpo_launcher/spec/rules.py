@@ -1057,7 +1057,7 @@ def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
                                          ("liger-kernel installed", find_spec("liger_kernel") is not None)) if not ok]
         if missing:
             yield (("train.fused_kernels",), f"Liger's fused kernels (Triton) need {', '.join(missing)}",
-                   "set train.fused_kernels=false")
+                   "set train.fused_kernels=null (on where they apply) or false")
     builds = (m.family == "qwen2" and not m.num_experts) or (m.family == "nemotron_h" and m.num_experts > 0)
     if m.path is None and (not builds or m.tie_word_embeddings):
         yield (("model.path", "model.family", "model.num_experts", "model.tie_word_embeddings"),

@@ -168,8 +168,8 @@ class TrainSpec:
     # in the update and the logprob pass. 0 = whole logits (algos.token_logprobs over the model's output)
     logprob_chunk_tokens: int = 4096
     # torch backend: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (policy/fused.py; model.family llama, qwen2,
-    # qwen3; CUDA and liger-kernel needed). Off by default until measured on a GPU (benchmarks/results/gpu_step.md)
-    fused_kernels: bool = False
+    # qwen3; CUDA only). null = on where they apply (a GPU, such a family, liger-kernel installed), off on CPU
+    fused_kernels: Optional[bool] = None
     lr: float = 3e-4  # linear warm-up over warmup_steps, then constant
     warmup_steps: int = 0
     weight_decay: float = 0.0
