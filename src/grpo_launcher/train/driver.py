@@ -21,7 +21,7 @@ from ..tracking import metric_names as M
 from ..batch import Generation, TrainBatch, collate, shard_rows
 from ..secrets import with_http_api_key
 from ..envs.rewards import Scored
-from ..deadlines import ActorDied, EngineLost, Hung, hang_report, stack_on_node
+from ..deadlines import HEALTH_GROUP, ActorDied, EngineLost, Hung, hang_report, stack_on_node
 from .loop_state import LoopState, StopRequest
 from .startup import StartupClock, process_start, quiet_libraries
 from .workers import Workers, create_workers, ray_session
@@ -294,8 +294,6 @@ class Trainer:
     def dead_engine(self, err: Exception, phase: str) -> ActorDied:
         """An engine call raised: the engine whose own health ping fails too (its EngineCore process died: vLLM's
         EngineDeadError; or it does not answer) is lost as a dead actor is; else `err` stands (raised again)."""
-        from ..deadlines import HEALTH_GROUP
-
         if self.w.probe is None or self.w.new_engine is None:  # no health group to ask, or nothing to restart
             raise err
         for e in self.w.rollout:
@@ -466,12 +464,8 @@ class Trainer:
     def engine_at_fault(self, exc: Hung | ActorDied) -> Hung | ActorDied:
         """The IPC refit's wait, past its deadline or failed, as the engines' fault where an engine does not answer
         its health ping (frozen: Hung naming it) or is dead (ActorDied naming it); else `exc` (the policy's)."""
-        import ray
-
         if self.w.probe is None:  # no "health" concurrency group: a ping would queue behind the stuck refit call
             return exc
-        from ..deadlines import HEALTH_GROUP
-
         refs = [e.ping.options(concurrency_group=HEALTH_GROUP).remote() for e in self.w.rollout]
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.spec.deadlines.health_timeout_s)
         frozen = [e for e, r in zip(self.w.rollout, refs) if r in pending]
