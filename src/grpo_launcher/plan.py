@@ -83,6 +83,15 @@ def rollouts_per_step(spec: RunSpec) -> int:
     return spec.grpo.num_prompts_per_step * spec.grpo.num_generations_per_prompt
 
 
+def engine_sleeps(spec: RunSpec) -> bool:
+    """rollout.sleep_mode resolved. vLLM engines that share their GPUs with the policy sleep at level 2 (weights
+    and KV cache freed: the refit rewrites every weight anyway) while the logprob and update phases run; null =
+    on exactly there. CPU engines have no sleep mode (rules.py refuses true there)."""
+    colocated_gpu_vllm = (spec.rollout.backend == RolloutBackend.vllm and spec.cluster.gpus_per_node > 0
+                          and not rollout_devices(spec))
+    return colocated_gpu_vllm if spec.rollout.sleep_mode is None else spec.rollout.sleep_mode
+
+
 def engine_max_model_len(spec: RunSpec) -> int:
     """rollout.max_model_len, or (null) the prompt budget plus the generation budget."""
     return spec.rollout.max_model_len or spec.env.max_prompt_tokens + spec.rollout.max_new_tokens
@@ -131,6 +140,7 @@ class Plan:
     rollout_devices: int = 0  # 0 = colocated: engine e shares bundle e·TP with the policy
     async_grpo: bool = False  # grpo.async_grpo.enabled: generation overlaps the update (train/async_loop.py)
     max_trajectory_age: int = 0  # grpo.async_grpo.max_trajectory_age_steps (async only)
+    engine_sleeps: bool = False  # rollout.sleep_mode resolved: the engines sleep through logprobs + update
 
     @property
     def policy_ranks(self) -> int:
@@ -156,7 +166,8 @@ class Plan:
                 f"({self.optimizer_steps_per_rollout} optimizer step(s))",
                 f"rollout engine       : {'hybrid (in the policy workers)' if self.hybrid_rollout else 'separate workers'}",
                 "placement            : " + (f"separate: {self.train_devices} policy + {self.rollout_devices} rollout "
-                                              f"device(s)" if self.rollout_devices else "colocated"),
+                                              f"device(s)" if self.rollout_devices else "colocated")
+                + ("; engines sleep through logprobs + update (vLLM sleep level 2)" if self.engine_sleeps else ""),
                 "loop                 : " + (f"async (max trajectory age {self.max_trajectory_age} step(s))"
                                               if self.async_grpo else "sync"),
                 f"old logprobs         : {'from the update forward (on-policy)' if self.logprobs_from_update else 'separate pass'}",
@@ -203,4 +214,5 @@ def make_plan(spec: RunSpec) -> Plan:
         rollout_devices=separate,
         async_grpo=a.enabled,
         max_trajectory_age=a.max_trajectory_age_steps if a.enabled else 0,
+        engine_sleeps=engine_sleeps(spec),
     )

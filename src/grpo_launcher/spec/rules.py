@@ -474,8 +474,14 @@ def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
             yield V("vllm_only_switches", ("rollout.expose_http_server", "rollout.async_engine"),
                     "the OpenAI-compatible server serves the async engine (AsyncLLM); the offline vllm.LLM "
                     "cannot be served", "set rollout.async_engine=true")
+        if r.sleep_mode and (s.cluster.gpus_per_node == 0 or s.cluster.rollout_devices):
+            yield V("vllm_only_switches", ("rollout.sleep_mode", "cluster.gpus_per_node", "cluster.rollout_devices"),
+                    "vLLM's sleep mode frees GPU memory for a policy on the same GPUs: "
+                    + ("CPU engines have none" if s.cluster.gpus_per_node == 0 else
+                       "these engines have devices of their own (cluster.rollout_devices)"),
+                    "leave rollout.sleep_mode unset (null: on where it applies)")
         return
-    for key in ("async_engine", "expose_http_server"):
+    for key in ("async_engine", "expose_http_server", "sleep_mode"):
         if getattr(r, key):
             yield V("vllm_only_switches", (f"rollout.{key}", "rollout.backend"),
                     f"rollout.{key} is a vLLM engine feature, but rollout.backend={r.backend.value}",
