@@ -57,12 +57,14 @@ def _has_vllm() -> bool:
 
 
 @pytest.mark.skipif(not _has_vllm(), reason="needs vLLM's CUDA build (scripts/gpu-kit.sh with VLLM=0.25.0)")
-@pytest.mark.parametrize("backend", ["torch", "megatron"])
-def test_launch_learns_with_vllm_rollouts_on_the_gpu(tmp_path, backend):
-    """rollout=vllm through launch.py: an engine actor beside the policy on the one GPU, refit over CUDA IPC
-    (vLLM's weight-transfer API), the engine's logprobs within 0.05 of the policy's on every step."""
+@pytest.mark.parametrize("backend,engine", [("torch", "offline"), ("megatron", "offline"), ("torch", "async+http")])
+def test_launch_learns_with_vllm_rollouts_on_the_gpu(tmp_path, backend, engine):
+    """rollout=vllm through launch.py: an engine actor beside the policy on the one GPU, asleep (level 2) through
+    every update, refit over CUDA IPC (vLLM's weight-transfer API), the engine's logprobs within 0.05 of the
+    policy's on every step. "async+http": AsyncLLM with its OpenAI server up, as env=nemo_gym runs it."""
+    extra = ["rollout.async_engine=true", "rollout.expose_http_server=true"] if engine == "async+http" else []
     cmd = [sys.executable, str(ROOT / "launch.py"), f"output_root={tmp_path}", "name=gpu", "rollout=vllm",
-           f"train.backend={backend}", *MODEL, *GPU_RUN]
+           f"train.backend={backend}", *MODEL, *GPU_RUN, *extra]
     proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     rows = metrics(tmp_path / "gpu")
@@ -70,11 +72,16 @@ def test_launch_learns_with_vllm_rollouts_on_the_gpu(tmp_path, backend):
     last = sum(r["train/reward_mean"] for r in rows[-10:]) / 10
     lp = [r["train/gen_vs_policy_logprob_absdiff"] for r in rows]
     refit_ms = sorted(1e3 * r["time/refit_s"] for r in rows)[len(rows) // 2]
-    print(f"vllm/{backend}: reward {first:.3f} -> {last:.3f}; step {rows[-1]['time/step_s']:.3f} s; "
-          f"engine vs policy logprob |d| max {max(lp):.4f}; refit median {refit_ms:.1f} ms")
+    freed = [r["rollout/sleep_freed_gib"] for r in rows]
+    print(f"vllm/{backend}/{engine}: reward {first:.3f} -> {last:.3f}; step {rows[-1]['time/step_s']:.3f} s; "
+          f"engine vs policy logprob |d| max {max(lp):.4f}; refit median {refit_ms:.1f} ms; "
+          f"sleep freed {min(freed):.1f}-{max(freed):.1f} GiB, sleep median "
+          f"{sorted(r['time/sleep_s'] for r in rows)[len(rows) // 2] * 1e3:.1f} ms")
     assert last - first >= 0.3, [round(r["train/reward_mean"], 3) for r in rows]
     assert max(lp) < 0.05  # the engine samples from the policy's distribution (bf16 engine vs fp32 master)
     assert refit_ms < 500  # CUDA IPC, no host round trip
+    # asleep through every update: its weights and KV cache (most of gpu_memory_utilization) given back
+    assert min(freed) > 0.25 * 0.5 * torch.cuda.get_device_properties(0).total_memory / 2**30, freed
 
 
 def _spec(tmp_path, backend: str):

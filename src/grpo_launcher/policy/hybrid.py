@@ -54,9 +54,13 @@ class HybridRollout:
 
         from ..rollout import vllm_compat
 
+        from ..plan import engine_sleeps
+
         t0 = time.perf_counter()
+        if engine_sleeps(self.spec):  # sleeping engines wake into memory the update's cached blocks still hold
+            torch.cuda.empty_cache()
         lead = getattr(self, "rank", 0) == 0
-        if lead:
+        if lead:  # a sleeping engine wakes its weights here and its KV cache once they are loaded
             ray.get([e.start_weight_update.remote() for e in engines])
         vllm_compat.send_weights_ipc(self.weight_items(),
                                      lambda info: ray.get([e.update_weights_ipc.remote(info) for e in engines]),

@@ -43,6 +43,7 @@ from typing import Any, Optional
 
 from ..spec.schema import RunSpec
 from ..batch import Generation
+from ..plan import engine_sleeps
 from . import vllm_compat
 from .versions import VersionedEngine
 
@@ -97,6 +98,7 @@ class VLLMRolloutWorker(VersionedEngine):
         # CUDA: the refit goes through vLLM's weight-transfer API over CUDA IPC (no host copy), where it has one
         self.ipc_refit = current_platform.is_cuda() and vllm_compat.has_ipc_weight_transfer()
         self.last_refit_ms = 0.0
+        self._asleep: set[str] = set()  # the sleep-mode memory tags freed and not yet woken ("weights", "kv_cache")
         kwargs = self._engine_kwargs()  # `threads` is not used: vLLM's CPU backend binds its own OpenMP threads
         try:
             if r.async_engine or r.expose_http_server:  # rules.py: the server needs the async engine
@@ -139,6 +141,7 @@ class VLLMRolloutWorker(VersionedEngine):
             kw["gpu_memory_utilization"] = r.gpu_memory_utilization
             if self.ipc_refit:
                 kw.update(vllm_compat.ipc_engine_kwargs())  # the refit: vLLM's weight transfer, CUDA IPC
+            kw["enable_sleep_mode"] = engine_sleeps(s)  # its memory in vLLM's cumem pools (sleep/wake_up)
         return kw
 
     async def _start_async(self, kwargs: dict[str, Any]):
@@ -201,6 +204,7 @@ class VLLMRolloutWorker(VersionedEngine):
         from vllm.inputs import TokensPrompt
 
         self._apply_staged()  # async GRPO with in-flight weight updates: the newest staged weights, if any
+        self._wake("weights", "kv_cache")  # the driver wakes it by a refit first; a restarted engine never slept
         params = sampling_params(self.spec, n, seed, len(prompt_ids), self.eos_ids)
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         t0 = time.perf_counter()
@@ -254,6 +258,7 @@ class VLLMRolloutWorker(VersionedEngine):
         """Refit in place: HF-named tensors → every engine worker's reload_weights; then drop stale KV. ms.
         `version`: the policy version of these weights (async GRPO records it per sample)."""
         t0 = time.perf_counter()
+        self._wake("weights", "kv_cache")
         if self.llm is not None:
             if _in_process(self.llm):
                 self.llm.collective_rpc("reload_weights", kwargs={
@@ -278,6 +283,7 @@ class VLLMRolloutWorker(VersionedEngine):
         """First of a refit's calls (policy rank 0 makes them): the async engine is paused (requests in flight
         finish first, new ones wait), the layerwise reload begins."""
         self._refit_t0 = time.perf_counter()
+        self._wake("weights")  # a sleeping engine: its weight memory back (contents stale until this refit ends)
         if self.llm is not None:
             vllm_compat.start_update(self.llm)
         else:
@@ -302,6 +308,7 @@ class VLLMRolloutWorker(VersionedEngine):
         Returns the engine's ms for the whole refit (start to finish)."""
         if self.llm is not None:
             vllm_compat.finish_update(self.llm)
+            self._wake("kv_cache")
             self.llm.reset_prefix_cache()
         else:
             self._call(self._afinish_update(version))
@@ -316,6 +323,9 @@ class VLLMRolloutWorker(VersionedEngine):
         assert engine is not None  # the async engine: self.llm is None
         try:
             await vllm_compat.afinish_update(engine)
+            if "kv_cache" in self._asleep:
+                await engine.wake_up(["kv_cache"])
+                self._asleep.discard("kv_cache")
             await engine.reset_prefix_cache()
             if version is not None:
                 self.version = version
@@ -345,6 +355,31 @@ class VLLMRolloutWorker(VersionedEngine):
                 self.version = version  # on the loop, before any paused request resumes: their `last`
         finally:
             await self.engine.resume_generation()
+
+    # ------------------------------------------------------------------ sleep mode (rollout.sleep_mode)
+    def sleep(self) -> float:
+        """Level 2 while the policy's logprob and update phases run: weights and KV cache freed on the GPU (the
+        next refit rewrites every weight; the prefix cache is dropped with the KV). The refit wakes it: weights
+        first, the KV cache once the new weights are in. Returns the GiB it freed on its GPU."""
+        import torch
+
+        free0 = torch.cuda.mem_get_info()[0]
+        if self.llm is not None:
+            self.llm.sleep(level=2)
+        else:
+            self._call(self.engine.sleep(level=2))
+        self._asleep = {"weights", "kv_cache"}
+        return (torch.cuda.mem_get_info()[0] - free0) / 2**30
+
+    def _wake(self, *tags: str) -> None:
+        todo = [tag for tag in tags if tag in self._asleep]
+        if not todo:
+            return
+        if self.llm is not None:
+            self.llm.wake_up(todo)
+        else:
+            self._call(self.engine.wake_up(todo))
+        self._asleep.difference_update(todo)
 
     def ping(self) -> bool:
         """The health probe (deadlines.py EngineProbe, in the actor's "health" concurrency group: answered

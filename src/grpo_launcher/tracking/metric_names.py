@@ -54,6 +54,7 @@ GYM_TURNS_MEAN = "gym/turns_mean"
 GYM_MULTI_TURN_SAMPLES = "gym/multi_turn_samples"
 GYM_TRAINABLE_SAMPLES = "gym/trainable_samples"
 ROLLOUT_ENGINE_RESTARTS = "rollout/engine_restarts"  # engines restarted in this process (deadlines.engine_restarts)
+ROLLOUT_SLEEP_FREED_GIB = "rollout/sleep_freed_gib"  # GPU memory the engines' sleep freed for the update (sum)
 # MoE models, per step (policy/update_log.py RouterLoad): the routers' load, over all MoE layers and per layer
 # (train/moe/layer_<i>/max_load, train/moe/layer_<i>/entropy)
 TRAIN_MOE_PREFIX = "train/moe/"

@@ -221,6 +221,9 @@ class Trainer:
     def step(self, step: int) -> dict[str, float]:
         t = Timer()
         gens, prompts, rewards, rounds = self.rollout_and_score(step, t)
+        if self.plan.engine_sleeps:  # rollout.sleep_mode: the GPU memory is the policy's until the refit
+            with t("sleep"):
+                freed = self.w.get("sleep", [e.sleep.remote() for e in self.w.rollout], self.w.rollout)
         pipeline = self.pipeline_metrics(step, t)  # buffer depth, sample ages, idle times: sync and async alike
         batch, m = self.make_batch(gens, rewards)
         scored, reward_parts = self.take_scored(gens, "train")
@@ -240,6 +243,8 @@ class Trainer:
         m.update(t.as_metrics(), **{M.TRAIN_DYNAMIC_SAMPLING_ROUNDS: rounds,
                                     M.TRAIN_TOKENS_PER_S: gen_tokens / max(self.generation_seconds(t), 1e-9)})
         m.update(pipeline)
+        if self.plan.engine_sleeps:
+            m[M.ROLLOUT_SLEEP_FREED_GIB] = float(sum(freed))
         if self.w.new_engine is not None and self.spec.rollout.backend.value == "vllm":  # restartable engines
             m[M.ROLLOUT_ENGINE_RESTARTS] = float(self.engine_restarts)
         if M.TIME_GENERATION_IDLE_S not in m:  # sync: the engines idle through everything but the rollout
