@@ -83,6 +83,36 @@ def test_nanov3_plan_and_seed_fixes():
     assert spec.grpo.max_val_samples is None  # review bug 2: null = all
 
 
+def test_nanov3_layout_follows_the_backend_and_explicit_overrides_stay_refused():
+    """The recipe's TP2/PP2/CP4/EP8 + SP are Megatron's; train.backend=torch resolves them to FSDP2's 1s (in the
+    spec and its YAML), and a user's own train.tensor_parallel_size=2 on torch is still refused."""
+    def layout(s):
+        t = s.train
+        return (t.tensor_parallel_size, t.pipeline_parallel_size, t.context_parallel_size,
+                t.expert_parallel_size, t.sequence_parallel)
+
+    assert layout(load_spec(["+recipe=nanov3", *SLURM_OK])) == (2, 2, 4, 8, True)
+    short = ["rollout.max_new_tokens=4096", "rollout.max_model_len=8192", "train.max_total_sequence_length=8192"]
+    torch_spec = load_spec(["+recipe=nanov3", *SLURM_OK, "train.backend=torch", *short])
+    assert layout(torch_spec) == (1, 1, 1, 1, False)
+    assert "tensor_parallel_size: 1\n" in spec_to_yaml(torch_spec) and "${" not in spec_to_yaml(torch_spec)
+    found = violations(["+recipe=nanov3", *SLURM_OK, "train.backend=torch", "train.tensor_parallel_size=2", *short])
+    assert [(v.rule, v.keys[0]) for v in found] == [("torch_backend_is_data_parallel_only",
+                                                     "train.tensor_parallel_size")]
+
+
+def test_per_backend_without_a_value_for_the_backend_names_the_key(tmp_path):
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "mine.yaml").write_text(
+        '# @package _global_\ntrain:\n  tensor_parallel_size: "${per_backend:{megatron: 2}}"\n')
+    from grpo_launcher.spec.compose import ConfigSource
+
+    with pytest.raises(ConfigError) as info:
+        load_spec(["+recipe=mine", "train.backend=torch"], source=ConfigSource(search_path=(str(tmp_path),)))
+    (v,) = info.value.violations
+    assert v.keys == ("train.tensor_parallel_size",) and "no value for train.backend=torch" in v.message
+
+
 # (overrides, rule, key that must be named). Every rule in RULES appears at least once.
 FAILING = [
     (["grpo.max_steps=0"], "positive_sizes", "grpo.max_steps"),

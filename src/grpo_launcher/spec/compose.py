@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError, Violation
-from .schema import GROUPS, RunSpec
+from .schema import GROUPS, RunSpec, TrainBackend
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 SCHEMA_NAME = "run_schema"
@@ -63,6 +63,21 @@ def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=_unfreeze(OmegaConf.structured(RunSpec)))
+    OmegaConf.register_new_resolver(PER_BACKEND, per_backend, replace=True)
+
+
+PER_BACKEND = "per_backend"
+
+
+def per_backend(values: Any, *, _root_: DictConfig) -> Any:
+    """`key: "${per_backend:{megatron: 2, torch: 1}}"`: a recipe value that depends on train.backend (Megatron's
+    TP/PP/CP/EP layout means nothing to the data-parallel torch backend). spec.yaml keeps the resolved value."""
+    backend = _root_.train.backend
+    name = backend.value if isinstance(backend, TrainBackend) else str(backend)
+    if not isinstance(values, dict) or name not in values:
+        raise ValueError(f"${{{PER_BACKEND}:...}} has no value for train.backend={name}: give one per backend, "
+                         f"e.g. {{megatron: 2, torch: 1}}")
+    return values[name]
 
 
 def check_override_keys(overrides: list[str], multirun: bool = False) -> list[Violation]:
