@@ -42,6 +42,7 @@ def multirun(overrides: list[str], source: Optional[ConfigSource] = None, hydra_
     if bad:
         print(ConfigError(bad).render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
+    args += submitit_target(args)
     app = hydra.main(config_path=str(source.conf_dir), config_name=source.config_name, version_base="1.3")(run_point)
     saved, sys.argv = sys.argv, [sys.argv[0], "--multirun", *hydra_flags, *source.overrides(), *args]
     try:
@@ -51,6 +52,18 @@ def multirun(overrides: list[str], source: Optional[ConfigSource] = None, hydra_
     finally:
         sys.argv = saved
     return ExitCode.OK
+
+
+SUBMITIT = {"submitit_slurm": "SubmititSlurm", "submitit_local": "SubmititLocal"}
+
+
+def submitit_target(args: list[str]) -> list[str]:
+    """hydra/launcher=submitit_slurm|submitit_local: the plugin's config (its keys: hydra.launcher.partition ...)
+    with our launcher class, which checks every point first (hydra_plugins/grpo_launcher_plugins/submitit_points)."""
+    chosen = [a.partition("=")[2] for a in args if a.startswith("hydra/launcher=")]
+    if not chosen or chosen[-1] not in SUBMITIT:
+        return []
+    return [f"hydra.launcher._target_=hydra_plugins.grpo_launcher_plugins.submitit_points.{SUBMITIT[chosen[-1]]}"]
 
 
 def base_problems(args: list[str], source: ConfigSource) -> list:

@@ -109,12 +109,10 @@ def _override_problems(ov: Any, text: str, known: set[str], multirun: bool) -> I
         if not isinstance(value, str) or not OPTION_NAME.fullmatch(value):
             yield Violation("config_group", (key,), f"{key}={ov.get_value_element_as_str()} is not one option of "
                             f"the {key} group", f"choose one: {key}=NAME (a file {key}/NAME.yaml)")
-    elif key == "hydra/launcher" and str(ov.value()).startswith("submitit"):
-        local = str(ov.value()) == "submitit_local"
-        yield Violation("hydra_launcher", (key,), f"{text}: hydra-submitit-launcher is not used by grpo-launcher "
-                        "(its Slurm launcher blocks until every job has ended)",
-                        "python launch.py -m KEY=a,b ... (the points run here, one after another)" if local else
-                        "python launch.py cluster=slurm -m KEY=a,b ... (each point its own sbatch job; the command "
+    elif key == "hydra/launcher" and str(ov.value()).startswith("submitit") and not multirun:
+        yield Violation("hydra_launcher", (key,), f"{text} without -m: a Hydra launcher runs the points of a sweep",
+                        f"python launch.py -m {text} KEY=a,b ... (each point a submitit job, waited for), or "
+                        "python launch.py cluster=slurm [-m KEY=a,b] ... (each run its own sbatch job; the command "
                         "returns at once: launch.py status)")
     elif key.startswith("hydra.") or key.startswith("hydra/"):
         refused = next((why for k, why in HYDRA_REFUSED.items() if key == k or key.startswith(k + ".")), None)

@@ -5,7 +5,7 @@
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -54,7 +54,7 @@ class GrpoLauncher(Launcher):
         job_overrides = named_points(str(self.config.name), job_overrides)
         composed = [self.point_config(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
         configs = [cfg for cfg, _ in composed]
-        checked = [point_problems(cfg, o, exc) for (cfg, exc), o in zip(composed, job_overrides)]  # (spec, problems)
+        checked = [self.point_problems(point_problems(cfg, o, exc)) for (cfg, exc), o in zip(composed, job_overrides)]
         if not self.invalid_points_fail:
             check_points(checked, job_overrides)  # exits 2 naming each bad point and key: nothing launched
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -71,6 +71,10 @@ class GrpoLauncher(Launcher):
                 end_sweep_parent_run(first, sweep_dir, ok)
         print_summary([spec for spec, _ in checked if spec is not None])
         return runs
+
+    def point_problems(self, checked: Tuple[Optional[Any], List[str]]) -> Tuple[Optional[Any], List[str]]:
+        """(a point's spec, its problems) after every pre-flight rule: a subclass adds its launcher's own."""
+        return checked
 
     def _run_points(self, configs, checked, job_overrides, initial_job_idx: int, runs: list) -> None:
         from grpo_launcher.launch import execute

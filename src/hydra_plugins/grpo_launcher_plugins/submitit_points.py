@@ -1,0 +1,76 @@
+"""hydra/launcher=submitit_slurm|submitit_local (hydra-submitit-launcher's convention): every point is checked
+first, as with hydra/launcher=grpo, then each is one submitit job that runs the run on its node.
+
+    python launch.py -m hydra/launcher=submitit_slurm hydra.launcher.partition=debug train.lr=1e-4,3e-4
+
+The launcher's own keys (hydra.launcher.partition, timeout_min, cpus_per_task, gpus_per_node, mem_gb ...) are
+the plugin's; `launch.py -m` points its `_target_` here (launch/sweep.py). The job runs the sweep's task,
+launch/sweep.py run_point (pre-flight → execute, as every sweep point): a single-node run (cluster=local) in the
+job's allocation, its run dir output_root/name as usual. Hydra's submitit launcher waits for every job; a
+multi-node point, or a point with cluster=slurm (it would submit a second job from inside the first), is refused
+with a pointer to `cluster=slurm -m`, our sweep, which submits each point as its own multi-node job and returns.
+"""
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+from hydra.core.utils import JobReturn
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (BaseSubmititLauncher, LocalLauncher,
+                                                                     SlurmLauncher)
+
+from .grpo_launcher import GrpoLauncher
+
+OURS = ("python launch.py cluster=slurm cluster.nodes=N -m KEY=a,b ... (our sweep: each point its own sbatch "
+        "job, Ray over its nodes; the command returns at once: launch.py status)")
+
+
+def submitit_problems(spec: Any, params: dict) -> List[str]:
+    """What hydra-submitit-launcher cannot run: a point's run must fit the one task of the one node it gets."""
+    from grpo_launcher.spec.errors import Violation
+
+    out = []
+    for key in ("nodes", "tasks_per_node"):
+        if params.get(key, 1) != 1:
+            out.append(Violation("submitit_single_node", (f"hydra.launcher.{key}",),
+                                 f"is {params[key]}: a submitit point is one run in one task on one node", f"leave it at 1; for multi-node points: {OURS}"))
+    if spec is not None and spec.cluster.kind.value == "slurm":
+        multi = spec.cluster.nodes > 1
+        out.append(Violation("submitit_single_node", ("cluster",), f"cluster=slurm{' with cluster.nodes=' if multi else ''}"
+                             f"{spec.cluster.nodes if multi else ''} in a submitit point: the submitit job is the Slurm "
+                             "job, and the run inside it would submit another",
+                             OURS if multi else "drop cluster=slurm (hydra.launcher.partition, timeout_min, "
+                             f"cpus_per_task, gpus_per_node, mem_gb size the job), or {OURS}"))
+    return [v.render() for v in out]
+
+
+class SubmititPoints(GrpoLauncher):
+    """GrpoLauncher's checks, MLflow parent run and summary; the points go to hydra-submitit-launcher."""
+
+    PLUGIN: type = BaseSubmititLauncher
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__()
+        self.submitit = self.PLUGIN(**params)
+
+    def setup(self, **kwargs: Any) -> None:
+        super().setup(**kwargs)
+        self.submitit.setup(**kwargs)
+
+    def point_problems(self, checked: Tuple[Optional[Any], List[str]]) -> Tuple[Optional[Any], List[str]]:
+        spec, problems = checked
+        extra = submitit_problems(spec, self.submitit.params)
+        return (None, problems + extra) if extra else checked
+
+    def _run_points(self, configs: Sequence[Any], checked: Sequence[Tuple[Any, List[str]]],
+                    job_overrides: Sequence[Sequence[str]], initial_job_idx: int, runs: List[JobReturn]) -> None:
+        if all(spec.dry_run for spec, _ in checked):  # the plans printed here; nothing submitted
+            super()._run_points(configs, checked, job_overrides, initial_job_idx, runs)
+            return
+        runs.extend(self.submitit.launch(job_overrides, initial_job_idx))  # waits for every job (the plugin's way)
+
+
+class SubmititSlurm(SubmititPoints):
+    PLUGIN = SlurmLauncher
+
+
+class SubmititLocal(SubmititPoints):
+    PLUGIN = LocalLauncher
