@@ -430,3 +430,60 @@ def test_megatron_on_cpu_without_the_shim_is_a_config_error(tmp_path, monkeypatc
         [("train.backend", "cluster.gpus_per_node")]
     monkeypatch.setenv("GRPO_MEGATRON_CPU_SHIM", SHIM)  # the repo's own CPU tests
     load_spec(args)
+
+
+
+def _grads_job(rank: int, world: int, spec, model_dir: str, batch, out: str, port: int) -> None:
+    """One worker, two output-layer paths (train.logprob_chunk_tokens 0 = whole logits, then 3): each path's
+    logprob pass and one micro-step's loss, metrics and gradients, from the same weights (no optimizer step)."""
+    os.environ["GRPO_MEGATRON_CPU_SHIM"] = SHIM
+    import torch.distributed as dist
+
+    from grpo_launcher.algos import local_denominator
+    from grpo_launcher.policy.megatron_policy import MegatronPolicyWorker
+
+    w = MegatronPolicyWorker(spec, model_dir, rank, world)
+    w.init_distributed("127.0.0.1", port)
+    res = {}
+    for chunk in (0, 3):
+        w.spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, logprob_chunk_tokens=chunk))
+        prev, ref = w.logprobs(batch)
+        noise = 0.3 * torch.randn(prev.shape, generator=torch.Generator().manual_seed(1))
+        b = batch.with_(prev_logprobs=prev + noise, ref_logprobs=ref)
+        den = local_denominator(spec.loss.aggregation.value, b.response_mask * b.sample_mask[:, None])
+        w._zero_grad()
+        metrics, _, _ = w._micro_step(b, den)
+        grads = {n: p.grad.clone() for n, p in w.model.named_parameters() if p.grad is not None}
+        res[chunk] = {"prev": prev, "ref": ref, "step": metrics, "grads": grads}
+    torch.save(res, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tie", [False, pytest.param(True, marks=pytest.mark.extended)], ids=["untied", "tied"])
+def test_chunked_output_layer_equals_whole_logits(tmp_path, tie):
+    """TP=1: the output layer in chunks of 3 tokens (algos.linear_logprobs over GPTModel's final hidden states)
+    gives the whole-logits path's logprobs (policy and reference), loss, entropy, KL and gradients, at a
+    sampling temperature of 0.7."""
+    pytest.importorskip("megatron.core")
+    import torch.multiprocessing as mp
+
+    from grpo_launcher.spec.schema import LossSpec
+
+    model_dir = _tiny_hf("qwen3", tmp_path, tie=tie)
+    spec = _megatron_spec()
+    spec = dataclasses.replace(spec, loss=LossSpec(kl_coef=0.1),
+                               rollout=dataclasses.replace(spec.rollout, temperature=0.7))
+    batch, out = _batch(4, 256), tmp_path / "out.pt"
+    mp.start_processes(_grads_job, args=(1, spec, str(model_dir), batch, str(out), _free_port()), nprocs=1,
+                       start_method="spawn", join=True)
+    res = torch.load(out, weights_only=False)
+    whole, chunked = res[0], res[3]
+    mask = batch.response_mask.bool()
+    for k in ("prev", "ref"):
+        assert torch.allclose(chunked[k][mask], whole[k][mask], atol=1e-5, rtol=0), k
+    for k in ("loss", "pg_loss", "entropy", "kl"):
+        assert chunked["step"][k] == pytest.approx(whole["step"][k], rel=1e-5, abs=1e-7), k
+    assert set(chunked["grads"]) == set(whole["grads"]) and whole["grads"]
+    for k, g in whole["grads"].items():
+        assert torch.allclose(chunked["grads"][k], g, atol=1e-6, rtol=1e-4), k

@@ -9,8 +9,11 @@ all-gather their shards, so each replica works on the union of its ranks' rows; 
 returns the results for its own rows. Expert parallelism is carved out of data parallelism
 (megatron's order tp-cp-ep-dp-pp): EP ranks hold different experts and different rows.
 
-Logits are vocab-parallel for TP > 1: logprobs use megatron's vocab-parallel cross entropy, entropy a
-vocab-parallel reduction; for TP = 1 the very functions of the torch backend (algos) are used.
+Logprobs without whole logits (TP = 1, train.logprob_chunk_tokens > 0): GPTModel returns the final hidden states
+(its post_process off: what a pipeline stage without the output layer returns), and the response positions' states
+go through the output layer chunk by chunk with the torch backend's autograd Function (algos.linear_logprobs).
+Otherwise whole logits [B, L, V/TP]: vocab-parallel for TP > 1 (megatron's vocab-parallel cross entropy, entropy
+a vocab-parallel reduction); for TP = 1 the very functions of the torch backend (algos) are used.
 
 Weights come in from, and go out to, Hugging Face names (policy/megatron_convert.py): state_dict()
 gathers the shards (a collective: every rank must call it; rank 0's result is the full HF dict).
@@ -37,7 +40,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 import torch.distributed as dist
 
-from ..algos import LossInputs, entropy_from_logits, local_denominator, spec_policy_loss, token_logprobs
+from ..algos import (LossInputs, entropy_from_logits, linear_logprobs, local_denominator, spec_policy_loss,
+                     token_logprobs)
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch
 from . import megatron_convert as mc
@@ -297,14 +301,48 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         return TrainBatch(**fields), slice(start, start + len(b))
 
     # ------------------------------------------------------------------ forward pieces
-    def _logits(self, model, b: TrainBatch) -> torch.Tensor:
-        """Response logits [B, T, V/TP] (this rank's vocab shard), divided by the sampling temperature."""
+    def _token_stats(self, model, b: TrainBatch, entropy: bool = False
+                     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(logprobs [B, T], entropy [B, T] or None) of the response tokens at the sampling temperature: chunks of
+        the output layer (TP = 1, train.logprob_chunk_tokens > 0), else whole logits."""
+        chunk = self.spec.train.logprob_chunk_tokens
+        if self.tp_size > 1 or not chunk:
+            logits = self._logits(model, b)
+            return self._token_logprobs(logits, b.response_ids), (self._entropy(logits) if entropy else None)
+        hidden, weight = self._response_hidden(model, b)  # [B, T, H], [V, H]
+        tokens = b.response_ids.to(self.device)
+        lp, ent = linear_logprobs(hidden.flatten(0, 1), weight, tokens.flatten(),
+                                  temperature=self.spec.rollout.temperature, chunk=chunk)  # [B·T] each
+        return lp.view(tokens.shape), (ent.view(tokens.shape) if entropy else None)
+
+    def _positions(self, b: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input ids [B, L], position ids [B, L], idx [B, T]): idx[i, t] is the position predicting response token t."""
         ids = b.input_ids.to(self.device)
         B, L = ids.shape
         pos = torch.arange(L, device=self.device)[None].expand(B, L)
-        logits = model(ids, pos, None)  # [B, L, V/TP]; causal attention, right padding never seen
         T = b.response_ids.shape[1]
         idx = (b.prompt_lens[:, None] - 1 + torch.arange(T)[None, :]).clamp(max=L - 1).to(self.device)
+        return ids, pos, idx
+
+    def _response_hidden(self, model, b: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final hidden states [B, T, H] at the response-predicting positions, the output layer's weight [V, H])."""
+        gpt = getattr(model, "module", model)  # megatron's DDP wraps the policy on GPUs
+        ids, pos, idx = self._positions(b)
+        gpt.post_process = False  # GPTModel returns the decoder's output (final norm applied), no output layer
+        try:
+            hidden = model(ids, pos, None)  # [L, B, H]; causal attention, right padding never seen
+        finally:
+            gpt.post_process = True
+        rows = torch.arange(ids.shape[0], device=self.device)[:, None]  # [B, 1]
+        weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights \
+            else gpt.output_layer.weight
+        return hidden[idx, rows], weight  # indexing saves no [L, B, H] copy for the backward
+
+    def _logits(self, model, b: TrainBatch) -> torch.Tensor:
+        """Response logits [B, T, V/TP] (this rank's vocab shard), divided by the sampling temperature."""
+        ids, pos, idx = self._positions(b)
+        logits = model(ids, pos, None)  # [B, L, V/TP]; causal attention, right padding never seen
+        B, T = idx.shape
         out = logits.gather(1, idx[:, :, None].expand(B, T, logits.shape[-1]))
         return out / self.spec.rollout.temperature
 
@@ -344,9 +382,9 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         prev, ref = [], []
         for rows in _chunks(len(full), self.spec.train.logprob_batch_size):
             mb = full.select(rows)
-            prev.append(self._token_logprobs(self._logits(self.model, mb), mb.response_ids).cpu())
+            prev.append(self._token_stats(self.model, mb)[0].cpu())
             if self.ref is not None:
-                ref.append(self._token_logprobs(self._logits(self.ref, mb), mb.response_ids).cpu())
+                ref.append(self._token_stats(self.ref, mb)[0].cpu())
         self.model.train()
         prev_t = torch.cat(prev)[mine]
         return prev_t, (torch.cat(ref)[mine] if ref else None)
@@ -374,7 +412,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
                 mb = b.select(rows)
                 if on_policy and self.ref is not None:
                     with torch.no_grad():
-                        mb = mb.with_(ref_logprobs=self._token_logprobs(self._logits(self.ref, mb), mb.response_ids))
+                        mb = mb.with_(ref_logprobs=self._token_stats(self.ref, mb)[0])
                     refs.append(mb.ref_logprobs.cpu())
                 metrics, weight, lp = self._micro_step(mb, den)
                 lps.append(lp)
@@ -386,9 +424,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
 
     def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], float, torch.Tensor]:
         lo = self.spec.loss
-        logits = self._logits(self.model, mb)
-        ent_tok = self._entropy(logits)
-        lp = self._token_logprobs(logits, mb.response_ids)
+        lp, ent_tok = self._token_stats(self.model, mb, entropy=True)
         old = lp.detach() if mb.prev_logprobs is None else mb.prev_logprobs
         x = LossInputs.of(mb, old).to(self.device)
         loss, _, m = spec_policy_loss(lp, x, lo, norm_len=self.spec.rollout.max_new_tokens, entropy=ent_tok)
