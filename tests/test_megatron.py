@@ -199,6 +199,30 @@ def _violations(*overrides: str) -> set[str]:
     return set()
 
 
+def test_memory_counts_megatron_chunked_logits_over_response_tokens():
+    """spec/memory.py, megatron TP=1: the output layer's chunks run over the response tokens only (the worker picks
+    their hidden states first), so the logits term is one chunk + the saved hidden states, not 6·V·L + 16·V·T;
+    TP=2 keeps the whole vocab-parallel logits."""
+    from dataclasses import replace
+
+    from grpo_launcher.spec import memory as mem
+    from grpo_launcher.spec.schema import ModelSpec, Precision, RunSpec, TrainBackend, TrainSpec
+
+    llama = ModelSpec(name="llama1b", family="llama", num_layers=24, hidden_size=2048, num_attention_heads=16,
+                      num_kv_heads=4, ffn_hidden_size=5632, vocab_size=32000, max_position_embeddings=4096,
+                      dtype=Precision.bfloat16)
+    s = RunSpec(model=llama, train=TrainSpec(backend=TrainBackend.megatron, precision=Precision.bfloat16,
+                                             micro_batch_size=2, logprob_batch_size=8, max_total_sequence_length=4096))
+    s = replace(s, cluster=replace(s.cluster, gpus_per_node=2), rollout=replace(s.rollout, max_new_tokens=1024))
+    chunked = mem.estimate(s).policy
+    rtok, lp_rtok = 2 * 1024, 8 * 1024
+    assert chunked["logits"].bytes == 12 * 32000 * 2048 + (2 * 2048 + 16) * rtok  # one chunk of 4096 > 2048 tokens
+    assert chunked["logprob logits"].bytes == 10 * 32000 * 4096 + (2 * 2048 + 16) * lp_rtok
+    whole = mem.estimate(replace(s, train=replace(s.train, logprob_chunk_tokens=0))).policy
+    assert whole["logits"].bytes == 6 * 32000 * 2 * 4096 + 16 * 32000 * rtok
+    tp2 = mem.estimate(replace(s, train=replace(s.train, tensor_parallel_size=2))).policy
+    assert tp2["logits"].bytes == 6 * 16000 * 2 * 4096 + 16 * 16000 * rtok
+
 def test_rules_moe_with_tp_needs_sequence_parallel():
     base = ["train.backend=megatron", "cluster.cpu_workers_per_node=2", "model.num_experts=4", "model.moe_top_k=2",
             "train.tensor_parallel_size=2", "train.global_batch_size=32", "train.micro_batch_size=8",

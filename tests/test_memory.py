@@ -134,7 +134,8 @@ def test_torch_activation_checkpointing_keeps_layer_inputs():
 
 def test_logits_peak_vocab_times_tokens():
     s = RunSpec(model=LLAMA_1B, train=TrainSpec(backend=TrainBackend.megatron, precision=Precision.bfloat16,
-                                                micro_batch_size=1, max_total_sequence_length=4096))
+                                                micro_batch_size=1, max_total_sequence_length=4096,
+                                                logprob_chunk_tokens=0))  # whole logits
     s = replace(s, cluster=replace(s.cluster, gpus_per_node=1), rollout=replace(s.rollout, max_new_tokens=2048))
     # 6·V·L (bf16 logits kept by the response gather, its zero-filled gradient, the output layer's contiguous
     # copy) + 16·V·T (fp32 log-softmax, its gradient, bf16 copies)
