@@ -153,7 +153,7 @@ FAILING = [
     (["cluster.nodes=2"], "local_is_one_node", "cluster.nodes"),
     (["cluster.gpus_per_node=1"], "local_gpus_present", "cluster.gpus_per_node"),  # this CPU machine has none
     (["cluster=ray", "cluster.ray_address=127.0.0.1:1"], "ray_cluster_reachable", "cluster.ray_address"),
-    (["logging.wandb=true"], "trackers_installed", "logging.wandb"),
+    (["logging.wandb=true", "logging.experiment=a:b"], "trackers_installed", "logging.wandb"),
     (["cluster=slurm", "cluster.partition='x; touch /tmp/p'"], "slurm_fields", "cluster.partition"),
     (["cluster=slurm", "cluster.requires_account=true"], "slurm_fields", "cluster.account"),
     (["cluster.ray_temp_dir=/tmp/a/very/long/path/that/ray/sockets/will/overflow"],

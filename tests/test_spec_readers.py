@@ -125,7 +125,6 @@ def readers() -> dict[str, list[str]]:
 # failing case in tests/test_spec.py.
 PREFLIGHT_ONLY = {
     "dry_run": "build_implements_run",  # also read by the executors (launch/); kept here for the refusal rule
-    "logging.wandb": "trackers_installed",  # a pointer for W&B users: true is refused, naming what to use instead
     "cluster.requires_account": "slurm_fields",  # a cluster profile's declaration: its Slurm needs --account
     "cluster.requires_partition": "slurm_fields",
     "cluster.node_gpus": "slurm_node_shape",  # the profile's GPUs per node, checked against the plan

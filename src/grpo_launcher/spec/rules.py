@@ -1093,14 +1093,25 @@ def env_data_and_code(s: RunSpec) -> Iterator[Violation]:
 
 @rule
 def trackers_installed(s: RunSpec) -> Iterator[Violation]:
-    """logging.wandb is refused (not supported by this build); logging.tensorboard needs the tensorboard package."""
+    """logging.wandb and logging.tensorboard need their packages (dependencies of this package); the W&B project
+    (WANDB_PROJECT, else logging.experiment) must be a name wandb's own settings accept."""
     import importlib.util
+    import os
 
-    if s.logging.wandb:
-        have = importlib.util.find_spec("wandb") is not None
-        yield V("trackers_installed", "logging.wandb", "W&B is not supported by this build" + (
-                "" if have else ": the `wandb` package is not installed here"), "set logging.wandb=false; use "
-                "logging.tensorboard=true (event files in RUN_DIR/tensorboard) and/or MLflow (logging.mlflow)")
+    if s.logging.wandb and importlib.util.find_spec("wandb") is None:
+        yield V("trackers_installed", "logging.wandb", "the `wandb` package is not installed",
+                "pip install wandb (a dependency of this package: reinstall it), or logging.wandb=false")
+    elif s.logging.wandb:
+        import wandb
+        from wandb.errors import UsageError
+
+        project = os.environ.get("WANDB_PROJECT") or s.logging.experiment
+        try:
+            wandb.Settings(project=project)
+        except UsageError as exc:
+            key = "WANDB_PROJECT" if os.environ.get("WANDB_PROJECT") else "logging.experiment"
+            yield V("trackers_installed", ("logging.wandb", key), f"W&B refuses the project from {key}: {exc}",
+                    f"set {key} to a W&B project name (no / \\ # ? % :, at most 128 characters)")
     if s.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
         yield V("trackers_installed", "logging.tensorboard", "the `tensorboard` package is not installed",
                 "pip install tensorboard (a dependency of this package: reinstall it), or logging.tensorboard=false")

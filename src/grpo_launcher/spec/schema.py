@@ -329,7 +329,7 @@ class LoggingSpec:
     mlflow: bool = True
     # also TensorBoard event files in RUN_DIR/tensorboard/: the same metric names, steps and resume continuity
     tensorboard: bool = False
-    wandb: bool = False  # W&B: refused at pre-flight (this build does not support it; `wandb` is not installed here)
+    wandb: bool = False  # also W&B (offline in RUN_DIR/wandb/ unless WANDB_MODE/WANDB_API_KEY say otherwise)
     tracking_uri: Optional[str] = None  # null = sqlite store in the output root
     experiment: str = "grpo"
     train_data_log: bool = False  # one JSON line per sample, every `train_data_log_every` steps

@@ -4,19 +4,25 @@ Metrics are buffered until `commit()`, which the driver calls right after each c
 the buffered metrics also go into that checkpoint's meta.json (`pending()`), and a resumed run `replay()`s
 them. A reopened run knows which (key, step) pairs MLflow already holds and never sends one twice: after
 a crash at any point of a save, and a resume from any checkpoint, the step axis has every step exactly once.
+A store that goes away mid-run (an http server restarting) does not stop the run: a failed commit keeps its
+metrics buffered (and in the next checkpoint's pending metrics), prints a warning, and the next commit sends them;
+the end of the run waits up to CLOSE_WAIT_S for the store.
 Secret values (by key name, or a password inside a URI) are redacted in params and the logged spec.yaml.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import requests
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -34,6 +40,12 @@ MAX_PARAM_VALUE = 6000
 SECRET_KEY = re.compile(r"token$|secret|password|passwd|api_key|access_key|private_key|^key$", re.IGNORECASE)
 REDACTED = "***"
 STATUSES = ("FINISHED", "FAILED", "KILLED")
+# an http store that is away: MLflow's client retries 7 times over ~4 min by default, at every checkpoint; our
+# buffer takes over after 3 (~12 s). A user's MLFLOW_HTTP_REQUEST_MAX_RETRIES wins.
+HTTP_RETRIES_ENV, HTTP_RETRIES = "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"
+UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
+CLOSE_WAIT_S = 120.0  # the end of a run waits this long for an away store to send what it buffered
+CLOSE_RETRY_S = 5.0
 
 
 # the UI opens an experiment of this kind in its model-training view (charts), not the GenAI (traces) view
@@ -133,6 +145,10 @@ class Tracker:
         self.run_dir = Path(run_dir)
         self.buffer_until_commit = buffer_until_commit
         self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.tracking_uri = tracking_uri
+        if tracking_uri.startswith(("http://", "https://")):
+            os.environ.setdefault(HTTP_RETRIES_ENV, HTTP_RETRIES)
+        self._away: str | None = None  # the error of the store's current outage
         self.experiment_id = self._experiment(spec.logging.experiment, tracking_uri)
         self._buffer: list[Metric] = []
         self._logged: set[tuple[str, int]] = set()  # (key, step) pairs MLflow holds for this run
@@ -204,17 +220,39 @@ class Tracker:
 
     def commit(self) -> int:
         """Send the buffered metrics (log_batch, ≤1000 per call), minus (key, step) pairs MLflow already has
-        (a step redone after a resume from an older checkpoint). Returns how many were sent."""
+        (a step redone after a resume from an older checkpoint). Returns how many were sent. A store that cannot
+        be reached keeps the rest buffered, with a warning (once per outage)."""
         buffered, self._buffer = self._buffer, []
-        sent, seen = [], set()
+        todo, seen = [], set()
         for m in buffered:
             if (m.key, m.step) not in self._logged and (m.key, m.step) not in seen:
                 seen.add((m.key, m.step))
-                sent.append(m)
-        for part in chunks(sent, MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self._run_id, metrics=part)
-            self._logged.update((m.key, m.step) for m in part)
-        return len(sent)
+                todo.append(m)
+        sent = 0
+        try:
+            for part in chunks(todo, MAX_METRICS_PER_BATCH):
+                self.client.log_batch(self._run_id, metrics=part)
+                self._logged.update((m.key, m.step) for m in part)
+                sent += len(part)
+        except UNREACHABLE as exc:
+            self._buffer = list(todo[sent:])
+            self._went_away(exc)
+            return sent
+        if self._away is not None:
+            print(f"grpo-launcher: MLflow store {redact_value(self.tracking_uri)} is back: sent {sent} buffered "
+                  "metric value(s)", flush=True)
+            self._away = None
+        return sent
+
+    def _went_away(self, exc: BaseException) -> None:
+        first = self._away is None
+        self._away = f"{type(exc).__name__}: {exc}"[:300]
+        steps = sorted({m.step for m in self._buffer})
+        held = f"steps {steps[0]}..{steps[-1]}" if steps else "no metrics"
+        print(f"grpo-launcher: WARNING: MLflow store {redact_value(self.tracking_uri)} unreachable"
+              + (f" ({self._away})" if first else "") + f"; {len(self._buffer)} metric value(s) of {held} kept, "
+              f"sent at the next checkpoint (all are in {self.run_dir / 'metrics.jsonl'})", file=sys.stderr,
+              flush=True)
 
     def pending(self) -> list[list]:
         """The buffered (uncommitted) metrics as [key, value, timestamp_ms, step] (kept in the checkpoint)."""
@@ -266,6 +304,20 @@ class Tracker:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         if self._closed:
             return
-        self.commit()
-        self.client.set_terminated(self._run_id, status=status)
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while True:
+            self.commit()
+            try:
+                if not self._buffer:
+                    self.client.set_terminated(self._run_id, status=status)
+                    self._closed = True
+                    return
+            except UNREACHABLE as exc:
+                self._went_away(exc)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(CLOSE_RETRY_S)  # the store is away: wait for it, up to CLOSE_WAIT_S
+        print(f"grpo-launcher: WARNING: MLflow run {self._run_id} not closed: its store stayed unreachable for "
+              f"{CLOSE_WAIT_S:.0f} s; {len(self._buffer)} metric value(s) not sent (all are in "
+              f"{self.run_dir / 'metrics.jsonl'})", file=sys.stderr, flush=True)
         self._closed = True

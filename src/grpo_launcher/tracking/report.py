@@ -11,6 +11,7 @@ from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..spec.schema import RunSpec
 from .plot import CURVES, plot_curves
+from .wandb_log import wandb_row
 
 # a stop the run continues from (SIGTERM, Ctrl-C, a save-and-requeue): the block offers the resume command
 STOPS = (ExitCode.TERMINATED, ExitCode.INTERRUPTED, ExitCode.REQUEUE)
@@ -105,6 +106,8 @@ def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None, stop
         rows.append(("reward curve", png))
     if spec.logging.tensorboard:
         rows.append(("TensorBoard", f"tensorboard --logdir {plan.run_dir / 'tensorboard'}"))
+    if spec.logging.wandb:
+        rows.append(("W&B", wandb_row(plan.run_dir)))
     if tracker is not None and spec.logging.mlflow:
         uri = redact_value(plan.tracking_uri)  # a password in the URI: ***
         rows.append(("MLflow", f"{uri}  experiment '{spec.logging.experiment}'  run {tracker.run_id}"))

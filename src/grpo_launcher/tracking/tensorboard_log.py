@@ -4,13 +4,12 @@ same names (`train/reward_mean`) and step axis as MLflow.
 Like the MLflow tracker, metrics are buffered until `commit()` (right after a checkpoint is written), and a reopened
 log reads back which (tag, step) pairs its event files hold already and never writes one twice: after a stop and
 resume, or a crash and a resume from an older checkpoint, every step is in the event files exactly once.
-`Trackers` sends the loop's metric calls to both; MLflow-only calls (tags, artifacts, the run id) go to MLflow.
+`trackers.Trackers` sends the loop's metric calls to MLflow and to it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
 
 TB_DIR = "tensorboard"  # under the run dir
 
@@ -64,51 +63,6 @@ class TensorBoardLog:
         dropped, self._buffer = len(self._buffer), []
         return dropped
 
-    def close(self) -> None:
+    def close(self, status: str = "FINISHED") -> None:
         self.commit()
         self._writer.close()
-
-
-class Trackers:
-    """The loop's tracker: MLflow (or None) and TensorBoard (or None) behind one object. Metric calls go to both;
-    the rest (run_id, experiment_id, tags, artifacts, spec changes) is MLflow's, a no-op without it."""
-
-    def __init__(self, mlflow: Any, tensorboard: Optional[TensorBoardLog]) -> None:
-        self.mlflow, self.tensorboard = mlflow, tensorboard
-
-    def __getattr__(self, name: str) -> Any:  # MLflow-only calls
-        if self.mlflow is not None:
-            return getattr(self.mlflow, name)
-        if name in ("run_id", "experiment_id"):
-            return None
-        return lambda *args, **kwargs: None
-
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        import time
-
-        if self.mlflow is not None:
-            self.mlflow.log_metrics(step, metrics)
-        if self.tensorboard is not None:
-            self.tensorboard.log_metrics(step, metrics, time.time())
-
-    def commit(self) -> int:
-        sent = self.mlflow.commit() if self.mlflow is not None else 0
-        return sent + (self.tensorboard.commit() if self.tensorboard is not None else 0)
-
-    def pending(self) -> list[list]:
-        source = self.mlflow if self.mlflow is not None else self.tensorboard
-        return source.pending() if source is not None else []
-
-    def replay(self, pending: list) -> int:
-        sent = self.mlflow.replay(pending) if self.mlflow is not None else 0
-        return sent + (self.tensorboard.replay(pending) if self.tensorboard is not None else 0)
-
-    def discard(self) -> int:
-        dropped = self.mlflow.discard() if self.mlflow is not None else 0
-        return dropped + (self.tensorboard.discard() if self.tensorboard is not None else 0)
-
-    def close(self, status: str = "FINISHED") -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        if self.mlflow is not None:
-            self.mlflow.close(status)

@@ -177,11 +177,11 @@ class LoopState:
 
 def _tracker(spec: RunSpec, plan: Plan, run_id: Optional[str]):
     tracker = _mlflow(spec, plan, run_id)
-    if not spec.logging.tensorboard:
+    if not (spec.logging.tensorboard or spec.logging.wandb):
         return tracker
-    from ..tracking.tensorboard_log import TB_DIR, TensorBoardLog, Trackers
+    from ..tracking.trackers import Trackers, step_logs
 
-    return Trackers(tracker, TensorBoardLog(plan.run_dir / TB_DIR))
+    return Trackers(tracker, step_logs(spec, plan.run_dir))
 
 
 def _mlflow(spec: RunSpec, plan: Plan, run_id: Optional[str]):

@@ -55,7 +55,7 @@ def resume_or_start(spec: RunSpec, plan: Plan) -> LoopState | None:
     return LoopState.resume(spec, plan, ckpt, latest)
 
 
-RECORDS = ("metrics.jsonl", "reward_curve.png", "summary.json", "train_data", "tensorboard")  # written step by step
+RECORDS = ("metrics.jsonl", "reward_curve.png", "summary.json", "train_data", "tensorboard", "wandb")  # written step by step
 
 
 def set_aside_records(run_dir: Path, dest: Optional[Path]) -> None:

@@ -1,0 +1,163 @@
+"""Weights & Biases beside MLflow (logging.wandb=true) through the real `wandb` package: the same metric names
+(`train/reward_mean`) and step axis as MLflow, the spec as the run's config (secrets redacted).
+
+Offline unless the environment says otherwise: with neither WANDB_MODE nor WANDB_API_KEY set, the run is written to
+RUN_DIR/wandb/offline-run-<time>-<id>/ and needs no network (`wandb sync RUN_DIR/wandb/offline-run-*` uploads it
+later); WANDB_MODE (online, offline, disabled) or an API key hand the choice to wandb. The project is WANDB_PROJECT,
+else logging.experiment; the entity is wandb's own (WANDB_ENTITY).
+
+One W&B run per run dir: its id is kept in RUN_DIR/wandb/grpo-run-id, so a resume continues the same run (online:
+resume="allow"; offline: each start writes one more offline-run directory with the same id). As for TensorBoard,
+metrics are buffered until `commit()` (right after a checkpoint is written), and a reopened log reads back which
+(key, step) pairs the run's transaction logs (run-<id>.wandb) hold and never logs one twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+from ..spec.schema import RunSpec
+
+WANDB_DIR = "wandb"  # under the run dir (wandb.init(dir=RUN_DIR) writes RUN_DIR/wandb/)
+RUN_ID_FILE = "grpo-run-id"
+# the .wandb transaction log: a 7-byte header (":W&B", magic, version), then leveldb log blocks
+# (https://github.com/google/leveldb/blob/main/doc/log_format.md) of protobuf `Record`s
+HEADER = b":W&B"
+BLOCK = 32768
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def wandb_mode() -> str | None:
+    """'offline' unless WANDB_MODE or WANDB_API_KEY is set (then None: wandb reads the environment)."""
+    if os.environ.get("WANDB_MODE", "").strip() or os.environ.get("WANDB_API_KEY", "").strip():
+        return None
+    return "offline"
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    """The records of one .wandb file; a torn tail (a crash mid-write) ends the iteration."""
+    data = path.read_bytes()
+    if data[:4] != HEADER:
+        return
+    pos, buf = 7, b""
+    while pos + 7 <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < 7:  # a block's trailer: zero padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        body = data[pos + 7 : pos + 7 + length]
+        if kind == 0 or len(body) < length:  # padding to the block's end, or a torn record
+            if kind != 0:
+                return
+            pos += left
+            continue
+        pos += 7 + length
+        if kind == FULL:
+            yield body
+        elif kind == FIRST:
+            buf = body
+        elif kind == MIDDLE:
+            buf += body
+        elif kind == LAST:
+            yield buf + body
+
+
+def read_history(wandb_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every logged metric in the run directories under wandb_dir (RUN_DIR/wandb): {key: [(step, value), ...]} in
+    the order the starts wrote them; wandb's own `_step`, `_runtime`, `_timestamp` left out."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    runs = [p for p in sorted(Path(wandb_dir).glob("*run-*")) if p.is_dir() and not p.is_symlink()]
+    for path in (f for run in runs for f in sorted(run.glob("run-*.wandb"))):
+        for chunk in _chunks(path):
+            record = pb.Record.FromString(chunk)  # type: ignore[attr-defined]  # generated protobuf module
+            if record.WhichOneof("record_type") != "history":
+                continue
+            step = record.history.step.num
+            for item in record.history.item:
+                key = item.key or ".".join(item.nested_key)
+                if not key.startswith("_"):
+                    out.setdefault(key, []).append((step, float(json.loads(item.value_json))))
+    return out
+
+
+def run_id(wandb_dir: Path) -> str:
+    """The run dir's W&B run id: read from RUN_DIR/wandb/grpo-run-id, made and kept there on the first start."""
+    path = Path(wandb_dir) / RUN_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = uuid.uuid4().hex[:8]
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(new + "\n")
+    os.replace(tmp, path)
+    return new
+
+
+def wandb_row(run_dir: Path) -> str:
+    """The end-of-run block's W&B row: the upload command of an offline run, else the run id."""
+    wandb_dir = Path(run_dir) / WANDB_DIR
+    rid = run_id(wandb_dir)
+    if wandb_mode() == "offline":
+        return f"offline, upload with: wandb sync {wandb_dir}/offline-run-*-{rid}"
+    return f"run {rid} (mode and project: WANDB_MODE / WANDB_PROJECT, else logging.experiment)"
+
+
+class WandbLog:
+    """One run dir's W&B run: buffered metrics, logged on commit one step at a time, never a (key, step) twice."""
+
+    def __init__(self, spec: RunSpec, run_dir: Path) -> None:
+        import wandb
+
+        from ..checkpoint.manager import spec_as_dict
+        from .mlflow_tracker import flat_params
+
+        self.dir = Path(run_dir) / WANDB_DIR
+        self._logged = {(key, step) for key, points in read_history(self.dir).items() for step, _ in points}
+        mode = wandb_mode()
+        # console off: our stdout stays ours; no system-stats sampler or pip/git metadata (repro/ holds those)
+        settings = wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True, save_code=False,
+                                  silent=True)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or spec.logging.experiment, name=spec.name,
+                              id=run_id(self.dir), dir=str(run_dir), mode=mode,  # type: ignore[arg-type]
+                              resume=None if mode == "offline" else "allow",  # offline: resume is ignored
+                              config=flat_params(spec_as_dict(spec)), settings=settings, reinit="create_new")
+        self._buffer: list[tuple[str, float, float, int]] = []  # (key, value, wall time s, step)
+
+    def log_metrics(self, step: int, metrics: dict[str, float], wall_time: float) -> None:
+        self._buffer.extend((k, float(v), wall_time, int(step)) for k, v in metrics.items())
+
+    def commit(self) -> int:
+        """Log the buffered metrics not in the run yet, step by step in step order; returns how many."""
+        buffered, self._buffer = self._buffer, []
+        steps: dict[int, dict[str, float]] = {}
+        for key, value, _wall, step in buffered:
+            if (key, step) not in self._logged:
+                steps.setdefault(step, {})[key] = value
+                self._logged.add((key, step))
+        for step in sorted(steps):
+            self.run.log(steps[step], step=step)
+        return sum(len(m) for m in steps.values())
+
+    def replay(self, pending: list) -> int:
+        """A checkpoint's uncommitted metrics ([key, value, timestamp_ms, step]), logged if missing."""
+        self._buffer = [(str(k), float(v), int(ts) / 1000, int(step)) for k, v, ts, step in pending] + self._buffer
+        return self.commit()
+
+    def pending(self) -> list[list]:
+        return [[k, v, int(wall * 1000), step] for k, v, wall, step in self._buffer]
+
+    def discard(self) -> int:
+        dropped, self._buffer = len(self._buffer), []
+        return dropped
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.commit()
+        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
