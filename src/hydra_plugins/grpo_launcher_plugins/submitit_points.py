@@ -11,11 +11,16 @@ multi-node point, or a point with cluster=slurm (it would submit a second job fr
 with a pointer to `cluster=slurm -m`, our sweep, which submits each point as its own multi-node job and returns.
 """
 
+import sys
+import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (BaseSubmititLauncher, LocalLauncher,
                                                                      SlurmLauncher)
+from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
+
+from grpo_launcher.exit_codes import ExitCode
 
 from .grpo_launcher import GrpoLauncher
 
@@ -65,11 +70,41 @@ class SubmititPoints(GrpoLauncher):
         if all(spec.dry_run for spec, _ in checked):  # the plans printed here; nothing submitted
             super()._run_points(configs, checked, job_overrides, initial_job_idx, runs)
             return
-        runs.extend(self.submitit.launch(job_overrides, initial_job_idx))  # waits for every job (the plugin's way)
+        from submitit.core.utils import UncompletedJobError
+
+        try:
+            runs.extend(self.submitit.launch(job_overrides, initial_job_idx))  # waits for every job, in order
+        except UncompletedJobError as exc:  # scancel'ed, killed, node lost: no result file, no traceback here
+            head, _, tail = str(exc).partition("Error stream produced:")
+            print(f"error: a sweep point's job ended without a result: {head.strip()}\n"
+                  f"  its last lines:{tail.rstrip()[-1500:]}\n  later points' jobs may still run: squeue --me",
+                  file=sys.stderr)
+            raise SystemExit(ExitCode.FAILED) from None
+
+
+class ScontrolWatcher(SlurmInfoWatcher):
+    """Job states from `scontrol show job` (launch/status.py, as `launch.py status` reads them), not sacct:
+    a cluster without accounting (the local test cluster) has no sacct, and submitit would then wait forever
+    for a job that ended without its result file (scancel, node failure, OOM). A job Slurm no longer knows
+    (MinJobAge passed) counts as ended: submitit then reports it as failed, naming its log."""
+
+    def update(self) -> None:
+        from grpo_launcher.launch.status import scheduler_job
+
+        for job in self._registered - self._finished:
+            info = scheduler_job(job)
+            self._info_dict[job] = {"State": info.get("JobState", "UNKNOWN") if info else "GONE"}
+            if self.is_done(job, mode="cache"):
+                self._finished.add(job)
+        self._last_status_check = time.time()
 
 
 class SubmititSlurm(SubmititPoints):
     PLUGIN = SlurmLauncher
+
+    def _run_points(self, *args: Any) -> None:
+        SlurmJob.watcher = ScontrolWatcher(delay_s=60)  # submitit's jobs all share this class attribute
+        super()._run_points(*args)
 
 
 class SubmititLocal(SubmititPoints):

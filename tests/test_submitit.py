@@ -1,0 +1,141 @@
+"""hydra/launcher=submitit_slurm|submitit_local (hydra-submitit-launcher's convention): every point checked first,
+each point one submitit job running the run on its node, its run dir output_root/name as for any run.
+
+    no marker         : the refusals (multi-node or multi-task points, cluster=slurm inside a point, no -m), a dry run
+    slurm             : the one real end-to-end run: a 2-point submitit_slurm sweep of the tiny CPU run finishes
+    slurm+slow+ext.   : a point's job scancel'ed: the sweep ends (exit 1, the job named), it does not wait forever
+    slow+extended     : submitit_local, one point: the run ran in the job's own process
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_launcher.launch.status import read_status
+from helpers import LAUNCH_PY, launch, share_models, tiny_model, wait_until
+from test_slurm_run import HAVE_SLURM, cluster, job_state, jobs, sh  # noqa: F401  (module fixtures)
+
+SHORT = ["grpo.max_steps=1", "grpo.val_period=1", "checkpoint.save_period=1"]
+OURS = "python launch.py cluster=slurm cluster.nodes=N -m KEY=a,b"
+
+
+# ------------------------------------------------------------------ refusals and the dry run (no job submitted)
+
+
+@pytest.mark.parametrize("args, key", [
+    (["hydra/launcher=submitit_slurm", "cluster=slurm", "cluster.nodes=2"], "cluster"),
+    (["hydra/launcher=submitit_slurm", "hydra.launcher.nodes=2"], "hydra.launcher.nodes"),
+    (["hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2"], "hydra.launcher.tasks_per_node"),
+])
+def test_multi_node_points_are_refused_with_a_pointer_to_our_sweep(launch_here, tmp_path, args, key):
+    r = launch_here(tmp_path, "-m", *args, "grpo.max_steps=1,2", "output_root=out")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("config error: sweep not launched, no point was started"), r.stderr
+    assert r.stderr.count(f"  - {key}: ") == 2 and OURS in r.stderr and "[rule: submitit_single_node]" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["multirun"]  # Hydra's multirun.yaml, no run, no MLflow
+
+
+def test_a_point_with_cluster_slurm_is_refused(launch_here, tmp_path):
+    r = launch_here(tmp_path, "-m", "hydra/launcher=submitit_slurm", "cluster=slurm", "grpo.max_steps=1,2",
+                    "dry_run=true", "output_root=out")
+    assert r.returncode == 2 and "the run inside it would submit another" in r.stderr, r.stderr
+    assert "drop cluster=slurm" in r.stderr and OURS in r.stderr
+
+
+def test_without_m_the_launcher_is_refused(launch_here, tmp_path):
+    r = launch_here(tmp_path, "hydra/launcher=submitit_local", "dry_run=true", "output_root=out")
+    assert r.returncode == 2 and "without -m" in r.stderr and "[rule: hydra_launcher]" in r.stderr, r.stderr
+    assert "python launch.py -m hydra/launcher=submitit_local KEY=a,b" in r.stderr
+
+
+def test_dry_run_prints_every_plan_and_submits_nothing(launch_here, tmp_path):
+    r = launch_here(tmp_path, "-m", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug",
+                    "grpo.max_steps=1,2", "dry_run=true", "output_root=out")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("dry run: nothing started") == 2 and "tiny-grpo_grpo.max_steps=2" in r.stdout
+    assert not list((tmp_path / "out").glob("multirun/*/.submitit"))
+
+
+# ------------------------------------------------------------------ for real
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(d for d in root.iterdir() if d.name.startswith("tiny-grpo"))
+
+
+def submitit_jobs(root: Path) -> list[str]:
+    """The points' job ids: a Slurm array's tasks (JOB_I; JOB holds the submission), a local job's process id."""
+    names = sorted(d.name for d in root.glob("multirun/*/.submitit/*") if re.fullmatch(r"\d+(_\d+)?", d.name))
+    return [n for n in names if "_" in n] or names
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(not HAVE_SLURM, reason="Slurm not installed: bash scripts/local-slurm.sh install")
+def test_2_point_submitit_slurm_sweep_runs_each_point_in_its_job(cluster, jobs, tmp_path):  # noqa: F811
+    share_models(tmp_path)
+    tiny_model()  # built once here, not inside the jobs
+    try:
+        p = launch("-m", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug", "train.lr=1e-4,3e-4",
+                   f"output_root={tmp_path}", *SHORT, timeout=600)
+    finally:
+        jobs.extend(submitit_jobs(tmp_path))  # scancel'ed at the module's end if still alive
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "Submitit 'slurm' sweep output dir" in out and "Bypassing sacct" not in out and "Traceback" not in out
+    dirs = run_dirs(tmp_path)
+    assert [d.name for d in dirs] == ["tiny-grpo_train.lr=0.0001", "tiny-grpo_train.lr=0.0003"]
+    for d in dirs:
+        steps = [json.loads(line)["step"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+        assert steps and max(steps) == 1, steps
+        assert '"status": "FINISHED"' in (d / "summary.json").read_text()
+        assert read_status(d)["state"] == "COMPLETED"
+        assert re.search(rf"^  {re.escape(d.name)}\s+COMPLETED", p.stdout, re.M), p.stdout[-2000:]
+    assert len(jobs) == 2  # array tasks, each ran its run: the job's own log names its run
+    for job in jobs:
+        (log,) = tmp_path.glob(f"multirun/*/.submitit/{job}/{job}_0_log.out")
+        assert re.search(r"grpo-launcher: run 'tiny-grpo_train\.lr=0\.000[13]' \(local\)", log.read_text())
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.skipif(not HAVE_SLURM, reason="Slurm not installed: bash scripts/local-slurm.sh install")
+def test_a_cancelled_point_job_ends_the_sweep_naming_it(cluster, jobs, tmp_path):  # noqa: F811
+    share_models(tmp_path)
+    tiny_model()
+    proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), "-m", "hydra/launcher=submitit_slurm",
+                             "grpo.max_steps=500", f"output_root={tmp_path}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        (job,) = wait_until(lambda: submitit_jobs(tmp_path), 120, "the point's job submitted")
+        jobs.append(job)
+        wait_until(lambda: [d for d in run_dirs(tmp_path) if read_status(d).get("state") == "RUNNING"], 300,
+                   "the run started in its job")
+        assert sh(["scancel", job]).returncode == 0
+        out, _ = proc.communicate(timeout=180)  # submitit's own watcher asks sacct, which this cluster lacks
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    assert proc.returncode == 1, out[-3000:]
+    assert f"error: a sweep point's job ended without a result: Job {job}" in out and "CANCELLED" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_submitit_local_point_runs_in_its_own_process(tmp_path):
+    p = launch("-m", "hydra/launcher=submitit_local", "grpo.seed=3", f"output_root={share_models(tmp_path)}", *SHORT)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    (job,) = submitit_jobs(tmp_path)  # a local job's id is its process id
+    (d,) = run_dirs(tmp_path)
+    assert d.name == "tiny-grpo", d.name
+    assert (d / "metrics.jsonl").exists() and read_status(d)["pid"] == int(job)
