@@ -35,7 +35,7 @@ OURS = "python launch.py cluster=slurm cluster.nodes=N -m KEY=a,b"
     (["hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2"], "hydra.launcher.tasks_per_node"),
 ])
 def test_multi_node_points_are_refused_with_a_pointer_to_our_sweep(launch_here, tmp_path, args, key):
-    r = launch_here(tmp_path, "-m", *args, "grpo.max_steps=1,2", "output_root=out")
+    r = launch_here(tmp_path, "-m", *args, "grpo.max_steps=1,2", "dry_run=true", "output_root=out")
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.startswith("config error: sweep not launched, no point was started"), r.stderr
     assert r.stderr.count(f"  - {key}: ") == 2 and OURS in r.stderr and "[rule: submitit_single_node]" in r.stderr
@@ -48,6 +48,14 @@ def test_a_point_with_cluster_slurm_is_refused(launch_here, tmp_path):
                     "dry_run=true", "output_root=out")
     assert r.returncode == 2 and "the run inside it would submit another" in r.stderr, r.stderr
     assert "drop cluster=slurm" in r.stderr and OURS in r.stderr
+
+
+def test_gpus_are_the_jobs_not_this_machines(launch_here, tmp_path):
+    """On a login node without GPUs: the job must ask Slurm for the run's GPUs (the node's are checked in the job)."""
+    r = launch_here(tmp_path, "-m", "hydra/launcher=submitit_slurm", "cluster.gpus_per_node=1", "grpo.max_steps=1,2",
+                    "output_root=out")
+    assert r.returncode == 2 and r.stderr.count("  - hydra.launcher.gpus_per_node, cluster.gpus_per_node: ") == 2
+    assert "fix: hydra.launcher.gpus_per_node=1" in r.stderr and "local_gpus_present" not in r.stderr, r.stderr
 
 
 def test_without_m_the_launcher_is_refused(launch_here, tmp_path):
@@ -126,7 +134,7 @@ def test_a_cancelled_point_job_ends_the_sweep_naming_it(cluster, jobs, tmp_path)
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
     assert proc.returncode == 1, out[-3000:]
-    assert f"error: a sweep point's job ended without a result: Job {job}" in out and "CANCELLED" in out
+    assert f"error: a sweep point's job failed or ended without a result: Job {job}" in out and "CANCELLED" in out
     assert "Traceback" not in out
 
 

@@ -46,15 +46,15 @@ class GrpoLauncher(Launcher):
         return cfg, None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from grpo_launcher.launch.sweep import (check_points, end_sweep_parent_run, named_points, point_problems,
-                                                print_summary, sweep_parent_run)
+        from grpo_launcher.launch.sweep import (check_points, end_sweep_parent_run, named_points, print_summary,
+                                                sweep_parent_run)
 
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         job_overrides = named_points(str(self.config.name), job_overrides)
         composed = [self.point_config(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
         configs = [cfg for cfg, _ in composed]
-        checked = [self.point_problems(point_problems(cfg, o, exc)) for (cfg, exc), o in zip(composed, job_overrides)]
+        checked = [self.point_problems(cfg, o, exc) for (cfg, exc), o in zip(composed, job_overrides)]  # (spec, bad)
         if not self.invalid_points_fail:
             check_points(checked, job_overrides)  # exits 2 naming each bad point and key: nothing launched
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -72,9 +72,12 @@ class GrpoLauncher(Launcher):
         print_summary([spec for spec, _ in checked if spec is not None])
         return runs
 
-    def point_problems(self, checked: Tuple[Optional[Any], List[str]]) -> Tuple[Optional[Any], List[str]]:
-        """(a point's spec, its problems) after every pre-flight rule: a subclass adds its launcher's own."""
-        return checked
+    def point_problems(self, cfg: Optional[DictConfig], overrides: Sequence[str],
+                       exc: Optional[Exception]) -> Tuple[Optional[Any], List[str]]:
+        """(a point's spec, its problems rendered) after every pre-flight rule; a subclass adds its launcher's."""
+        from grpo_launcher.launch.sweep import point_problems
+
+        return point_problems(cfg, overrides, exc)
 
     def _run_points(self, configs, checked, job_overrides, initial_job_idx: int, runs: list) -> None:
         from grpo_launcher.launch import execute

@@ -11,11 +11,13 @@ multi-node point, or a point with cluster=slurm (it would submit a second job fr
 with a pointer to `cluster=slurm -m`, our sweep, which submits each point as its own multi-node job and returns.
 """
 
+import dataclasses
 import sys
 import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 from hydra.core.utils import JobReturn
+from omegaconf import DictConfig
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (BaseSubmititLauncher, LocalLauncher,
                                                                      SlurmLauncher)
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
@@ -47,6 +49,17 @@ def submitit_problems(spec: Any, params: dict) -> List[str]:
     return [v.render() for v in out]
 
 
+def gpu_problems(spec: Any, params: dict) -> List[str]:
+    from grpo_launcher.spec.errors import Violation
+
+    want, get = (spec.cluster.gpus_per_node if spec is not None else 0), params.get("gpus_per_node") or 0
+    if want <= get:
+        return []
+    return [Violation("submitit_gpus", ("hydra.launcher.gpus_per_node", "cluster.gpus_per_node"),
+                      f"the run takes {want} GPU(s) on its node, and its job asks Slurm for {get}",
+                      f"hydra.launcher.gpus_per_node={want}").render()]
+
+
 class SubmititPoints(GrpoLauncher):
     """GrpoLauncher's checks, MLflow parent run and summary; the points go to hydra-submitit-launcher."""
 
@@ -60,10 +73,11 @@ class SubmititPoints(GrpoLauncher):
         super().setup(**kwargs)
         self.submitit.setup(**kwargs)
 
-    def point_problems(self, checked: Tuple[Optional[Any], List[str]]) -> Tuple[Optional[Any], List[str]]:
-        spec, problems = checked
+    def point_problems(self, cfg: Optional[DictConfig], overrides: Sequence[str],
+                       exc: Optional[Exception]) -> Tuple[Optional[Any], List[str]]:
+        spec, problems = super().point_problems(cfg, overrides, exc)
         extra = submitit_problems(spec, self.submitit.params)
-        return (None, problems + extra) if extra else checked
+        return (None, problems + extra) if extra else (spec, problems)
 
     def _run_points(self, configs: Sequence[Any], checked: Sequence[Tuple[Any, List[str]]],
                     job_overrides: Sequence[Sequence[str]], initial_job_idx: int, runs: List[JobReturn]) -> None:
@@ -74,11 +88,11 @@ class SubmititPoints(GrpoLauncher):
 
         try:
             runs.extend(self.submitit.launch(job_overrides, initial_job_idx))  # waits for every job, in order
-        except UncompletedJobError as exc:  # scancel'ed, killed, node lost: no result file, no traceback here
+        except UncompletedJobError as exc:  # sbatch refused, scancel'ed, killed, node lost: no traceback here
             head, _, tail = str(exc).partition("Error stream produced:")
-            print(f"error: a sweep point's job ended without a result: {head.strip()}\n"
-                  f"  its last lines:{tail.rstrip()[-1500:]}\n  later points' jobs may still run: squeue --me",
-                  file=sys.stderr)
+            last = f"\n  its last lines:{tail.rstrip()[-1500:]}" if tail.strip() else ""
+            print(f"error: a sweep point's job failed or ended without a result: {head.strip()}{last}\n"
+                  "  the other points' jobs may still run: squeue --me", file=sys.stderr)
             raise SystemExit(ExitCode.FAILED) from None
 
 
@@ -101,6 +115,19 @@ class ScontrolWatcher(SlurmInfoWatcher):
 
 class SubmititSlurm(SubmititPoints):
     PLUGIN = SlurmLauncher
+
+    def point_problems(self, cfg: Optional[DictConfig], overrides: Sequence[str],
+                       exc: Optional[Exception]) -> Tuple[Optional[Any], List[str]]:
+        """The run's GPUs are the job's node's, not this machine's: local_gpus_present is checked in the job (the
+        run's own pre-flight there); here, the job must ask Slurm for as many as the run takes."""
+        spec, problems = super().point_problems(cfg, overrides, exc)
+        problems = [p for p in problems if "[rule: local_gpus_present]" not in p]
+        if spec is None and not problems and cfg is not None:  # it was the only one: the spec, probes skipped
+            dry = cfg.copy()
+            dry.dry_run = True
+            spec, problems = super().point_problems(dry, overrides, exc)
+            spec = dataclasses.replace(spec, dry_run=cfg.dry_run) if spec is not None else None
+        return spec, problems + gpu_problems(spec, self.submitit.params)
 
     def _run_points(self, *args: Any) -> None:
         SlurmJob.watcher = ScontrolWatcher(delay_s=60)  # submitit's jobs all share this class attribute
