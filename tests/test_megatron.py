@@ -200,9 +200,9 @@ def _violations(*overrides: str) -> set[str]:
 
 
 def test_memory_counts_megatron_chunked_logits_over_response_tokens():
-    """spec/memory.py, megatron TP=1: the output layer's chunks run over the response tokens only (the worker picks
+    """spec/memory.py, megatron: the output layer's chunks run over the response tokens only (the worker picks
     their hidden states first), so the logits term is one chunk + the saved hidden states, not 6·V·L + 16·V·T;
-    TP=2 keeps the whole vocab-parallel logits."""
+    TP=2: chunks of the rank's V/2 vocabulary rows."""
     from dataclasses import replace
 
     from grpo_launcher.spec import memory as mem
@@ -220,8 +220,10 @@ def test_memory_counts_megatron_chunked_logits_over_response_tokens():
     assert chunked["logprob logits"].bytes == 10 * 32000 * 4096 + (2 * 2048 + 16) * lp_rtok
     whole = mem.estimate(replace(s, train=replace(s.train, logprob_chunk_tokens=0))).policy
     assert whole["logits"].bytes == 6 * 32000 * 2 * 4096 + 16 * 32000 * rtok
-    tp2 = mem.estimate(replace(s, train=replace(s.train, tensor_parallel_size=2))).policy
-    assert tp2["logits"].bytes == 6 * 16000 * 2 * 4096 + 16 * 16000 * rtok
+    tp2 = replace(s, train=replace(s.train, tensor_parallel_size=2))
+    assert mem.estimate(tp2).policy["logits"].bytes == 12 * 16000 * 2048 + (2 * 2048 + 16) * rtok
+    tp2_whole = mem.estimate(replace(tp2, train=replace(tp2.train, logprob_chunk_tokens=0))).policy
+    assert tp2_whole["logits"].bytes == 6 * 16000 * 2 * 4096 + 16 * 16000 * rtok
 
 def test_rules_moe_with_tp_needs_sequence_parallel():
     base = ["train.backend=megatron", "cluster.cpu_workers_per_node=2", "model.num_experts=4", "model.moe_top_k=2",
@@ -466,44 +468,51 @@ def _grads_job(rank: int, world: int, spec, model_dir: str, batch, out: str, por
     from grpo_launcher.algos import local_denominator
     from grpo_launcher.policy.megatron_policy import MegatronPolicyWorker
 
+    from grpo_launcher.batch import shard_rows
+
     w = MegatronPolicyWorker(spec, model_dir, rank, world)
     w.init_distributed("127.0.0.1", port)
+    den = local_denominator(spec.loss.aggregation.value, batch.response_mask * batch.sample_mask[:, None])
+    rows = shard_rows(len(batch), world, rank)
+    batch = batch.select(rows)  # TP=2: the replica gathers both ranks' rows
     res = {}
     for chunk in (0, 3):
         w.spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, logprob_chunk_tokens=chunk))
         prev, ref = w.logprobs(batch)
-        noise = 0.3 * torch.randn(prev.shape, generator=torch.Generator().manual_seed(1))
+        noise = 0.3 * torch.randn(prev.shape, generator=torch.Generator().manual_seed(1 + rank))
         b = batch.with_(prev_logprobs=prev + noise, ref_logprobs=ref)
-        den = local_denominator(spec.loss.aggregation.value, b.response_mask * b.sample_mask[:, None])
         w._zero_grad()
-        metrics, _, _ = w._micro_step(b, den)
+        metrics, _, _ = w._micro_step(w._replica_batch(b)[0], den)  # TP ranks step on the same rows
         grads = {n: p.grad.clone() for n, p in w.model.named_parameters() if p.grad is not None}
         res[chunk] = {"prev": prev, "ref": ref, "step": metrics, "grads": grads}
-    torch.save(res, out)
+    if rank == 0:  # TP=2: rank 0's rows and weight shards
+        torch.save({**res, "rows": rows}, out)
+    dist.barrier()
     dist.destroy_process_group()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tie", [False, pytest.param(True, marks=pytest.mark.extended)], ids=["untied", "tied"])
-def test_chunked_output_layer_equals_whole_logits(tmp_path, tie):
-    """TP=1: the output layer in chunks of 3 tokens (algos.linear_logprobs over GPTModel's final hidden states)
-    gives the whole-logits path's logprobs (policy and reference), loss, entropy, KL and gradients, at a
-    sampling temperature of 0.7."""
+@pytest.mark.parametrize("tie,tp", [(False, 1), pytest.param(True, 1, marks=pytest.mark.extended),
+                                    pytest.param(False, 2, marks=pytest.mark.extended)], ids=["untied", "tied", "tp2"])
+def test_chunked_output_layer_equals_whole_logits(tmp_path, tie, tp):
+    """The output layer in chunks of 3 tokens (algos.linear_logprobs over GPTModel's final hidden states; TP=2:
+    its vocab-parallel form) gives the whole-logits path's logprobs (policy and reference), loss, entropy, KL and
+    gradients (TP=2: rank 0's rows and shards), at a sampling temperature of 0.7."""
     pytest.importorskip("megatron.core")
     import torch.multiprocessing as mp
 
     from grpo_launcher.spec.schema import LossSpec
 
     model_dir = _tiny_hf("qwen3", tmp_path, tie=tie)
-    spec = _megatron_spec()
+    spec = _megatron_spec(tensor_parallel_size=tp)
     spec = dataclasses.replace(spec, loss=LossSpec(kl_coef=0.1),
                                rollout=dataclasses.replace(spec.rollout, temperature=0.7))
     batch, out = _batch(4, 256), tmp_path / "out.pt"
-    mp.start_processes(_grads_job, args=(1, spec, str(model_dir), batch, str(out), _free_port()), nprocs=1,
+    mp.start_processes(_grads_job, args=(tp, spec, str(model_dir), batch, str(out), _free_port()), nprocs=tp,
                        start_method="spawn", join=True)
     res = torch.load(out, weights_only=False)
     whole, chunked = res[0], res[3]
-    mask = batch.response_mask.bool()
+    mask = batch.response_mask[res["rows"]].bool()
     for k in ("prev", "ref"):
         assert torch.allclose(chunked[k][mask], whole[k][mask], atol=1e-5, rtol=0), k
     for k in ("loss", "pg_loss", "entropy", "kl"):
@@ -511,3 +520,48 @@ def test_chunked_output_layer_equals_whole_logits(tmp_path, tie):
     assert set(chunked["grads"]) == set(whole["grads"]) and whole["grads"]
     for k, g in whole["grads"].items():
         assert torch.allclose(chunked["grads"][k], g, atol=1e-6, rtol=1e-4), k
+
+
+def _vocab_parallel_job(rank: int, world: int, out: str, port: int) -> None:
+    import torch.distributed as dist
+
+    from grpo_launcher.algos.linear_logprobs import vocab_parallel_linear_logprobs
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(11, 8, generator=g, dtype=torch.float64)
+    weight = torch.randn(30, 8, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 30, (11,), generator=g)
+    h = hidden.clone().requires_grad_()
+    w = weight.chunk(world)[rank].clone().requires_grad_()
+    lp, ent = vocab_parallel_linear_logprobs(h, w, targets, group=None, vocab_start=rank * 30 // world,
+                                             temperature=0.7, chunk=4)
+    (lp * torch.arange(11.0, dtype=torch.float64)).sum().backward()  # a different weight per token
+    parts = [torch.empty_like(w.grad) for _ in range(world)]
+    dist.all_gather(parts, w.grad)
+    if rank == 0:
+        torch.save({"lp": lp.detach(), "ent": ent, "h_grad": h.grad, "w_grad": torch.cat(parts)}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_vocab_parallel_linear_logprobs_equal_the_whole_vocabulary(tmp_path):
+    """algos.vocab_parallel_linear_logprobs on 2 gloo ranks (each 15 of 30 vocabulary rows, chunks of 4 of 11
+    tokens) = linear_logprobs over the whole weight in fp64: logprobs, entropy and both gradients."""
+    import torch.multiprocessing as mp
+
+    from grpo_launcher.algos import linear_logprobs
+
+    out = tmp_path / "vp.pt"
+    mp.start_processes(_vocab_parallel_job, args=(2, str(out), _free_port()), nprocs=2, start_method="spawn",
+                       join=True)
+    res = torch.load(out, weights_only=True)
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(11, 8, generator=g, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(30, 8, generator=g, dtype=torch.float64).requires_grad_()
+    targets = torch.randint(0, 30, (11,), generator=g)
+    lp, ent = linear_logprobs(hidden, weight, targets, temperature=0.7, chunk=4)
+    (lp * torch.arange(11.0, dtype=torch.float64)).sum().backward()
+    for got, want in ((res["lp"], lp), (res["ent"], ent), (res["h_grad"], hidden.grad), (res["w_grad"], weight.grad)):
+        assert torch.allclose(got, want.detach(), atol=1e-12, rtol=0)

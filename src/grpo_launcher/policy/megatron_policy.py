@@ -9,11 +9,12 @@ all-gather their shards, so each replica works on the union of its ranks' rows; 
 returns the results for its own rows. Expert parallelism is carved out of data parallelism
 (megatron's order tp-cp-ep-dp-pp): EP ranks hold different experts and different rows.
 
-Logprobs without whole logits (TP = 1, train.logprob_chunk_tokens > 0): GPTModel returns the final hidden states
-(its post_process off: what a pipeline stage without the output layer returns), and the response positions' states
-go through the output layer chunk by chunk with the torch backend's autograd Function (algos.linear_logprobs).
-Otherwise whole logits [B, L, V/TP]: vocab-parallel for TP > 1 (megatron's vocab-parallel cross entropy, entropy
-a vocab-parallel reduction); for TP = 1 the very functions of the torch backend (algos) are used.
+Logprobs without whole logits (train.logprob_chunk_tokens > 0): GPTModel returns the final hidden states (its
+post_process off: what a pipeline stage without the output layer returns), and the response positions' states go
+through the output layer chunk by chunk with the torch backend's autograd Function (algos.linear_logprobs); for
+TP > 1 its vocab-parallel form (each rank its V/TP rows; max and sums all-reduced over the TP group).
+train.logprob_chunk_tokens=0: whole logits [B, L, V/TP], vocab-parallel for TP > 1 (megatron's vocab-parallel
+cross entropy, entropy a vocab-parallel reduction); for TP = 1 the very functions of the torch backend (algos).
 
 Weights come in from, and go out to, Hugging Face names (policy/megatron_convert.py): state_dict()
 gathers the shards (a collective: every rank must call it; rank 0's result is the full HF dict).
@@ -40,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 import torch.distributed as dist
 
-from ..algos import (LossInputs, entropy_from_logits, linear_logprobs, local_denominator, spec_policy_loss,
-                     token_logprobs)
+from ..algos import LossInputs, entropy_from_logits, local_denominator, spec_policy_loss, token_logprobs
+from ..algos.linear_logprobs import linear_logprobs, vocab_parallel_linear_logprobs
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch
 from . import megatron_convert as mc
@@ -304,15 +305,21 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
     def _token_stats(self, model, b: TrainBatch, entropy: bool = False
                      ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(logprobs [B, T], entropy [B, T] or None) of the response tokens at the sampling temperature: chunks of
-        the output layer (TP = 1, train.logprob_chunk_tokens > 0), else whole logits."""
-        chunk = self.spec.train.logprob_chunk_tokens
-        if self.tp_size > 1 or not chunk:
+        the output layer (train.logprob_chunk_tokens > 0), else whole logits."""
+        chunk, temp = self.spec.train.logprob_chunk_tokens, self.spec.rollout.temperature
+        if not chunk:
             logits = self._logits(model, b)
             return self._token_logprobs(logits, b.response_ids), (self._entropy(logits) if entropy else None)
-        hidden, weight = self._response_hidden(model, b)  # [B, T, H], [V, H]
+        hidden, weight = self._response_hidden(model, b)  # [B, T, H], [V/TP, H]
         tokens = b.response_ids.to(self.device)
-        lp, ent = linear_logprobs(hidden.flatten(0, 1), weight, tokens.flatten(),
-                                  temperature=self.spec.rollout.temperature, chunk=chunk)  # [B·T] each
+        if self.tp_size == 1:
+            lp, ent = linear_logprobs(hidden.flatten(0, 1), weight, tokens.flatten(), temperature=temp, chunk=chunk)
+        else:
+            from megatron.core import parallel_state as ps
+
+            lp, ent = vocab_parallel_linear_logprobs(
+                hidden.flatten(0, 1), weight, tokens.flatten(), group=ps.get_tensor_model_parallel_group(),
+                vocab_start=self.tp_rank * weight.shape[0], temperature=temp, chunk=chunk)  # [B·T] each
         return lp.view(tokens.shape), (ent.view(tokens.shape) if entropy else None)
 
     def _positions(self, b: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -325,7 +332,8 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         return ids, pos, idx
 
     def _response_hidden(self, model, b: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(final hidden states [B, T, H] at the response-predicting positions, the output layer's weight [V, H])."""
+        """(final hidden states [B, T, H] at the response-predicting positions, the output layer's weight [V/TP, H]:
+        this rank's vocabulary rows). Without sequence parallelism every TP rank holds the whole hidden states."""
         gpt = getattr(model, "module", model)  # megatron's DDP wraps the policy on GPUs
         ids, pos, idx = self._positions(b)
         gpt.post_process = False  # GPTModel returns the decoder's output (final norm applied), no output layer

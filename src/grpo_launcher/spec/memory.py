@@ -290,18 +290,18 @@ def rank_params(a: Arch, pc: ParamCounts, lay: Layout) -> tuple[float, float]:
 # ------------------------------------------------------------------------------------- activations
 
 
-def _chunked_logits(add: Callable[[str, float, str], None], a: Arch, act: int, chunk: int, tokens: float,
+def _chunked_logits(add: Callable[[str, float, str], None], a: Arch, v: float, act: int, chunk: int, tokens: float,
                     lp_tokens: float) -> None:
     """The chunked output layer (train.logprob_chunk_tokens, algos/linear_logprobs.py) over `tokens` positions: the
-    torch worker's from the shortest prompt's end (counted as every token), megatron's (TP = 1) the response
-    tokens'. One chunk's logits at a time. Update: the backward's chunk (the compute-dtype GEMM output, fp32
+    torch worker's from the shortest prompt's end (counted as every token), megatron's the response tokens' (V: the
+    rank's vocabulary rows, V/TP; the hidden states whole on each TP rank). One chunk's logits at a time. Update: the backward's chunk (the compute-dtype GEMM output, fp32
     logits, the fp32 gradient and its compute-dtype copy: (2a + 8)·V per token) + the saved compute-dtype hidden
     states and fp32 per-token stats; the logprob pass: the forward's chunk (GEMM output, fp32 logits and softmax:
     (a + 8)·V per token)."""
     c, lp_c = min(chunk, tokens), min(chunk, lp_tokens)
-    add("logits", (2 * act + 8) * a.vocab * c + (act * a.hidden + 16) * tokens,
+    add("logits", (2 * act + 8) * v * c + (act * a.hidden + 16) * tokens,
         f"chunked: {2 * act + 8}·V × {c:.0f} tok (train.logprob_chunk_tokens={chunk}) + saved hidden")
-    add("logprob logits", (act + 8) * a.vocab * lp_c + (act * a.hidden + 16) * lp_tokens,
+    add("logprob logits", (act + 8) * v * lp_c + (act * a.hidden + 16) * lp_tokens,
         f"chunked, forward only: {act + 8}·V × {lp_c:.0f} tok + hidden")
 
 
@@ -481,10 +481,11 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     add("activation work", work, "one layer re-materialised/back-propagated" if ckpt else "one layer's gradients")
     v = a.vocab / lay.tp
     lp_tokens, lp_rtokens = t.logprob_batch_size * seq / lay.cp, t.logprob_batch_size * resp / lay.cp
-    if t.logprob_chunk_tokens and backend == "torch":
-        _chunked_logits(add, a, act, t.logprob_chunk_tokens, tokens, lp_tokens)
-    elif t.logprob_chunk_tokens and lay.tp == 1:  # megatron (policy/megatron_policy.py _token_stats)
-        _chunked_logits(add, a, act, t.logprob_chunk_tokens, rtokens, lp_rtokens)
+    # megatron: over the response tokens (policy/megatron_policy.py _token_stats); not with sequence parallelism
+    # (the worker has no such path: it refuses SP, which needs Transformer Engine), counted as whole logits
+    if t.logprob_chunk_tokens and not (backend == "megatron" and lay.sp):
+        n, lp_n = (tokens, lp_tokens) if backend == "torch" else (rtokens, lp_rtokens)
+        _chunked_logits(add, a, v, act, t.logprob_chunk_tokens, n, lp_n)
     else:
         lead, c = LOGITS_COEF[backend](act)
         add("logits", lead * v * tokens + c * v * rtokens,
