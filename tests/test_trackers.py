@@ -107,6 +107,7 @@ def test_a_missing_wandb_package_is_a_config_error_naming_the_key(tmp_path, monk
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test's W&B run through launch.py is the http-store test below; this one is two more
 def test_wandb_offline_run_matches_mlflow_and_tensorboard_across_a_stop_and_resume(tmp_path, offline_wandb):
     """`launch.py logging.wandb=true logging.tensorboard=true`, stopped after step 1 (checkpoint.must_save_by=0:
     exit 3), then the same command resumes and finishes step 2: one W&B run id (two offline-run directories, one per
@@ -176,7 +177,10 @@ def metrics_steps(run_dir: Path) -> int:
 @pytest.mark.slow
 def test_an_http_mlflow_store_killed_mid_run_and_restarted_loses_nothing(tmp_path, offline_wandb):
     """The server is SIGKILLed after step 2 and started again once the run has warned: the run finishes (exit 0),
-    says the store came back, and the server's store holds every step of metrics.jsonl, each once."""
+    says the store came back, and the server's store holds every step of metrics.jsonl, each once. The run also
+    logs to W&B (logging.wandb=true, offline): the same names, steps and values as the server's store."""
+    from grpo_launcher.tracking.wandb_log import read_history
+
     share_models(tmp_path)
     port, log = free_port(), open(tmp_path / "server.log", "ab")
     server = mlflow_server(tmp_path, port, log)
@@ -186,7 +190,8 @@ def test_an_http_mlflow_store_killed_mid_run_and_restarted_loses_nothing(tmp_pat
         out = open(tmp_path / "run.log", "w")
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}  # the defaults: 3 retries
         run = subprocess.Popen([sys.executable, str(LAUNCH_PY), *SMALL, f"output_root={tmp_path}", "name=away",
-                                "grpo.max_steps=6", f"logging.tracking_uri=http://127.0.0.1:{port}"],
+                                "grpo.max_steps=6", f"logging.tracking_uri=http://127.0.0.1:{port}",
+                                "logging.wandb=true"],
                                cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
         run_dir = tmp_path / "away"
         wait_until(lambda: metrics_steps(run_dir) >= 2 or run.poll() is not None, 600, "step 2")
@@ -214,3 +219,8 @@ def test_an_http_mlflow_store_killed_mid_run_and_restarted_loses_nothing(tmp_pat
             if isinstance(value, float) and key != "step":
                 assert (step, pytest.approx(value, rel=1e-6)) in server_metrics.get(key, []), (key, step)
     assert all(len({s for s, _ in v}) == len(v) for v in server_metrics.values())  # every (key, step) once
+    wb = read_history(run_dir / "wandb")
+    assert set(wb) == set(server_metrics)
+    for key, points in server_metrics.items():
+        assert [s for s, _ in wb[key]] == [s for s, _ in points], key
+        assert [v for _, v in wb[key]] == pytest.approx([v for _, v in points], rel=1e-6), key

@@ -245,12 +245,14 @@ class Tracker:
         return sent
 
     def _went_away(self, exc: BaseException) -> None:
+        """A warning per failed commit; the first of an outage says why (the cause's last words: 'refused')."""
         first = self._away is None
-        self._away = f"{type(exc).__name__}: {exc}"[:300]
+        text = redact_text(str(exc))
+        self._away = f"{type(exc).__name__}: {text[:120]}{' ... ' + text[-120:] if len(text) > 240 else text[120:]}"
         steps = sorted({m.step for m in self._buffer})
-        held = f"steps {steps[0]}..{steps[-1]}" if steps else "no metrics"
+        held = (f" (step {steps[0]})" if len(steps) == 1 else f" (steps {steps[0]}..{steps[-1]})") if steps else ""
         print(f"grpo-launcher: WARNING: MLflow store {redact_value(self.tracking_uri)} unreachable"
-              + (f" ({self._away})" if first else "") + f"; {len(self._buffer)} metric value(s) of {held} kept, "
+              + (f" ({self._away})" if first else "") + f"; {len(self._buffer)} metric value(s){held} kept, "
               f"sent at the next checkpoint (all are in {self.run_dir / 'metrics.jsonl'})", file=sys.stderr,
               flush=True)
 
