@@ -206,10 +206,14 @@ NANO_TORCH = ["+recipe=nanov3", "cluster=slurm", "dry_run=true", "train.backend=
 
 
 def _gaps(overrides):
-    from grpo_launcher.spec.compose import compose, to_spec
-    from grpo_launcher.spec.rules import build_gaps
+    """{first key: message} of what this build cannot run, as a real launch of the composed spec is refused."""
+    from dataclasses import replace
 
-    return {keys[0]: what for keys, what, _ in build_gaps(to_spec(compose(overrides)))}
+    from grpo_launcher.spec.compose import compose, to_spec
+    from grpo_launcher.spec.rules import validate
+
+    spec = replace(to_spec(compose(overrides)), dry_run=False)
+    return {v.keys[0]: v.message for v in validate(spec) if v.rule == "build_implements_run"}
 
 
 def test_build_accepts_nemotron_h_on_torch_and_names_what_megatron_lacks():
@@ -228,12 +232,12 @@ def test_build_accepts_nemotron_h_on_torch_and_names_what_megatron_lacks():
 
 def test_nanov3_on_torch_is_refused_for_memory_only_with_the_fsdp_figures():
     """The recipe's 49152-token sequences on the torch backend (FSDP2 over 256 GPUs): the shards are small, the
-    activations and logits (no CP, no activation checkpointing here) are what does not fit."""
+    activations and logits (no CP) next to engines kept awake are what does not fit (asleep it fits: test_memory)."""
     from grpo_launcher.spec.compose import load_spec
     from grpo_launcher.spec.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
-        load_spec(NANO_TORCH)
+        load_spec([*NANO_TORCH, "rollout.sleep_mode=false"])
     (v,) = info.value.violations
     assert v.rule == "gpu_memory_fits" and "in the train phase" in v.message
     assert "weights 0.5" in v.message  # 31.6e9 params × 4 B / DP 256 = 0.49 GiB

@@ -168,12 +168,54 @@ def test_kv_cache_bytes_per_token():
 def test_phases_peak_and_summary_line():
     spec = spec_of(NANOV3)
     e = mem.estimate(spec)
-    assert e.peak_gib == pytest.approx(e.policy_reserved_gib + e.rollout_gib + e.context_gib)
-    assert spec.rollout.gpu_memory_utilization == 0.48  # the recipe's value (the seed's 0.5 peaks at 101 %)
-    assert e.rollout_gib == pytest.approx(0.48 * 79.6)  # the engine claims its whole budget (no sleep mode)
-    assert e.policy_phase == max(e.phases, key=e.phases.get)
+    assert spec.rollout.gpu_memory_utilization == 0.5  # the seed's value: the engines sleep through the update
+    assert e.rollout_gib == pytest.approx(0.5 * 79.6)  # awake, the engine claims its whole budget
+    assert e.asleep_gib == pytest.approx(0.75 + 1.3 + 1.0)  # asleep: CUDA context, NCCL (engine TP 4), CUDA graphs
+    assert e.policy_phase == max(e.phases, key=e.phases.get) == "train"
+    ctx = e.context_gib
+    assert e.totals["generate"] == pytest.approx(e.phases["generate"] + e.rollout_gib + ctx)
+    assert e.totals["train"] == pytest.approx(e.policy_reserved_gib + e.asleep_gib + ctx)
+    assert e.peak_phase == "generate" and e.peak_gib == max(e.totals.values())
     line = mem.summary_line(e)
     assert line.startswith("memory per GPU: policy ") and "of 79.6 GiB (" in line and e.fits
+    assert "(3.0 asleep through logprobs + update)" in line and line.endswith("in the generate phase")
+
+
+def test_engines_awake_hold_their_budget_in_every_phase():
+    """rollout.sleep_mode=false: every phase is the policy's + the engine's whole budget + contexts; the seed's
+    0.5 then peaks at 101 % of an H100 (megatron's train phase), and the refusal names sleep mode as the fix."""
+    e = mem.estimate(spec_of([*NANOV3, "rollout.sleep_mode=false"]))
+    assert e.asleep_gib is None
+    assert e.totals == pytest.approx({p: mem.phase_reserved(e, p) + e.rollout_gib + e.context_gib for p in e.phases})
+    assert e.peak_phase == "train" and e.peak_gib == pytest.approx(e.policy_reserved_gib + e.rollout_gib + e.context_gib)
+    with pytest.raises(ConfigError) as info:
+        load_spec([*NANOV3, "rollout.sleep_mode=false"])
+    (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
+    assert "rollout.sleep_mode" in v.keys and "> 79.6 GiB (101 %) in the train phase" in v.message
+    assert v.fix.startswith("cheapest: rollout.sleep_mode=true → peak 56.6 GiB")
+
+
+def test_sleep_residue_and_the_refit_phase_with_fsdp2():
+    """The residue: the engine's CUDA context, + NCCL with engine TP > 1, + CUDA graphs unless eager. FSDP2's refit
+    phase wakes the engine's weights (the KV cache waits for the new weights): policy refit + weights + residue."""
+    one = spec_of(["rollout=vllm", "cluster=slurm", "dry_run=true", "rollout.enforce_eager=true"])
+    assert mem.sleep_residue(one) == 0.75
+    assert mem.sleep_residue(replace(one, rollout=replace(one.rollout, tensor_parallel_size=2,
+                                                          enforce_eager=False))) == 0.75 + 1.3 + 1.0
+    e = mem.estimate(spec_of([*NANOV3, "train.backend=torch"]))
+    assert e.totals["refit"] == pytest.approx(mem.phase_reserved(e, "refit") + e.engine_weights_gib + e.asleep_gib
+                                              + e.context_gib)
+    assert e.engine_weights_gib == pytest.approx(31.6e9 * 2 / 4 / 2**30, rel=0.01)  # bf16 / engine TP 4
+
+
+def test_nanov3_on_torch_fits_an_h100_with_the_engines_asleep():
+    """The recipe's own command on the torch backend (FSDP2 over 256 GPUs, TP/PP/CP/EP resolved to 1): accepted, its
+    train phase (policy + the engine's residue) under an H100's 79.6 GiB; awake engines would not fit."""
+    spec = load_spec([*NANOV3, "train.backend=torch"])
+    e = mem.estimate(spec)
+    assert e.fits and e.peak_phase == "train" and 60 < e.peak_gib < 79.6
+    assert e.totals["generate"] < e.peak_gib  # the shards (1.8 GiB) + the engine's budget
+    assert mem.estimate(replace(spec, rollout=replace(spec.rollout, sleep_mode=False))).peak_gib > 79.6
 
 
 # ------------------------------------------------------------------ refusal and acceptance
@@ -181,8 +223,8 @@ def test_phases_peak_and_summary_line():
 
 def test_nanov3_32_nodes_fits_and_2_nodes_is_refused_with_the_arithmetic():
     load_spec(NANOV3)  # accepted (the memory rule included)
-    with pytest.raises(ConfigError) as info:
-        load_spec([*NANOV3, "cluster.nodes=2"])
+    with pytest.raises(ConfigError) as info:  # DP 1: the whole optimizer on each rank; engines awake (asleep: 97 %)
+        load_spec([*NANOV3, "cluster.nodes=2", "rollout.sleep_mode=false"])
     (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
     assert "cluster.nodes" in v.keys and "rollout.gpu_memory_utilization" in v.keys
     assert "> 79.6 GiB" in v.message and "optimizer" in v.message and "logits" in v.message
@@ -240,6 +282,6 @@ def test_cli_dry_run_prints_the_line_and_refuses_2_nodes():
     assert p.returncode == 0, p.stderr
     assert "memory per GPU: policy " in p.stdout and "GiB of 79.6 GiB (" in p.stdout
     assert "host RAM per node" in p.stdout and "extrapolated" in p.stdout
-    p = launch(*NANOV3, "cluster.nodes=2", timeout=120)
+    p = launch(*NANOV3, "cluster.nodes=2", "rollout.sleep_mode=false", timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("config error")
     assert "gpu_memory_fits" in p.stderr and "cluster.nodes=" in p.stderr and "Traceback" not in p.stderr

@@ -62,8 +62,17 @@ engine claims `rollout.gpu_memory_utilization × gpu_memory_gib` per GPU; weight
 TP; the KV cache gets the rest. KV bytes per token = 2 (K and V) × attention layers × KV heads per rank
 (≥ 1: vLLM replicates KV heads when TP > heads) × head_dim × dtype bytes. The engine refuses to start when
 one max_model_len sequence does not fit; fewer sequences than the batch only queue.
-The engines here never sleep (rollout/vllm.py has no sleep mode): in the colocated placement the engine's
-budget stays claimed while the policy trains, so every phase's peak is policy + rollout + contexts.
+Sleep mode (rollout.sleep_mode, plan.engine_sleeps: null = on for vLLM engines colocated with the policy on
+GPUs): after the rollout the engine sleeps at level 2 (rollout/vllm.py): vLLM's CuMemAllocator unmaps every
+allocation tagged "weights" or "kv_cache" and empties torch's cache (vllm/device_allocator/cumem.py, sleep). What
+stays is what lives outside those pools, at vLLM's defaults (vllm/config/model.py: sleep_mode_offload_cudagraph and
+enable_nccl_comm_suspend both False): the engine process's CUDA context, its NCCL communicators (engine TP > 1)
+and its captured CUDA graphs (enforce_eager=false), counted with the same constants as awake
+(`sleep_residue`; vLLM logs the figure as "... GiB memory is still in use" and the driver logs
+rollout/sleep_freed_gib). So: generate = policy resident + the whole engine budget; refit = the policy's refit
+phase + the engine's woken weights + the residue (the KV cache wakes once the new weights are in, after the
+policy's gather is freed); logprobs, train and optimizer step = the policy's phase + the residue. Engines that do
+not sleep keep their budget claimed in every phase: each phase's peak is policy + rollout + contexts.
 
 CUDA context and allocator: each process that touches a GPU holds a context outside PyTorch's counters
 (~0.5 GiB on Hopper with CUDA 12/13, plus NCCL's buffers in a distributed job); PyTorch's caching allocator
@@ -124,7 +133,7 @@ HYBRID_LAYOUTS: dict[tuple[str, int], dict] = {
 
 RESIDENT = ("weights", "grads", "optimizer", "reference")
 FSDP_PARTS = ("fsdp gathered weights", "fsdp gradient buffers")  # torch with FSDP2 (DP > 1) only
-PHASE_PARTS = {  # what the policy holds in each phase (the engine's budget stays claimed in all of them)
+PHASE_PARTS = {  # what the policy holds in each phase (the engine: `engine_gib`)
     "generate": RESIDENT,
     "logprobs": (*RESIDENT, "autocast copies", "fsdp gathered weights", "logprob logits"),
     "train": (*RESIDENT, "autocast copies", *FSDP_PARTS, "activations", "activation work", "logits"),
@@ -382,7 +391,10 @@ class Estimate:
     policy_phase: str = ""
     rollout: dict[str, Item] = field(default_factory=dict)
     rollout_gib: float = 0.0
+    asleep_gib: Optional[float] = None  # the engine's residue while it sleeps (None: it never sleeps)
+    engine_weights_gib: float = 0.0  # the engine's weights (woken first by a refit)
     context_gib: float = 0.0
+    totals: dict[str, float] = field(default_factory=dict)  # GiB per GPU per phase: policy reserved + engine + contexts
     peak_gib: float = 0.0
     peak_phase: str = ""
     kv: dict[str, float] = field(default_factory=dict)
@@ -558,8 +570,16 @@ def kv_bytes_per_token(a: Arch, tp: int, dtype: int) -> float:
     return 2 * a.attention * kv_heads * a.head_dim * dtype
 
 
+def sleep_residue(spec: RunSpec) -> float:
+    """GiB a vLLM engine keeps on each of its GPUs asleep at level 2 (the module doc): its CUDA context, its NCCL
+    communicators when the engine spans GPUs, its CUDA graphs unless eager."""
+    r = spec.rollout
+    nccl = r.tensor_parallel_size * r.pipeline_parallel_size > 1
+    return CUDA_CONTEXT_GIB + (NCCL_GIB if nccl else 0) + (0 if r.enforce_eager else VLLM_CUDA_GRAPH_GIB)
+
+
 def rollout_estimate(spec: RunSpec, est: Estimate) -> None:
-    from ..plan import engine_max_model_len, make_plan
+    from ..plan import engine_max_model_len, engine_sleeps, make_plan
 
     r, m = spec.rollout, spec.model
     a = arch_of(spec)
@@ -574,6 +594,9 @@ def rollout_estimate(spec: RunSpec, est: Estimate) -> None:
         budget = r.gpu_memory_utilization * (est.device_gib or 0) * GIB
         extra = VLLM_ACTIVATION_GIB + (0 if r.enforce_eager else VLLM_CUDA_GRAPH_GIB)
         it["engine weights"] = Item("engine weights", weights, f"{_fmt_params(total)} × {db} B / engine TP {tp}")
+        est.engine_weights_gib = gib(weights)
+        if engine_sleeps(spec):
+            est.asleep_gib = sleep_residue(spec)
         it["engine activations"] = Item("engine activations", extra * GIB,
                                         "profiled forward" + ("" if r.enforce_eager else " + CUDA graphs"))
         per_tok = kv_bytes_per_token(a, tp, db)
@@ -657,9 +680,22 @@ def estimate(spec: RunSpec) -> Estimate:
         est.context_gib += CUDA_CONTEXT_GIB + (NCCL_GIB if nccl else 0)
         if spec.rollout.backend == RolloutBackend.vllm and est.device_gib is None:
             est.context_gib += CUDA_CONTEXT_GIB  # inside vLLM's budget when the budget is known
-    est.peak_phase = est.policy_phase
-    est.peak_gib = est.policy_reserved_gib + est.rollout_gib + est.context_gib
+    est.totals = {p: phase_reserved(est, p) + engine_gib(est, p) + est.context_gib for p in est.phases}
+    est.peak_phase = max(est.totals, key=lambda p: est.totals[p])
+    est.peak_gib = est.totals[est.peak_phase]
     return est
+
+
+def phase_reserved(est: Estimate, phase: str) -> float:
+    """The policy's reserved GiB in a phase: allocated + ALLOCATOR_SLACK × its transient part over the resident."""
+    return est.phases[phase] + ALLOCATOR_SLACK * (est.phases[phase] - est.phases["generate"])
+
+
+def engine_gib(est: Estimate, phase: str) -> float:
+    """What the colocated engine holds on the GPU during a policy phase (the module doc: sleep mode)."""
+    if est.asleep_gib is None or phase == "generate":
+        return est.rollout_gib
+    return est.asleep_gib + (est.engine_weights_gib if phase == "refit" else 0.0)
 
 
 # ------------------------------------------------------------------------------------- report
@@ -668,11 +704,12 @@ def estimate(spec: RunSpec) -> Estimate:
 def summary_line(est: Estimate) -> str:
     if not est.use_gpus:
         return "memory per GPU: CPU run (no GPU budget)"
-    head = (f"memory per GPU: policy {est.policy_reserved_gib:.1f} GiB, rollout {est.rollout_gib:.1f} GiB, "
+    asleep = "" if est.asleep_gib is None else f" ({est.asleep_gib:.1f} asleep through logprobs + update)"
+    head = (f"memory per GPU: policy {est.policy_reserved_gib:.1f} GiB, rollout {est.rollout_gib:.1f} GiB{asleep}, "
             f"peak {est.peak_gib:.1f} GiB")
     if est.device_gib is None:
-        return head + " (cluster.gpu_memory_gib unknown: check skipped)"
-    return head + f" of {est.device_gib:g} GiB ({100 * est.peak_gib / est.device_gib:.0f} %)"
+        return head + f" in the {est.peak_phase} phase (cluster.gpu_memory_gib unknown: check skipped)"
+    return head + f" of {est.device_gib:g} GiB ({100 * est.peak_gib / est.device_gib:.0f} %) in the {est.peak_phase} phase"
 
 
 def report(spec: RunSpec, est: Optional[Estimate] = None) -> str:
@@ -681,15 +718,20 @@ def report(spec: RunSpec, est: Optional[Estimate] = None) -> str:
     lines = [summary_line(est)]
     if not est.use_gpus:
         return lines[0]
-    lines.append(f"  {'per GPU':<26}{'GiB':>8}  how")
+    lines.append(f"  {'per GPU':<30}{'GiB':>8}  how")
     for it in est.policy.values():
-        lines.append(f"  {'policy ' + it.name:<26}{it.gib:>8.2f}  {it.how}")
+        lines.append(f"  {'policy ' + it.name:<30}{it.gib:>8.2f}  {it.how}")
     for it in est.rollout.values():
-        lines.append(f"  {'rollout ' + it.name:<26}{it.gib:>8.2f}  {it.how}")
-    lines.append(f"  {'CUDA contexts + NCCL':<26}{est.context_gib:>8.2f}  outside torch's counters")
+        lines.append(f"  {'rollout ' + it.name:<30}{it.gib:>8.2f}  {it.how}")
+    if est.asleep_gib is not None:
+        lines.append(f"  {'rollout asleep':<30}{est.asleep_gib:>8.2f}  vLLM sleep level 2 through logprobs + update: "
+                     "weights + KV freed; its CUDA context, NCCL (TP > 1), CUDA graphs stay")
+    lines.append(f"  {'CUDA contexts + NCCL':<30}{est.context_gib:>8.2f}  outside torch's counters")
     phases = " | ".join(f"{k} {v:.1f}" for k, v in est.phases.items())
     lines.append(f"  policy phases (allocated GiB): {phases}; peak phase: {est.policy_phase} "
                  f"(reserved ≈ + {ALLOCATOR_SLACK:g} × its transient part)")
+    totals = " | ".join(f"{k} {v:.1f}" for k, v in est.totals.items())
+    lines.append(f"  per GPU by phase (policy reserved + rollout + contexts, GiB): {totals}")
     if est.kv and est.kv.get("available") is not None and est.device_gib is not None:
         k = est.kv
         fit = k["available"] / k["one_seq"] if k["one_seq"] else 0
@@ -728,6 +770,8 @@ def _with(spec: RunSpec, section: str, **changes) -> RunSpec:
 
 def _fixes(spec: RunSpec, est: Estimate) -> list[str]:
     """Cheapest first: each change that makes the plan fit, with its new peak."""
+    from ..plan import rollout_devices
+
     t, r, c = spec.train, spec.rollout, spec.cluster
     g = est.device_gib
     out: list[str] = []
@@ -754,6 +798,8 @@ def _fixes(spec: RunSpec, est: Estimate) -> list[str]:
         attempt("train.activation_checkpointing=true", _with(spec, "train", activation_checkpointing=True))
     if t.backend == TrainBackend.megatron and not t.distributed_optimizer and layout_of(spec).dp > 1:
         attempt("train.distributed_optimizer=true", _with(spec, "train", distributed_optimizer=True))
+    if r.backend == RolloutBackend.vllm and est.asleep_gib is None and not rollout_devices(spec):
+        attempt("rollout.sleep_mode=true", _with(spec, "rollout", sleep_mode=True))
     if r.backend == RolloutBackend.vllm and g:
         over = est.peak_gib - g
         u = math.floor((r.gpu_memory_utilization - over / g) * 100) / 100
@@ -807,14 +853,19 @@ def violations(spec: RunSpec) -> list[Violation]:
             keys = (*keys, "train.activation_checkpointing")
         if t.backend == TrainBackend.torch:  # data parallel only: no TP to raise
             keys = tuple(k for k in keys if k != "train.tensor_parallel_size")
+        if r.backend == RolloutBackend.vllm:
+            keys = (*keys, "rollout.sleep_mode")
+        phase = est.peak_phase
+        asleep = " (asleep)" if est.asleep_gib is not None and phase != "generate" else ""
         out.append(Violation(
             "gpu_memory_fits", keys,
             f"peak per GPU {est.peak_gib:.1f} GiB > {c.gpu_memory_gib:g} GiB "
-            f"({100 * est.peak_gib / c.gpu_memory_gib:.0f} %) in the {est.peak_phase} phase: policy "
-            f"{est.policy_reserved_gib:.1f} ({parts}; + allocator slack) + rollout "
-            f"{est.rollout_gib:.1f} + CUDA contexts {est.context_gib:.1f}",
+            f"({100 * est.peak_gib / c.gpu_memory_gib:.0f} %) in the {phase} phase: policy "
+            f"{phase_reserved(est, phase):.1f} ({parts}; + allocator slack) + rollout "
+            f"{engine_gib(est, phase):.1f}{asleep} + CUDA contexts {est.context_gib:.1f}",
             ("cheapest: " + "; or ".join(fixes)) if fixes else
             "no single change found: lower the sequence length or raise several of the keys above"
             + ("; the torch backend has no context parallelism (train.backend=megatron has)"
                if t.backend == TrainBackend.torch else "")))
     return out
+
