@@ -225,6 +225,28 @@ def test_memory_counts_megatron_chunked_logits_over_response_tokens():
     tp2_whole = mem.estimate(replace(tp2, train=replace(tp2.train, logprob_chunk_tokens=0))).policy
     assert tp2_whole["logits"].bytes == 6 * 16000 * 2 * 4096 + 16 * 16000 * rtok
 
+def test_fused_kernels_on_megatron_are_its_own_fusions_on_gpus_only(monkeypatch):
+    """train.fused_kernels with train.backend=megatron: megatron-core's torch.compile'd SwiGLU and residual add
+    (no Liger needed); true on a CPU run is refused naming GPUs; the worker turns them on only with CUDA."""
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.spec.errors import ConfigError
+
+    monkeypatch.setenv("GRPO_MEGATRON_CPU_SHIM", SHIM)
+    with pytest.raises(ConfigError) as info:
+        load_spec(["train.backend=megatron", "train.fused_kernels=true"])  # the default run: CPU
+    (v,) = [v for v in info.value.violations if "train.fused_kernels" in v.keys]
+    assert "megatron-core's fused kernels need GPUs" in v.message
+    spec = load_spec(["train.backend=megatron", "train.fused_kernels=true", "cluster=slurm", "dry_run=true"])
+    pytest.importorskip("megatron.core")
+    from grpo_launcher.policy.megatron_policy import quiet_megatron_notices, transformer_config
+
+    quiet_megatron_notices()
+    arch = mc.arch_from_hf_config(_hf_state(_tiny_qwen2(None))[1])
+    for fused in (False, True):
+        cfg = transformer_config(arch, spec, use_cpu_init=True, fused=fused)
+        assert (cfg.bias_activation_fusion, cfg.bias_dropout_fusion) == (fused, fused)
+        assert not (cfg.apply_rope_fusion or cfg.masked_softmax_fusion or cfg.persist_layer_norm)  # TE / Apex
+
 def test_rules_moe_with_tp_needs_sequence_parallel():
     base = ["train.backend=megatron", "cluster.cpu_workers_per_node=2", "model.num_experts=4", "model.moe_top_k=2",
             "train.tensor_parallel_size=2", "train.global_batch_size=32", "train.micro_batch_size=8",

@@ -95,8 +95,11 @@ def sdpa_attention_class():
     return SDPAAttention
 
 
-def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool):
-    """Arch + train.* → megatron-core TransformerConfig (no fused/TE kernels)."""
+def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool, fused: bool = False):
+    """Arch + train.* → megatron-core TransformerConfig (no TE kernels). fused: megatron-core's fusions that need
+    neither Transformer Engine nor Apex, its torch.compile'd SwiGLU (the backward recomputes the activation from
+    the saved input) and residual add; its RoPE fusion needs TE, its persistent norm and masked-softmax kernels
+    Apex (and SDPA does the softmax): those stay off."""
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
@@ -115,8 +118,8 @@ def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool):
         params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16, use_cpu_initialization=use_cpu_init,
         # kept on although every weight is loaded right after: with it off megatron also skips setting the
         # tensor_model_parallel attributes its grad-norm/clipping code reads
-        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        apply_rope_fusion=False, gradient_accumulation_fusion=False, bias_dropout_fusion=False,
+        bias_activation_fusion=fused, masked_softmax_fusion=False, persist_layer_norm=False,
+        apply_rope_fusion=False, gradient_accumulation_fusion=False, bias_dropout_fusion=fused,
         calculate_per_token_loss=True)  # megatron DDP then SUMs grads over DP (our global denominators)
     if t.activation_checkpointing:
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
@@ -139,11 +142,11 @@ def moe_kwargs(arch: mc.Arch, spec: RunSpec) -> dict:
 
 
 def build_gpt(arch: mc.Arch, spec: RunSpec, *, pre_process: bool = True, post_process: bool = True,
-              use_cpu_init: bool = True):
+              use_cpu_init: bool = True, fused: bool = False):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    cfg = transformer_config(arch, spec, use_cpu_init=use_cpu_init)
+    cfg = transformer_config(arch, spec, use_cpu_init=use_cpu_init, fused=fused)
     layer_spec = get_gpt_layer_local_spec(num_experts=arch.num_experts or None, moe_grouped_gemm=False,
                                           qk_layernorm=arch.qk_norm, normalization="RMSNorm")
     if spec.train.core_attention == "sdpa":
@@ -249,7 +252,9 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         self.init_engine()  # rollout=hf: an HF copy on this device, refit from the gathered weights
 
     def _build_and_load(self, full: dict[str, torch.Tensor]):
-        model = build_gpt(self.arch, self.spec, use_cpu_init=not self.cuda)
+        # train.fused_kernels: null = on with CUDA (megatron-core's own fusions, no Liger); always off on CPU
+        fused = self.cuda and self.spec.train.fused_kernels is not False
+        model = build_gpt(self.arch, self.spec, use_cpu_init=not self.cuda, fused=fused)
         mc.load_local(model, full, tp_rank=self.tp_rank, tp_size=self.tp_size,
                       layer_offset=self.layer_offset, expert_offset=self.expert_offset,
                       tie=self.arch.tie_embeddings)

@@ -1057,12 +1057,14 @@ def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
 
         from ..policy.fused import FAMILIES as LIGER
 
-        missing = [what for what, ok in (("train.backend=torch", s.train.backend == TrainBackend.torch),
-                                         (f"model.family in {sorted(LIGER)}", m.family in LIGER),
+        liger = s.train.backend == TrainBackend.torch  # megatron: its own torch.compile'd fusions, GPUs only
+        missing = [what for what, ok in ((f"model.family in {sorted(LIGER)}", not liger or m.family in LIGER),
                                          ("GPUs", s.cluster.gpus_per_node > 0),
-                                         ("liger-kernel installed", find_spec("liger_kernel") is not None)) if not ok]
+                                         ("liger-kernel installed", not liger or find_spec("liger_kernel") is not None))
+                   if not ok]
         if missing:
-            yield (("train.fused_kernels",), f"Liger's fused kernels (Triton) need {', '.join(missing)}",
+            what = "Liger's fused kernels (Triton)" if liger else "megatron-core's fused kernels"
+            yield (("train.fused_kernels",), f"{what} need {', '.join(missing)}",
                    "set train.fused_kernels=null (on where they apply) or false")
     builds = (m.family == "qwen2" and not m.num_experts) or (m.family == "nemotron_h" and m.num_experts > 0)
     if m.path is None and (not builds or m.tie_word_embeddings):

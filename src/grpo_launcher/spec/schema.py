@@ -166,12 +166,15 @@ class TrainSpec:
     global_batch_size: int = 128
     micro_batch_size: int = 32
     logprob_batch_size: int = 64
-    # torch backend: the output layer runs over this many tokens at a time and each chunk's logits are reduced to
-    # the sampled token's logprob and the entropy at once (algos/linear_logprobs.py): no [tokens, V] logits whole,
-    # in the update and the logprob pass. 0 = whole logits (algos.token_logprobs over the model's output)
+    # the output layer runs over this many tokens at a time and each chunk's logits are reduced to the sampled
+    # token's logprob and the entropy at once (algos/linear_logprobs.py; megatron: over the response tokens, its
+    # vocab-parallel form for TP > 1): no [tokens, V] logits whole, in the update and the logprob pass. 0 = whole
+    # logits (algos.token_logprobs over the model's output)
     logprob_chunk_tokens: int = 4096
-    # torch backend: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (policy/fused.py; model.family llama, qwen2,
-    # qwen3; CUDA only). null = on where they apply (a GPU, such a family, liger-kernel installed), off on CPU
+    # fused kernels on GPUs (off on CPU). torch backend: Liger's Triton kernels for RMSNorm, SwiGLU and RoPE
+    # (policy/fused.py; model.family llama, qwen2, qwen3); null = on where they apply (a GPU, such a family,
+    # liger-kernel installed). megatron: megatron-core's own torch.compile'd SwiGLU and residual add (no TE or
+    # Apex needed); null = on with a GPU
     fused_kernels: Optional[bool] = None
     lr: float = 3e-4  # linear warm-up over warmup_steps, then constant
     warmup_steps: int = 0
