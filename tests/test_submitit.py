@@ -143,7 +143,8 @@ def test_a_cancelled_point_job_ends_the_sweep_naming_it(cluster, jobs, tmp_path)
 def test_submitit_local_point_runs_in_its_own_process(tmp_path):
     p = launch("-m", "hydra/launcher=submitit_local", "grpo.seed=3", f"output_root={share_models(tmp_path)}", *SHORT)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    (job,) = submitit_jobs(tmp_path)  # a local job's id is its process id
+    (job,) = submitit_jobs(tmp_path)  # a local job's id is its process's id
     (d,) = run_dirs(tmp_path)
-    assert d.name == "tiny-grpo", d.name
-    assert (d / "metrics.jsonl").exists() and read_status(d)["pid"] == int(job)
+    assert d.name == "tiny-grpo" and (d / "metrics.jsonl").exists() and read_status(d)["state"] == "COMPLETED"
+    (log,) = tmp_path.glob(f"multirun/*/.submitit/{job}/{job}_0_log.out")  # the run ran in the job's process
+    assert "grpo-launcher: run 'tiny-grpo' (local)" in log.read_text()

@@ -20,7 +20,6 @@ from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (BaseSubmititLauncher, LocalLauncher,
                                                                      SlurmLauncher)
-from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
 from grpo_launcher.exit_codes import ExitCode
 
@@ -38,18 +37,19 @@ def submitit_problems(spec: Any, params: dict) -> List[str]:
     for key in ("nodes", "tasks_per_node"):
         if params.get(key, 1) != 1:
             out.append(Violation("submitit_single_node", (f"hydra.launcher.{key}",),
-                                 f"is {params[key]}: a submitit point is one run in one task on one node", f"leave it at 1; for multi-node points: {OURS}"))
+                                 f"is {params[key]}: a submitit point is one run in one task on one node",
+                                 f"leave it at 1; for multi-node points: {OURS}"))
     if spec is not None and spec.cluster.kind.value == "slurm":
-        multi = spec.cluster.nodes > 1
-        out.append(Violation("submitit_single_node", ("cluster",), f"cluster=slurm{' with cluster.nodes=' if multi else ''}"
-                             f"{spec.cluster.nodes if multi else ''} in a submitit point: the submitit job is the Slurm "
-                             "job, and the run inside it would submit another",
-                             OURS if multi else "drop cluster=slurm (hydra.launcher.partition, timeout_min, "
+        nodes = f" with cluster.nodes={spec.cluster.nodes}" if spec.cluster.nodes > 1 else ""
+        out.append(Violation("submitit_single_node", ("cluster",), f"cluster=slurm{nodes} in a submitit point: the "
+                             "submitit job is the Slurm job, and the run inside it would submit another",
+                             OURS if nodes else "drop cluster=slurm (hydra.launcher.partition, timeout_min, "
                              f"cpus_per_task, gpus_per_node, mem_gb size the job), or {OURS}"))
     return [v.render() for v in out]
 
 
 def gpu_problems(spec: Any, params: dict) -> List[str]:
+    """submitit_slurm: the job must ask Slurm for the GPUs the run takes on its node."""
     from grpo_launcher.spec.errors import Violation
 
     want, get = (spec.cluster.gpus_per_node if spec is not None else 0), params.get("gpus_per_node") or 0
@@ -96,21 +96,26 @@ class SubmititPoints(GrpoLauncher):
             raise SystemExit(ExitCode.FAILED) from None
 
 
-class ScontrolWatcher(SlurmInfoWatcher):
-    """Job states from `scontrol show job` (launch/status.py, as `launch.py status` reads them), not sacct:
-    a cluster without accounting (the local test cluster) has no sacct, and submitit would then wait forever
-    for a job that ended without its result file (scancel, node failure, OOM). A job Slurm no longer knows
-    (MinJobAge passed) counts as ended: submitit then reports it as failed, naming its log."""
+def scontrol_watcher() -> Any:
+    """submitit's job watcher, reading job states from `scontrol show job` (launch/status.py, as `launch.py
+    status` reads them), not sacct: a cluster without accounting (the local test cluster) has no sacct, and
+    submitit would then wait forever for a job that ended without its result file (scancel, node failure, OOM).
+    A job Slurm no longer knows (MinJobAge passed) counts as ended: submitit then reports it as failed.
+    (submitit is imported here, not at plugin discovery: every launch.py start scans the plugins.)"""
+    from submitit.slurm.slurm import SlurmInfoWatcher
 
-    def update(self) -> None:
-        from grpo_launcher.launch.status import scheduler_job
+    from grpo_launcher.launch.status import scheduler_job
 
-        for job in self._registered - self._finished:
-            info = scheduler_job(job)
-            self._info_dict[job] = {"State": info.get("JobState", "UNKNOWN") if info else "GONE"}
-            if self.is_done(job, mode="cache"):
-                self._finished.add(job)
-        self._last_status_check = time.time()
+    class ScontrolWatcher(SlurmInfoWatcher):
+        def update(self) -> None:
+            for job in self._registered - self._finished:
+                info = scheduler_job(job)
+                self._info_dict[job] = {"State": info.get("JobState", "UNKNOWN") if info else "GONE"}
+                if self.is_done(job, mode="cache"):
+                    self._finished.add(job)
+            self._last_status_check = time.time()
+
+    return ScontrolWatcher(delay_s=60)
 
 
 class SubmititSlurm(SubmititPoints):
@@ -130,7 +135,9 @@ class SubmititSlurm(SubmititPoints):
         return spec, problems + gpu_problems(spec, self.submitit.params)
 
     def _run_points(self, *args: Any) -> None:
-        SlurmJob.watcher = ScontrolWatcher(delay_s=60)  # submitit's jobs all share this class attribute
+        from submitit.slurm.slurm import SlurmJob
+
+        SlurmJob.watcher = scontrol_watcher()  # submitit's jobs all share this class attribute
         super()._run_points(*args)
 
 
