@@ -186,3 +186,58 @@ def test_fused_kernels_match_the_hf_layers_in_bf16(tmp_path):
     plain, liger = (TorchPolicyWorker(replace(spec, train=replace(spec.train, fused_kernels=on)), model_dir, 0, 1)
                     for on in (False, True))
     _agree_in_bf16(plain, liger, spec, "|liger - hf|")
+
+
+def _megatron_micro_step(w, batch, prev) -> tuple[float, float]:
+    """One micro-step of the megatron worker (no optimizer step) from prev: (loss, grad norm over its fp32 grad
+    buffers, where megatron's DDP accumulates the gradients)."""
+    w._zero_grad()
+    metrics, _, _ = w._micro_step(batch.with_(prev_logprobs=prev), float(batch.response_mask.sum()))
+    norm = sum(float(p.main_grad.float().square().sum()) for p in w.model.module.parameters() if p.requires_grad)
+    return metrics["loss"], norm ** 0.5
+
+
+def _megatron_variants(tmp_path, label: str, configure) -> None:
+    """One megatron worker on the GPU, two settings (configure(worker, 0 or 1) switches): logprobs and one
+    micro-step's loss and grad norm agree within bf16 tolerance, setting 1 against setting 0."""
+    from grpo_launcher.policy.megatron_policy import MegatronPolicyWorker
+
+    spec = _spec(tmp_path, "megatron")
+    w = MegatronPolicyWorker(spec, _model_dir(spec, tmp_path), 0, 1)
+    w.init_distributed("127.0.0.1", _free_port())
+    _, batch = _batch(w, spec)
+    mask = batch.response_mask.bool()
+    out = []
+    for setting in (0, 1):
+        configure(w, setting)
+        lp = w.logprobs(batch)[0]
+        out.append((lp, *_megatron_micro_step(w, batch, out[0][0] if out else lp)))
+    (lp0, loss0, g0), (lp1, loss1, g1) = out
+    d = (lp1 - lp0)[mask].abs()
+    print(f"{label} logprob mean {d.mean():.2e} max {d.max():.2e}; loss {loss1:.6f} vs {loss0:.6f}; "
+          f"grad norm {g1:.5f} vs {g0:.5f}")
+    assert d.mean() < 5e-3 and d.max() < 0.1
+    assert abs(loss1 - loss0) < 1e-3 and abs(g1 / g0 - 1) < 0.02
+
+
+def test_megatron_chunked_logprobs_match_whole_logits_in_bf16(tmp_path):
+    """Issue 29 on the megatron backend: GPTModel's final hidden states through the chunked output layer
+    (algos.linear_logprobs) against whole logits, bf16 on the same weights (megatron-core of the GPU kit)."""
+    from dataclasses import replace
+
+    def chunked(w, on: int) -> None:
+        w.spec = replace(w.spec, train=replace(w.spec.train, logprob_chunk_tokens=4096 if on else 0))
+
+    _megatron_variants(tmp_path, "megatron |chunked - whole|", chunked)
+
+
+def test_megatron_fused_kernels_match_unfused_in_bf16(tmp_path):
+    """train.fused_kernels=null on the megatron backend with CUDA: megatron-core's compiled SwiGLU and residual
+    add are on; against the same layers unfused (the shared TransformerConfig's flags off), bf16."""
+    def fused(w, on: int) -> None:
+        cfg = w.model.module.config
+        if not on:
+            assert cfg.bias_activation_fusion and cfg.bias_dropout_fusion  # what null resolved to on CUDA
+        cfg.bias_activation_fusion = cfg.bias_dropout_fusion = bool(on)
+
+    _megatron_variants(tmp_path, "megatron |fused - unfused|", fused)
