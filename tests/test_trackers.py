@@ -224,3 +224,36 @@ def test_an_http_mlflow_store_killed_mid_run_and_restarted_loses_nothing(tmp_pat
     for key, points in server_metrics.items():
         assert [s for s, _ in wb[key]] == [s for s, _ in points], key
         assert [v for _, v in wb[key]] == pytest.approx([v for _, v in points], rel=1e-6), key
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # a second mlflow server (~40 s here); make test has the kill-and-restart run above
+def test_a_store_that_stays_away_leaves_the_metrics_pending_and_close_returns(tmp_path, monkeypatch, capsys):
+    """The Tracker against a real server that is then killed: a commit sends nothing, warns once with the cause,
+    keeps the metrics pending (what the next checkpoint records); a tag is a warning, not an error; close() gives up
+    after CLOSE_WAIT_S with a warning instead of waiting forever."""
+    from grpo_launcher.spec.schema import RunSpec
+    from grpo_launcher.tracking import mlflow_tracker
+    from grpo_launcher.tracking.mlflow_tracker import Tracker
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setattr(mlflow_tracker, "CLOSE_WAIT_S", 1.0)
+    monkeypatch.setattr(mlflow_tracker, "CLOSE_RETRY_S", 0.2)
+    port, log = free_port(), open(tmp_path / "server.log", "ab")
+    server = mlflow_server(tmp_path, port, log)
+    try:
+        wait_until(lambda: up(port), 120, "mlflow server's /health")
+        t = Tracker(RunSpec(), f"http://127.0.0.1:{port}", tmp_path)
+        t.log_metrics(1, {"train/reward_mean": 0.5})
+        assert t.commit() == 1
+    finally:
+        stop(server)
+    t.log_metrics(2, {"train/reward_mean": 0.6, "train/loss": 0.1})
+    assert t.commit() == 0
+    assert sorted(p[3] for p in t.pending()) == [2, 2]
+    t.set_tag("grpo.hung", "x")
+    t.close()
+    err = capsys.readouterr().err
+    assert f"MLflow store http://127.0.0.1:{port} unreachable (MlflowException: " in err, err
+    assert err.count("(MlflowException") == 1 and err.count("2 metric value(s) (step 2) kept") == 1, err  # once
+    assert f"MLflow run {t.run_id} not closed: its store stayed unreachable for 1 s; 2 metric value(s) not sent" in err

@@ -149,6 +149,7 @@ class Tracker:
         if tracking_uri.startswith(("http://", "https://")):
             os.environ.setdefault(HTTP_RETRIES_ENV, HTTP_RETRIES)
         self._away: str | None = None  # the error of the store's current outage
+        self._warned = 0  # metric values held at its last warning
         self.experiment_id = self._experiment(spec.logging.experiment, tracking_uri)
         self._buffer: list[Metric] = []
         self._logged: set[tuple[str, int]] = set()  # (key, step) pairs MLflow holds for this run
@@ -245,8 +246,12 @@ class Tracker:
         return sent
 
     def _went_away(self, exc: BaseException) -> None:
-        """A warning per failed commit; the first of an outage says why (the cause's last words: 'refused')."""
+        """A warning per failed commit that holds more than the last one (not per retry of the end of the run); the
+        first of an outage says why (the cause's last words: 'refused')."""
         first = self._away is None
+        if not first and len(self._buffer) == self._warned:
+            return
+        self._warned = len(self._buffer)
         text = redact_text(str(exc))
         self._away = f"{type(exc).__name__}: {text[:120]}{' ... ' + text[-120:] if len(text) > 240 else text[120:]}"
         steps = sorted({m.step for m in self._buffer})
@@ -286,7 +291,11 @@ class Tracker:
             self.client.log_artifact(self._run_id, str(path), artifact_path)
 
     def set_tag(self, key: str, value: Any) -> None:
-        self.client.set_tag(self._run_id, key, str(value))
+        """A tag; with the store away (a hang or a dead actor being reported), a warning instead of a second error."""
+        try:
+            self.client.set_tag(self._run_id, key, str(value))
+        except UNREACHABLE as exc:
+            self._went_away(exc)
 
     def log_spec_changes(self, step: int, changes: dict[str, tuple[Any, Any]]) -> None:
         """Keys changed on a resume (params are immutable in MLflow): a param `KEY/from_step_N` per key and the tag
