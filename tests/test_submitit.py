@@ -108,6 +108,7 @@ def test_2_point_submitit_slurm_sweep_runs_each_point_in_its_job(cluster, jobs, 
         assert re.search(rf"^  {re.escape(d.name)}\s+COMPLETED", p.stdout, re.M), p.stdout[-2000:]
     assert len(jobs) == 2  # array tasks, each ran its run: the job's own log names its run
     for job in jobs:
+        assert re.search(r"JobName=tiny-grpo$", sh(["scontrol", "show", "job", job]).stdout, re.M)  # the runs' name
         (log,) = tmp_path.glob(f"multirun/*/.submitit/{job}/{job}_0_log.out")
         assert re.search(r"grpo-launcher: run 'tiny-grpo_train\.lr=0\.000[13]' \(local\)", log.read_text())
 

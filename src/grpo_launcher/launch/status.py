@@ -3,7 +3,9 @@
 Written by the launcher (SUBMITTED) and by the sbatch script
 (`python -m grpo_launcher.launch.status RUN_DIR STATE --job-id N [--exit-code C] [--message M] [--event E]`);
 read by `launch.py status|logs|cancel`, which also ask Slurm (`scontrol`/`squeue`; there is no `sacct`
-on the local cluster) and reconcile the two: the script cannot write anything once SIGKILLed.
+on the local cluster) and reconcile the two: the script cannot write anything once SIGKILLed. submitit's job
+watcher is not used here: it reads sacct alone (JobID, State, NodeList), none of Reason, Restarts or StdOut;
+instead the submitit launchers' jobs are watched through `scheduler_job` (hydra_plugins/.../submitit_points.py).
 
 status.json keys: name, state, job_id, job_ids (every id this run dir has had), run_dir, submitted,
 updated, exit_code, message, restarts (SLURM_RESTART_COUNT of the latest start), events (epoch seconds

@@ -63,7 +63,9 @@ def submitit_target(args: list[str]) -> list[str]:
     chosen = [a.partition("=")[2] for a in args if a.startswith("hydra/launcher=")]
     if not chosen or chosen[-1] not in SUBMITIT:
         return []
-    return [f"hydra.launcher._target_=hydra_plugins.grpo_launcher_plugins.submitit_points.{SUBMITIT[chosen[-1]]}"]
+    named = any(a.startswith("hydra.launcher.name=") for a in args)  # else the job is named after the runs
+    return [f"hydra.launcher._target_=hydra_plugins.grpo_launcher_plugins.submitit_points.{SUBMITIT[chosen[-1]]}",
+            *([] if named else ["hydra.launcher.name=${name}"])]
 
 
 def base_problems(args: list[str], source: ConfigSource) -> list:
