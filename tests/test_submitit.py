@@ -20,6 +20,7 @@ import pytest
 
 from grpo_launcher.launch.status import read_status
 from helpers import LAUNCH_PY, launch, share_models, tiny_model, wait_until
+from test_sweeps import runs_of
 from test_slurm_run import HAVE_SLURM, cluster, job_state, jobs, sh  # noqa: F401  (module fixtures)
 
 SHORT = ["grpo.max_steps=1", "grpo.val_period=1", "checkpoint.save_period=1"]
@@ -106,6 +107,10 @@ def test_2_point_submitit_slurm_sweep_runs_each_point_in_its_job(cluster, jobs, 
         assert '"status": "FINISHED"' in (d / "summary.json").read_text()
         assert read_status(d)["state"] == "COMPLETED"
         assert re.search(rf"^  {re.escape(d.name)}\s+COMPLETED", p.stdout, re.M), p.stdout[-2000:]
+    runs = runs_of(tmp_path)  # the sweep's MLflow parent run, made here; the jobs' runs are its children
+    (parent,) = [r for r in runs if r.info.run_name.startswith("sweep-")]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert parent.info.status == "FINISHED" and len(children) == 2
     assert len(jobs) == 2  # array tasks, each ran its run: the job's own log names its run
     for job in jobs:
         assert re.search(r"JobName=tiny-grpo$", sh(["scontrol", "show", "job", job]).stdout, re.M)  # the runs' name
