@@ -3,7 +3,8 @@ each point one submitit job running the run on its node, its run dir output_root
 
     no marker         : the refusals (multi-node or multi-task points, cluster=slurm inside a point, no -m), a dry run
     slurm             : the one real end-to-end run: a 2-point submitit_slurm sweep of the tiny CPU run finishes
-    slurm+slow+ext.   : a point's job scancel'ed: the sweep ends (exit 1, the job named), it does not wait forever
+    slurm+slow+ext.   : a point's job scancel'ed: the sweep ends (exit 1, the job named), it does not wait forever;
+                        Ctrl-C stops the waiting (exit 130) and names the jobs, which go on
     slow+extended     : submitit_local, one point: the run ran in the job's own process
 """
 
@@ -142,6 +143,29 @@ def test_a_cancelled_point_job_ends_the_sweep_naming_it(cluster, jobs, tmp_path)
     assert proc.returncode == 1, out[-3000:]
     assert f"error: a sweep point's job failed or ended without a result: Job {job}" in out and "CANCELLED" in out
     assert "Traceback" not in out
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.skipif(not HAVE_SLURM, reason="Slurm not installed: bash scripts/local-slurm.sh install")
+def test_ctrl_c_stops_the_waiting_and_names_the_jobs_that_go_on(cluster, jobs, tmp_path):  # noqa: F811
+    share_models(tmp_path)
+    tiny_model()
+    proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), "-m", "hydra/launcher=submitit_slurm",
+                             "grpo.max_steps=500", f"output_root={tmp_path}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        (job,) = wait_until(lambda: submitit_jobs(tmp_path), 120, "the point's job submitted")
+        jobs.append(job)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    assert proc.returncode == 130 and f"to stop them: scancel {job.partition('_')[0]}" in out, out[-2000:]
+    assert "Traceback" not in out and job_state(job) in ("PENDING", "RUNNING")  # the job goes on (module end: scancel)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ with a pointer to `cluster=slurm -m`, our sweep, which submits each point as its
 import dataclasses
 import sys
 import time
+from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
 from hydra.core.utils import JobReturn
@@ -138,7 +139,14 @@ class SubmititSlurm(SubmititPoints):
         from submitit.slurm.slurm import SlurmJob
 
         SlurmJob.watcher = scontrol_watcher()  # submitit's jobs all share this class attribute
-        super()._run_points(*args)
+        try:
+            super()._run_points(*args)
+        except KeyboardInterrupt:  # Ctrl-C stops the waiting, not the jobs (submitit's way): say so, and how
+            folder = Path(str(self.config.hydra.sweep.dir)) / ".submitit" if self.config is not None else Path()
+            ids = {d.name.partition("_")[0] for d in folder.glob("[0-9]*")}  # JOB (the array's) and JOB_I
+            print(f"\ninterrupted: the points' Slurm jobs go on (their logs: {folder}); "
+                  f"to stop them: scancel {' '.join(sorted(ids)) or 'JOB'}", file=sys.stderr)
+            raise SystemExit(130) from None
 
 
 class SubmititLocal(SubmititPoints):
