@@ -25,11 +25,6 @@ ALLOWED = {
                                   "driver does",
     ("runfiles", "spec.compose"): "load_spec_file reads spec.yaml back through the spec's own composition",
     ("spec.compose", "envs.preflight"): "env.max_prompt_tokens=0 resolves from the env room's one read of the data",
-    ("spec.rules", "envs.preflight"): "a rule delegates to the env room's own pre-flight check",
-    ("spec.rules", "gym.preflight"): "a rule delegates to the Gym room's own pre-flight check",
-    ("spec.rules", "gym.install"): "a rule asks whether Gym's venv is installed",
-    ("spec.rules", "policy.fused"): "a rule asks which families Liger's kernels patch (no torch import)",
-    ("spec.rules", "policy.megatron_families"): "a rule asks which HF architectures the Megatron converter maps",
     ("tracking.records", "envs.base"): "type annotation only (TYPE_CHECKING)",
     ("tracking.report", "envs.prompting"): "the run's prompting record comes from the env's prompt builder",
     ("tracking.repro", "envs.rewards"): "the user's reward files are recorded to reproduce the run",
@@ -112,6 +107,15 @@ def test_imports_flow_one_way():
 def test_the_walk_sees_lazy_relative_imports():
     """An import inside a function, relative, is found and resolved; the layers order as the docstring says."""
     names = {t for _, t in imported(SRC / PKG / "spec" / "rules.py")}
-    assert f"{PKG}.finished" in names and f"{PKG}.gym.install" in names  # both inside rule functions
+    assert f"{PKG}.finished" in names and f"{PKG}.spec.memory" in names  # both inside rule functions
     assert layer(f"{PKG}.launch.preflight") > layer(f"{PKG}.spec.rules") > layer(f"{PKG}.plan") > \
         layer(f"{PKG}.spec.schema")
+
+
+def test_room_rules_register_with_spec_from_below():
+    """A room's rules (ROOM/rules.py) import spec's registry, never the reverse: validate() finds them by file."""
+    from grpo_launcher.spec.rules import registered
+
+    rooms = {p.parent.name for p in (SRC / PKG).glob("*/rules.py")} - {"spec"}
+    assert rooms and rooms <= {r.check.__module__.split(".")[1] for r in registered().values()}
+    assert not [t for _, t in imported(SRC / PKG / "spec" / "rules.py") if layer(t) > layer(f"{PKG}.spec.rules")]

@@ -24,7 +24,7 @@ import torch
 
 from grpo_launcher.gym.env import DATA, GymEnv
 from grpo_launcher.gym.install import find_install
-from grpo_launcher.gym.preflight import check as gym_check
+from grpo_launcher.gym import preflight as gym_preflight
 from grpo_launcher.gym.rollouts import RolloutStats, run_rollouts, stamp_row
 from grpo_launcher.gym.samples import failed_generation, to_generation
 from grpo_launcher.gym.servers import GymServerDied, gym_config
@@ -40,6 +40,13 @@ GYM = ["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.exp
        f"env.train_path={DATA / 'tiny_train.jsonl'}", f"env.val_path={DATA / 'tiny_val.jsonl'}",
        f"env.gym_config_paths=[{','.join(CONFIGS)}]", "env.gym_tool_call_parser=pythonic",
        "env.max_prompt_tokens=256", "train.max_total_sequence_length=512", "rollout.max_new_tokens=32"]
+
+
+def gym_check(spec):
+    """The Gym pre-flight of a real launch: its spec checks, then its probes (gym/rules.py)."""
+    return [*gym_preflight.check(spec), *gym_preflight.probe(spec)]
+
+
 def needs_gym(test):
     """A test of real Gym: marked `gym` (make test runs it after Gym's build) and skipped where Gym is missing."""
     skip = pytest.mark.skipif(find_install() is None, reason="NeMo Gym's venv is not installed: run `make gym`")

@@ -12,7 +12,7 @@ import pytest
 from grpo_launcher.plan import make_plan, parse_duration
 from grpo_launcher.spec.compose import CONF_DIR, load_spec, spec_to_yaml
 from grpo_launcher.spec.errors import ConfigError
-from grpo_launcher.spec.rules import RULES
+from grpo_launcher.spec.rules import rule_names
 from grpo_launcher.spec.schema import RunSpec
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "nanov3_slurm.yaml"
@@ -113,7 +113,7 @@ def test_per_backend_without_a_value_for_the_backend_names_the_key(tmp_path):
     assert v.keys == ("train.tensor_parallel_size",) and "no value for train.backend=torch" in v.message
 
 
-# (overrides, rule, key that must be named). Every rule in RULES appears at least once.
+# (overrides, rule, key that must be named). Every rule (spec/rules.py and each ROOM/rules.py) appears at least once.
 FAILING = [
     (["grpo.max_steps=0"], "positive_sizes", "grpo.max_steps"),
     (["cluster=slurm", "cluster.cpus_per_worker=0"], "positive_sizes", "cluster.cpus_per_worker"),
@@ -131,6 +131,9 @@ FAILING = [
     (["train.logprob_batch_size=5"], "logprob_batch_divides", "train.logprob_batch_size"),
     (["train.tensor_parallel_size=2", "cluster.cpu_workers_per_node=2"],
      "torch_backend_is_data_parallel_only", "train.tensor_parallel_size"),
+    (["train.cpu_offload=true"], "cpu_offload_needs_torch_on_gpus", "train.cpu_offload"),
+    (["train.cpu_offload=true", "train.backend=megatron", "cluster.gpus_per_node=1"],
+     "cpu_offload_needs_torch_on_gpus", "train.backend"),
     (["train.backend=megatron", "train.expert_parallel_size=2", "cluster.cpu_workers_per_node=2"],
      "expert_parallelism", "train.expert_parallel_size"),
     (["train.backend=megatron", "train.context_parallel_size=2", "cluster.cpu_workers_per_node=2"],
@@ -239,7 +242,7 @@ def test_rule_names_its_key(overrides, rule, key):
 
 
 def test_every_rule_has_a_failing_case():
-    assert set(RULES) <= {rule for _, rule, _ in FAILING}
+    assert rule_names() <= {rule for _, rule, _ in FAILING}
 
 
 def test_all_violations_reported_at_once():
@@ -335,7 +338,7 @@ def test_validator_survives_a_crashing_rule(monkeypatch):
         raise TypeError("boom")
 
     spec = load_spec([])
-    monkeypatch.setitem(rules.RULES, "broken", broken)
+    monkeypatch.setitem(rules.registered(), "broken", rules.Rule("broken", "pure", broken))
     (v,) = [v for v in rules.validate(spec) if v.rule == "broken"]
     assert "TypeError: boom" in v.message
 
@@ -414,9 +417,10 @@ def test_broken_model_dirs_are_named(tmp_path, breakage, needle):
 
 @pytest.mark.parametrize("installed", [False, True])
 def test_nemo_gym_refused_for_a_real_launch_unless_installed(monkeypatch, installed):
+    from grpo_launcher.gym import rules as gym_rules
     from grpo_launcher.spec import rules
 
-    monkeypatch.setattr(rules, "gym_available", lambda: installed)
+    monkeypatch.setattr(gym_rules, "gym_available", lambda: installed)
     spec = load_spec(["+recipe=nanov3", "cluster=slurm", "dry_run=true"])
     real = __import__("dataclasses").replace(spec, dry_run=False)
     gym = [v for v in rules.validate(real) if v.rule == "build_implements_run" and "env.name" in v.keys]

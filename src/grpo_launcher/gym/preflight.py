@@ -1,4 +1,4 @@
-"""env=nemo_gym pre-flight: what can be checked before anything starts (spec/rules.py `gym_preflight`).
+"""env=nemo_gym pre-flight: what can be checked before anything starts (gym/rules.py `gym_preflight`).
 
 * env.gym_overrides items are `dotted.key=value`;
 * outside dry runs: the Gym config files exist (absolute, or relative to Gym's install root), every server
@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Iterator, Optional
 
+from ..spec.schema import RunSpec
 from .install import GymInstall, find_install, missing_servers
 
 Problem = tuple[tuple[str, ...], str, str]  # (keys, what is wrong, how to fix it)
@@ -71,7 +72,7 @@ def row_agents(path: str) -> tuple[set[str], int, bool, Optional[str]]:
     return names, rows, tools, None
 
 
-def check(s) -> Iterator[Problem]:
+def check(s: RunSpec) -> Iterator[Problem]:
     e = s.env
     for item in e.gym_overrides:
         key, sep, _ = item.partition("=")
@@ -81,8 +82,11 @@ def check(s) -> Iterator[Problem]:
                    "math_with_judge.resources_servers.math_with_judge.should_use_judge=false")
     if e.gym_start_timeout_s <= 0:
         yield (("env.gym_start_timeout_s",), f"must be > 0, got {e.gym_start_timeout_s}", "e.g. 600")
-    if s.dry_run:
-        return
+
+
+def probe(s: RunSpec) -> Iterator[Problem]:
+    """What a real launch needs of this machine (a dry run skips it: the probe-kind rule in gym/rules.py)."""
+    e = s.env
     host = str(s.rollout.http_host)
     if getattr(s.cluster.kind, "value", s.cluster.kind) != "local" and s.cluster.nodes > 1 and is_loopback(host):
         yield (("rollout.http_host", "cluster.nodes"),

@@ -1,20 +1,26 @@
 """Pre-flight validation: every cross-field rule, each a named check, ALL reported at once.
 
-A rule is a function `spec -> Iterable[Violation]` registered with `@rule`. Each violation names the
-dotted key(s), shows the arithmetic, and says the fix. These run in well under a second, before any
-node, GPU or Ray process is asked for. Sources: NeMo-RL's 35 late-firing rules and its gap table
-(shared/reference/nemo-rl.md §2), verl's batch rules, and the seed recipe's two review bugs.
+A rule is a function `spec -> Iterable[Violation]` registered with `@rule(kind)` next to the room it checks: the
+cross-room rules here, a room's own in ROOM/rules.py (envs/, gym/, policy/), which validate() imports, so nothing
+here imports a room above spec. Each violation names the dotted key(s), shows the arithmetic, and says the fix.
+These run before any node, GPU or Ray process is asked for. A rule's kind:
+  pure   the spec and what it names (data, reward code, model config): every validation runs it, a dry run too;
+  probe  what only a real launch from here needs (this machine's GPUs and paths, a reachable cluster, this build's
+         backends, the run dir's checkpoints): a dry run skips it, so a plan for another cluster or build renders.
+Sources: NeMo-RL's 35 late-firing rules and its gap table, verl's batch rules, and the seed recipe's two review bugs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 import re
 from enum import Enum
+from functools import cache
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Literal
 
 from ..plan import (
     devices_per_node,
@@ -40,11 +46,20 @@ from .schema import (
     Resume,
     RolloutBackend,
     RunSpec,
-    TrainBackend,
 )
 
-Rule = Callable[[RunSpec], Iterable[Violation]]
-RULES: dict[str, Rule] = {}
+Kind = Literal["pure", "probe"]
+Check = Callable[[RunSpec], Iterable[Violation]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    name: str  # what its violations are named
+    kind: Kind
+    check: Check
+
+
+RULES: dict[str, Rule] = {}  # by check function; a rule checked in two kinds or rooms has a check for each
 
 # Metrics the trainer logs that checkpoint.metric may rank by, each with its direction (True = higher is better).
 METRIC_HIGHER_IS_BETTER = {
@@ -63,31 +78,62 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CHECKPOINT_MARGIN_S = 300  # time a checkpoint write may take before Slurm's --time ends the job
 
 
-def rule(fn: Rule) -> Rule:
-    RULES[fn.__name__] = fn
-    return fn
+def rule(kind: Kind, name: str | None = None) -> Callable[[Check], Check]:
+    """Register a check as rule `name` (default: the function's name)."""
+    def register(fn: Check) -> Check:
+        if fn.__name__ in RULES:
+            raise ValueError(f"two checks named {fn.__name__}")
+        RULES[fn.__name__] = Rule(name or fn.__name__, kind, fn)
+        return fn
+    return register
 
 
 def V(name: str, keys: str | tuple[str, ...], message: str, fix: str) -> Violation:  # noqa: N802
     return Violation(name, (keys,) if isinstance(keys, str) else keys, message, fix)
 
 
+@cache
+def _import_rooms() -> None:
+    """Each room's checks register themselves when its ROOM/rules.py is imported: import every one there is."""
+    package = __name__.rsplit(".", 2)[0]
+    for path in sorted(Path(__file__).resolve().parents[1].glob("*/rules.py")):
+        if path.parent.name != "spec":
+            importlib.import_module(f"{package}.{path.parent.name}.rules")
+
+
+def registered() -> dict[str, Rule]:
+    """Every check: spec's own and every room's."""
+    _import_rooms()
+    return RULES
+
+
+def rule_names() -> set[str]:
+    return {r.name for r in registered().values()}
+
+
 def validate(spec: RunSpec) -> list[Violation]:
-    """Run every rule; a rule that itself crashes is reported as a violation, never swallowed."""
+    """Run every rule (a dry run skips the probes); a rule that itself crashes is reported as a violation."""
     out: list[Violation] = []
-    for name, fn in RULES.items():
+    for r in registered().values():
+        if r.kind == "probe" and spec.dry_run:
+            continue
         try:
-            out.extend(fn(spec))
+            out.extend(r.check(spec))
         except Exception as exc:  # values so wrong that the rule's arithmetic fails: the other rules name them
-            out.append(V(name, "<spec>", f"could not evaluate ({type(exc).__name__}: {exc})",
+            out.append(V(r.name, "<spec>", f"could not evaluate ({type(exc).__name__}: {exc})",
                          "fix the values named by the other problems"))
     return out
+
+
+def build_gap(keys: tuple[str, ...], what: str, fix: str) -> Violation:
+    """A violation of build_implements_run: a part of the spec this build cannot run (a probe in every room)."""
+    return V("build_implements_run", keys, what, f"{fix}; dry_run=true still shows the plan")
 
 
 # ---------------------------------------------------------------- sizes ----------------------
 
 
-@rule
+@rule("pure")
 def positive_sizes(s: RunSpec) -> Iterator[Violation]:
     sizes = {
         "grpo.num_prompts_per_step": s.grpo.num_prompts_per_step,
@@ -133,7 +179,7 @@ def positive_sizes(s: RunSpec) -> Iterator[Violation]:
                 f"({s.grpo.max_steps}), got {s.logging.profile_step}", "set logging.profile_step=0 or e.g. 2")
 
 
-@rule
+@rule("pure")
 def group_size_at_least_two(s: RunSpec) -> Iterator[Violation]:
     g = s.grpo.num_generations_per_prompt
     if g < 2:
@@ -142,7 +188,7 @@ def group_size_at_least_two(s: RunSpec) -> Iterator[Violation]:
                 "set grpo.num_generations_per_prompt ≥ 2 (4-16 is usual)")
 
 
-@rule
+@rule("pure")
 def train_parallel_divides_world(s: RunSpec) -> Iterator[Violation]:
     world, mp = train_devices(s), train_model_parallel(s)  # = world_size unless cluster.rollout_devices
     if mp > 0 and world % mp:
@@ -155,7 +201,7 @@ def train_parallel_divides_world(s: RunSpec) -> Iterator[Violation]:
                 f"pick parallel sizes whose product divides {world}, or change the node count")
 
 
-@rule
+@rule("pure")
 def rollout_parallel_divides_world(s: RunSpec) -> Iterator[Violation]:
     world, mp = engine_devices(s), rollout_model_parallel(s)  # the engines' own devices when separate
     if mp > 0 and world % mp:
@@ -166,7 +212,7 @@ def rollout_parallel_divides_world(s: RunSpec) -> Iterator[Violation]:
                 f"use a rollout.tensor_parallel_size that divides {world}")
 
 
-@rule
+@rule("pure")
 def rollout_tp_within_node(s: RunSpec) -> Iterator[Violation]:
     per_node, tp = devices_per_node(s), s.rollout.tensor_parallel_size
     if s.rollout.backend == RolloutBackend.vllm and tp > per_node:
@@ -175,7 +221,7 @@ def rollout_tp_within_node(s: RunSpec) -> Iterator[Violation]:
                 f"set rollout.tensor_parallel_size ≤ {per_node}")
 
 
-@rule
+@rule("pure")
 def rollout_batch_divisible_by_gbs(s: RunSpec) -> Iterator[Violation]:
     p, g, gbs = s.grpo.num_prompts_per_step, s.grpo.num_generations_per_prompt, s.train.global_batch_size
     rollouts = rollouts_per_step(s)
@@ -187,7 +233,7 @@ def rollout_batch_divisible_by_gbs(s: RunSpec) -> Iterator[Violation]:
                 f"set train.global_batch_size to a divisor of {rollouts}, e.g. {rollouts}")
 
 
-@rule
+@rule("pure")
 def gbs_divisible_by_dp(s: RunSpec) -> Iterator[Violation]:
     mp, world, gbs = train_model_parallel(s), train_devices(s), s.train.global_batch_size
     if mp <= 0 or world % mp:
@@ -204,7 +250,7 @@ def gbs_divisible_by_dp(s: RunSpec) -> Iterator[Violation]:
                 f"pick a micro batch that divides {gbs // dp}, or enable train.sequence_packing")
 
 
-@rule
+@rule("pure")
 def logprob_batch_divides(s: RunSpec) -> Iterator[Violation]:
     mp, world = train_model_parallel(s), train_devices(s)
     if mp <= 0 or world % mp or s.train.sequence_packing or s.train.logprob_batch_size < 1:
@@ -217,19 +263,7 @@ def logprob_batch_divides(s: RunSpec) -> Iterator[Violation]:
                 "make the rollouts per step a multiple of DP × logprob_batch_size")
 
 
-@rule
-def torch_backend_is_data_parallel_only(s: RunSpec) -> Iterator[Violation]:
-    t = s.train
-    if t.backend != TrainBackend.torch:
-        return
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size", "expert_parallel_size"):
-        if getattr(t, key) != 1:
-            yield V("torch_backend_is_data_parallel_only", (f"train.{key}", "train.backend"),
-                    f"the torch backend is data-parallel only, got train.{key}={getattr(t, key)}",
-                    f"set train.backend=megatron, or train.{key}=1")
-
-
-@rule
+@rule("pure")
 def expert_parallelism(s: RunSpec) -> Iterator[Violation]:
     t, m = s.train, s.model
     ep, etp, pp = t.expert_parallel_size, t.expert_tensor_parallel_size, t.pipeline_parallel_size
@@ -250,93 +284,7 @@ def expert_parallelism(s: RunSpec) -> Iterator[Violation]:
                 "choose EP·ETP dividing the devices of one pipeline stage")
 
 
-@rule
-def megatron_layouts(s: RunSpec) -> Iterator[Violation]:
-    t = s.train
-    if t.context_parallel_size > 1 and not t.sequence_packing:
-        yield V("megatron_layouts", ("train.sequence_packing", "train.context_parallel_size"),
-                f"context parallelism (CP={t.context_parallel_size}) needs sequence packing",
-                "set train.sequence_packing=true")
-    if t.sequence_parallel and t.tensor_parallel_size == 1:
-        yield V("megatron_layouts", ("train.sequence_parallel", "train.tensor_parallel_size"),
-                "sequence parallelism splits activations over the TP group, but TP=1", "set train.sequence_parallel=false")
-
-
-MOE_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
-MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
-
-
-@rule
-def megatron_moe(s: RunSpec) -> Iterator[Violation]:
-    """megatron-core's own MoE checks (TransformerConfig.__post_init__), before any GPU is asked for."""
-    t, m, moe = s.train, s.model, s.train.moe
-    if t.backend != TrainBackend.megatron or m.num_experts == 0:
-        return
-    if t.tensor_parallel_size > 1 and not t.sequence_parallel:
-        yield V("megatron_moe", ("train.sequence_parallel", "train.tensor_parallel_size", "model.num_experts"),
-                f"megatron refuses MoE with TP={t.tensor_parallel_size} in training without sequence parallelism",
-                "set train.sequence_parallel=true (needs Transformer Engine), or TP=1 with expert parallelism")
-    if moe.load_balancing_type not in MOE_LOAD_BALANCING:
-        yield V("megatron_moe", "train.moe.load_balancing_type", f"{moe.load_balancing_type!r} is not one of "
-                f"{', '.join(MOE_LOAD_BALANCING)}", "pick one of those (the seed recipe: none)")
-    elif moe.load_balancing_type == "none" and moe.aux_loss_coeff != 0:
-        yield V("megatron_moe", ("train.moe.aux_loss_coeff", "train.moe.load_balancing_type"),
-                f"aux_loss_coeff={moe.aux_loss_coeff} has no effect with load_balancing_type=none",
-                "set train.moe.aux_loss_coeff=0, or pick aux_loss / seq_aux_loss")
-    if moe.token_dispatcher not in MOE_DISPATCHERS:
-        yield V("megatron_moe", "train.moe.token_dispatcher", f"{moe.token_dispatcher!r} is not one of "
-                f"{', '.join(MOE_DISPATCHERS)}", "use alltoall (GPUs) or allgather")
-    if moe.router_dtype.value != "float32":
-        yield V("megatron_moe", "train.moe.router_dtype",
-                f"router_dtype={moe.router_dtype.value}: megatron computes the router in fp32 or in the model dtype; "
-                "the recipes use float32 (bf16 routing flips expert choices)", "set train.moe.router_dtype=float32")
-    if m.moe_top_k < 1 or m.moe_top_k > m.num_experts:
-        yield V("megatron_moe", ("model.moe_top_k", "model.num_experts"),
-                f"top-k {m.moe_top_k} must be within 1..{m.num_experts}", "fix model.moe_top_k")
-
-
-@rule
-def megatron_needs_transformer_engine(s: RunSpec) -> Iterator[Violation]:
-    """Features megatron-core implements only with Transformer Engine (or Apex) layers, when TE is declared absent."""
-    t = s.train
-    if t.backend != TrainBackend.megatron or t.transformer_engine is not False:
-        return
-    needs = []
-    if t.sequence_parallel:
-        needs.append(("train.sequence_parallel", "sequence parallelism (the torch norm refuses it)"))
-    if t.context_parallel_size > 1:
-        needs.append(("train.context_parallel_size", "context parallelism (TEDotProductAttention only)"))
-    if t.sequence_packing:
-        needs.append(("train.sequence_packing", "packed sequences (local attention refuses packed_seq_params)"))
-    if s.model.num_experts and t.tensor_parallel_size > 1:
-        needs.append(("train.tensor_parallel_size", "MoE with TP > 1 (needs sequence parallelism)"))
-    if s.model.num_experts and t.moe.token_dispatcher == "flex":
-        needs.append(("train.moe.token_dispatcher", "the flex dispatcher (TE + DeepEP)"))
-    for key, what in needs:
-        yield V("megatron_needs_transformer_engine", (key, "train.transformer_engine"),
-                f"{what} needs Transformer Engine, and train.transformer_engine=false",
-                f"turn {key} off, or run where Transformer Engine is installed")
-
-
-@rule
-def megatron_worker_implements_layout(s: RunSpec) -> Iterator[Violation]:
-    """What this build's megatron worker does not run yet. A dry run still renders the plan (so recipes
-    like nanov3 can be inspected); a real launch is refused here instead of inside the job."""
-    t = s.train
-    if t.backend != TrainBackend.megatron or s.dry_run:
-        return
-    gaps = [("train.pipeline_parallel_size", t.pipeline_parallel_size > 1, "pipeline parallelism"),
-            ("train.context_parallel_size", t.context_parallel_size > 1, "context parallelism (needs TE)"),
-            ("train.sequence_parallel", t.sequence_parallel, "sequence parallelism (needs TE)")]
-    for key, hit, what in gaps:
-        if hit:
-            yield V("megatron_worker_implements_layout", (key, "train.backend"),
-                    f"{what} is not implemented by this build's megatron worker ({key}={getattr(t, key.split('.')[1])})",
-                    f"set {key} to {'false' if key.endswith('parallel') else 1}, or train.backend=torch; "
-                    "dry_run=true still shows the plan")
-
-
-@rule
+@rule("pure")
 def tp4_logprob_batch_matches_micro_batch(s: RunSpec) -> Iterator[Violation]:
     """NeMo-RL's check 13: with TP ≥ 4, logprobs of the same tokens differ between batch sizes (reduction order),
     so the 'old' logprobs (logprob batch) and the update's (micro batch) disagree on-policy."""
@@ -349,36 +297,7 @@ def tp4_logprob_batch_matches_micro_batch(s: RunSpec) -> Iterator[Violation]:
                 f"set train.logprob_batch_size={t.micro_batch_size}")
 
 
-@rule
-def megatron_shapes(s: RunSpec) -> Iterator[Violation]:
-    """Shapes our HF↔Megatron mapping and the worker's row sharding need."""
-    t, m = s.train, s.model
-    if t.backend != TrainBackend.megatron:
-        return
-    tp, pp = t.tensor_parallel_size, t.pipeline_parallel_size
-    if tp > 0 and m.num_kv_heads % tp:
-        yield V("megatron_shapes", ("train.tensor_parallel_size", "model.num_kv_heads"),
-                f"{m.num_kv_heads} KV heads cannot be split over TP={tp} (the fused QKV is split by KV group)",
-                f"use a train.tensor_parallel_size dividing {m.num_kv_heads}")
-    if tp > 0 and m.vocab_size % tp:
-        yield V("megatron_shapes", ("train.tensor_parallel_size", "model.vocab_size"),
-                f"vocab {m.vocab_size} is not divisible by TP={tp} (vocab-parallel embedding and output layer)",
-                f"use a train.tensor_parallel_size dividing {m.vocab_size}")
-    if pp > 0 and m.num_layers % pp:
-        yield V("megatron_shapes", ("train.pipeline_parallel_size", "model.num_layers"),
-                f"{m.num_layers} layers do not split evenly over PP={pp}", f"use a PP dividing {m.num_layers}")
-    if t.core_attention not in ("sdpa", "local"):
-        yield V("megatron_shapes", "train.core_attention", f"{t.core_attention!r} is not sdpa or local",
-                "set train.core_attention=sdpa")
-    world, rollouts = train_devices(s), rollouts_per_step(s)
-    if world > 0 and (t.global_batch_size % world or rollouts % world):
-        yield V("megatron_shapes", ("train.global_batch_size", "grpo.num_prompts_per_step"),
-                f"the driver gives each of the {world} ranks an equal row shard (model-parallel ranks gather "
-                f"theirs): global batch {t.global_batch_size} and rollouts {rollouts} must be multiples of {world}",
-                f"use multiples of {world}")
-
-
-@rule
+@rule("pure")
 def heads_divide(s: RunSpec) -> Iterator[Violation]:
     m = s.model
     if m.num_attention_heads < 1 or m.num_kv_heads < 1 or m.hidden_size % m.num_attention_heads:
@@ -404,7 +323,7 @@ def heads_divide(s: RunSpec) -> Iterator[Violation]:
 # ---------------------------------------------------------------- lengths --------------------
 
 
-@rule
+@rule("pure")
 def sequence_lengths(s: RunSpec) -> Iterator[Violation]:
     prompt, new, total = s.env.max_prompt_tokens, s.rollout.max_new_tokens, s.train.max_total_sequence_length
     if prompt + new > total:
@@ -430,40 +349,7 @@ def sequence_lengths(s: RunSpec) -> Iterator[Violation]:
 # ---------------------------------------------------------------- rollout --------------------
 
 
-@rule
-def gym_needs_async_http_vllm(s: RunSpec) -> Iterator[Violation]:
-    """The seed recipe's first review bug: NeMo Gym talks to the engine over HTTP, async."""
-    if s.env.name != EnvName.nemo_gym:
-        return
-    r = s.rollout
-    if r.backend != RolloutBackend.vllm:
-        yield V("gym_needs_async_http_vllm", ("rollout.backend", "env.name"),
-                "env=nemo_gym drives generation through vLLM's HTTP server", "set rollout=vllm")
-    if not r.async_engine:
-        yield V("gym_needs_async_http_vllm", ("rollout.async_engine", "env.name"),
-                "env=nemo_gym needs the async vLLM engine (NeMo-RL asserts this only after start-up; "
-                "its runner silently rewrites the value)", "set rollout.async_engine=true")
-    if not r.expose_http_server:
-        yield V("gym_needs_async_http_vllm", ("rollout.expose_http_server", "env.name"),
-                "env=nemo_gym sends its requests to the engine's OpenAI-compatible server",
-                "set rollout.expose_http_server=true")
-    if not s.env.gym_config_paths:
-        yield V("gym_needs_async_http_vllm", ("env.gym_config_paths",),
-                "no Gym resource-server configs given", "list at least the vllm_model_for_training config")
-
-
-@rule
-def gym_preflight(s: RunSpec) -> Iterator[Violation]:
-    """env=nemo_gym: Gym configs, servers installed, rows and one agent per agent_ref (grpo_launcher/gym/preflight.py)."""
-    if s.env.name != EnvName.nemo_gym:
-        return
-    from ..gym.preflight import check as gym_check
-
-    for keys, message, fix in gym_check(s):
-        yield V("gym_preflight", keys, message, fix)
-
-
-@rule
+@rule("pure")
 def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
     r = s.rollout
     if r.backend == RolloutBackend.vllm:
@@ -492,7 +378,7 @@ def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
                 "set rollout=vllm, or the rollout parallel sizes to 1")
 
 
-@rule
+@rule("pure")
 def vllm_engine_memory_and_length(s: RunSpec) -> Iterator[Violation]:
     """What vLLM itself would refuse at start-up (minutes into a job): the engine length and a bounded KV cache."""
     r, m = s.rollout, s.model
@@ -523,7 +409,7 @@ def vllm_engine_memory_and_length(s: RunSpec) -> Iterator[Violation]:
                 f"must be in (0, 1], got {r.gpu_memory_utilization}", "e.g. rollout.gpu_memory_utilization=0.5")
 
 
-@rule
+@rule("pure")
 def sampling_keeps_logprobs_exact(s: RunSpec) -> Iterator[Violation]:
     r = s.rollout
     if r.temperature <= 0:
@@ -534,7 +420,7 @@ def sampling_keeps_logprobs_exact(s: RunSpec) -> Iterator[Violation]:
 # ---------------------------------------------------------------- loss -----------------------
 
 
-@rule
+@rule("pure")
 def loss_ranges(s: RunSpec) -> Iterator[Violation]:
     lo = s.loss
     if not 0 <= lo.clip_low < 1:
@@ -553,7 +439,7 @@ def loss_ranges(s: RunSpec) -> Iterator[Violation]:
                 "set loss.dynamic_sampling_max_rounds=3")
 
 
-@rule
+@rule("pure")
 def sequence_ratios_need_sequence_loss(s: RunSpec) -> Iterator[Violation]:
     lo = s.loss
     if lo.ratio_level == RatioLevel.sequence and lo.aggregation == Aggregation.token_mean:
@@ -562,7 +448,7 @@ def sequence_ratios_need_sequence_loss(s: RunSpec) -> Iterator[Violation]:
                 "set loss.aggregation=seq_mean_token_mean")
 
 
-@rule
+@rule("pure")
 def importance_sampling_truncation(s: RunSpec) -> Iterator[Violation]:
     lo, low = s.loss, s.loss.is_threshold_low
     if low is not None and lo.is_truncation != ISTruncation.icepop:
@@ -589,7 +475,7 @@ def importance_sampling_truncation(s: RunSpec) -> Iterator[Violation]:
 # ---------------------------------------------------------------- placement / async GRPO ---
 
 
-@rule
+@rule("pure")
 def separate_rollout_devices(s: RunSpec) -> Iterator[Violation]:
     """cluster.rollout_devices: engines on devices of their own, after the policy's (train/workers.py)."""
     n, world = rollout_devices(s), world_size(s)
@@ -624,7 +510,7 @@ def async_placement(s: RunSpec, cli_keys: Iterable[str]) -> RunSpec:
     return dataclasses.replace(s, cluster=picked)
 
 
-@rule
+@rule("pure")
 def async_grpo_combinations(s: RunSpec) -> Iterator[Violation]:
     """grpo.async_grpo (train/async_loop.py): what async GRPO needs, and what it does not support."""
     a, name = s.grpo.async_grpo, "async_grpo_combinations"
@@ -665,7 +551,7 @@ def async_grpo_combinations(s: RunSpec) -> Iterator[Violation]:
                 "set loss.importance_sampling_correction=true (e.g. with loss.is_truncation=tis loss.is_threshold=2)")
 
 
-@rule
+@rule("pure")
 def optimizer_ranges(s: RunSpec) -> Iterator[Violation]:
     """Values both backends would accept and then train wrongly with (or not at all)."""
     t = s.train
@@ -686,7 +572,7 @@ def optimizer_ranges(s: RunSpec) -> Iterator[Violation]:
 # ---------------------------------------------------------------- validation / checkpoints --
 
 
-@rule
+@rule("pure")
 def validation_sizes(s: RunSpec) -> Iterator[Violation]:
     """The seed's second review bug: `max_val_samples: null` must mean 'all', never crash."""
     g = s.grpo
@@ -700,7 +586,7 @@ def validation_sizes(s: RunSpec) -> Iterator[Violation]:
                 f"raise grpo.max_val_samples to ≥ {g.val_batch_size}, lower the batch, or use null (= all)")
 
 
-@rule
+@rule("pure")
 def checkpoint_metric_is_produced(s: RunSpec) -> Iterator[Violation]:
     c, g = s.checkpoint, s.grpo
     if not c.enabled:
@@ -720,7 +606,7 @@ def checkpoint_metric_is_produced(s: RunSpec) -> Iterator[Violation]:
                     f"make checkpoint.save_period a multiple of {g.val_period}")
 
 
-@rule
+@rule("pure")
 def checkpoint_metric_direction(s: RunSpec) -> Iterator[Violation]:
     c = s.checkpoint
     higher = METRIC_HIGHER_IS_BETTER.get(c.metric)
@@ -734,7 +620,7 @@ def checkpoint_metric_direction(s: RunSpec) -> Iterator[Violation]:
 # ---------------------------------------------------------------- cluster --------------------
 
 
-@rule
+@rule("pure")
 def ray_object_store_minimum(s: RunSpec) -> Iterator[Violation]:
     mb = s.cluster.object_store_memory_mb
     if mb < RAY_MIN_OBJECT_STORE_MB:
@@ -743,7 +629,7 @@ def ray_object_store_minimum(s: RunSpec) -> Iterator[Violation]:
                 "(ray start fails on every node)", f"set cluster.object_store_memory_mb ≥ {RAY_MIN_OBJECT_STORE_MB}")
 
 
-@rule
+@rule("pure")
 def local_is_one_node(s: RunSpec) -> Iterator[Violation]:
     if s.cluster.kind == ClusterKind.local and s.cluster.nodes != 1 and s.cluster.ray_address is None:
         yield V("local_is_one_node", ("cluster.nodes", "cluster.kind"),
@@ -751,10 +637,10 @@ def local_is_one_node(s: RunSpec) -> Iterator[Violation]:
                 "use cluster=slurm for several nodes")
 
 
-@rule
+@rule("probe")
 def local_gpus_present(s: RunSpec) -> Iterator[Violation]:
     """cluster=local asking for GPUs this machine does not have: Ray would wait forever for them."""
-    if s.cluster.kind != ClusterKind.local or s.cluster.gpus_per_node <= 0 or s.dry_run or s.cluster.ray_address:
+    if s.cluster.kind != ClusterKind.local or s.cluster.gpus_per_node <= 0 or s.cluster.ray_address:
         return  # an existing Ray cluster's GPUs are its nodes', not this machine's
     import torch  # only for a GPU request: device_count reads the driver (NVML) without starting CUDA
 
@@ -767,34 +653,47 @@ def local_gpus_present(s: RunSpec) -> Iterator[Violation]:
                 + ", or run on a GPU node / with cluster=slurm")
 
 
-@rule
+RAY_ADDRESS_FIX = ("cluster.ray_address=HOST:PORT of the cluster's head (its GCS port, `ray start --head --port`), "
+                   "or RAY_ADDRESS")
+
+
+def ray_host_port(address: str) -> tuple[str, int] | None:
+    host, _, port = address.rpartition(":")
+    return None if not host or not port.isdigit() or "://" in address else (host.strip("[]"), int(port))
+
+
+@rule("pure")
 def ray_cluster_reachable(s: RunSpec) -> Iterator[Violation]:
-    """cluster=ray: an address is given, HOST:PORT, and something listens there (Ray's own connect would retry for
-    a minute and end in a traceback). Its auth is checked when the driver joins (launch/local.py)."""
+    """cluster=ray: an address is given, HOST:PORT (ray_cluster_answers: something listens there). Its auth is
+    checked when the driver joins (launch/local.py)."""
     address = s.cluster.ray_address
-    fix = "cluster.ray_address=HOST:PORT of the cluster's head (its GCS port, `ray start --head --port`), or RAY_ADDRESS"
     if address is None:
         return
     if s.cluster.kind != ClusterKind.local:
         yield V("ray_cluster_reachable", ("cluster.ray_address", "cluster.kind"), "an existing Ray cluster is joined "
                 f"by a driver on this machine (cluster=ray), not by a {s.cluster.kind.value} job", "use cluster=ray")
-        return
-    host, _, port = address.rpartition(":")
-    if not address or not host or not port.isdigit() or "://" in address:
+    elif ray_host_port(address) is None:
         yield V("ray_cluster_reachable", "cluster.ray_address", f"cluster=ray needs the cluster's address HOST:PORT, "
-                f"got {address!r}" + (" (RAY_ADDRESS is unset)" if not address else ""), fix)
-        return
-    if s.dry_run:
+                f"got {address!r}" + (" (RAY_ADDRESS is unset)" if not address else ""), RAY_ADDRESS_FIX)
+
+
+@rule("probe", name="ray_cluster_reachable")
+def ray_cluster_answers(s: RunSpec) -> Iterator[Violation]:
+    """Something listens at cluster=ray's address (Ray's own connect would retry for a minute, then a traceback)."""
+    address = s.cluster.ray_address
+    where = ray_host_port(address) if address and s.cluster.kind == ClusterKind.local else None
+    if where is None:
         return
     import socket
 
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        socket.create_connection(where, timeout=5).close()
     except OSError as exc:
-        yield V("ray_cluster_reachable", "cluster.ray_address", f"no Ray cluster answers at {address}: {exc}", fix)
+        yield V("ray_cluster_reachable", "cluster.ray_address", f"no Ray cluster answers at {address}: {exc}",
+                RAY_ADDRESS_FIX)
 
 
-@rule
+@rule("pure")
 def slurm_fields(s: RunSpec) -> Iterator[Violation]:
     c = s.cluster
     if c.kind != ClusterKind.slurm:
@@ -816,7 +715,7 @@ def slurm_fields(s: RunSpec) -> Iterator[Violation]:
                     "list names only (values are read from the environment at submission)")
 
 
-@rule
+@rule("pure")
 def ray_temp_dir_short(s: RunSpec) -> Iterator[Violation]:
     d = s.cluster.ray_temp_dir
     if len(d) > 40 or not d.startswith("/"):
@@ -831,7 +730,7 @@ JOB_PORT_SLOTS = 16  # = launch.sbatch.JOB_PORT_SLOTS (kept here: rules must not
 PORT_BLOCK = 200  # ports one node uses from cluster.ray_port on (plan.PORT_OFFSETS: 0-8 and 100-199)
 
 
-@rule
+@rule("pure")
 def shell_values(s: RunSpec) -> Iterator[Violation]:
     c = s.cluster
     if c.kind != ClusterKind.slurm:
@@ -848,7 +747,7 @@ def shell_values(s: RunSpec) -> Iterator[Violation]:
                     "e.g. cluster.container_mounts=[/data:/data:ro]")
 
 
-@rule
+@rule("pure")
 def slurm_log_paths(s: RunSpec) -> Iterator[Violation]:
     """sbatch/srun --output expand %-patterns (a % is escaped as %%), and one backslash switches every pattern
     of the name off (the job log would lose its %j): the run dir must not hold a backslash."""
@@ -860,7 +759,7 @@ def slurm_log_paths(s: RunSpec) -> Iterator[Violation]:
                     "use a path without backslashes")
 
 
-@rule
+@rule("pure")
 def slurm_node_shape(s: RunSpec) -> Iterator[Violation]:
     """GPUs per node vs the cluster's nodes; containers; the Ray port block per node."""
     c = s.cluster
@@ -893,7 +792,7 @@ def slurm_node_shape(s: RunSpec) -> Iterator[Violation]:
                 "lower cluster.ray_port, cluster.node_port_stride or cluster.job_port_stride")
 
 
-@rule
+@rule("pure")
 def time_budget(s: RunSpec) -> Iterator[Violation]:
     c = s.cluster
     try:
@@ -919,7 +818,7 @@ def time_budget(s: RunSpec) -> Iterator[Violation]:
                 f"set checkpoint.must_save_by ≤ {limit - CHECKPOINT_MARGIN_S}s before cluster.time")
 
 
-@rule
+@rule("pure")
 def safe_names(s: RunSpec) -> Iterator[Violation]:
     if not SAFE_NAME.fullmatch(s.name):
         yield V("safe_names", "name", f"run name {s.name!r} becomes a directory and a job name",
@@ -930,10 +829,10 @@ def safe_names(s: RunSpec) -> Iterator[Violation]:
                 "characters", "use a name like my-run_1")
 
 
-@rule
+@rule("probe")
 def local_paths_exist(s: RunSpec) -> Iterator[Violation]:
     """Paths a local run reads must exist here (a Slurm job's paths live on the cluster's filesystem)."""
-    if s.cluster.kind != ClusterKind.local or s.dry_run:
+    if s.cluster.kind != ClusterKind.local:
         return
     if s.model.path and not Path(s.model.path).is_dir():
         yield V("local_paths_exist", "model.path", f"no model directory at {s.model.path}",
@@ -988,7 +887,7 @@ def value_problem(value: object) -> str | None:
     return f"unexpected value of type {type(value).__name__}"
 
 
-@rule
+@rule("pure")
 def field_values(s: RunSpec) -> Iterator[Violation]:
     """Every leaf value: finite floats, int32-sized integers, one-line text without `${`, flat lists."""
     for key, value in leaf_values(s):
@@ -997,103 +896,25 @@ def field_values(s: RunSpec) -> Iterator[Violation]:
             yield V("field_values", key, why, f"set {key} to a plain, finite, one-line value")
 
 
-def gym_available() -> bool:
-    """Can this build run env=nemo_gym? NeMo Gym's own venv (`make gym`; grpo_launcher/gym/install.py) is there."""
-    try:
-        from ..gym.install import installed
-    except Exception:  # the gym package itself is broken: the run could not start either
-        return False
-    return installed()
-
-
-def _hybrid_kernels(family: str) -> str:
-    """What the megatron path for nemotron_h lacks: a worker (its names are mapped), mamba-ssm / TE where absent."""
-    if family != "nemotron_h":
-        return ""
-    from importlib.util import find_spec
-
-    absent = [name for name, mod in (("mamba-ssm", "mamba_ssm"), ("Transformer Engine", "transformer_engine"))
-              if find_spec(mod) is None]
-    need = f"; its Mamba layers also need {' and '.join(absent)}, not installed here" if absent else ""
-    return ("; only its weight names are mapped, on paper (policy/megatron_convert.py hybrid_*): no worker "
-            f"builds megatron-core's MambaModel{need}")
-
-
-def build_gaps(s: RunSpec) -> Iterator[tuple[tuple[str, ...], str, str]]:
-    """(keys, what is missing, fix) for each part of the spec this build cannot run."""
-    m = s.model
-    if s.train.backend == TrainBackend.megatron:
-        from ..policy.megatron_families import CPU_SHIM_ENV, FAMILIES
-
-        if m.family not in FAMILIES:
-            yield (("model.family", "train.backend"), f"the megatron backend has no mapping for model.family="
-                   f"{m.family} (it maps {', '.join(FAMILIES)}){_hybrid_kernels(m.family)}",
-                   "use train.backend=torch (any transformers causal LM, nemotron_h included)")
-        if s.cluster.gpus_per_node == 0 and not os.environ.get(CPU_SHIM_ENV):
-            yield (("train.backend", "cluster.gpus_per_node"), "megatron-core hard-codes CUDA: the megatron backend "
-                   f"needs GPUs (on CPU only this repo's tests run it, with {CPU_SHIM_ENV}=1)",
-                   "use train.backend=torch on CPU, or set cluster.gpus_per_node")
-    moe = s.train.moe
-    if s.train.backend == TrainBackend.torch and m.num_experts and moe.load_balancing_type != "none" \
-            and moe.aux_loss_coeff > 0:
-        yield (("train.moe.aux_loss_coeff", "train.backend"), "the torch backend trains MoE models without a router "
-               f"balancing loss (train.moe.load_balancing_type={moe.load_balancing_type}, aux_loss_coeff="
-               f"{moe.aux_loss_coeff:g} are megatron's)", "set train.moe.aux_loss_coeff=0, or train.backend=megatron")
-    for package, why in untested(s):
-        yield (("cluster.untested_versions",), f"{why} (this interpreter's, which the run uses)",
-               f"install a tested {package} (src/grpo_launcher/spec/versions.py), or set cluster.untested_versions=true")
-    if s.env.name == EnvName.nemo_gym and not gym_available():
-        yield (("env.name",), "env=nemo_gym needs NeMo Gym and its resource servers, which this build does not "
-               "have installed", "use env=toy|math|dataset, or install NeMo Gym (scripts/gym-install.sh)")
-    if s.train.sequence_packing and s.train.backend != TrainBackend.torch:
-        yield (("train.sequence_packing", "train.backend"), "sequence packing is implemented by the torch backend "
-               "only (policy/packing.py)", "set train.backend=torch, or train.sequence_packing=false")
-    elif s.train.sequence_packing and m.family == "nemotron_h":
-        yield (("train.sequence_packing", "model.family"), "model.family=nemotron_h has Mamba layers, whose torch "
-               "path takes no seq_idx: a packed row's recurrent state would run on from one sequence into the next",
-               "set train.sequence_packing=false")
-    if s.train.fused_kernels:
-        from importlib.util import find_spec
-
-        from ..policy.fused import FAMILIES as LIGER
-
-        liger = s.train.backend == TrainBackend.torch  # megatron: its own torch.compile'd fusions, GPUs only
-        missing = [what for what, ok in ((f"model.family in {sorted(LIGER)}", not liger or m.family in LIGER),
-                                         ("GPUs", s.cluster.gpus_per_node > 0),
-                                         ("liger-kernel installed", not liger or find_spec("liger_kernel") is not None))
-                   if not ok]
-        if missing:
-            what = "Liger's fused kernels (Triton)" if liger else "megatron-core's fused kernels"
-            yield (("train.fused_kernels",), f"{what} need {', '.join(missing)}",
-                   "set train.fused_kernels=null (on where they apply) or false")
-    builds = (m.family == "qwen2" and not m.num_experts) or (m.family == "nemotron_h" and m.num_experts > 0)
-    if m.path is None and (not builds or m.tie_word_embeddings):
-        yield (("model.path", "model.family", "model.num_experts", "model.tie_word_embeddings"),
-               f"model.path=null builds an untied dense Qwen2 or MoE nemotron_h model here (models/), not "
-               f"family={m.family}, num_experts={m.num_experts}, tie_word_embeddings={m.tie_word_embeddings}",
-               "set model.path to an HF checkpoint directory of that architecture")
-
-
-@rule
+@rule("probe")
 def build_implements_run(s: RunSpec) -> Iterator[Violation]:
     """Backend × family × layout × env this build cannot run: refused before anything is started or submitted
-    (a dry run still plans and renders, so recipes for other builds stay inspectable)."""
-    if s.dry_run:
-        return
-    for keys, what, fix in build_gaps(s):
-        yield V("build_implements_run", keys, what, f"{fix}; dry_run=true still shows the plan")
+    (a dry run still plans and renders, so recipes for other builds stay inspectable). The rooms check their own
+    parts under this name (policy/rules.py, gym/rules.py)."""
+    m = s.model
+    for package, why in untested(s):
+        yield build_gap(("cluster.untested_versions",), f"{why} (this interpreter's, which the run uses)",
+                        f"install a tested {package} (src/grpo_launcher/spec/versions.py), or set "
+                        "cluster.untested_versions=true")
+    builds = (m.family == "qwen2" and not m.num_experts) or (m.family == "nemotron_h" and m.num_experts > 0)
+    if m.path is None and (not builds or m.tie_word_embeddings):
+        yield build_gap(("model.path", "model.family", "model.num_experts", "model.tie_word_embeddings"),
+                        f"model.path=null builds an untied dense Qwen2 or MoE nemotron_h model here (models/), not "
+                        f"family={m.family}, num_experts={m.num_experts}, tie_word_embeddings={m.tie_word_embeddings}",
+                        "set model.path to an HF checkpoint directory of that architecture")
 
 
-@rule
-def env_data_and_code(s: RunSpec) -> Iterator[Violation]:
-    """What the user brings to the env section: Env class, data files (keys, rows, lines), reward functions
-    (importable, callable, signature), prompt lengths under the chat template. See envs/preflight.py."""
-    from ..envs.preflight import check_env
-
-    yield from check_env(s)
-
-
-@rule
+@rule("pure")
 def trackers_installed(s: RunSpec) -> Iterator[Violation]:
     """logging.wandb and logging.tensorboard need their packages (dependencies of this package); the W&B project
     (WANDB_PROJECT, else logging.experiment) must be a name wandb's own settings accept."""
@@ -1119,7 +940,7 @@ def trackers_installed(s: RunSpec) -> Iterator[Violation]:
                 "pip install tensorboard (a dependency of this package: reinstall it), or logging.tensorboard=false")
 
 
-@rule
+@rule("probe")
 def run_name_not_finished(s: RunSpec) -> Iterator[Violation]:
     """Re-launching a finished run's name would train nothing (and overwrite its summary): refused."""
     from ..finished import finished_problem
@@ -1129,7 +950,7 @@ def run_name_not_finished(s: RunSpec) -> Iterator[Violation]:
         yield V("run_name_not_finished", ("name", "checkpoint.resume", "grpo.max_steps"), *problem)
 
 
-@rule
+@rule("probe")
 def run_name_checkpoints_compatible(s: RunSpec) -> Iterator[Violation]:
     """Resuming a run name whose newest checkpoint was written by another model, parallelism or env would be
     refused by the job after it had built a model and rewritten spec.yaml: refused here, nothing touched."""
@@ -1137,7 +958,7 @@ def run_name_checkpoints_compatible(s: RunSpec) -> Iterator[Violation]:
     from ..finished import last_checkpoint_step
 
     run_dir = Path(s.output_root).resolve() / s.name
-    step = None if s.dry_run or s.checkpoint.resume != Resume.auto else last_checkpoint_step(run_dir)
+    step = None if s.checkpoint.resume != Resume.auto else last_checkpoint_step(run_dir)
     if step is None:
         return
     try:
@@ -1155,7 +976,7 @@ def run_name_checkpoints_compatible(s: RunSpec) -> Iterator[Violation]:
 # ---------------------------------------------------------------- memory (spec/memory.py) ----
 
 
-@rule
+@rule("pure")
 def gpu_memory_fits(s: RunSpec) -> Iterator[Violation]:
     """The memory pre-flight: the plan's peak per GPU against cluster.gpu_memory_gib (null: skipped)."""
     from .memory import violations as memory_violations
@@ -1163,7 +984,7 @@ def gpu_memory_fits(s: RunSpec) -> Iterator[Violation]:
     yield from memory_violations(s)
 
 
-@rule
+@rule("pure")
 def deadlines_health_keys(s: RunSpec) -> Iterator[Violation]:
     """The engines' health probe and restart cap (deadlines.py EngineProbe, train/driver.py recover)."""
     d = s.deadlines

@@ -1,0 +1,18 @@
+"""The env room's pre-flight rule (registered with spec/rules.py, whose validate() imports this module)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..spec.errors import Violation
+from ..spec.rules import rule
+from ..spec.schema import RunSpec
+
+
+@rule("pure")
+def env_data_and_code(s: RunSpec) -> Iterator[Violation]:
+    """What the user brings to the env section: Env class, data files (keys, rows, lines), reward functions
+    (importable, callable, signature), prompt lengths under the chat template. See envs/preflight.py."""
+    from .preflight import check_env
+
+    yield from check_env(s)
