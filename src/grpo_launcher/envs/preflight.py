@@ -1,6 +1,6 @@
 """Pre-flight for what a user brings to the env section: the Env class, the data files, the reward functions
 and the prompts (length under the chat template). Each problem is a Violation naming the key and the file
-(and line); called by the `env_data_and_code` rule in spec/rules.py before anything is started.
+(and line); called by the `env_data_and_code` rule in envs/rules.py before anything is started.
 
 The data is read once per pre-flight (the verdict is kept for the same spec and files: a dry run's second
 pass, real_launch_problems, reuses it); a file over PROGRESS_BYTES says what it is doing on stderr. Each reward
