@@ -12,6 +12,7 @@ per-phase times are read from RUN_DIR/metrics.jsonl. TRL runs the harness in ../
     python benchmarks/gpu_step.py --only ours-torch,ours-vllm-torch,ours-vllm-megatron   # HF engine vs vLLM
 
     python benchmarks/gpu_step.py --worker --out OUT      # the torch worker alone: before/after per change, packing
+    python benchmarks/gpu_step.py --worker --fsdp --out OUT   # ... one GPU: replicated vs FSDP2 vs FSDP2 + offload
 
 `ours-vllm-<backend>` rows: `rollout=vllm` (vLLM's CUDA build, an engine actor beside the policy on the same GPU,
 CUDA graphs on: rollout.enforce_eager=false), refit over CUDA IPC (rollout/vllm_compat.py).
@@ -129,6 +130,13 @@ WORKER_ROWS = [
     ("long-tailed lengths, unpacked", [], True, True, True),
     ("long-tailed lengths, train.sequence_packing=true", ["train.sequence_packing=true"], True, True, True),
 ]
+# --fsdp (issue 26): today's one-GPU path (the plain module, autocast) vs FSDP2 on the same one GPU (no spec key asks
+# for it on one rank: fsdp.shard applied here, as init_distributed applies it over several) vs train.cpu_offload
+FSDP_ROWS = [
+    ("replicated (one rank: the plain module, autocast)", [], True, True, False),
+    ("FSDP2 on one GPU (fully_shard at world 1)", ["FSDP2"], True, True, False),
+    ("FSDP2 + train.cpu_offload (shards, grads, AdamW on the host)", ["train.cpu_offload=true"], True, True, False),
+]
 
 
 def bench_batch(long_tail: bool, vocab: int, seed: int = 0):
@@ -171,11 +179,14 @@ def worker_rows(args, peak: float) -> list[dict]:
                                         lb=2 * MICRO) if not o.startswith(("rollout.max_new", "env.max_prompt"))]
     base += [f"rollout.max_new_tokens={NEW}", f"env.max_prompt_tokens={PROMPT}"]
     rows = []
-    for label, extra, kept, liger, long_tail in WORKER_ROWS:
+    for label, extra, kept, liger, long_tail in FSDP_ROWS if args.fsdp else WORKER_ROWS:
         cpu = [] if torch.cuda.is_available() else ["cluster.gpus_per_node=0"]  # a CPU smoke run of the code
-        spec = to_spec(compose([*base, *extra, *cpu, f"train.fused_kernels={str(liger and not cpu).lower()}"]))
+        overrides = [o for o in extra if o != "FSDP2"]
+        spec = to_spec(compose([*base, *overrides, *cpu, f"train.fused_kernels={str(liger and not cpu).lower()}"]))
         try:
             w = TorchPolicyWorker(spec, str(model_dir), 0, 1)
+            if "FSDP2" in extra or w.sharded:
+                one_rank_fsdp(w, force="FSDP2" in extra)
         except Exception as exc:  # noqa: BLE001  (e.g. Liger absent: the row says so, the others run)
             rows.append({"row": label, "error": f"{type(exc).__name__}: {exc}"[:200]})
             continue
@@ -210,7 +221,31 @@ def worker_rows(args, peak: float) -> list[dict]:
         del w, prev
         gc.collect()
         torch.cuda.empty_cache()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     return rows
+
+
+def one_rank_fsdp(w, force: bool) -> None:
+    """A one-rank process group and the worker's own FSDP2 set-up (train.cpu_offload: init_distributed does it);
+    force: shard the plain module in place (fsdp.shard) and rebuild the optimizer over the shards."""
+    import socket
+
+    import torch
+
+    from grpo_launcher.policy import fsdp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if not force:
+        w.init_distributed("127.0.0.1", port)
+        return
+    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                         init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    w.sharded, w.autocast = True, False
+    fsdp.shard(w.model, w.bf16)
+    w._build_optimizer()
 
 
 def worker_markdown(rows: list[dict], peak: float) -> str:
@@ -253,6 +288,8 @@ def main() -> int:
                     help="ours: one more step under logging.profile_step (kernel classes per phase), not in the medians")
     ap.add_argument("--worker", action="store_true",
                     help="instead: the torch worker's update and logprob pass alone, per change (WORKER_ROWS)")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="with --worker: one GPU, replicated vs FSDP2 vs FSDP2 + train.cpu_offload (FSDP_ROWS)")
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

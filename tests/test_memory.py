@@ -285,3 +285,23 @@ def test_cli_dry_run_prints_the_line_and_refuses_2_nodes():
     p = launch(*NANOV3, "cluster.nodes=2", "rollout.sleep_mode=false", timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("config error")
     assert "gpu_memory_fits" in p.stderr and "cluster.nodes=" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cpu_offload_moves_the_shards_to_the_host():
+    """train.cpu_offload (FSDP2's CPUOffloadPolicy, also on one rank): the GPU keeps no weights, grads, AdamW state
+    or step temp, only the gathered layers (+ their fp32 shards copied in) and the activations; each node's host
+    RAM holds its ranks' 20 B per parameter / DP. An 8B model on one 80 GB GPU: refused as it is, fits offloaded."""
+    one = ["model=llama3_1_8b", "rollout.max_new_tokens=16", "cluster=slurm", "dry_run=true",
+           "cluster.gpus_per_node=1", "train.precision=bfloat16", "train.micro_batch_size=1",
+           "train.logprob_batch_size=1", "train.global_batch_size=128"]
+    assert not mem.estimate(spec_of(one)).fits
+    e = mem.estimate(spec_of([*one, "train.cpu_offload=true"]))
+    n = mem.param_counts(mem.arch_of(spec_of(one))).total(mem.arch_of(spec_of(one)))
+    assert e.fits and [e.policy[k].bytes for k in ("weights", "grads", "optimizer", "optimizer step temp")] == [0] * 4
+    assert e.phases["generate"] == 0 and e.peak_phase == "train"
+    root, layer = 2 * 128256 * 4096 + 4096, e.policy["fsdp gradient buffers"].bytes / 10  # (2 + 4 + 4) B × layer
+    assert e.policy["fsdp gathered weights"].bytes == pytest.approx((2 + 4) * (root + 2 * layer))
+    assert e.host["offloaded shards"].bytes == 20 * n  # one rank per node, DP 1
+    assert e.context_gib == pytest.approx(mem.estimate(spec_of(one)).context_gib + 1.3)  # a 1-rank group: NCCL
+    eight = mem.estimate(spec_of([*one, "cluster.gpus_per_node=8", "train.cpu_offload=true"]))
+    assert eight.host["offloaded shards"].bytes == pytest.approx(8 * 20 * n / 8)  # 8 ranks per node, DP 8

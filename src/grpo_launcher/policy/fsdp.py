@@ -107,10 +107,12 @@ def load_model(model_dir: str, device: torch.device, sharded: bool) -> nn.Module
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
 
 
-def materialize(models: list[nn.Module], model_dir: str, device: torch.device) -> None:
+def materialize(models: list[nn.Module], model_dir: str, device: torch.device, offload: bool = False) -> None:
     """Sharded meta-device models -> real shards on `device`: rank 0 alone reads the weights (on the CPU), each
     rank receives its shards by broadcast (torch.distributed.checkpoint's broadcast_from_rank0); the buffers a
-    state dict leaves out (rotary inverse frequencies, ...) are broadcast as rank 0's copy computed them."""
+    state dict leaves out (rotary inverse frequencies, ...) are broadcast as rank 0's copy computed them.
+    offload (CPUOffloadPolicy): the shards on the CPU, as FSDP2 requires; the buffers, which it does not manage,
+    on `device`, where the layers compute."""
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -120,7 +122,7 @@ def materialize(models: list[nn.Module], model_dir: str, device: torch.device) -
     buffers = dict(full.named_buffers()) if full is not None else {}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     for model in models:
-        model.to_empty(device=device)
+        model.to_empty(device=torch.device("cpu") if offload else device)
         set_model_state_dict(model, dict(state), options=options)  # a copy: it puts shards in the dict it gets
         in_state = set(model.state_dict())
         for name, buf in model.named_buffers():
@@ -129,6 +131,9 @@ def materialize(models: list[nn.Module], model_dir: str, device: torch.device) -
                 if lead:
                     buf.copy_(buffers[name])
                 dist.broadcast(buf, src=0)
+        if offload:
+            for m in model.modules():
+                m._buffers.update({k: b.to(device) for k, b in m._buffers.items() if b is not None})
 
 
 def is_sharded(model: nn.Module) -> bool:

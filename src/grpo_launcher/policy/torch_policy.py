@@ -40,7 +40,10 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         self.spec, self.model_dir, self.rank, self.world = spec, str(model_dir), rank, world
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
-        self.model = fsdp.load_model(self.model_dir, self.device, sharded=world > 1)  # sharded: on meta
+        # FSDP2 over the DP ranks, applied once the process group exists; train.cpu_offload: also on one rank
+        self.offload = spec.train.cpu_offload and self.device.type == "cuda"
+        self.sharded = world > 1 or self.offload
+        self.model = fsdp.load_model(self.model_dir, self.device, sharded=self.sharded)  # sharded: on meta
         if spec.train.moe.freeze_router and spec.model.num_experts:
             fsdp.freeze_routers(self.model)
         if fused.wanted(spec.train.fused_kernels, spec.model.family, self.device):
@@ -54,7 +57,6 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             fsdp.checkpoint_layers(self.model)
         # fp32 master weights; bf16 compute on GPUs when train.precision=bfloat16 (autocast, or FSDP2's policy)
         self.bf16 = spec.train.precision == Precision.bfloat16 and self.device.type == "cuda"
-        self.sharded = world > 1  # FSDP2 over the DP ranks, applied once the process group exists
         self.autocast = self.bf16 and not self.sharded
         if not self.sharded:
             self._build_optimizer()
@@ -81,18 +83,20 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def init_distributed(self, host: str, port: int) -> None:
-        if self.world > 1:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if self.sharded:
+            # offload: the grad-norm and refit collectives run on the CPU shards (gloo), the layers' on the GPU
+            backend = ("cpu:gloo,cuda:nccl" if self.offload else "nccl") if torch.cuda.is_available() else "gloo"
             from datetime import timedelta  # the collective timeout matches the driver's deadlines (train/workers.py)
 
             limit = os.environ.get("GRPO_COLLECTIVE_TIMEOUT_S")
             dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                     world_size=self.world, timeout=timedelta(seconds=float(limit)) if limit else None)
         if self.sharded:
-            fsdp.shard(self.model, self.bf16)
+            fsdp.shard(self.model, self.bf16, self.offload)
             if self.ref is not None:
-                fsdp.shard(self.ref, self.bf16)
-            fsdp.materialize([m for m in (self.model, self.ref) if m is not None], self.model_dir, self.device)
+                fsdp.shard(self.ref, self.bf16, self.offload)
+            fsdp.materialize([m for m in (self.model, self.ref) if m is not None], self.model_dir, self.device,
+                             self.offload)
             self._build_optimizer()  # over the sharded parameters (fully_shard replaces them)
 
     # ------------------------------------------------------------------ logprobs
@@ -225,13 +229,13 @@ class TorchPolicyWorker(HybridRollout, Profiling):
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """Full weights on the device; sharded: gathered (a collective) and cast to the engine's dtype."""
         if self.sharded:
-            return fsdp.full_weights(self.model, dtype=engine_dtype(self.spec, self.device))
+            return fsdp.full_weights(self.model, dtype=engine_dtype(self.spec, self.device), device=self.device)
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def weight_items(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The refit's pairs; sharded: each weight gathered (in the engine's dtype) only when it is consumed."""
         if self.sharded:
-            return fsdp.iter_full_weights(self.model, dtype=engine_dtype(self.spec, self.device))
+            return fsdp.iter_full_weights(self.model, dtype=engine_dtype(self.spec, self.device), device=self.device)
         return super().weight_items()
 
     def save(self, directory: str) -> None:

@@ -447,7 +447,7 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
         if lo.kl_coef > 0:
             add("reference", wb * n, f"loss.kl_coef={lo.kl_coef:g}: {P} × {wb} B")
         step_tmp = 4 * opt_n
-    elif lay.dp > 1:
+    elif fsdp_sharded(spec):
         step_tmp = _torch_fsdp(spec, est, a, pc, n, lay.dp, act)
     else:
         add("weights", 4 * n, f"{P} params × 4 B (fp32: the torch worker loads fp32)")
@@ -464,7 +464,7 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     ckpt = t.activation_checkpointing
     # a layer's input under full recompute: megatron's and FSDP2's residual stream is in the compute dtype, the
     # unsharded torch worker's in fp32 (its master weights; autocast casts only inside the linears)
-    res = act if backend == "megatron" or lay.dp > 1 else 4
+    res = act if backend == "megatron" or fsdp_sharded(spec) else 4
     seq, resp = t.max_total_sequence_length, spec.rollout.max_new_tokens
     tokens = t.micro_batch_size * seq / lay.cp
     rtokens = t.micro_batch_size * resp / lay.cp
@@ -533,28 +533,47 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
         est.notes.append("extrapolated: PP/CP/SP/MoE activation terms (calibrated on dense TP=1 only)")
 
 
+def fsdp_sharded(spec: RunSpec) -> bool:
+    """The torch worker shards with FSDP2: over DP > 1 ranks, or on one rank for train.cpu_offload (on GPUs)."""
+    return spec.train.backend == TrainBackend.torch and (layout_of(spec).dp > 1 or offloaded(spec))
+
+
+def offloaded(spec: RunSpec) -> bool:
+    """train.cpu_offload where the worker applies it (torch_policy: a CUDA device; pre-flight refuses the rest)."""
+    return spec.train.cpu_offload and spec.train.backend == TrainBackend.torch and spec.cluster.gpus_per_node > 0
+
+
 def _torch_fsdp(spec: RunSpec, est: Estimate, a: Arch, pc: ParamCounts, n: float, dp: int, act: int) -> float:
-    """The torch worker's resident and FSDP2 items with DP > 1 (see the module doc); returns the step temp."""
+    """The torch worker's resident and FSDP2 items (see the module doc); returns the step temp. train.cpu_offload:
+    the shards, grads, AdamW state and the step run in host RAM (`host_estimate`); on the GPU the copied-in fp32
+    shards of the gathered layers and the reduce-scattered fp32 gradient shard are added."""
     it = est.policy
     P, S = _fmt_params(n), _fmt_params(n / dp)
-    it["weights"] = Item("weights", 4 * n / dp, f"{P} params × 4 B / DP {dp} (fp32 shards, FSDP2)")
-    it["grads"] = Item("grads", 4 * n / dp, f"{S} × 4 B (fp32 sharded grads)")
-    it["optimizer"] = Item("optimizer", 8 * n / dp, f"{S} × 8 B (AdamW m, v on the shards)")
+    off = offloaded(spec)
+    gpu = 0 if off else 1
+    where = " on the host (train.cpu_offload)" if off else ""
+    it["weights"] = Item("weights", gpu * 4 * n / dp, f"{P} params × 4 B / DP {dp} (fp32 shards, FSDP2){where}")
+    it["grads"] = Item("grads", gpu * 4 * n / dp, f"{S} × 4 B (fp32 sharded grads){where}")
+    it["optimizer"] = Item("optimizer", gpu * 8 * n / dp, f"{S} × 8 B (AdamW m, v on the shards){where}")
     if spec.loss.kl_coef > 0:
-        it["reference"] = Item("reference", 4 * n / dp, f"loss.kl_coef={spec.loss.kl_coef:g}: {S} × 4 B (sharded)")
+        it["reference"] = Item("reference", gpu * 4 * n / dp,
+                               f"loss.kl_coef={spec.loss.kl_coef:g}: {S} × 4 B (sharded){where}")
     root, layer = pc.embedding + pc.output + pc.final_norm, pc.largest_layer(a)
-    it["fsdp gathered weights"] = Item("fsdp gathered weights", act * (root + 2 * layer),
-                                       f"{act} B × (root {_fmt_params(root)} + 2 layers × {_fmt_params(layer)})")
-    it["fsdp gradient buffers"] = Item("fsdp gradient buffers", (act + 4) * layer,
+    copied = 4 * (root + 2 * layer) / dp if off else 0  # the fp32 shards copied in before each all-gather
+    it["fsdp gathered weights"] = Item("fsdp gathered weights", act * (root + 2 * layer) + copied,
+                                       f"{act} B × (root {_fmt_params(root)} + 2 layers × {_fmt_params(layer)})"
+                                       + (f" + their fp32 shards copied in (4 B / DP {dp})" if off else ""))
+    it["fsdp gradient buffers"] = Item("fsdp gradient buffers", (act + 4) * layer + (4 * layer / dp if off else 0),
                                        f"({act} + 4) B × {_fmt_params(layer)} (one layer's unsharded grad, fp32 "
-                                       "reduce-scatter input)")
+                                       "reduce-scatter input)" + (" + its fp32 shard before the copy out" if off
+                                                                  else ""))
     if spec.cluster.rollout_devices == 0:  # colocated engines refit from `weight_items` on the device
         eb = 2 if est.use_gpus and spec.train.precision == Precision.bfloat16 else 4  # rollout.hf.engine_dtype
         big = largest_tensor(a)
         ipc = min(IPC_BUFFER_BYTES, pc.total(a) * eb) if spec.rollout.backend == RolloutBackend.vllm else 0
         it["refit gather"] = Item("refit gather", eb * big + ipc, f"{_fmt_params(big)} × {eb} B (the largest "
                                   "tensor, gathered one at a time)" + (" + vLLM's IPC buffer" if ipc else ""))
-    return 4 * n / dp
+    return gpu * 4 * n / dp
 
 
 def largest_tensor(a: Arch) -> int:
@@ -651,7 +670,7 @@ def host_estimate(spec: RunSpec, est: Estimate) -> None:
         how = f"{per_node} ranks × {_fmt_params(total)} × 4 B (fp32 load before .to(device))"
         refit_b = 4
     # engines on devices of their own refit from state_dict(): a sharded torch policy gathers it on every rank
-    sharded = spec.train.backend == TrainBackend.torch and layout_of(spec).dp > 1
+    sharded = fsdp_sharded(spec)
     ranks = per_node if sharded and spec.cluster.rollout_devices > 0 else 1
     it["model load (start-up)"] = Item("model load (start-up)", load, how)
     it["refit copies (node 0)"] = Item("refit copies (node 0)", (ranks + 1) * total * refit_b,
@@ -659,11 +678,18 @@ def host_estimate(spec: RunSpec, est: Estimate) -> None:
     if sharded:  # checkpoints are full-state: rank 0 gathers fp32 weights + AdamW m, v on its host to write them
         it["checkpoint gather (node 0)"] = Item("checkpoint gather (node 0)", 12 * total,
                                                 f"{_fmt_params(total)} × (4 + 8) B (full weights + optimizer state)")
+    offload = 0.0
+    if offloaded(spec):  # every rank's shards, grads, AdamW m, v and the CPU step's sqrt(v) (+ the reference)
+        per_param = 20 + (4 if spec.loss.kl_coef > 0 else 0)
+        dp = layout_of(spec).dp
+        offload = per_node * per_param * total / dp
+        it["offloaded shards"] = Item("offloaded shards", offload, f"{per_node} ranks × {_fmt_params(total)} × "
+                                      f"{per_param} B / DP {dp} (train.cpu_offload, pinned)")
     files = [p for p in (spec.env.train_path, spec.env.val_path) if p]
     size = sum(os.path.getsize(p) for p in files if os.path.isfile(p))
     it["dataloader"] = Item("dataloader", 3 * size, "3 × the env's data files (parsed rows in the driver); "
                             "built-in generators ≈ 0" if files else "built-in prompt generator (≈ 0)")
-    est.host_gib = gib(it["object store"].bytes + it["processes"].bytes + it["dataloader"].bytes
+    est.host_gib = gib(it["object store"].bytes + it["processes"].bytes + it["dataloader"].bytes + offload
                        + max(it[k].bytes for k in ("model load (start-up)", "refit copies (node 0)",
                                                    "checkpoint gather (node 0)") if k in it))
 
@@ -676,7 +702,7 @@ def estimate(spec: RunSpec) -> Estimate:
     rollout_estimate(spec, est)
     host_estimate(spec, est)
     if est.use_gpus:
-        nccl = layout_of(spec).world > 1 or spec.train.backend == TrainBackend.megatron
+        nccl = layout_of(spec).world > 1 or spec.train.backend == TrainBackend.megatron or fsdp_sharded(spec)
         est.context_gib += CUDA_CONTEXT_GIB + (NCCL_GIB if nccl else 0)
         if spec.rollout.backend == RolloutBackend.vllm and est.device_gib is None:
             est.context_gib += CUDA_CONTEXT_GIB  # inside vLLM's budget when the budget is known

@@ -193,6 +193,10 @@ class TrainSpec:
     # backend, dense and MoE attention models (policy/packing.py); refused on megatron and for Mamba layers
     sequence_packing: bool = False
     distributed_optimizer: bool = False
+    # torch backend on GPUs: FSDP2's CPUOffloadPolicy (policy/fsdp.py), also on one rank: the fp32 weight shards,
+    # gradients and AdamW state live in pinned host RAM, the optimizer step runs on the CPU; the GPU holds the
+    # layers being computed, activations and logits
+    cpu_offload: bool = False
     # megatron backend: core attention of the local layer spec: sdpa (torch flash/efficient kernels) | local
     core_attention: str = "sdpa"
     # megatron backend: does the run's environment provide Transformer Engine? null = not asserted
