@@ -343,6 +343,25 @@ def test_validator_survives_a_crashing_rule(monkeypatch):
     assert "TypeError: boom" in v.message
 
 
+def test_a_dry_run_skips_the_probes_in_validate_only(monkeypatch):
+    """validate() skips every probe-kind rule for dry_run=true and runs it otherwise; no rule asks dry_run itself."""
+    import dataclasses
+    import inspect
+
+    from grpo_launcher.spec import rules
+
+    def asks_this_machine(spec):
+        yield rules.V("asks_this_machine", "cluster.kind", "asked", "none")
+
+    spec = load_spec(["dry_run=true"])
+    monkeypatch.setitem(rules.registered(), "asks_this_machine", rules.Rule("asks_this_machine", "probe",
+                                                                            asks_this_machine))
+    assert "asks_this_machine" not in {v.rule for v in rules.validate(spec)}
+    assert "asks_this_machine" in {v.rule for v in rules.validate(dataclasses.replace(spec, dry_run=False))}
+    assert {r.kind for r in rules.registered().values()} == {"pure", "probe"}
+    assert not [name for name, r in rules.registered().items() if ".dry_run" in inspect.getsource(r.check)]
+
+
 def test_spec_roundtrip_detects_what_the_job_would_read_differently():
     import dataclasses
 

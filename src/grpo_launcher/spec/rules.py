@@ -20,7 +20,7 @@ import re
 from enum import Enum
 from functools import cache
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 from ..plan import (
     devices_per_node,
@@ -852,7 +852,7 @@ MAX_TEXT = 4096
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def leaf_values(obj: object, prefix: str = "") -> Iterator[tuple[str, object]]:
+def leaf_values(obj: Any, prefix: str = "") -> Iterator[tuple[str, object]]:
     """(dotted key, value) of every leaf field of a spec section."""
     for f in dataclasses.fields(obj):
         value, key = getattr(obj, f.name), f"{prefix}{f.name}"
