@@ -23,10 +23,11 @@ def last_checkpoint_step(run_dir: Path) -> Optional[int]:
 
 
 def finished_problem(spec: RunSpec) -> Optional[tuple[str, str]]:
-    """(message, fix) when resuming this run name would have nothing to train, else None."""
+    """(message, fix) when resuming this run name would have nothing to train, else None (a probe: spec/rules.py
+    run_name_not_finished, which a dry run skips)."""
     from .spec.schema import Resume
 
-    if spec.dry_run or spec.checkpoint.resume != Resume.auto:
+    if spec.checkpoint.resume != Resume.auto:
         return None
     step = last_checkpoint_step(Path(spec.output_root).resolve() / spec.name)
     if step is None or step < spec.grpo.max_steps:
