@@ -180,6 +180,8 @@ def worker_rows(args, peak: float) -> list[dict]:
     base += [f"rollout.max_new_tokens={NEW}", f"env.max_prompt_tokens={PROMPT}"]
     rows = []
     for label, extra, kept, liger, long_tail in FSDP_ROWS if args.fsdp else WORKER_ROWS:
+        if torch.distributed.is_initialized():  # the last FSDP row's one-rank group
+            torch.distributed.destroy_process_group()
         cpu = [] if torch.cuda.is_available() else ["cluster.gpus_per_node=0"]  # a CPU smoke run of the code
         overrides = [o for o in extra if o != "FSDP2"]
         spec = to_spec(compose([*base, *overrides, *cpu, f"train.fused_kernels={str(liger and not cpu).lower()}"]))
@@ -221,8 +223,6 @@ def worker_rows(args, peak: float) -> list[dict]:
         del w, prev
         gc.collect()
         torch.cuda.empty_cache()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
     return rows
 
 

@@ -91,7 +91,7 @@ def shard(model: nn.Module, bf16: bool, offload: bool = False) -> nn.Module:
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)  # SUM, not the mean over ranks (see the module doc) ...
             m.set_force_sum_reduction_for_comms(True)  # ... as a plain SUM (gloo has no PREMUL_SUM)
-    if isinstance(model, FSDPModule):
+    if isinstance(model, FSDPModule) and hasattr(model, "set_reduce_scatter_unused_params"):  # torch >= 2.10
         model.set_reduce_scatter_unused_params(True)  # experts one rank routed nothing to: zeros, no mismatch
     return model
 
