@@ -111,7 +111,8 @@ def test_launch_learns_with_vllm_rollouts_on_the_gpu(tmp_path, backend, engine):
     """rollout=vllm through launch.py: an engine actor beside the policy on the one GPU, asleep (level 2) through
     every update, refit over CUDA IPC (vLLM's weight-transfer API), the engine's logprobs within 0.05 of the
     policy's on every step. "async+http": AsyncLLM with its OpenAI server up, as env=nemo_gym runs it."""
-    extra = ["rollout.async_engine=true", "rollout.expose_http_server=true"] if engine == "async+http" else []
+    extra = ["rollout.sleep_mode=true"]
+    extra += ["rollout.async_engine=true", "rollout.expose_http_server=true"] if engine == "async+http" else []
     cmd = [sys.executable, str(ROOT / "launch.py"), f"output_root={tmp_path}", "name=gpu", "rollout=vllm",
            f"train.backend={backend}", *MODEL, *GPU_RUN, *extra]
     proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=900)

@@ -84,12 +84,11 @@ def rollouts_per_step(spec: RunSpec) -> int:
 
 
 def engine_sleeps(spec: RunSpec) -> bool:
-    """rollout.sleep_mode resolved. vLLM engines that share their GPUs with the policy sleep at level 2 (weights
-    and KV cache freed: the refit rewrites every weight anyway) while the logprob and update phases run; null =
-    on exactly there. CPU engines have no sleep mode (rules.py refuses true there)."""
-    colocated_gpu_vllm = (spec.rollout.backend == RolloutBackend.vllm and spec.cluster.gpus_per_node > 0
-                          and not rollout_devices(spec))
-    return colocated_gpu_vllm if spec.rollout.sleep_mode is None else spec.rollout.sleep_mode
+    """rollout.sleep_mode=true: vLLM engines that share their GPUs with the policy sleep at level 2 (weights and
+    KV cache freed: the refit rewrites every weight anyway) while the logprob and update phases run. rules.py
+    refuses it elsewhere (CPU engines have no sleep mode; engines on devices of their own free nothing useful)."""
+    return (spec.rollout.sleep_mode and spec.rollout.backend == RolloutBackend.vllm
+            and spec.cluster.gpus_per_node > 0 and not rollout_devices(spec))
 
 
 def engine_max_model_len(spec: RunSpec) -> int:

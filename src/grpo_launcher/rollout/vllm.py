@@ -367,7 +367,9 @@ class VLLMRolloutWorker(VersionedEngine):
         if self.llm is not None:
             self.llm.sleep(level=2)
         else:
-            self._call(self.engine.sleep(level=2))
+            engine = self.engine
+            assert engine is not None  # the async engine: self.llm is None
+            self._call(engine.sleep(level=2))
         self._asleep = {"weights", "kv_cache"}
         return (torch.cuda.mem_get_info()[0] - free0) / 2**30
 
@@ -378,7 +380,9 @@ class VLLMRolloutWorker(VersionedEngine):
         if self.llm is not None:
             self.llm.wake_up(todo)
         else:
-            self._call(self.engine.wake_up(todo))
+            engine = self.engine
+            assert engine is not None
+            self._call(engine.wake_up(todo))
         self._asleep.difference_update(todo)
 
     def ping(self) -> bool:

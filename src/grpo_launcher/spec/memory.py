@@ -62,8 +62,7 @@ engine claims `rollout.gpu_memory_utilization × gpu_memory_gib` per GPU; weight
 TP; the KV cache gets the rest. KV bytes per token = 2 (K and V) × attention layers × KV heads per rank
 (≥ 1: vLLM replicates KV heads when TP > heads) × head_dim × dtype bytes. The engine refuses to start when
 one max_model_len sequence does not fit; fewer sequences than the batch only queue.
-Sleep mode (rollout.sleep_mode, plan.engine_sleeps: null = on for vLLM engines colocated with the policy on
-GPUs): after the rollout the engine sleeps at level 2 (rollout/vllm.py): vLLM's CuMemAllocator unmaps every
+Sleep mode (rollout.sleep_mode=true, plan.engine_sleeps: vLLM engines colocated with the policy on GPUs): after the rollout the engine sleeps at level 2 (rollout/vllm.py): vLLM's CuMemAllocator unmaps every
 allocation tagged "weights" or "kv_cache" and empties torch's cache (vllm/device_allocator/cumem.py, sleep). What
 stays is what lives outside those pools, at vLLM's defaults (vllm/config/model.py: sleep_mode_offload_cudagraph and
 enable_nccl_comm_suspend both False): the engine process's CUDA context, its NCCL communicators (engine TP > 1)

@@ -365,7 +365,7 @@ def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
                     "vLLM's sleep mode frees GPU memory for a policy on the same GPUs: "
                     + ("CPU engines have none" if s.cluster.gpus_per_node == 0 else
                        "these engines have devices of their own (cluster.rollout_devices)"),
-                    "leave rollout.sleep_mode unset (null: on where it applies)")
+                    "set rollout.sleep_mode=false")
         return
     for key in ("async_engine", "expose_http_server", "sleep_mode"):
         if getattr(r, key):

@@ -122,8 +122,8 @@ class RolloutSpec:
     kv_cache_memory_mb: int = 64  # CPU engines: always bounded
     enforce_eager: bool = True
     # vLLM's sleep mode for engines colocated with the policy on GPUs: level 2 (weights and KV cache freed) while
-    # the logprob and update phases run, woken by the refit; null = on where that applies (plan.engine_sleeps)
-    sleep_mode: Optional[bool] = None
+    # the logprob and update phases run, woken by the refit (off by default: not yet run on a GPU)
+    sleep_mode: bool = False
     # rollout=hf on CUDA: static KV cache + torch.compile(reduce-overhead) decoding (CUDA graphs); false = eager
     hf_compile: bool = False  # measured on an H200: no gain over eager as wired (benchmarks/results/gpu_step.md)
 
