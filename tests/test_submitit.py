@@ -119,19 +119,29 @@ def test_2_point_submitit_slurm_sweep_runs_each_point_in_its_job(cluster, jobs, 
         assert re.search(r"grpo-launcher: run 'tiny-grpo_train\.lr=0\.000[13]' \(local\)", log.read_text())
 
 
+def start_long_point(tmp_path) -> subprocess.Popen:
+    """A one-point submitit_slurm sweep of a 500-step run (long enough to act on while its job runs)."""
+    share_models(tmp_path)
+    tiny_model()
+    return subprocess.Popen([sys.executable, str(LAUNCH_PY), "-m", "hydra/launcher=submitit_slurm",
+                             "grpo.max_steps=500", f"output_root={tmp_path}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def point_job(tmp_path, cancel_after: list) -> str:
+    (job,) = wait_until(lambda: submitit_jobs(tmp_path), 120, "the point's job submitted")
+    cancel_after.append(job)  # the `jobs` fixture's list: what is left is cancelled
+    return job
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.skipif(not HAVE_SLURM, reason="Slurm not installed: bash scripts/local-slurm.sh install")
 def test_a_cancelled_point_job_ends_the_sweep_naming_it(cluster, jobs, tmp_path):  # noqa: F811
-    share_models(tmp_path)
-    tiny_model()
-    proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), "-m", "hydra/launcher=submitit_slurm",
-                             "grpo.max_steps=500", f"output_root={tmp_path}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = start_long_point(tmp_path)
     try:
-        (job,) = wait_until(lambda: submitit_jobs(tmp_path), 120, "the point's job submitted")
-        jobs.append(job)
+        job = point_job(tmp_path, jobs)
         wait_until(lambda: [d for d in run_dirs(tmp_path) if read_status(d).get("state") == "RUNNING"], 300,
                    "the run started in its job")
         assert sh(["scancel", job]).returncode == 0
@@ -150,14 +160,9 @@ def test_a_cancelled_point_job_ends_the_sweep_naming_it(cluster, jobs, tmp_path)
 @pytest.mark.extended
 @pytest.mark.skipif(not HAVE_SLURM, reason="Slurm not installed: bash scripts/local-slurm.sh install")
 def test_ctrl_c_stops_the_waiting_and_names_the_jobs_that_go_on(cluster, jobs, tmp_path):  # noqa: F811
-    share_models(tmp_path)
-    tiny_model()
-    proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), "-m", "hydra/launcher=submitit_slurm",
-                             "grpo.max_steps=500", f"output_root={tmp_path}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = start_long_point(tmp_path)
     try:
-        (job,) = wait_until(lambda: submitit_jobs(tmp_path), 120, "the point's job submitted")
-        jobs.append(job)
+        job = point_job(tmp_path, jobs)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .step_buffer import StepBuffer
+
 TB_DIR = "tensorboard"  # under the run dir
 
 
@@ -25,7 +27,7 @@ def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-class TensorBoardLog:
+class TensorBoardLog(StepBuffer):
     """One run's event files: buffered scalars, written on commit, never a (tag, step) twice."""
 
     def __init__(self, log_dir: Path) -> None:
@@ -34,10 +36,7 @@ class TensorBoardLog:
         self.log_dir = Path(log_dir)
         self._logged = {(tag, step) for tag, points in read_scalars(self.log_dir).items() for step, _ in points}
         self._writer = SummaryWriter(str(self.log_dir))  # a new event file per process
-        self._buffer: list[tuple[str, float, float, int]] = []  # (tag, value, wall time s, step)
-
-    def log_metrics(self, step: int, metrics: dict[str, float], wall_time: float) -> None:
-        self._buffer.extend((k, float(v), wall_time, int(step)) for k, v in metrics.items())
+        StepBuffer.__init__(self)
 
     def commit(self) -> int:
         """Write the buffered scalars not in the files yet; returns how many were written."""
@@ -50,18 +49,6 @@ class TensorBoardLog:
                 sent += 1
         self._writer.flush()
         return sent
-
-    def replay(self, pending: list) -> int:
-        """A checkpoint's uncommitted metrics ([key, value, timestamp_ms, step]), written if missing."""
-        self._buffer = [(str(k), float(v), int(ts) / 1000, int(step)) for k, v, ts, step in pending] + self._buffer
-        return self.commit()
-
-    def pending(self) -> list[list]:
-        return [[k, v, int(wall * 1000), step] for k, v, wall, step in self._buffer]
-
-    def discard(self) -> int:
-        dropped, self._buffer = len(self._buffer), []
-        return dropped
 
     def close(self, status: str = "FINISHED") -> None:
         self.commit()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..spec.schema import RunSpec
+from .step_buffer import StepBuffer
 
 WANDB_DIR = "wandb"  # under the run dir (wandb.init(dir=RUN_DIR) writes RUN_DIR/wandb/)
 RUN_ID_FILE = "grpo-run-id"
@@ -110,7 +111,7 @@ def wandb_row(run_dir: Path) -> str:
     return f"run {rid} (mode and project: WANDB_MODE / WANDB_PROJECT, else logging.experiment)"
 
 
-class WandbLog:
+class WandbLog(StepBuffer):
     """One run dir's W&B run: buffered metrics, logged on commit one step at a time, never a (key, step) twice."""
 
     def __init__(self, spec: RunSpec, run_dir: Path) -> None:
@@ -129,10 +130,7 @@ class WandbLog:
                               id=run_id(self.dir), dir=str(run_dir), mode=mode,  # type: ignore[arg-type]
                               resume=None if mode == "offline" else "allow",  # offline: resume is ignored
                               config=flat_params(spec_as_dict(spec)), settings=settings, reinit="create_new")
-        self._buffer: list[tuple[str, float, float, int]] = []  # (key, value, wall time s, step)
-
-    def log_metrics(self, step: int, metrics: dict[str, float], wall_time: float) -> None:
-        self._buffer.extend((k, float(v), wall_time, int(step)) for k, v in metrics.items())
+        StepBuffer.__init__(self)
 
     def commit(self) -> int:
         """Log the buffered metrics not in the run yet, step by step in step order; returns how many."""
@@ -146,18 +144,19 @@ class WandbLog:
             self.run.log(steps[step], step=step)
         return sum(len(m) for m in steps.values())
 
-    def replay(self, pending: list) -> int:
-        """A checkpoint's uncommitted metrics ([key, value, timestamp_ms, step]), logged if missing."""
-        self._buffer = [(str(k), float(v), int(ts) / 1000, int(step)) for k, v, ts, step in pending] + self._buffer
-        return self.commit()
-
-    def pending(self) -> list[list]:
-        return [[k, v, int(wall * 1000), step] for k, v, wall, step in self._buffer]
-
-    def discard(self) -> int:
-        dropped, self._buffer = len(self._buffer), []
-        return dropped
-
     def close(self, status: str = "FINISHED") -> None:
         self.commit()
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+        self._wait_written()
+
+    def _wait_written(self, timeout_s: float = 30.0) -> None:
+        """finish() can return before wandb's writer has every history record in the .wandb file; a resume
+        right after (a requeue) reads the file to skip what is logged: wait, bounded, until it is all there."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            written = {(k, s) for k, points in read_history(self.dir).items() for s, _ in points}
+            if self._logged <= written:
+                return
+            time.sleep(0.1)
