@@ -204,7 +204,8 @@ class VLLMRolloutWorker(VersionedEngine):
         from vllm.inputs import TokensPrompt
 
         self._apply_staged()  # async GRPO with in-flight weight updates: the newest staged weights, if any
-        self._wake("weights", "kv_cache")  # the driver wakes it by a refit first; a restarted engine never slept
+        if self._asleep:  # level 2 dropped the weights: only a refit may wake it (the driver refits first)
+            raise RuntimeError("generate on a sleeping vLLM engine: its weights are gone until the next refit")
         params = sampling_params(self.spec, n, seed, len(prompt_ids), self.eos_ids)
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         t0 = time.perf_counter()
