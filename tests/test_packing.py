@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_launcher.batch import Generation, collate
-from grpo_launcher.policy.packing import next_fit_rows, pack, packed_slices, unpack
+from grpo_launcher.policy.packing import mamba_groups, next_fit_rows, pack, packed_slices, unpack
 from grpo_launcher.policy.torch_policy import TorchPolicyWorker
 from grpo_launcher.spec.compose import load_spec
 from test_hybrid import SMALL, rollout_batch, setup
@@ -66,9 +66,65 @@ def test_packed_update_equals_the_unpacked_one(model_root, chunk):
         assert torch.allclose(x.grad, y.grad, atol=1e-6), k  # (the grads before the step: no step taken)
 
 
+def test_mamba_groups_bound_the_padding_and_the_batch():
+    """Each group's padded batch fits one row, and pads no more tokens than it holds: a long-tailed batch (one long
+    sequence, many short ones) must not become [S, longest]."""
+    g = torch.Generator().manual_seed(1)
+    lengths = [4000] + torch.randint(5, 400, (63,), generator=g).tolist()
+    groups = mamba_groups(lengths, 4096)
+    assert sorted(i for grp in groups for i in grp) == list(range(64))
+    for grp in groups:
+        longest = max(lengths[i] for i in grp)
+        assert len(grp) * longest <= 4096 or len(grp) == 1
+        assert len(grp) * longest <= 2 * sum(lengths[i] for i in grp)
+    assert sum(len(grp) * max(lengths[i] for i in grp) for grp in groups) < 2 * sum(lengths)
+
+
+def _hybrid_batch(model_dir: str):
+    """16 sequences of a 4-token prompt and 1-24 response tokens (across the Mamba scan's 16-token chunks)."""
+    from transformers import AutoTokenizer
+
+    g = torch.Generator().manual_seed(0)
+    gens = []
+    for _ in range(16):
+        r = torch.randint(3, 250, (int(torch.randint(1, 25, (1,), generator=g)),), generator=g).tolist()
+        gens.append(Generation(torch.randint(3, 250, (4,), generator=g).tolist(), r, [-1.0] * len(r), False))
+    return collate(gens, torch.linspace(-1, 1, 16), torch.ones(16), AutoTokenizer.from_pretrained(model_dir).pad_token_id)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_packed_nemotron_h_equals_the_unpacked_one(model_root, checkpointing):
+    """A nemotron_h model (Mamba-2, MoE, attention): packed rows, with the Mamba mixers run per sequence, give the
+    unpacked batch's logprobs, loss and gradients, also when the layers are recomputed (activation checkpointing).
+    Without the per-sequence Mamba hooks they do not: a row's recurrent state would carry into the next sequence."""
+    from nemotron_tiny import tiny_nemotron_h
+
+    model_dir = str(tiny_nemotron_h())
+    over = [f"output_root={model_root}", f"model.path={model_dir}", *SMALL, "train.micro_batch_size=4",
+            f"train.activation_checkpointing={str(checkpointing).lower()}"]
+    packed = TorchPolicyWorker(load_spec([*over, "train.sequence_packing=true"]), model_dir, 0, 1)
+    padded = TorchPolicyWorker(load_spec(over), model_dir, 0, 1)
+    assert packed.mamba_mixers == 1 and padded.mamba_mixers == 0
+    batch = _hybrid_batch(model_dir)
+    assert len(packed._micro_slices(batch, 4)) < len(padded._micro_slices(batch, 4))
+    mask = batch.response_mask.bool()
+    (pa, _), (pb, _) = packed.logprobs(batch), padded.logprobs(batch)
+    assert (pa - pb)[mask].abs().max() < 1e-5
+    packed.mamba_mixers = 0  # the keyword withheld: the hooks pass through, and the state leaks across sequences
+    assert (packed.logprobs(batch)[0] - pb)[mask].abs().max() > 1e-3
+    packed.mamba_mixers = 1
+    den = [float(batch.response_mask.sum())]
+    packed.opt.step = padded.opt.step = lambda: None  # the gradients stay as the backward left them
+    oa, ob = packed.update([batch], den), padded.update([batch], den)
+    for k in ("loss", "grad_norm"):
+        assert abs(oa[k] - ob[k]) < 1e-5, k
+    for (k, x), y in zip(packed.model.named_parameters(), padded.model.parameters()):
+        if x.grad is not None or y.grad is not None:
+            assert torch.allclose(x.grad, y.grad, atol=1e-6), k
+
+
 @pytest.mark.parametrize("overrides, keys, why", [
     (["train.backend=megatron"], ("train.sequence_packing", "train.backend"), "torch backend only"),
-    (["model.family=nemotron_h", "model.num_experts=4"], ("train.sequence_packing", "model.family"), "no seq_idx"),
 ])
 def test_preflight_refuses_packing_where_it_cannot_pack(overrides, keys, why):
     from grpo_launcher.spec.errors import ConfigError

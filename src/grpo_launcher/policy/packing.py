@@ -7,11 +7,20 @@ transformers then builds a block-diagonal causal mask from where the position id
 sequence and rotary positions are the unpacked ones. Logprobs are gathered back to the [B, T] response layout,
 so the loss, its denominators and the driver see the unpacked batch. Next-fit in order keeps every micro-batch a
 contiguous slice of the minibatch (the update's per-micro-batch outputs concatenate in batch order).
+
+Mamba-2 layers (model.family=nemotron_h) have no such mask: their recurrent state would run on from one
+sequence into the next, and transformers' pure-torch path takes no `seq_idx`. `segment_mamba_mixers` gives each
+Mamba mixer a forward that, given the `mamba_segments` keyword, runs on the sequences themselves, as right-padded
+batches of similar lengths (causal: a sequence's outputs never see its padding), and writes the outputs back in
+the packed layout. The attention and MoE layers keep the packed rows; only the Mamba layers pay for padding, at
+most as many tokens again as they hold, in groups of at most one row's tokens (`mamba_groups`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,6 +34,8 @@ class Packed:
     position_ids: Tensor  # [R, C] 0.. per sequence
     targets: Tensor  # [R, C] the next token where a response token is predicted, -1 elsewhere
     index: Tensor  # [B, T] flat position in R*C predicting response token j of sequence i (0 past its end)
+    segments: tuple[tuple[Tensor, Tensor], ...]  # per group: [S, L] flat position in R*C of token t of its
+    # sequence s (0 past its end), [S, L] True where that token exists
 
 
 def next_fit_rows(lengths: list[int], capacity: int) -> list[int]:
@@ -62,6 +73,7 @@ def pack(b: TrainBatch, capacity: int, pad_id: int = 0) -> Packed:
     pos = torch.arange(C, device=dev).repeat(R, 1)
     targets = torch.full((R, C), -1, dtype=torch.long, device=dev)
     index = torch.zeros(len(b), T, dtype=torch.long, device=dev)
+    flat = []  # the flat positions of each sequence's tokens
     start = 0
     for i, (n, p, r) in enumerate(zip(lengths, prompt, rows)):
         start = 0 if i == 0 or r != rows[i - 1] else start
@@ -69,11 +81,71 @@ def pack(b: TrainBatch, capacity: int, pad_id: int = 0) -> Packed:
         pos[r, start:start + n] = torch.arange(n, device=dev)
         targets[r, start + p - 1:start + n - 1] = b.input_ids[i, p:n]  # position p-1+j predicts response token j
         index[i, :n - p] = r * C + start + p - 1 + torch.arange(n - p, device=dev)
+        flat.append(r * C + start + torch.arange(n, device=dev))
         start += n
-    return Packed(ids, pos, targets, index)
+    groups = tuple(_padded([flat[i] for i in g]) for g in mamba_groups(lengths, C))
+    return Packed(ids, pos, targets, index, groups)
+
+
+def mamba_groups(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Sequences grouped for the Mamba layers' padded batches: longest first, a group takes the next sequence while
+    its padded size stays within `capacity` and that sequence is at least half the group's longest (so padding
+    never exceeds the tokens it pads)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        g = groups[-1] if groups else None
+        if g and (len(g) + 1) * lengths[g[0]] <= capacity and 2 * lengths[i] >= lengths[g[0]]:
+            g.append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _padded(rows: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """[S, Lmax] positions (0 as padding) and the [S, Lmax] mask of real ones."""
+    index = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    n = torch.tensor([len(r) for r in rows], device=index.device)
+    return index, torch.arange(index.shape[1], device=index.device) < n[:, None]
 
 
 def unpack(out: Tensor, p: Packed) -> Tensor:
     """Per-position outputs of the packed rows → the response layout."""
     # out: [R, C, X] -> [B, T, X]
     return out.flatten(0, 1)[p.index]
+
+
+SEGMENTS = "mamba_segments"  # the model's keyword (transformers hands a model's extra keywords to its mixers)
+
+
+def segment_mamba_mixers(model: torch.nn.Module) -> int:
+    """Give every Mamba-2 mixer of the model the per-sequence forward (`_segmented`); returns how many. The class
+    is swapped as FSDP2 does it: parameters and state dict unchanged, a deepcopy keeps it, and activation
+    checkpointing recomputes with the same keyword."""
+    n = 0
+    for m in model.modules():
+        cls = type(m)
+        if cls.__name__.endswith("Mamba2Mixer") and not getattr(cls, "per_sequence", False):
+            m.__class__ = _segmented(cls)
+            n += 1
+    return n
+
+
+@functools.cache
+def _segmented(cls: type) -> type:
+    def forward(self, hidden_states: Tensor, *args: Any, mamba_segments: Any = None, **kwargs: Any) -> Tensor:
+        if mamba_segments is None:
+            return cls.forward(self, hidden_states, *args, **kwargs)
+        kwargs.pop("attention_mask", None)  # each group brings its own
+        R, C, _ = hidden_states.shape  # [R, C, H] packed rows
+        x = hidden_states.flatten(0, 1)
+        at, ys = [], []
+        for index, mask in mamba_segments:  # [S, L] each
+            y = cls.forward(self, x[index], *args, attention_mask=mask, **kwargs)  # [S, L, H]
+            at.append(index[mask])
+            ys.append(y[mask])
+        y = torch.cat(ys)
+        # a row's trailing padding gets 0 (nothing real attends to it)
+        return y.new_zeros(R * C, y.shape[-1]).index_put((torch.cat(at),), y).view(R, C, -1)
+
+    return type(cls.__name__, (cls,), {"forward": forward, "per_sequence": True, "__module__": __name__})

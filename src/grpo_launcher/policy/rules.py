@@ -204,7 +204,3 @@ def packing_gaps(s: RunSpec) -> Iterator[Violation]:
     if s.train.sequence_packing and s.train.backend != TrainBackend.torch:
         yield build_gap(("train.sequence_packing", "train.backend"), "sequence packing is implemented by the torch "
                         "backend only (policy/packing.py)", "set train.backend=torch, or train.sequence_packing=false")
-    elif s.train.sequence_packing and s.model.family == "nemotron_h":
-        yield build_gap(("train.sequence_packing", "model.family"), "model.family=nemotron_h has Mamba layers, whose "
-                        "torch path takes no seq_idx: a packed row's recurrent state would run on from one sequence "
-                        "into the next", "set train.sequence_packing=false")

@@ -26,7 +26,7 @@ from ..rollout.hf import engine_dtype
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch, response_logits
 from .hybrid import HybridRollout
-from .packing import pack, packed_slices, unpack
+from .packing import SEGMENTS, pack, packed_slices, segment_mamba_mixers, unpack
 from .profile import Profiling, profiled
 from .update_log import RouterLoad, UpdateLog
 
@@ -48,6 +48,8 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             fsdp.freeze_routers(self.model)
         if fused.wanted(spec.train.fused_kernels, spec.model.family, self.device):
             fused.apply(self.model, spec.model.family)
+        # packing: Mamba-2 mixers run per sequence (policy/packing.py); hooked before the reference is copied
+        self.mamba_mixers = segment_mamba_mixers(self.model) if spec.train.sequence_packing else 0
         self.router_load = RouterLoad(self.model)  # train/moe/*: MoE routers' load per layer (none: dense)
         if spec.train.logprob_chunk_tokens:
             self.model.set_output_embeddings(LogprobHead(self.model.get_output_embeddings(),
@@ -113,8 +115,9 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         a response token is predicted. Chunked (LogprobHead) unless train.logprob_chunk_tokens=0."""
         if self.spec.train.sequence_packing:
             p = pack(b, max(self.spec.train.max_total_sequence_length, b.input_ids.shape[1]))
+            extra = {SEGMENTS: p.segments} if self.mamba_mixers else {}
             out = self._forward(model, p.targets, input_ids=p.input_ids, position_ids=p.position_ids,
-                                attention_mask=None)  # transformers: a block-diagonal mask from the position ids
+                                attention_mask=None, **extra)  # transformers: a block-diagonal mask from the position ids
             out = unpack(out, p)  # [B, T, 2] or [B, T, V]
         else:
             L = b.input_ids.shape[1]

@@ -664,6 +664,8 @@ def host_estimate(spec: RunSpec, est: Estimate) -> None:
         load = per_node * 2 * total * dtype_bytes(spec.model.dtype)
         how = f"{per_node} ranks × (HF checkpoint + converted copy) × {dtype_bytes(spec.model.dtype)} B"
         refit_b = dtype_bytes(spec.train.precision)
+    elif fsdp_sharded(spec):  # policy/fsdp.materialize: rank 0 alone reads, the shards go out by broadcast
+        load, how, refit_b = 4 * total, f"rank 0 alone: {_fmt_params(total)} × 4 B (FSDP2 broadcasts the shards)", 4
     else:
         load = per_node * 4 * total
         how = f"{per_node} ranks × {_fmt_params(total)} × 4 B (fp32 load before .to(device))"
