@@ -18,7 +18,6 @@ most as many tokens again as they hold, in groups of at most one row's tokens (`
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,9 +130,15 @@ def segment_mamba_mixers(model: torch.nn.Module) -> int:
     return n
 
 
-@functools.cache
-def _segmented(cls: type) -> type:
-    def forward(self, hidden_states: Tensor, *args: Any, mamba_segments: Any = None, **kwargs: Any) -> Tensor:
+_SEGMENTED: dict[type[torch.nn.Module], type[torch.nn.Module]] = {}  # one subclass per mixer class
+
+
+def _segmented(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
+    if cls in _SEGMENTED:
+        return _SEGMENTED[cls]
+
+    def forward(self: torch.nn.Module, hidden_states: Tensor, *args: Any, mamba_segments: Any = None,
+                **kwargs: Any) -> Tensor:
         if mamba_segments is None:
             return cls.forward(self, hidden_states, *args, **kwargs)
         kwargs.pop("attention_mask", None)  # each group brings its own
@@ -148,4 +153,5 @@ def _segmented(cls: type) -> type:
         # a row's trailing padding gets 0 (nothing real attends to it)
         return y.new_zeros(R * C, y.shape[-1]).index_put((torch.cat(at),), y).view(R, C, -1)
 
-    return type(cls.__name__, (cls,), {"forward": forward, "per_sequence": True, "__module__": __name__})
+    _SEGMENTED[cls] = type(cls.__name__, (cls,), {"forward": forward, "per_sequence": True, "__module__": __name__})
+    return _SEGMENTED[cls]

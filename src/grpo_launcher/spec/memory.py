@@ -528,6 +528,9 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
         est.notes.append("without mamba-ssm on the nodes, transformers' pure-torch Mamba-2 scan holds temporaries not "
                          "counted here (nemotron_h_1b on an H200: ~57 GiB by nvidia-smi vs 21 predicted; "
                          "benchmarks/results/nemotron_gpu.md)")
+        if spec.train.sequence_packing:
+            est.notes.append("packed: the Mamba layers run on the sequences as padded groups (policy/packing.py), "
+                             "up to 2x their tokens; counted as the packed rows")
     if backend == "megatron" and (lay.pp > 1 or lay.cp > 1 or lay.sp or a.experts):
         est.notes.append("extrapolated: PP/CP/SP/MoE activation terms (calibrated on dense TP=1 only)")
 
