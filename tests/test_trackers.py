@@ -175,6 +175,7 @@ def metrics_steps(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a fault case (78 s): make test-all; make test keeps the trackers' plain runs
 def test_an_http_mlflow_store_killed_mid_run_and_restarted_loses_nothing(tmp_path, offline_wandb):
     """The server is SIGKILLed after step 2 and started again once the run has warned: the run finishes (exit 0),
     says the store came back, and the server's store holds every step of metrics.jsonl, each once. The run also

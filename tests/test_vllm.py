@@ -247,6 +247,23 @@ class TestEngines:
         ray.get(b.update_weights.remote(ray.put(weights["base"])))
         assert ask() == first
 
+    def test_ipc_refit_handles_reach_the_async_engines_worker(self, engines):
+        """The CUDA refit's path across AsyncLLM's process boundary, on the CPU build: encoded handles cross vLLM's
+        real msgpack channel, our worker extension decodes them in the EngineCore process and calls the worker's
+        update_weights (which, with no CUDA weight transfer configured, says so). A tag outside the allowlist is
+        refused there, in the worker."""
+        ray, _, b = engines
+        args = (torch.Tensor, torch.Size([2]), (1,), 0, torch.UntypedStorage, torch.float32, 0, b"h", 8, 0, False,
+                b"rc", 0, b"ev", False)
+        info = {"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]], "tensor_sizes": [8], "packed": True,
+                "ipc_handles": {"GPU-0": args}}
+        with pytest.raises(ray.exceptions.RayTaskError, match="Weight transfer not configured"):
+            ray.get(b.update_weights_ipc.remote(info), timeout=120)
+        bad = {**info, "ipc_handles": {"GPU-0": (torch.Tensor, {"__torch_class__": "subprocess.Popen"})}}
+        with pytest.raises(ray.exceptions.RayTaskError, match="subprocess.Popen"):
+            ray.get(b.update_weights_ipc.remote(bad), timeout=120)
+        assert len(ray.get(b.generate.remote([[5, 6, 7]], 1, 0))) == 1  # the engine serves on
+
     def test_shutdown_stops_the_engine_processes(self, engines):
         ray, _, b = engines
         info = ray.get(b.info.remote())
