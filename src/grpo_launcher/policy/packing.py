@@ -33,8 +33,9 @@ class Packed:
     position_ids: Tensor  # [R, C] 0.. per sequence
     targets: Tensor  # [R, C] the next token where a response token is predicted, -1 elsewhere
     index: Tensor  # [B, T] flat position in R*C predicting response token j of sequence i (0 past its end)
-    segments: tuple[tuple[Tensor, Tensor], ...]  # per group: [S, L] flat position in R*C of token t of its
-    # sequence s (0 past its end), [S, L] True where that token exists
+    # pack(mamba=True) only, per group: [S, L] flat position in R*C of token t of its sequence s (0 past its
+    # end), [S, L] True where that token exists
+    segments: tuple[tuple[Tensor, Tensor], ...]
 
 
 def next_fit_rows(lengths: list[int], capacity: int) -> list[int]:
@@ -59,8 +60,9 @@ def packed_slices(lengths: list[int], capacity: int, rows_per_batch: int) -> lis
     return [slice(a, b) for a, b in zip(edges, edges[1:])]
 
 
-def pack(b: TrainBatch, capacity: int, pad_id: int = 0) -> Packed:
-    """The batch's sequences in rows of `capacity` tokens (each sequence fits: capacity ≥ L)."""
+def pack(b: TrainBatch, capacity: int, pad_id: int = 0, mamba: bool = False) -> Packed:
+    """The batch's sequences in rows of `capacity` tokens (each sequence fits: capacity ≥ L); with `mamba`, also
+    the Mamba layers' per-sequence groups (`segments`; empty otherwise)."""
     # b.input_ids: [B, L] right-padded; -> Packed with R rows of C = capacity
     lengths = b.attention_mask.sum(1).tolist()
     prompt = b.prompt_lens.tolist()
@@ -82,7 +84,7 @@ def pack(b: TrainBatch, capacity: int, pad_id: int = 0) -> Packed:
         index[i, :n - p] = r * C + start + p - 1 + torch.arange(n - p, device=dev)
         flat.append(r * C + start + torch.arange(n, device=dev))
         start += n
-    groups = tuple(_padded([flat[i] for i in g]) for g in mamba_groups(lengths, C))
+    groups = tuple(_padded([flat[i] for i in g]) for g in mamba_groups(lengths, C)) if mamba else ()
     return Packed(ids, pos, targets, index, groups)
 
 

@@ -114,7 +114,8 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         layer runs from the shortest prompt's end on; packed (train.sequence_packing): over the packed rows, where
         a response token is predicted. Chunked (LogprobHead) unless train.logprob_chunk_tokens=0."""
         if self.spec.train.sequence_packing:
-            p = pack(b, max(self.spec.train.max_total_sequence_length, b.input_ids.shape[1]))
+            p = pack(b, max(self.spec.train.max_total_sequence_length, b.input_ids.shape[1]),
+                     mamba=self.mamba_mixers > 0)
             extra = {SEGMENTS: p.segments} if self.mamba_mixers else {}
             out = self._forward(model, p.targets, input_ids=p.input_ids, position_ids=p.position_ids,
                                 attention_mask=None, **extra)  # transformers: a block-diagonal mask from the position ids
