@@ -5,11 +5,13 @@ both sides), same batch (8 prompts x 8 generations, prompt 1536 tokens + 512 new
 precision (fp32 master weights + bf16 compute), random weights (speed only). Ours runs as a user runs it:
 `python launch.py ... cluster.gpus_per_node=1` (Ray, the hybrid HF engine, the policy workers), and its
 per-phase times are read from RUN_DIR/metrics.jsonl. TRL runs the harness in ../shared/peers/trl
-(trl_grpo_gpu.py, carried into the kit with its wheels).
+(trl_grpo_gpu.py, carried into the kit with its wheels); `trl-vllm` is TRL with its own vLLM engine colocated
+(benchmarks/trl_vllm.py, TRL's wheels beside the kit's vLLM).
 
     python benchmarks/gpu_step.py --steps 4 --trl-dir .gpu-kit/trl --trl-wheels .gpu-kit/trlwhl --out OUT
     python benchmarks/gpu_step.py --only ours-torch,ours-megatron      # a subset
     python benchmarks/gpu_step.py --only ours-torch,ours-vllm-torch,ours-vllm-megatron   # HF engine vs vLLM
+    python benchmarks/gpu_step.py --only ours-vllm-torch,trl,trl-vllm   # both engines on each side
 
     python benchmarks/gpu_step.py --worker --out OUT      # the torch worker alone: before/after per change, packing
     python benchmarks/gpu_step.py --worker --fsdp --out OUT   # ... one GPU: replicated vs FSDP2 vs FSDP2 + offload
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -110,13 +113,30 @@ def run_trl(args) -> dict:
     out = args.out / "trl"
     cmd = ["bash", str(args.trl_dir / "run_gpu.sh"), str(args.trl_wheels), str(out), "--arch", "qwen2",
            "--param-dtype", "fp32", "--steps", str(args.steps), "--skip", str(args.skip)]
-    proc = subprocess.run(cmd, text=True, capture_output=True)
-    (args.out / "trl.log").write_text(proc.stdout + proc.stderr)
+    return peer_row("trl", cmd, out, os.environ)
+
+
+def run_trl_vllm(args) -> dict:
+    """TRL with its colocated vLLM engine (benchmarks/trl_vllm.py), TRL's wheels installed beside the kit's vLLM."""
+    site = Path("/tmp/site-trl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
+                    *map(str, sorted(args.trl_wheels.glob("*.whl")))], check=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    out = args.out / "trl-vllm"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "trl_vllm.py"), "--steps", str(args.steps),
+           "--skip", str(args.skip), "--out", str(out)]
+    return peer_row("trl-vllm", cmd, out, env)
+
+
+def peer_row(name: str, cmd: list[str], out: Path, env) -> dict:
+    proc = subprocess.run(cmd, text=True, capture_output=True, env=env)
+    log = out.parent / f"{name}.log"
+    log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         print(proc.stdout[-3000:] + proc.stderr[-6000:], flush=True)
-        return {"name": "trl", "error": f"exit {proc.returncode}"}
+        return {"name": name, "error": f"exit {proc.returncode} (log: {log})"}
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
-    return {"name": "trl", "summary": summary, "log_tail": proc.stdout[-2500:]}
+    return {"name": name, "summary": summary, "log_tail": proc.stdout[-2500:]}
 
 
 # --worker: the update and the logprob pass of the policy worker alone (no Ray, no rollout), before/after each change
@@ -305,8 +325,8 @@ def main() -> int:
     results = []
     for name in args.only.split(","):
         print(f"--- {name}", flush=True)
-        if name == "trl":
-            results.append(run_trl(args))
+        if name in PEERS:
+            results.append(PEERS[name](args))
         else:
             parts = name.split("-")  # ours-<backend>[-sep] or ours-vllm-<backend>[-sep]
             vllm = parts[1] == "vllm"
@@ -319,41 +339,44 @@ def main() -> int:
     return 0
 
 
+PEERS = {"trl": run_trl, "trl-vllm": run_trl_vllm}
+
+
 def markdown(results: list[dict], peak: float) -> str:
-    """The side-by-side table: each of ours, TRL, and ours/TRL (TRL time over ours: > 1 means we are faster)."""
-    ours = [r for r in results if r["name"] != "trl" and "error" not in r]
-    trl = next((r["summary"] for r in results if r["name"] == "trl" and r.get("summary")), None)
+    """The side-by-side table: each of ours, each peer (TRL with HF generate, TRL with its colocated vLLM), and
+    ours / peer (the peer's time over ours: > 1 means we are faster)."""
+    ours = [r for r in results if r["name"] not in PEERS and "error" not in r]
+    peers = [(r["name"], r["summary"]) for r in results if r["name"] in PEERS and r.get("summary")]
     mfu = lambda tok_s: 100 * 6 * n_params() * tok_s / (peak * 1e12)  # noqa: E731
-    head = "| | " + " | ".join(r["name"] for r in ours) + (" | TRL | " + " | ".join(
-        f"{r['name']} / TRL" for r in ours) + " |" if trl else " |")
+    head = "| | " + " | ".join([r["name"] for r in ours] + [name for name, _ in peers] + [
+        f"{r['name']} / {name}" for name, _ in peers for r in ours]) + " |"
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
 
-    def row(label, vals, trl_val=None, ratio=None):
-        cells = " | ".join(vals)
-        if trl is not None:
-            cells += f" | {trl_val} | " + " | ".join(ratio(r) for r in ours)
-        rows.append(f"| {label} | {cells} |")
+    def row(label, vals, peer_val, ratio=None):
+        cells = vals + [peer_val(t) for _, t in peers] + [ratio(r, t) if ratio else "" for _, t in peers for r in ours]
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
 
     ph = lambda r, k: r["phases"][k]  # noqa: E731
-    row("full step", [f"{ph(r, 'step'):.2f} s" for r in ours], trl and f"{trl['median_step_s']:.2f} s",
-        lambda r: f"{trl['median_step_s'] / ph(r, 'step'):.2f}x")
+    row("full step", [f"{ph(r, 'step'):.2f} s" for r in ours], lambda t: f"{t['median_step_s']:.2f} s",
+        lambda r, t: f"{t['median_step_s'] / ph(r, 'step'):.2f}x")
     row("rollout", [f"{ph(r, 'rollout'):.2f} s, {r['gen_tok_s']:,.0f} tok/s" for r in ours],
-        trl and f"{trl['median_rollout_s']:.2f} s", lambda r: f"{trl['median_rollout_s'] / ph(r, 'rollout'):.2f}x")
+        lambda t: f"{t['median_rollout_s']:.2f} s", lambda r, t: f"{t['median_rollout_s'] / ph(r, 'rollout'):.2f}x")
     row("separate logprob pass", [f"{ph(r, 'logprobs'):.2f} s, {mfu(r['logprob_tok_s']) / 3:.1f} % MFU"
-                                  if r["logprob_tok_s"] else "none (from the update)" for r in ours], "none",
-        lambda r: "")
+                                  if r["logprob_tok_s"] else "none (from the update)" for r in ours],
+        lambda t: "in the update" if "median_refit_s" in t else "none")
     row("update", [f"{ph(r, 'update'):.2f} s, {r['update_tok_s']:,.0f} tok/s, {mfu(r['update_tok_s']):.1f} % MFU"
                    for r in ours],
-        trl and f"{trl['median_update_s']:.2f} s, {trl['update_tokens_per_s']:,.0f} tok/s, "
-                f"{100 * trl['update_mfu_6nd']:.1f} % MFU",
-        lambda r: f"{r['update_tok_s'] / trl['update_tokens_per_s']:.2f}x")
-    row("refit", [f"{1e3 * ph(r, 'refit'):.1f} ms" for r in ours], "n/a (same model)", lambda r: "")
-    row("engine vs policy logprob |Δ|", [f"{r.get('lp_absdiff', 0.0):.4f}" for r in ours], "", lambda r: "")
-    row("first step", [f"{r['first_step_s']:.1f} s" for r in ours], trl and f"{trl['time_to_first_step_s']:.1f} s",
-        lambda r: "")
+        lambda t: f"{t['median_update_s']:.2f} s, {t['update_tokens_per_s']:,.0f} tok/s, "
+                  f"{100 * t['update_mfu_6nd']:.1f} % MFU",
+        lambda r, t: f"{r['update_tok_s'] / t['update_tokens_per_s']:.2f}x")
+    row("refit", [f"{1e3 * ph(r, 'refit'):.1f} ms" for r in ours],
+        lambda t: f"{1e3 * t['median_refit_s']:.1f} ms" if "median_refit_s" in t else "n/a (same model)")
+    row("engine vs policy logprob |Δ|", [f"{r.get('lp_absdiff', 0.0):.4f}" for r in ours], lambda t: "")
+    row("first step", [f"{r['first_step_s']:.1f} s" for r in ours], lambda t: f"{t['time_to_first_step_s']:.1f} s")
+    failed = [f"{r['name']}: {r['error']}" for r in results if "error" in r]
     return "\n".join(rows) + f"\n\nbf16 matmul peak {peak:.0f} TFLOP/s; MFU = 6 N tokens / s / peak " \
-        f"(N = {n_params():,}; a forward-only pass counts 2 N, hence / 3).\n"
-
+        f"(N = {n_params():,}; a forward-only pass counts 2 N, hence / 3). trl-vllm's update is the step less its " \
+        "generate and weight push (benchmarks/trl_vllm.py).\n" + "".join(f"\nfailed: {f}" for f in failed)
 
 if __name__ == "__main__":
     sys.exit(main())
