@@ -125,7 +125,8 @@ class RolloutSpec:
     # the logprob and update phases run, woken by the refit (off by default: not yet run on a GPU)
     sleep_mode: bool = False
     # rollout=hf on CUDA: static KV cache + torch.compile(reduce-overhead) decoding (CUDA graphs); false = eager
-    hf_compile: bool = False  # measured on an H200: no gain over eager as wired (benchmarks/results/gpu_step.md)
+    hf_compile: bool = False  # measured on an H200: no gain over eager as wired (benchmarks/results/gpu_step.md);
+    # with Liger's kernels on (train.fused_kernels) the compiled decode also skips CUDA graphs (mutated inputs)
 
 
 @dataclass(frozen=True)
