@@ -134,3 +134,26 @@ def test_start_fresh_moves_aside(tmp_path):
     save(mgr, 10)
     second = mgr.start_fresh()
     assert second != moved and moved.exists() and second.exists()  # never overwritten, never deleted
+
+
+def test_a_resume_keeps_one_metrics_line_per_step(tmp_path):
+    """Resuming from step 20 after a crash at step 26: the lines of steps 21-26 (lost work) and a torn last line
+    go, so the resumed run's 21-26 are the only ones; the file is replaced whole, never half-written."""
+    from grpo_launcher.train.setup import trim_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": k, "r": k / 10}) + "\n" for k in range(1, 27)) + '{"step": 27, "r"')
+    trim_metrics(path, 20)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == list(range(1, 21))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temporary file left behind
+    trim_metrics(tmp_path / "absent.jsonl", 3)  # a run without metrics yet: nothing to do
+
+
+def test_a_fresh_start_sets_aside_the_spec_change_log_with_the_other_records(tmp_path):
+    from grpo_launcher.train.setup import set_aside_records
+
+    for name in ("metrics.jsonl", "spec_changes.jsonl"):
+        (tmp_path / name).write_text("{}\n")
+    set_aside_records(tmp_path, tmp_path / "old")
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["metrics.jsonl", "spec_changes.jsonl"]
+    assert not (tmp_path / "spec_changes.jsonl").exists()

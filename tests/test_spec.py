@@ -231,6 +231,23 @@ FAILING = [
     (["output_root='out\nx'"], "field_values", "output_root"),
     (["logging.experiment='\\${oops}'"], "field_values", "logging.experiment"),
     (["cluster.env_passthrough=[[A]]"], "field_values", "cluster.env_passthrough"),
+    # ranges that used to pass pre-flight and fail minutes later (a traceback, a hung-run exit, a refused sbatch)
+    (["env.num_val_prompts=0"], "value_ranges", "env.num_val_prompts"),
+    (["env.max_prompt_tokens=-1"], "value_ranges", "env.max_prompt_tokens"),
+    (["deadlines.factor=0"], "value_ranges", "deadlines.factor"),
+    (["deadlines.floor_s=-1"], "value_ranges", "deadlines.floor_s"),
+    (["deadlines.window=0"], "value_ranges", "deadlines.window"),
+    (["deadlines.stop_grace_s=-1"], "value_ranges", "deadlines.stop_grace_s"),
+    (["cluster=slurm", "cluster.signal_before_s=-5"], "value_ranges", "cluster.signal_before_s"),
+    (["cluster.ray_join_timeout_s=0"], "value_ranges", "cluster.ray_join_timeout_s"),
+    (["model.num_layers=0"], "value_ranges", "model.num_layers"),
+    (["model.vocab_size=-1"], "value_ranges", "model.vocab_size"),
+    (["model.warm_start_steps=-1"], "value_ranges", "model.warm_start_steps"),
+    (["rollout.gpu_memory_utilization=5"], "value_ranges", "rollout.gpu_memory_utilization"),
+    (["rollout=vllm", "cluster.gpus_per_node=1", "rollout.gpu_memory_utilization=0"],
+     "value_ranges", "rollout.gpu_memory_utilization"),
+    (["cluster=slurm", "cluster.time=99:99:99"], "time_budget", "cluster.time"),
+    (["output_root=/dev/null/runs"], "output_root_writable", "output_root"),
 ]
 
 
@@ -273,6 +290,19 @@ def test_max_val_samples_null_means_all():
                                           ("2-00:00:05", 172805)])
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["99:99:99", "10:60", "1-24", "1-00:60:00", "1h"])
+def test_parse_duration_refuses_slips(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_a_rule_that_crashes_on_values_named_elsewhere_stays_silent():
+    """TP=0 makes the divisibility rules divide by zero: the range rule names the key; no Python error is shown."""
+    found = violations(["train.tensor_parallel_size=0"])
+    assert any("train.tensor_parallel_size" in v.keys for v in found)
+    assert not any("could not evaluate" in v.message for v in found), [v.render() for v in found]
 
 
 # ------------------------------------------------------------------ the CLI, as a user runs it
@@ -462,3 +492,16 @@ def test_resuming_a_name_whose_checkpoints_are_incompatible_is_refused_before_an
     load_spec([f"output_root={tmp_path}", "name=r", "grpo.max_steps=4", "model.hidden_size=64"])  # compatible
     load_spec([f"output_root={tmp_path}", "name=r", "grpo.max_steps=4", "checkpoint.resume=fresh"])
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["checkpoints"]  # nothing written
+
+
+def test_a_missing_data_file_is_named_alone():
+    """env=dataset with a train file that is not there: that file is the one problem named (the prompt budget it
+    would have been counted from stays silent, instead of two errors about a budget of 0)."""
+    found = violations(["env=dataset", "env.train_path=/nonexistent/train.jsonl"])
+    assert [v.keys[0] for v in found] == ["env.train_path"], [v.render() for v in found]
+
+
+def test_no_fix_asks_for_a_generation_of_zero_tokens():
+    found = violations(["env.max_prompt_tokens=64", "train.max_total_sequence_length=64"])
+    (v,) = [v for v in found if v.rule == "sequence_lengths"]
+    assert "≤ 0" not in v.fix and "train.max_total_sequence_length ≥ 72" in v.fix, v.render()

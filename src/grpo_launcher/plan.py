@@ -108,6 +108,11 @@ def parse_duration(text: str) -> int:
         h, mi, s = a, b, c
     else:  # MM or MM:SS
         h, mi, s = 0, a, b or 0
+    bounded = [("seconds", s, 60)] + ([("minutes", mi, 60)] if b is not None else []) \
+        + ([("hours", h, 24)] if days is not None else [])
+    for what, value, top in bounded:  # a field after another one: 99:99:99 is a slip, not 4-04:41:39
+        if int(value) >= top:
+            raise ValueError(f"{text!r}: {what} {int(value)} ≥ {top}")
     return int(days or 0) * 86400 + int(h) * 3600 + int(mi) * 60 + int(s)
 
 

@@ -256,7 +256,9 @@ def resolve_prompt_budget(s: RunSpec) -> tuple[RunSpec, list[Violation]]:
         return s, [V("env.max_prompt_tokens", f"env.max_prompt_tokens=0 takes the longest prompt of a data set, and "
                      f"env={e.name} reads none", fix)]
     paths = [p for p in (e.train_path, e.val_path) if p]
-    if not paths or not all(here(s, p) and Path(p).expanduser().exists() for p in paths):
+    if any(here(s, p) and not Path(p).expanduser().exists() for p in paths):
+        return s, []  # a missing file: check_dataset names it
+    if not paths or not all(here(s, p) for p in paths):
         return s, [V("env.max_prompt_tokens", "env.max_prompt_tokens=0 takes the longest prompt of the data, which "
                      "cannot be read from here (a path on the cluster only)", fix)] if paths else []
     tok = load_tokenizer(s)
@@ -347,6 +349,8 @@ def check_prompts(s: RunSpec, tables: dict) -> Iterator[Violation]:
                                          for r in t.rows):
         yield V("env.chat_template", "prompts are chat messages but no chat template is applied",
                 "set env.chat_template=true with a tokenizer that has a template")
+        return
+    if e.max_prompt_tokens == 0:  # a budget to be counted from the files, left unresolved: a file's problem is named
         return
     for which, t in tables.items():
         lengths = split_lengths(s, tok, which, t)

@@ -114,15 +114,16 @@ def rule_names() -> set[str]:
 def validate(spec: RunSpec) -> list[Violation]:
     """Run every rule (a dry run skips the probes); a rule that itself crashes is reported as a violation."""
     out: list[Violation] = []
+    crashed: list[Violation] = []
     for r in registered().values():
         if r.kind == "probe" and spec.dry_run:
             continue
         try:
             out.extend(r.check(spec))
         except Exception as exc:  # values so wrong that the rule's arithmetic fails: the other rules name them
-            out.append(V(r.name, "<spec>", f"could not evaluate ({type(exc).__name__}: {exc})",
-                         "fix the values named by the other problems"))
-    return out
+            crashed.append(V(r.name, "<spec>", f"could not evaluate ({type(exc).__name__}: {exc})",
+                             "fix the values named by the other problems"))
+    return out or crashed  # a crash is shown only when no rule named the key behind it
 
 
 def build_gap(keys: tuple[str, ...], what: str, fix: str) -> Violation:
@@ -177,6 +178,37 @@ def positive_sizes(s: RunSpec) -> Iterator[Violation]:
     if not 0 <= s.logging.profile_step <= s.grpo.max_steps:
         yield V("positive_sizes", "logging.profile_step", f"must be 0 (off) or a step ≤ grpo.max_steps "
                 f"({s.grpo.max_steps}), got {s.logging.profile_step}", "set logging.profile_step=0 or e.g. 2")
+
+
+@rule("pure")
+def value_ranges(s: RunSpec) -> Iterator[Violation]:
+    """Scalars that have a range of their own and no other rule: each refused here, before anything starts."""
+    m, e, c, d = s.model, s.env, s.cluster, s.deadlines
+    checks = [  # key, value, ok, what it must be
+        *((f"model.{k}", getattr(m, k), getattr(m, k) >= 1, "≥ 1") for k in
+          ("num_layers", "hidden_size", "ffn_hidden_size", "vocab_size", "max_position_embeddings")),
+        ("model.warm_start_steps", m.warm_start_steps, m.warm_start_steps >= 0, "≥ 0 (0 = random weights)"),
+        ("env.max_prompt_tokens", e.max_prompt_tokens, e.max_prompt_tokens >= 0, "≥ 0 (0 = counted from the files)"),
+        ("env.num_val_prompts", e.num_val_prompts, e.num_val_prompts >= 0, "≥ 0"),
+        ("rollout.gpu_memory_utilization", s.rollout.gpu_memory_utilization,
+         0 < s.rollout.gpu_memory_utilization <= 1, "in (0, 1]"),
+        ("rollout.kv_cache_memory_mb", s.rollout.kv_cache_memory_mb, s.rollout.kv_cache_memory_mb >= 0, "≥ 0"),
+        ("cluster.signal_before_s", c.signal_before_s, c.signal_before_s >= 0, "≥ 0 (0 = no save signal)"),
+        ("cluster.ray_join_timeout_s", c.ray_join_timeout_s, c.ray_join_timeout_s >= 1, "≥ 1"),
+        ("deadlines.factor", d.factor, d.factor > 0, "> 0"),
+        ("deadlines.floor_s", d.floor_s, d.floor_s >= 0, "≥ 0"),
+        ("deadlines.first_s", d.first_s, d.first_s > 0, "> 0"),
+        ("deadlines.window", d.window, d.window >= 1, "≥ 1"),
+        ("deadlines.stop_grace_s", d.stop_grace_s, d.stop_grace_s >= 0, "≥ 0"),
+    ]
+    for key, value, ok, what in checks:
+        if not ok:
+            yield V("value_ranges", key, f"must be {what}, got {value}", f"set {key} {what.split(' (')[0]}")
+    validates = s.grpo.val_period > 0 or s.grpo.val_at_start or s.grpo.val_at_end
+    if validates and e.name == "toy" and e.num_val_prompts == 0:  # the env that draws its held-out set
+        yield V("value_ranges", ("env.num_val_prompts", "grpo.val_period", "grpo.val_at_end"),
+                "validation runs on a held-out set of 0 prompts", "set env.num_val_prompts ≥ 1, or "
+                "grpo.val_period=0 grpo.val_at_start=false grpo.val_at_end=false (no validation)")
 
 
 @rule("pure")
@@ -330,7 +362,8 @@ def sequence_lengths(s: RunSpec) -> Iterator[Violation]:
         yield V("sequence_lengths",
                 ("rollout.max_new_tokens", "env.max_prompt_tokens", "train.max_total_sequence_length"),
                 f"prompt {prompt} + generation {new} = {prompt + new} > train.max_total_sequence_length={total}",
-                f"lower rollout.max_new_tokens to ≤ {total - prompt}, or raise the total")
+                f"lower rollout.max_new_tokens to ≤ {total - prompt}, or raise the total" if total - prompt >= 1 else
+                f"set train.max_total_sequence_length ≥ {prompt + new}, or lower env.max_prompt_tokens below {total}")
     mml = s.rollout.max_model_len
     if mml is not None and mml < prompt + new:
         yield V("sequence_lengths", ("rollout.max_model_len",),
@@ -404,9 +437,6 @@ def vllm_engine_memory_and_length(s: RunSpec) -> Iterator[Violation]:
                     f"{need_mb:.0f} MiB of KV cache, "
                     f"more than rollout.kv_cache_memory_mb={r.kv_cache_memory_mb}",
                     f"set rollout.kv_cache_memory_mb ≥ {int(need_mb) + 1}")
-    elif not 0 < r.gpu_memory_utilization <= 1:
-        yield V("vllm_engine_memory_and_length", "rollout.gpu_memory_utilization",
-                f"must be in (0, 1], got {r.gpu_memory_utilization}", "e.g. rollout.gpu_memory_utilization=0.5")
 
 
 @rule("pure")
@@ -938,6 +968,21 @@ def trackers_installed(s: RunSpec) -> Iterator[Violation]:
     if s.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
         yield V("trackers_installed", "logging.tensorboard", "the `tensorboard` package is not installed",
                 "pip install tensorboard (a dependency of this package: reinstall it), or logging.tensorboard=false")
+
+
+@rule("probe")
+def output_root_writable(s: RunSpec) -> Iterator[Violation]:
+    """The run directory can be made: output_root is created here (the launch makes it next anyway) and must be a
+    directory this user may write; else the launcher would fail making RUN_DIR, after the plan, with a traceback."""
+    root = Path(s.output_root).expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        problem = None if os.access(root, os.W_OK | os.X_OK) else "is not writable by this user"
+    except OSError as exc:
+        problem = f"cannot be made: {exc.strerror or exc}"
+    if problem:
+        yield V("output_root_writable", "output_root", f"{s.output_root} {problem}",
+                "set output_root to a directory you can write (it is created if missing)")
 
 
 @rule("probe")

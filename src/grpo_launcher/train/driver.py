@@ -520,8 +520,8 @@ class Trainer:
 
 
 def append_metrics(path: Path, step: int, metrics: dict[str, float]) -> None:
-    """One JSON line per step (with or without MLflow): what benchmarks and scripts read. A resumed run
-    appends again from its checkpoint's step, so a reader keeps the last line of each step."""
+    """One JSON line per step (with or without MLflow): what benchmarks and scripts read. A resumed run first
+    drops the lines after its checkpoint's step (train/setup.py trim_metrics): one line per step."""
     import json
 
     with open(path, "a") as f:

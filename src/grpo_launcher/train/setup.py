@@ -52,10 +52,32 @@ def resume_or_start(spec: RunSpec, plan: Plan) -> LoopState | None:
     except IncompatibleCheckpoint as exc:
         print(f"error: cannot resume from {latest}:\n{exc}", file=sys.stderr)
         return None
-    return LoopState.resume(spec, plan, ckpt, latest)
+    state = LoopState.resume(spec, plan, ckpt, latest)
+    trim_metrics(plan.run_dir / "metrics.jsonl", state.step)
+    return state
 
 
-RECORDS = ("metrics.jsonl", "reward_curve.png", "summary.json", "train_data", "tensorboard", "wandb")  # written step by step
+RECORDS = ("metrics.jsonl", "reward_curve.png", "summary.json", "spec_changes.jsonl", "train_data", "tensorboard",
+           "wandb")  # written step by step, or start by start
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """A resume from step k: the lines of steps after k (their work is lost with the crash that stopped them) and a
+    torn last line go, atomically, so that metrics.jsonl keeps one line per step."""
+    import json
+
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
 
 
 def set_aside_records(run_dir: Path, dest: Optional[Path]) -> None:
