@@ -505,3 +505,12 @@ def test_no_fix_asks_for_a_generation_of_zero_tokens():
     found = violations(["env.max_prompt_tokens=64", "train.max_total_sequence_length=64"])
     (v,) = [v for v in found if v.rule == "sequence_lengths"]
     assert "≤ 0" not in v.fix and "train.max_total_sequence_length ≥ 72" in v.fix, v.render()
+
+
+@pytest.mark.parametrize("root", ["/dev/null/runs", "/proc/grpo-nope"])
+def test_cli_an_output_root_that_cannot_be_made_exits_2(launch_cmd, root):
+    """Under a file (the pre-flight sees it), or where even root cannot make a directory (/proc: only the attempt
+    tells): exit 2 naming output_root, no traceback, nothing started."""
+    p = run([*launch_cmd, f"output_root={root}", "grpo.max_steps=1", "logging.mlflow=false"])
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "config error" in p.stderr and "output_root" in p.stderr and "Traceback" not in p.stderr, p.stderr

@@ -20,6 +20,8 @@ def run_local(spec: RunSpec, plan: Plan) -> int:
         return ExitCode.OK
     try:  # one live process per run dir (a Slurm job of the same run counts too)
         rundir.acquire_run_lock(plan.run_dir, "local")
+    except OSError as exc:
+        return rundir.unmakeable(plan.run_dir, exc)
     except rundir.RunBusy as holder:
         print(f"error: run '{spec.name}' is already in use by {holder} (run dir {plan.run_dir}); "
               f"wait for it, cancel it, or pick another name=", file=sys.stderr)

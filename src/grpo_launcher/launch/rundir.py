@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,6 +104,18 @@ def _still_completing(job: str) -> bool:
 
     proc = slurm(["squeue", "-h", "-j", job, "-o", "%T"])
     return proc.returncode == 0 and "COMPLETING" in proc.stdout
+
+
+def unmakeable(run_dir: Path, exc: OSError) -> int:
+    """The run dir could not be made (a path the pre-flight could not foresee, e.g. under /proc): a config error
+    naming output_root, exit 2, nothing started."""
+    from ..exit_codes import ExitCode
+    from ..spec.errors import ConfigError, Violation
+
+    print(ConfigError([Violation("output_root_writable", ("output_root",), f"the run directory {run_dir} cannot "
+                                 f"be made: {exc.strerror or exc}", "set output_root to a directory you can write")])
+          .render(), file=sys.stderr)
+    return ExitCode.CONFIG_ERROR
 
 
 def acquire_run_lock(run_dir: Path, owner: str, job_id: Optional[str] = None) -> dict:

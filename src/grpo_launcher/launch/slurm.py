@@ -40,6 +40,8 @@ def submit_slurm(spec: RunSpec, plan: Plan) -> int:
         return ExitCode.FAILED
     try:  # atomic: of two launches of one run at once, one gets the run dir; the job holds it from here on
         rundir.acquire_run_lock(plan.run_dir, "slurm")
+    except OSError as exc:
+        return rundir.unmakeable(plan.run_dir, exc)
     except rundir.RunBusy as holder:
         print(f"error: run '{spec.name}' is already in use by {holder} (its run dir {plan.run_dir} "
               f"would be shared); `python launch.py cancel {spec.name}` first, or pick another name=",

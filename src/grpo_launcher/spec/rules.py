@@ -972,16 +972,15 @@ def trackers_installed(s: RunSpec) -> Iterator[Violation]:
 
 @rule("probe")
 def output_root_writable(s: RunSpec) -> Iterator[Violation]:
-    """The run directory can be made: output_root is created here (the launch makes it next anyway) and must be a
-    directory this user may write; else the launcher would fail making RUN_DIR, after the plan, with a traceback."""
-    root = Path(s.output_root).expanduser()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        problem = None if os.access(root, os.W_OK | os.X_OK) else "is not writable by this user"
-    except OSError as exc:
-        problem = f"cannot be made: {exc.strerror or exc}"
+    """The run directory can be made: the nearest existing part of OUTPUT_ROOT/NAME is a directory this user may
+    write (nothing is created here); else the launcher would fail making RUN_DIR after the plan."""
+    path = Path(s.output_root).expanduser().absolute() / s.name
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    problem = ("is not a directory" if not path.is_dir() else
+               None if os.access(path, os.W_OK | os.X_OK) else "is not writable by this user")
     if problem:
-        yield V("output_root_writable", "output_root", f"{s.output_root} {problem}",
+        yield V("output_root_writable", "output_root", f"{path} {problem}: the run directory cannot be made there",
                 "set output_root to a directory you can write (it is created if missing)")
 
 
