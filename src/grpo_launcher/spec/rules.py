@@ -399,6 +399,10 @@ def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
                     + ("CPU engines have none" if s.cluster.gpus_per_node == 0 else
                        "these engines have devices of their own (cluster.rollout_devices)"),
                     "set rollout.sleep_mode=false")
+        if r.hf_compile:
+            yield V("vllm_only_switches", ("rollout.hf_compile", "rollout.backend"),
+                    "rollout.hf_compile compiles the hf engine's decode; vLLM has its own (CUDA graphs)",
+                    "set rollout.hf_compile=false (rollout.enforce_eager=false gives vLLM's CUDA graphs)")
         return
     for key in ("async_engine", "expose_http_server", "sleep_mode"):
         if getattr(r, key):
