@@ -86,6 +86,8 @@ def test_kill_and_resume_no_gap_no_repeat(tmp_path):
     assert "resuming from step_000004" in out and "step 5/8" in out and "step 4/8" not in out
     history, _ = metric_steps(tmp_path, "train/reward_mean")
     assert [s for s, _ in history] == list(range(1, 9))  # no gap, no repeat
+    lines = (tmp_path / "tiny-grpo" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 9))  # step 5's lost line is gone
 
 
 @pytest.mark.extended
