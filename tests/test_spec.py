@@ -515,3 +515,8 @@ def test_cli_an_output_root_that_cannot_be_made_exits_2(launch_cmd, root):
     p = run([*launch_cmd, f"output_root={root}", "grpo.max_steps=1", "logging.mlflow=false"])
     assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
     assert "config error" in p.stderr and "output_root" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_cli_export_of_what_is_not_a_run_exits_2(launch_cmd, tmp_path):
+    p = run([*launch_cmd, "export", str(tmp_path / "no-such-run")])
+    assert p.returncode == 2 and p.stderr.startswith("config error") and "run_dir" in p.stderr, p.stderr

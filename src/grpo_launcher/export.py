@@ -21,7 +21,11 @@ MODEL_RECORD = "model.json"  # RUN_DIR/model.json: the HF directory the run load
 
 
 class ExportError(Exception):
-    pass
+    """What `export` (and `eval --step`) cannot take: the argument it names (`key`) and why."""
+
+    def __init__(self, message: str, key: str = "run_dir"):
+        super().__init__(message)
+        self.key = key
 
 
 def pick_checkpoint(run_dir: Path, step: Optional[int], last: bool) -> Path:
@@ -37,7 +41,7 @@ def pick_checkpoint(run_dir: Path, step: Optional[int], last: bool) -> Path:
         found = [p for p in done if p.name == f"step_{step:06d}"]
         if not found:
             raise ExportError(f"no checkpoint of step {step} in {run_dir / 'checkpoints'}; there are: "
-                              f"{', '.join(p.name for p in done)}")
+                              f"{', '.join(p.name for p in done)}", key="--step")
         return found[0]
     return (None if last else ckpt.best()) or ckpt.latest()
 
@@ -111,9 +115,13 @@ def main(args: list[str]) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         out = export(run_dir, ns.step, ns.last, ns.out)
-    except ExportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except ExportError as exc:  # bad input: exit 2 with a config error naming the argument, like a run's
+        from .exit_codes import ExitCode
+        from .spec.errors import ConfigError, Violation
+
+        print(ConfigError([Violation("export_target", (exc.key,), str(exc), "pick a run dir and a step with a "
+                                     "complete checkpoint (launch.py status RUN)")]).render(), file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
     print(f"exported {out}\n  load it: AutoModelForCausalLM.from_pretrained({str(out)!r}) / "
           f"vllm.LLM(model={str(out)!r})")
     return 0
