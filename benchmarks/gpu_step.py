@@ -372,7 +372,8 @@ def markdown(results: list[dict], peak: float) -> str:
     row("refit", [f"{1e3 * ph(r, 'refit'):.1f} ms" for r in ours],
         lambda t: f"{1e3 * t['median_refit_s']:.1f} ms" if "median_refit_s" in t else "n/a (same model)")
     row("engine vs policy logprob |Δ|", [f"{r.get('lp_absdiff', 0.0):.4f}" for r in ours], lambda t: "")
-    row("first step", [f"{r['first_step_s']:.1f} s" for r in ours], lambda t: f"{t['time_to_first_step_s']:.1f} s")
+    row("first step", [f"{r['first_step_s']:.1f} s" for r in ours],
+        lambda t: f"{t['time_to_first_step_s']:.1f} s" if t.get("time_to_first_step_s") is not None else "")
     failed = [f"{r['name']}: {r['error']}" for r in results if "error" in r]
     return "\n".join(rows) + f"\n\nbf16 matmul peak {peak:.0f} TFLOP/s; MFU = 6 N tokens / s / peak " \
         f"(N = {n_params():,}; a forward-only pass counts 2 N, hence / 3). trl-vllm's update is the step less its " \
