@@ -139,3 +139,11 @@ def test_a_dry_run_says_what_a_real_launch_would_refuse(tmp_path):
     assert p.returncode == 0 and "would be refused (1 problem)" in p.stdout and "model.path" in p.stdout
     p = launch("dry_run=true", f"output_root={tmp_path}")
     assert p.returncode == 0 and "would be refused" not in p.stdout
+
+
+@pytest.mark.parametrize("flag", ["--config-dir", "--config-path"])
+def test_a_config_dir_that_is_not_there_is_a_config_error(tmp_path, flag):
+    """A typo in the config dir: Hydra alone would warn and run the defaults, without the user's configs."""
+    p = launch(flag, str(tmp_path / "my-confs"), "dry_run=true")
+    assert p.returncode == 2 and p.stderr.startswith("config error") and flag in p.stderr, p.stderr
+    assert no_traceback(p)

@@ -70,6 +70,13 @@ def main(argv: list[str]) -> int:
     if args.help:
         print(app_help(config_source(args)))
         return ExitCode.OK
+    missing = [Violation("config_dirs", (flag,), f"{value} is not a directory (Hydra would only warn, and the run "
+                         "would go on without your configs)", f"point {flag} at a directory of config groups")
+               for flag, value in (("--config-dir", args.config_dir), ("--config-path", args.config_path))
+               if value and not Path(value).is_dir()]
+    if missing:
+        print(ConfigError(missing).render(), file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
     if args.experimental_rerun:
         print("config error: --experimental-rerun is not supported: relaunch with the run's overrides "
               "(output_root/name/spec.yaml holds the resolved spec)", file=sys.stderr)
