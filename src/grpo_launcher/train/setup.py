@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..plan import Plan
+from ..runfiles import write_atomic
 from ..spec.schema import Resume, RunSpec
 from .loop_state import LoopState
 
@@ -75,9 +76,7 @@ def trim_metrics(path: Path, step: int) -> None:
                 kept.append(line + "\n")
         except (ValueError, KeyError, TypeError):
             continue
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(kept))
 
 
 def set_aside_records(run_dir: Path, dest: Optional[Path]) -> None:
