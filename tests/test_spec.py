@@ -166,6 +166,7 @@ FAILING = [
     (["cluster.time=four hours"], "time_budget", "cluster.time"),
     (["name=a/b"], "safe_names", "name"),
     (["model.path=/nonexistent/model"], "local_paths_exist", "model.path"),
+    ([f"model.path={Path(__file__).parent / 'data' / 'truncated_weights'}"], "model_weights_readable", "model.path"),
     (["env=dataset", "env.prompt_key=question"], "env_data_and_code", "env.train_path"),
     ([f"output_root={Path(__file__).parent / 'data' / 'finished_run'}"], "run_name_not_finished", "name"),
     ([f"output_root={Path(__file__).parent / 'data' / 'incompatible_run'}"], "run_name_checkpoints_compatible",

@@ -878,6 +878,14 @@ def local_paths_exist(s: RunSpec) -> Iterator[Violation]:
                     f"point env.{key} at a JSONL / Parquet file or a saved datasets directory")
 
 
+@rule("pure")
+def model_weights_readable(s: RunSpec) -> Iterator[Violation]:
+    """model.path's *.safetensors headers against their files' sizes (spec/safetensors_check.py)."""
+    from .safetensors_check import weights_problems
+
+    yield from weights_problems(s)
+
+
 # ---------------------------------------------------------------- values, and what this build runs --
 
 
