@@ -74,7 +74,7 @@ policy's gather is freed); logprobs, train and optimizer step = the policy's pha
 not sleep keep their budget claimed in every phase: each phase's peak is policy + rollout + contexts.
 
 CUDA context and allocator: each process that touches a GPU holds a context outside PyTorch's counters
-(~0.5 GiB on Hopper with CUDA 12/13, plus NCCL's buffers in a distributed job); PyTorch's caching allocator
+(CUDA_CONTEXT_GIB, plus NCCL's buffers in a distributed job; figures: benchmarks/results/memory.md); PyTorch's caching allocator
 reserves more than it hands out (fragmentation of the transient allocations: reserved ≈ allocated +
 ALLOCATOR_SLACK × the phase's transient part).
 
@@ -86,7 +86,7 @@ sharded torch policy writes full-state checkpoints: rank 0 gathers the fp32 weig
 parameter) on its host.
 
 Calibration: benchmarks/memory_gpu.py measures torch.cuda.max_memory_allocated / max_memory_reserved of
-the project's own policy workers on an H200 and prints them next to these predictions
+the project's own policy workers on a GPU and prints them next to these predictions
 (benchmarks/results/memory.md). Figures for layouts the workers do not run yet (PP, CP, SP, MoE, Mamba
 hybrids) are extrapolated from the same counting and say so in the report.
 """
@@ -105,8 +105,8 @@ GIB = 2**30
 
 # Constants the calibration may adjust (benchmarks/results/memory.md says how they were checked).
 ALLOCATOR_SLACK = 0.10  # reserved = allocated + this × the phase's transient part (caching-allocator fragmentation)
-CUDA_CONTEXT_GIB = 0.75  # one process's CUDA context + cuBLAS handles outside torch's counters (H200: 0.75 measured)
-NCCL_GIB = 1.3  # NCCL communicators of one process: a distributed job, or megatron (NCCL even at world 1; 1.31 measured)
+CUDA_CONTEXT_GIB = 0.75  # one process's CUDA context + cuBLAS handles outside torch's counters
+NCCL_GIB = 1.3  # NCCL communicators of one process: a distributed job, or megatron (NCCL even at world 1)
 VLLM_ACTIVATION_GIB = 1.5  # vLLM's profiled forward peak inside its budget (max_num_batched_tokens=8192)
 VLLM_CUDA_GRAPH_GIB = 1.0  # captured CUDA graphs (enforce_eager=false)
 IPC_BUFFER_BYTES = 2**30  # rollout/vllm_compat.py's packed buffer (vLLM's weight-transfer API)
@@ -116,7 +116,7 @@ HOST_PROCESS_GIB = 2.0  # resident footprint of one GPU process (CUDA/torch/libr
 # [tokens, V] logits live until the backward, which adds a zero-filled gradient of the same shape (and
 # megatron a contiguous copy for the output layer's backward): megatron 3a·V·L, torch 2a·V·L. Per response
 # token: the fp32 log-softmax (saved), its gradient, the bf16 copies. Fitted on the CPU build with the
-# profiler's allocation events (megatron bf16, L 1024, T 128: 8.0·V·L measured = 6·V·L + 16·V·T).
+# profiler's allocation events (benchmarks/results/memory.md).
 LOGITS_COEF = {"megatron": lambda a: (3 * a, 16 if a == 2 else 20),
                "torch": lambda a: (2 * a, 2 * a + 6)}
 

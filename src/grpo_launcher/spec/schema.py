@@ -122,10 +122,11 @@ class RolloutSpec:
     kv_cache_memory_mb: int = 64  # CPU engines: always bounded
     enforce_eager: bool = True
     # vLLM's sleep mode for engines colocated with the policy on GPUs: level 2 (weights and KV cache freed) while
-    # the logprob and update phases run, woken by the refit (off by default: not yet run on a GPU)
+    # the logprob and update phases run, woken by the refit (off by default; GPU figures:
+    # benchmarks/results/vllm_rollout.md)
     sleep_mode: bool = False
     # rollout=hf on CUDA: static KV cache + torch.compile(reduce-overhead) decoding (CUDA graphs); false = eager
-    hf_compile: bool = False  # measured on an H200: no gain over eager as wired (benchmarks/results/gpu_step.md);
+    hf_compile: bool = False  # no gain over eager as wired (benchmarks/results/gpu_step.md);
     # with Liger's kernels on (train.fused_kernels) the compiled decode also skips CUDA graphs (mutated inputs)
 
 
@@ -315,8 +316,9 @@ class ClusterSpec:
     job_port_stride: int = 0
     wait: bool = False  # slurm: block until the job ends, streaming the driver log
     node_gpus: Optional[int] = None  # GPUs a node of this cluster has (set by its profile); null = unknown
-    # memory of one GPU in GiB as torch reports it (set by the profile: H100 79.6, H200 140.4); null = unknown:
-    # the memory pre-flight (spec/memory.py) then prints its estimate but skips the check, with a warning
+    # memory of one GPU in GiB as torch reports it (set by the profile; figures per GPU model:
+    # benchmarks/results/environments.md); null = unknown: the memory pre-flight (spec/memory.py) then prints
+    # its estimate but skips the check, with a warning
     gpu_memory_gib: Optional[float] = None
 
 
