@@ -113,7 +113,7 @@ def ensure_tiny_model(spec: ModelSpec, env, env_name: str, cache_root: Path, see
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    del model  # the driver runs on: its CUDA cache goes back to the workers (55 GiB after nemotron_h_1b's warm start)
+    del model  # the driver runs on: its CUDA cache goes back to the workers (benchmarks/results/nemotron_gpu.md)
     if device == "cuda":
         torch.cuda.empty_cache()
     try:

@@ -8,9 +8,8 @@ The policy worker owns an `HFEngine` and generates with its own weights: on a CP
 On a CPU, decoding (`sample`) is a plain loop over the model's forward with a KV cache: each distinct prompt
 is prefilled ONCE and its cache repeated for its n samples (GRPO's group shares the prompt), and tokens are
 drawn by the Gumbel-max trick from softmax(logits / T), whose log-probabilities are returned as they are.
-No logits processors, no stopping criteria: on the tiny model this is 2.6x faster than `generate`.
-On CUDA `generate` stays: on an H200 (1.2B, 512 new tokens) the loop ran at 2,087 tok/s against generate's
-2,944 (benchmarks/results/gpu_step.md). With `rollout.hf_compile=true` it uses transformers' static KV cache, whose forward
+No logits processors, no stopping criteria: on the tiny model this is faster than `generate`.
+On CUDA `generate` stays: there the loop was the slower (figures: benchmarks/results/gpu_step.md). With `rollout.hf_compile=true` it uses transformers' static KV cache, whose forward
 `generate` compiles with torch.compile(mode="reduce-overhead") — CUDA graphs, so the per-token Python
 cost that bounds eager decoding of small models goes away. Prompt widths are bucketed so that the
 cache (and the captured graphs) keep one shape from step to step.

@@ -3,8 +3,9 @@
 Two engine modes, one contract (`generate` / `update_weights` / `shutdown`, as rollout/hf.py):
 
 * `rollout.async_engine=false`: `vllm.LLM`. With VLLM_ENABLE_V1_MULTIPROCESSING=0 (train/workers.py sets it)
-  the engine runs inside the actor process: no extra processes, ~2.5 s start-up on CPU, and the refit hands
-  the policy's tensors to `Worker.reload_weights` directly.
+  the engine runs inside the actor process: no extra processes, a short start-up on CPU
+  (benchmarks/results/vllm_rollout.md), and the refit hands the policy's tensors to `Worker.reload_weights`
+  directly.
 * `rollout.async_engine=true`: `AsyncLLM` (its EngineCore always runs in a child process). It lives on an
   asyncio loop in a background thread of the actor, so the actor's methods stay synchronous and the optional
   OpenAI-compatible HTTP server (`rollout.expose_http_server=true`) keeps answering while a Ray call runs.

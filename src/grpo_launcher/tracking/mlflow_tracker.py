@@ -40,8 +40,9 @@ MAX_PARAM_VALUE = 6000
 SECRET_KEY = re.compile(r"token$|secret|password|passwd|api_key|access_key|private_key|^key$", re.IGNORECASE)
 REDACTED = "***"
 STATUSES = ("FINISHED", "FAILED", "KILLED")
-# an http store that is away: MLflow's client retries 7 times over ~4 min by default, at every checkpoint; our
-# buffer takes over after 3 (~12 s). A user's MLFLOW_HTTP_REQUEST_MAX_RETRIES wins.
+# an http store that is away: MLflow's client retries 7 times with exponential backoff by default, at every
+# checkpoint; our buffer takes over after 3 (timings: benchmarks/results/tracking.md). A user's
+# MLFLOW_HTTP_REQUEST_MAX_RETRIES wins.
 HTTP_RETRIES_ENV, HTTP_RETRIES = "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 CLOSE_WAIT_S = 120.0  # the end of a run waits this long for an away store to send what it buffered

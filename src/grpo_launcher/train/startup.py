@@ -6,10 +6,9 @@ while the driver opens its MLflow run, records the launch and loads its tokenize
     grpo-launcher: start-up 27.0 s to the end of step 1 (imports 4.4, env 0.0, model 0.0, ray 6.2,
     workers started 0.1, mlflow 3.1, repro 0.5, tokenizer 3.0, workers ready 9.3, step 1 0.4)
 
-Measured (h15b, 2 shared cores): overlapping more in this process does not pay. Importing torch,
-transformers and MLflow in a thread while `ray.init` runs took as long in all as one after the other
-(21.5-26.1 s vs 21.8-22.5 s) and doubled `ray.init` (12.7-14.6 s vs 7.1-7.9 s): the two cores are busy
-with Ray's own processes, and the GIL serialises the rest; one launch timed out in Ray's node start-up.
+Overlapping more in this process does not pay: importing torch, transformers and MLflow in a thread while
+`ray.init` runs took as long in all and slowed `ray.init` (the cores are busy with Ray's own processes, and the
+GIL serialises the rest). Figures: benchmarks/results/step_phases.md.
 """
 
 from __future__ import annotations
