@@ -2,7 +2,10 @@
 (config.json, model.safetensors, generation_config.json + the tokenizer) that transformers and vLLM load.
 
 The default is the best checkpoint by checkpoint.metric (else the latest); the output defaults to
-RUN_DIR/export/step_NNNNNN/. The directory is written under a temporary name and renamed when complete.
+RUN_DIR/export/step_NNNNNN/. The checkpoint is verified against its manifest first (sizes, sha256); only the regular
+files of its policy/ are copied (a symlink is refused, never followed). The directory is written under a temporary
+name and renamed when complete. --out is never emptied: an existing non-empty --out is refused unless it is an earlier
+export of the same run (its EXPORT_RECORD names the run dir), which is replaced.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Optional
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
 MODEL_RECORD = "model.json"  # RUN_DIR/model.json: the HF directory the run loaded (tokenizer source)
+EXPORT_RECORD = "grpo_export.json"  # OUT/grpo_export.json: which run and checkpoint this export came from
 
 
 class ExportError(Exception):
@@ -69,26 +73,84 @@ def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: O
     if not (run_dir / "spec.yaml").is_file():
         raise ExportError(f"{run_dir} is not a run dir (no spec.yaml)")
     ckpt = pick_checkpoint(run_dir, step, last)
+    out = Path(out).absolute() if out else run_dir / "export" / ckpt.name
+    check_out(out, run_dir)
     policy = ckpt / "policy"
-    if not (policy / "config.json").is_file():
-        raise ExportError(f"{ckpt} holds no HF weights ({policy}/config.json)")
-    out = Path(out) if out else run_dir / "export" / ckpt.name
+    if policy.is_symlink() or not (policy / "config.json").is_file():
+        raise ExportError(f"{ckpt} holds no HF weights ({policy}/config.json)", key="--step")
+    verify(ckpt)
     tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for f in policy.iterdir():
-        if f.is_file():
-            shutil.copy2(f, tmp / f.name)
-    src = tokenizer_source(run_dir, ckpt)
-    if src != policy:
-        from transformers import AutoTokenizer
+    try:
+        copy_regular_files(policy, tmp)
+        src = tokenizer_source(run_dir, ckpt)
+        if src != policy:
+            from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
-    _check_loads(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+            AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
+        _check_loads(tmp)
+        record = {"run_dir": str(run_dir), "checkpoint": ckpt.name, "step": int(ckpt.name.split("_")[-1])}
+        (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def earlier_export_of(out: Path, run_dir: Path) -> bool:
+    """`out` was written by `export` from this run: its EXPORT_RECORD names the run dir, or it is the default
+    RUN_DIR/export/step_NNNNNN (only export writes there)."""
+    try:
+        record = json.loads((out / EXPORT_RECORD).read_text())
+        if Path(record["run_dir"]).resolve() == run_dir:
+            return True
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return out.parent.resolve() == run_dir / "export" and out.name.startswith("step_")
+
+
+def check_out(out: Path, run_dir: Path) -> None:
+    """--out is never emptied: a non-empty directory (or a file) there is refused unless it is an earlier export
+    of this run."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ExportError(f"--out {out} exists and is not a directory: nothing was written", key="--out")
+    if out.is_dir() and any(out.iterdir()) and not earlier_export_of(out, run_dir):
+        raise ExportError(f"--out {out} is not empty and is not an earlier export of {run_dir}: its contents are "
+                          "kept, nothing was written", key="--out")
+
+
+def verify(ckpt: Path) -> None:
+    """The checkpoint's files against its manifest (sizes, sha256, nothing extra): a checkpoint that fails is not
+    exported, and the message names the file."""
+    from .checkpoint.manager import verify_checkpoint
+
+    problem = verify_checkpoint(ckpt, only="policy/")
+    if problem:
+        raise ExportError(f"checkpoint {ckpt} fails verification: {problem}; nothing was exported", key="--step")
+
+
+def copy_regular_files(src: Path, dest: Path) -> None:
+    """The regular files directly in `src` (not followed through a symlink: one is refused, named)."""
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if entry.is_symlink():
+            raise ExportError(f"{Path(entry.path)} is a symlink (to {os.readlink(entry.path)}): a checkpoint holds "
+                              "regular files only; nothing was exported", key="--step")
+        if entry.is_file(follow_symlinks=False):
+            shutil.copy2(entry.path, dest / entry.name, follow_symlinks=False)
+
+
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Rename the complete `tmp` to `out`; an earlier export there is swapped out first, then removed."""
+    old = None
+    if out.is_dir() and any(out.iterdir()):
+        old = out.with_name(f".old-{out.name}-{os.getpid()}")
+        os.replace(out, old)
+    elif out.is_dir():
+        out.rmdir()
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _check_loads(path: Path) -> None:

@@ -125,30 +125,21 @@ def is_torch_pickle(path: Path) -> bool:
     return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
 
 
-def verify_checkpoint(path: Path) -> Optional[str]:
-    """None when the checkpoint dir is complete and intact, else what is wrong (one line, names the file)."""
+def verify_checkpoint(path: Path, only: str = "") -> Optional[str]:
+    """None when the checkpoint dir is complete and intact, else what is wrong (one line, names the file).
+    `only` (e.g. "policy/"): the files below that prefix alone are checked (export reads nothing else)."""
     path = Path(path)
     mpath = path / MANIFEST
     if not mpath.is_file():
         return f"{MANIFEST} is missing (the save did not finish, or an older version wrote it)"
     try:
         manifest = json.loads(mpath.read_text())
-        files = manifest["files"]
-        assert isinstance(files, dict)
-    except (OSError, ValueError, KeyError, AssertionError, TypeError) as exc:
+        files = {rel: want for rel, want in manifest["files"].items() if rel.startswith(only)}
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
         return f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})"
-    for rel, want in sorted(files.items()):
-        f = path / rel
-        if not f.is_file():
-            return f"{rel} is missing"
-        size = f.stat().st_size
-        if size != want.get("size"):
-            return f"{rel} has {size} bytes, the manifest says {want.get('size')} (truncated or overwritten)"
-        if sha256_file(f) != want.get("sha256"):
-            return f"{rel} does not match its sha256 in the manifest (corrupted or modified)"
-    extra = [r.as_posix() for r in payload_files(path) if r.as_posix() not in files]
-    if extra:
-        return f"files not in the manifest: {', '.join(extra[:5])}"
+    problem = files_problem(path, files, only)
+    if problem:
+        return problem
     try:
         meta = json.loads((path / META).read_text())
         step = int(meta["step"])
@@ -161,6 +152,28 @@ def verify_checkpoint(path: Path) -> Optional[str]:
             why = pickle_is_safe(path / rel)
             if why:
                 return why
+    return None
+
+
+def files_problem(path: Path, files: dict[str, Any], only: str = "") -> Optional[str]:
+    """The manifest's files below `only` against the disk: each a regular file (no symlink) of its size and sha256,
+    and no file (or symlink) there that the manifest lacks."""
+    for rel, want in sorted(files.items()):
+        f = path / rel
+        if f.is_symlink():
+            return f"{rel} is a symlink (to {os.readlink(f)}), not the file the manifest lists"
+        if not f.is_file():
+            return f"{rel} is missing"
+        size = f.stat().st_size
+        if size != want.get("size"):
+            return f"{rel} has {size} bytes, the manifest says {want.get('size')} (truncated or overwritten)"
+        if sha256_file(f) != want.get("sha256"):
+            return f"{rel} does not match its sha256 in the manifest (corrupted or modified)"
+    linked_dirs = [Path(d, n).relative_to(path) for d, dirs, _ in os.walk(path) for n in dirs if Path(d, n).is_symlink()]
+    extra = [r.as_posix() for r in [*payload_files(path), *linked_dirs]
+             if r.as_posix().startswith(only) and r.as_posix() not in files]
+    if extra:
+        return f"files not in the manifest: {', '.join(extra[:5])}"
     return None
 
 
@@ -386,6 +399,7 @@ class CheckpointManager:
             "pending_metrics": [list(m) for m in (pending_metrics or [])],
             "spec": spec_as_dict(self.spec),
             "compat": compat_fingerprint(self.spec),
+            "run": {"name": self.spec.name, "run_dir": str(self.ckpt_dir.parent.resolve())},  # whose MLflow run
             "saved_at": time.time(),
         }
         (tmp / META).write_text(json.dumps(meta, indent=1, sort_keys=True))

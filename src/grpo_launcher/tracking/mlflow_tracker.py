@@ -7,6 +7,9 @@ a crash at any point of a save, and a resume from any checkpoint, the step axis 
 A store that goes away mid-run (an http server restarting) does not stop the run: a failed commit keeps its
 metrics buffered (and in the next checkpoint's pending metrics), prints a warning, and the next commit sends them;
 the end of the run waits up to CLOSE_WAIT_S for the store.
+A resume reopens the checkpoint's MLflow run only when that run belongs to this run dir: its tags name the run dir
+(absolute) and its run name is this run's. A copied (or moved) run dir starts a new MLflow run, said so, and its
+steps so far are sent from metrics.jsonl (`backfill`); the original run is left as it was.
 Secret values (by key name, or a password inside a URI) are redacted in params and the logged spec.yaml.
 """
 
@@ -32,6 +35,7 @@ from . import metric_names as M
 from ..secrets import redact_text, redact_value
 from ..spec.compose import spec_to_yaml
 from ..spec.schema import RunSpec
+from .store import quiet_store_tracebacks
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_BATCH = 100
@@ -47,6 +51,7 @@ HTTP_RETRIES_ENV, HTTP_RETRIES = "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 CLOSE_WAIT_S = 120.0  # the end of a run waits this long for an away store to send what it buffered
 CLOSE_RETRY_S = 5.0
+RUN_DIR_TAG = "grpo.run_dir"  # the absolute run dir an MLflow run was started for (a resume checks it)
 
 
 # the UI opens an experiment of this kind in its model-training view (charts), not the GenAI (traces) view
@@ -146,6 +151,7 @@ class Tracker:
         self.run_dir = Path(run_dir)
         self.buffer_until_commit = buffer_until_commit
         self.client = MlflowClient(tracking_uri=tracking_uri)
+        quiet_store_tracebacks()  # a locked sqlite store: our one-line warning, not MLflow's logged traceback
         self.tracking_uri = tracking_uri
         if tracking_uri.startswith(("http://", "https://")):
             os.environ.setdefault(HTTP_RETRIES_ENV, HTTP_RETRIES)
@@ -155,7 +161,8 @@ class Tracker:
         self._buffer: list[Metric] = []
         self._logged: set[tuple[str, int]] = set()  # (key, step) pairs MLflow holds for this run
         self._closed = False
-        self._run_id = self._reopen(run_id) if run_id else self._start(parent_run_id)
+        self.adopted_from: str | None = None  # a checkpoint's run that belongs elsewhere: this run is new
+        self._run_id = self._reopen(run_id, parent_run_id) if run_id else self._start(parent_run_id)
 
     # ------------------------------------------------------------------ set-up --
     def _experiment(self, name: str, tracking_uri: str) -> str:
@@ -177,18 +184,61 @@ class Tracker:
                 raise
             return found.experiment_id
 
-    def _reopen(self, run_id: str) -> str:
-        """Resume: the same run, marked RUNNING again. Params are immutable in MLflow, so not re-logged."""
-        run = self.client.get_run(run_id)
+    def _reopen(self, run_id: str, parent_run_id: str | None = None) -> str:
+        """Resume: the same run, marked RUNNING again (params are immutable in MLflow, so not re-logged), when it is
+        this run dir's; else a new run, said so (the other run dir's run is not touched)."""
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            return self._start_instead(run_id, f"is not in the store {redact_value(self.tracking_uri)}",
+                                       parent_run_id)
+        elsewhere = self._owner_mismatch(run)
+        if elsewhere:
+            return self._start_instead(run_id, elsewhere, parent_run_id)
         if run.info.status != "RUNNING":
             self.client.update_run(run_id, status="RUNNING")
         for key in run.data.metrics:  # what a previous start already committed: never sent twice
             self._logged.update((key, m.step) for m in self.client.get_metric_history(run_id, key))
         return run_id
 
+    def _owner_mismatch(self, run: Any) -> str | None:
+        """None when `run` was started for this run dir and run name (its RUN_DIR_TAG and run name), else where
+        it belongs."""
+        where = run.data.tags.get(RUN_DIR_TAG)
+        if where is None:
+            return f"records no run dir (tag {RUN_DIR_TAG})"
+        if Path(where).resolve() != self.run_dir.resolve() or run.info.run_name != self.spec.name:
+            return f"belongs to run '{run.info.run_name}' in {where}"
+        return None
+
+    def _start_instead(self, run_id: str, why: str, parent_run_id: str | None) -> str:
+        new = self._start(parent_run_id)
+        self.adopted_from = run_id
+        print(f"grpo-launcher: the checkpoint's MLflow run {run_id} {why}, not to this run dir {self.run_dir} "
+              f"(a copy?): it is left as it was; this run logs to a new MLflow run {new}", flush=True)
+        return new
+
+    def backfill(self, metrics_jsonl: Path) -> int:
+        """A new run for a resumed run dir (`adopted_from`): its steps so far, from RUN_DIR/metrics.jsonl, so that the
+        step axis holds every step once. Returns how many values were sent."""
+        if not Path(metrics_jsonl).is_file():
+            return 0
+        now = int(time.time() * 1000)
+        for line in Path(metrics_jsonl).read_text().splitlines():
+            try:
+                row = json.loads(line)
+                step = int(row.pop("step"))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            self._buffer.extend(Metric(k, float(v), now, step) for k, v in row.items()
+                                if isinstance(v, (int, float)) and not isinstance(v, bool))
+        return self.commit()
+
     def _start(self, parent_run_id: str | None) -> str:
         """A new run named spec.name: params, git commit, run dir and the resolved spec.yaml."""
-        tags = {"grpo.run_dir": str(self.run_dir), "mlflow.note.content": RUN_NOTE}
+        tags = {RUN_DIR_TAG: str(self.run_dir.resolve()), "mlflow.note.content": RUN_NOTE}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         commit = git_commit()
@@ -253,7 +303,7 @@ class Tracker:
         if not first and len(self._buffer) == self._warned:
             return
         self._warned = len(self._buffer)
-        text = redact_text(str(exc))
+        text = (redact_text(str(exc)).strip().splitlines() or [""])[0]  # a SQL error's first line says it; SQL follows
         self._away = f"{type(exc).__name__}: {text[:120]}{' ... ' + text[-120:] if len(text) > 240 else text[120:]}"
         steps = sorted({m.step for m in self._buffer})
         held = (f" (step {steps[0]})" if len(steps) == 1 else f" (steps {steps[0]}..{steps[-1]})") if steps else ""

@@ -1,0 +1,186 @@
+"""Nothing lost, nothing corrupted (issue 43): `export` never empties --out, verifies the checkpoint and copies only
+its regular files; a copied run dir never writes into the original's MLflow run; `rerun` of an incomplete spec.yaml
+is refused; checkpoint.enabled=false writes no checkpoint and the disk a run needs is said and checked; a derived run
+name stays short; tests never read the checkout's outputs/. Real files, a real sqlite MLflow store, in-process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from grpo_launcher.checkpoint import CheckpointManager
+from grpo_launcher.launch import rundir
+from grpo_launcher.models.tiny import build_model, build_tokenizer
+from grpo_launcher.plan import make_plan
+from grpo_launcher.spec.compose import load_spec
+from grpo_launcher.train.setup import resume_or_start
+
+
+def make_run(root: Path, name: str = "ex", steps: tuple[int, ...] = (1,), *extra: str) -> Path:
+    """A run dir as a finished run leaves it: spec.yaml, and a verified checkpoint per step (an untrained tiny model
+    saved with save_pretrained as policy/, its optimizer state as optim.pt)."""
+    spec = load_spec([f"output_root={root}", f"name={name}", "logging.mlflow=false", *extra])
+    plan = make_plan(spec)
+    rundir.prepare(spec, plan)
+    tok = build_tokenizer()
+    model = build_model(spec.model, tok, seed=0)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp / "policy")
+        tok.save_pretrained(tmp / "policy")
+        torch.save({"opt": {}, "sched": {}}, tmp / "optim.pt")
+
+    mgr = CheckpointManager(plan.checkpoint_dir, spec)
+    for step in steps:
+        mgr.save(step, write, {"mlflow_run_id": None}, {})
+    return plan.run_dir
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return make_run(tmp_path_factory.mktemp("runs"))
+
+
+def export_args(run: Path, out: Path, *more: str) -> tuple[str, ...]:
+    return ("export", str(run), "--out", str(out), *more)
+
+
+# ------------------------------------------------------------------ export
+
+
+def test_export_refuses_a_non_empty_out_and_keeps_its_files(launch_here, run_dir, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("three years of work")
+    r = launch_here(tmp_path, *export_args(run_dir, out))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("config error") and "  - --out" in r.stderr and "not empty" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
+    assert (out / "thesis.tex").read_text() == "three years of work"
+    assert not list(tmp_path.glob(".tmp-*"))  # nothing written beside it either
+
+
+def test_export_replaces_an_earlier_export_of_the_same_run_only(launch_here, run_dir, tmp_path):
+    out = tmp_path / "model"
+    assert launch_here(tmp_path, *export_args(run_dir, out)).returncode == 0
+    first = json.loads((out / "grpo_export.json").read_text())
+    assert first["run_dir"] == str(run_dir) and first["checkpoint"] == "step_000001"
+    r = launch_here(tmp_path, *export_args(run_dir, out))  # the same run again: replaced
+    assert r.returncode == 0, r.stderr
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    other = make_run(tmp_path / "other-root", "other")
+    r = launch_here(tmp_path, *export_args(other, out))  # another run's export there: refused, kept
+    assert r.returncode == 2 and "  - --out" in r.stderr, r.stderr
+    assert json.loads((out / "grpo_export.json").read_text())["run_dir"] == str(run_dir)
+
+
+def test_export_into_an_empty_out(launch_here, run_dir, tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    r = launch_here(tmp_path, *export_args(run_dir, out))
+    assert r.returncode == 0, r.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors" in files and "tokenizer.json" in files and "optim.pt" not in files
+    assert all(p.is_file() and not p.is_symlink() for p in out.iterdir())
+
+
+def test_export_refuses_a_checkpoint_whose_weights_fail_the_manifest(launch_here, tmp_path):
+    run = make_run(tmp_path / "root")
+    weights = run / "checkpoints" / "step_000001" / "policy" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit in the last tensor: same size, other bytes
+    weights.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    r = launch_here(tmp_path, *export_args(run, out))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "policy/model.safetensors does not match its sha256" in r.stderr and "  - --step" in r.stderr, r.stderr
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("what", ["file", "dir"])
+def test_export_refuses_a_symlink_planted_in_the_checkpoint(launch_here, tmp_path, what):
+    run = make_run(tmp_path / "root")
+    secret = tmp_path / "outside"
+    secret.mkdir()
+    (secret / "id_rsa").write_text("PRIVATE KEY")
+    link = run / "checkpoints" / "step_000001" / "policy" / "tokenizer_extra.json"
+    link.symlink_to(secret / "id_rsa" if what == "file" else secret)
+    out = tmp_path / "out"
+    r = launch_here(tmp_path, *export_args(run, out))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "policy/tokenizer_extra.json" in r.stderr, r.stderr
+    assert not out.exists()
+    copies = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink() and p.read_bytes() == b"PRIVATE KEY"]
+    assert copies == [secret / "id_rsa"]  # never copied anywhere
+
+
+def test_export_copies_no_symlink_even_when_the_manifest_lists_it(tmp_path):
+    """A manifest written with the symlink in it (a planted link re-manifested): the copy still refuses it."""
+    from grpo_launcher.checkpoint.manager import write_manifest
+    from grpo_launcher.export import ExportError, export
+
+    run = make_run(tmp_path / "root")
+    ckpt = run / "checkpoints" / "step_000001"
+    (tmp_path / "secret").write_text("PRIVATE KEY")
+    (ckpt / "policy" / "notes.txt").symlink_to(tmp_path / "secret")
+    write_manifest(ckpt)
+    with pytest.raises(ExportError, match="notes.txt is a symlink"):
+        export(run, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ a copied run dir and its MLflow run
+
+
+def train_steps(spec, plan, steps: range) -> str:
+    """What a launch and the driver do per step, without Ray: log, metrics.jsonl, checkpoint, then finish."""
+    rundir.prepare(spec, plan)
+    state = resume_or_start(spec, plan)
+    assert state is not None
+    for step in steps:
+        metrics = {"train/reward_mean": float(step), "time/step_s": 0.5}
+        state.log(step, metrics)
+        with open(plan.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        state.save_checkpoint(step, lambda d: (d / "weights.bin").write_bytes(b"w"), metrics)
+    state.finish("FINISHED")
+    return state.tracker.run_id
+
+
+def history(client: MlflowClient, run_id: str) -> list[int]:
+    return [m.step for m in sorted(client.get_metric_history(run_id, "train/reward_mean"), key=lambda m: m.step)]
+
+
+def test_a_copied_run_dir_starts_its_own_mlflow_run_and_leaves_the_original_untouched(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # one store for both, as a team server would be
+
+    def spec_plan(root: Path, max_steps: int):
+        spec = load_spec([f"output_root={root}", "name=orig", f"logging.tracking_uri={uri}",
+                          f"grpo.max_steps={max_steps}"])
+        return spec, make_plan(spec)
+
+    original = train_steps(*spec_plan(tmp_path / "a", 2), range(1, 3))
+    client = MlflowClient(tracking_uri=uri)
+    before = client.get_run(original).info
+    shutil.copytree(tmp_path / "a" / "orig", tmp_path / "b" / "orig")  # cp -r to another output_root, same name
+    capsys.readouterr()
+
+    copy = train_steps(*spec_plan(tmp_path / "b", 4), range(3, 5))
+    out = capsys.readouterr().out
+    assert copy != original
+    assert f"the checkpoint's MLflow run {original} belongs to run 'orig' in {tmp_path / 'a' / 'orig'}" in out, out
+    assert f"new MLflow run {copy}" in out
+    after = client.get_run(original).info
+    assert history(client, original) == [1, 2]  # the original's step axis: its own steps only
+    assert (after.status, after.end_time) == ("FINISHED", before.end_time)
+    assert history(client, copy) == [1, 2, 3, 4]  # the copy's run: its steps so far (metrics.jsonl), then its own
+    assert client.get_run(copy).data.tags["grpo.run_dir"] == str(tmp_path / "b" / "orig")
+
+    again = train_steps(*spec_plan(tmp_path / "a", 3), range(3, 4))  # the original resumed in place: its own run
+    assert again == original and history(client, original) == [1, 2, 3]
