@@ -5,7 +5,10 @@ and the prompts (length under the chat template). Each problem is a Violation na
 The data is read once per pre-flight (the verdict is kept for the same spec and files: a dry run's second
 pass, real_launch_problems, reuses it); a file over PROGRESS_BYTES says what it is doing on stderr. Each reward
 function is called on the first REWARD_PROBE_ROWS rows (the row's answer as the completion): a NaN, a string or
-(env.reward_errors=raise) an exception is a config error here, not after Ray's start-up.
+(env.reward_errors=raise) an exception is a config error here, not after Ray's start-up. It is then called on every
+row of the train and val files (within ANSWER_CHECK_BUDGET_S): rows whose own answer scores 0 can never be
+rewarded, and are a warning naming them (file:line). User code (imports, these calls) runs under a time limit
+(usercode.call_with_limit, GRPO_USER_CODE_TIMEOUT_S): one that never returns is a config error naming the key.
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ from typing import Any, Iterator
 
 from ..spec.errors import Violation
 from ..spec.schema import ClusterKind, RunSpec
-from .usercode import UserCodeError, describe, is_file_ref, is_ref, load_ref, split_ref
+from .usercode import (LIMIT_ENV, TimeLimitExceeded, UserCodeError, UserCodeTimeout, call_with_limit, describe,
+                       is_file_ref, is_ref, load_ref, split_ref, user_code_limit_s)
 
 RULE = "env_data_and_code"
 PROGRESS_BYTES = 8 * 2**20  # a data file this large says what pre-flight is doing with it
 REWARD_PROBE_ROWS = 3
+ANSWER_CHECK_BUDGET_S = 10.0  # calling the reward on every row's own answer stops after this long (said so)
+SHOWN_ROWS = 5  # rows named in the warning; the rest are counted
+_WARNED: set[str] = set()  # warnings printed by this process (a second pre-flight pass prints none again)
 _CHECKED: dict[tuple, list[Violation]] = {}  # (spec, data files' stats) → the verdict
 _READ: dict[tuple, Any] = {}  # (split, file stats, keys) → its Table or DataError: read once per pre-flight
 _LENGTHS: dict[tuple, list[int]] = {}  # (split, file stats, how prompts are rendered) → each prompt's tokens
@@ -93,13 +100,19 @@ def _check_env(s: RunSpec) -> Iterator[Violation]:
     try:
         cls = env_class(e.name)
     except UserCodeError as exc:
-        yield V("env.name", str(exc), "fix the module/file and the class name (module:Class)")
+        yield V("env.name", str(exc), _import_fix(exc, "fix the module/file and the class name (module:Class)"))
         return
     if cls not in ENVS.values():
         yield from _check_constructor(cls, s)
     yield from _check_rewards_declared(s, cls)
     if isinstance(cls, type) and issubclass(cls, DatasetEnv):
         yield from check_dataset(s, cls)
+
+
+def _import_fix(exc: UserCodeError, fix: str) -> str:
+    if isinstance(exc, UserCodeTimeout):
+        return f"do the slow work on first use, not at import; or raise the limit: {LIMIT_ENV}=SECONDS"
+    return fix
 
 
 def _code_here(s: RunSpec, ref: str) -> bool:
@@ -146,7 +159,8 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
         try:
             fn = load_ref(ref, key)
         except UserCodeError as exc:
-            yield V(key, str(exc), "point it at a function: package.module:function or path/to/rewards.py:function")
+            yield V(key, str(exc), _import_fix(exc, "point it at a function: package.module:function or "
+                                                   "path/to/rewards.py:function"))
             continue
         if not callable(fn):
             yield V(key, f"{key}={ref}: {fn!r} is not callable", "point it at a function")
@@ -174,8 +188,11 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
             problem = R.signature_problem(r.fn, columns)
             if problem:
                 yield V(r.key, problem, "def fn(prompt, completion, **kwargs) -> float")
-            else:
-                yield from _probe_reward(s, r, tables["train"])
+                continue
+            bad = list(_probe_reward(s, r, tables["train"]))
+            yield from bad
+            if not bad and e.answer_key:
+                yield from _check_answers_score(s, r, tables)
     if "train" in tables:
         yield from _check_epochs(s, len(tables["train"].rows))
     if tables:
@@ -193,7 +210,11 @@ def _probe_reward(s: RunSpec, r: Any, table: Any) -> Iterator[Violation]:
         row = table.rows[i]
         completion = answer_text(row[e.answer_key]) if e.answer_key else ""
         try:
-            R.score([r], row[e.prompt_key], completion, row, e.prompt_key, table.where(i))
+            call_with_limit(user_code_limit_s(), R.score, [r], row[e.prompt_key], completion, row, e.prompt_key,
+                            table.where(i))
+        except TimeLimitExceeded as exc:
+            yield _timed_out(r, exc, table.where(i))
+            return
         except R.UserCodeError as exc:
             if "raised" in str(exc).split("\n")[0] and e.reward_errors.value == "zero":
                 continue  # scored 0 and counted at run time
@@ -202,6 +223,65 @@ def _probe_reward(s: RunSpec, r: Any, table: Any) -> Iterator[Violation]:
                     + ("" if e.reward_errors.value == "zero" else ", or env.reward_errors=zero to score 0 when it "
                        "raises"))
             return
+
+
+def _timed_out(r: Any, exc: TimeLimitExceeded, where: str) -> Violation:
+    return V(r.key, f"{r.key}={r.ref}: the reward function {describe(r.fn)} did not return within {exc.seconds:g} s "
+             f"(called at pre-flight on the row at {where}, with the row's answer as the completion)",
+             f"make it return (it is called once per sample), or raise the limit: {LIMIT_ENV}=SECONDS")
+
+
+def _check_answers_score(s: RunSpec, r: Any, tables: dict) -> Iterator[Violation]:
+    """Call the reward on every row with the row's own answer as the completion (within ANSWER_CHECK_BUDGET_S);
+    rows scored 0 can never be rewarded: one warning naming the first SHOWN_ROWS (file:line) and counting the rest.
+    A call that does not return is a config error."""
+    from . import rewards as R
+    from .dataset import answer_text
+
+    e, zero, checked = s.env, [], 0
+    total = sum(len(t.rows) for t in tables.values())
+    deadline = time.monotonic() + ANSWER_CHECK_BUDGET_S
+    for t in tables.values():
+        for i, row in enumerate(t.rows):
+            if time.monotonic() > deadline:
+                break
+            answer = answer_text(row[e.answer_key])
+            try:
+                got = call_with_limit(user_code_limit_s(), R.score, [r], row[e.prompt_key], answer, row,
+                                      e.prompt_key, t.where(i), on_error="zero")
+            except TimeLimitExceeded as exc:
+                yield _timed_out(r, exc, t.where(i))
+                return
+            checked += 1
+            if got.total == 0:
+                zero.append(f"{t.where(i)}: answer {_short(answer)}" + (" (the call raised)" if got.error else ""))
+    if zero:
+        warn(_unrewardable_text(r, zero, checked, total))
+
+
+def _unrewardable_text(r: Any, zero: list[str], checked: int, total: int) -> str:
+    of = f"{checked} rows checked of {total} (pre-flight's {ANSWER_CHECK_BUDGET_S:g} s)" if checked < total \
+        else f"{total} rows"
+    every = len(zero) == checked
+    head = (f"{r.key} ({r.ref}) scores 0 on {'every one' if every else len(zero)} of {of} when the completion is "
+            f"the row's own answer: {'they' if every else 'those rows'} can never be rewarded")
+    shown = [f"    {z}" for z in zero[:SHOWN_ROWS]]
+    more = [f"    ... and {len(zero) - SHOWN_ROWS} more"] if len(zero) > SHOWN_ROWS else []
+    hint = ("  (if the reward expects more than the bare answer, e.g. a format, this is expected)" if every else
+            "  (check those answers: a grader reads them as it reads a completion)")
+    return "\n".join([head, *shown, *more, hint])
+
+
+def warn(text: str) -> None:
+    """A pre-flight warning on stderr, once per process."""
+    if text not in _WARNED:
+        _WARNED.add(text)
+        print(f"grpo-launcher: warning: {text}", file=sys.stderr, flush=True)
+
+
+def _short(value: str, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def read_split(e: Any, which: str) -> Any:
