@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,124 @@ def test_offsets_past_the_end_and_missing_shards_are_named(tmp_path):
     assert "not valid JSON" in header_problem(f)
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-2-of-2.safetensors"}}))
     assert missing_shards(tmp_path) == ["model-2-of-2.safetensors"]
+
+
+# ----------------------------------------------------------------------------- the MLflow store
+@pytest.fixture
+def mounted(tmp_path):
+    """mount(size, read_only=False) → a real tmpfs under tmp_path (unmounted at teardown)."""
+    mounts: list[Path] = []
+
+    def mount(size: str = "1m", read_only: bool = False, name: str = "mnt") -> Path:
+        mnt = tmp_path / name
+        mnt.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode != 0:
+            pytest.skip("mount -t tmpfs failed")
+        mounts.append(mnt)
+        (mnt / "store").mkdir()
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        return mnt
+
+    yield mount
+    for mnt in reversed(mounts):
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
+def launch_for_real(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """`python launch.py` (no dry run) in a subprocess: what it printed, and how long it took."""
+    from helpers import launch
+
+    t0 = time.monotonic()
+    run = launch(f"output_root={tmp_path}", "grpo.max_steps=1", *args, cwd=tmp_path, env=env, timeout=120)
+    return run, time.monotonic() - t0
+
+
+def test_an_unreachable_http_store_is_a_config_error_in_seconds(tmp_path):
+    """MLFLOW_TRACKING_URI at a port nothing listens on: exit 2 naming the variable, before Ray or a worker."""
+    run, took = launch_for_real(tmp_path, env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "MLFLOW_TRACKING_URI" in run.stderr and "http://127.0.0.1:9" in run.stderr and "unreachable" in run.stderr
+    assert "Traceback" not in run.stderr and "ray" not in run.stdout.lower() and took < 60
+    assert not (tmp_path / "tiny-grpo" / "status.json").exists()  # nothing started
+
+
+@ROOT_ONLY
+def test_a_read_only_sqlite_store_is_a_config_error(tmp_path, mounted):
+    mnt = mounted(read_only=True)
+    run, took = launch_for_real(tmp_path, f"logging.tracking_uri=sqlite:///{mnt}/store/mlflow.db")
+    assert run.returncode == 2 and took < 60, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "logging.tracking_uri" in run.stderr and f"{mnt}/store is not writable" in run.stderr, run.stderr
+
+
+def test_store_problems_from_a_real_directory_port_and_file(tmp_path):
+    from grpo_launcher.tracking.store import store_problem
+
+    assert store_problem(f"sqlite:///{tmp_path}/new/dir/mlflow.db") is None  # MLflow makes the missing dirs
+    (tmp_path / "f").write_text("")
+    assert "is not a directory" in store_problem(f"sqlite:///{tmp_path}/f/mlflow.db")
+    assert "unreachable" in store_problem("postgresql://u:p@127.0.0.1:9/db")
+    assert "unreachable" in store_problem("http://127.0.0.1:9/prefix/")
+
+
+HOLD_LOCK = """
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute('BEGIN EXCLUSIVE')
+print('held', flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def locked_store(tmp_path):
+    """A sqlite store (tables made) that another process holds an exclusive lock on until teardown."""
+    import sys
+
+    import sqlite3
+
+    db = tmp_path / "mlflow.db"
+    con = sqlite3.connect(db)
+    con.execute("create table t (x)")
+    con.close()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    yield f"sqlite:///{db}"
+    holder.kill()
+    holder.wait()
+
+
+def test_a_locked_store_is_said_to_buffer_at_start(tmp_path, locked_store):
+    from grpo_launcher.spec.schema import LoggingSpec, RunSpec
+    from grpo_launcher.tracking.store import tracking_line
+
+    spec = RunSpec(logging=LoggingSpec(tracking_uri=locked_store))
+    assert "locked by another process now: this run's metrics are buffered" in tracking_line(spec, locked_store)
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_locked_store_is_one_warning_line_not_mlflows_traceback(tmp_path, capfd):
+    """A store locked after the run opened it: the commit waits out sqlite's busy timeout (MLflow's 20 s), keeps
+    the metrics and says so in one line (MLflow used to log the SQL error's 65-line traceback first)."""
+    import sys
+
+    from grpo_launcher.spec.schema import RunSpec
+    from grpo_launcher.tracking import Tracker
+
+    db = tmp_path / "mlflow.db"
+    tracker = Tracker(RunSpec(), f"sqlite:///{db}", tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capfd.readouterr()
+        tracker.log_metrics(1, {"train/reward_mean": 0.5})
+        assert tracker.commit() == 0 and tracker.pending()
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "SQLAlchemy database error" not in err and "[SQL:" not in err, err
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    assert "database is locked" in line and "kept, sent at the next checkpoint" in line
+    assert tracker.commit() == 1  # the lock gone: sent

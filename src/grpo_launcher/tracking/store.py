@@ -18,6 +18,7 @@ import dataclasses
 import os
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Iterable
 
 from ..spec.schema import LoggingSpec, RunSpec
@@ -69,8 +70,12 @@ def tracking_line(spec: RunSpec, uri: str) -> str:
     exp = spec.logging.experiment
     exp_from = (EXPERIMENT_ENV if env_exp == exp else "logging.experiment"
                 + (f"; {EXPERIMENT_ENV} not used" if env_exp else ""))
-    return (f"grpo-launcher: MLflow runs go to {redact_value(uri)} (from {where}), "
+    line = (f"grpo-launcher: MLflow runs go to {redact_value(uri)} (from {where}), "
             f"experiment '{exp}' (from {exp_from})")
+    if store_locked(uri):
+        line += ("\ngrpo-launcher: the store is locked by another process now: this run's metrics are buffered (and "
+                 "in RUN_DIR/metrics.jsonl) and sent at the checkpoints once it is free")
+    return line
 
 
 def env_prefix(spec: RunSpec) -> list[str]:
@@ -86,3 +91,121 @@ def env_prefix(spec: RunSpec) -> list[str]:
     if experiment and experiment == spec.logging.experiment:
         out.append(f"{EXPERIMENT_ENV}={shlex.quote(experiment)}")
     return out
+
+
+# ------------------------------------------------------------------ the store opened at pre-flight
+PROBE_TIMEOUT_S = 5.0  # an http store's health answer, a database port's connect: pre-flight waits no longer
+DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
+
+
+def store_uri(spec: RunSpec) -> tuple[str, str]:
+    """(the store this spec's run would open, the setting that chose it: logging.tracking_uri,
+    MLFLOW_TRACKING_URI, or output_root for the default store)."""
+    env = env_value(URI_ENV)
+    if spec.logging.tracking_uri:  # filled from the variable at pre-flight (with_mlflow_env), or set by the user
+        from_env = env is not None and absolute_uri(env) == spec.logging.tracking_uri
+        return spec.logging.tracking_uri, URI_ENV if from_env else "logging.tracking_uri"
+    if env:
+        return absolute_uri(env), URI_ENV
+    return f"{SQLITE}{Path(spec.output_root).resolve() / 'mlflow.db'}", "output_root"
+
+
+def _writable_problem(path: Path) -> str | None:
+    """Why MLflow could not write a file store or sqlite db at `path` (its nearest existing directory), or None."""
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is not writable"
+    folder = path if path.is_dir() else path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):  # sqlite writes its journal next to the db
+        return f"{folder} is not writable (read-only)"
+    return None
+
+
+def _http_problem(uri: str, timeout: float) -> str | None:
+    """An http(s) store answers its /health endpoint (any HTTP answer below 500 counts: auth is MLflow's concern)."""
+    import urllib.error
+    import urllib.request  # here: it imports http.client, email and ssl, which pre-flight needs only for http
+
+    parts = urlsplit(uri)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    url = f"{parts.scheme}://{netloc}{f':{parts.port}' if parts.port else ''}{parts.path.rstrip('/')}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            return None
+    except urllib.error.HTTPError as exc:
+        return None if exc.code < 500 else f"answers HTTP {exc.code} at {url}"
+    except urllib.error.URLError as exc:
+        if "SSL" in type(exc.reason).__name__ or "CERTIFICATE" in str(exc.reason):
+            return None  # it answered; TLS settings are MLflow's (MLFLOW_TRACKING_INSECURE_TLS)
+        why = getattr(exc.reason, "strerror", None) or str(exc.reason)
+        return f"is unreachable ({why}, asked {url})"
+    except (OSError, ValueError) as exc:  # TimeoutError, a bad port
+        return f"is unreachable ({type(exc).__name__}: {exc or 'no answer'} within {timeout:.0f} s, asked {url})"
+
+
+def _db_problem(uri: str, timeout: float) -> str | None:
+    """A database store (postgresql://, mysql://, ...): its port takes a connection."""
+    import socket
+
+    parts = urlsplit(uri)
+    port = parts.port or DB_PORTS.get(parts.scheme.split("+")[0])
+    if not parts.hostname or not port:
+        return None
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"is unreachable ({exc.strerror or type(exc).__name__} at {parts.hostname}:{port})"
+    return None
+
+
+def store_problem(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why a run could not open the MLflow store at `uri` from here, or None. Light (no mlflow import): a file or
+    sqlite store must be writable, an http store must answer, a database's port must take a connection."""
+    if uri.startswith(SQLITE):
+        return _writable_problem(Path(uri[len(SQLITE):]))
+    if uri.startswith(("http://", "https://")):
+        return _http_problem(uri, timeout)
+    if uri.startswith("file:"):
+        return _writable_problem(Path(urlsplit(uri).path))
+    if not SCHEME.match(uri):  # a plain path: MLflow's file store
+        return _writable_problem(Path(uri))
+    return _db_problem(uri, timeout)
+
+
+def store_locked(uri: str) -> bool:
+    """A sqlite store another process holds a write lock on now (the run buffers its metrics until it frees)."""
+    import sqlite3
+
+    if not uri.startswith(SQLITE) or not Path(uri[len(SQLITE):]).is_file():
+        return False
+    try:
+        con = sqlite3.connect(uri[len(SQLITE):], timeout=0)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.rollback()
+        finally:
+            con.close()
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc)
+    return False
+
+
+STORE_LOGGER = "mlflow.store.db.utils"  # logs every sqlite/SQL OperationalError with its traceback, then raises it
+
+
+def _not_a_caught_db_error(record: object) -> bool:
+    return "SQLAlchemy database error" not in str(getattr(record, "msg", ""))
+
+
+def quiet_store_tracebacks() -> None:
+    """MLflow logs a database error (a locked sqlite store: ~65 lines of traceback and SQL) before it raises it as
+    an MlflowException, which the tracker reports in one line (its buffer's warning): drop that log record."""
+    import logging
+
+    logger = logging.getLogger(STORE_LOGGER)
+    if _not_a_caught_db_error not in logger.filters:
+        logger.addFilter(_not_a_caught_db_error)

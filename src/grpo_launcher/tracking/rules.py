@@ -1,0 +1,29 @@
+"""The tracking room's pre-flight rule (registered with spec/rules.py, whose validate() imports this module)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..spec.errors import Violation
+from ..spec.rules import V, rule
+from ..spec.schema import ClusterKind, RunSpec
+from .store import URI_ENV, store_problem, store_uri
+
+
+@rule("probe")
+def tracking_store_reachable(s: RunSpec) -> Iterator[Violation]:
+    """The MLflow store a local run opens is there before anything starts (tracking/store.py store_problem): a
+    read-only directory or a server nobody answers for would fail the run after Ray and its workers had started.
+    The default store in output_root is output_root_writable's; a Slurm job opens its store from the cluster."""
+    if not s.logging.mlflow or s.cluster.kind != ClusterKind.local:
+        return
+    uri, source = store_uri(s)
+    if source == "output_root":
+        return
+    problem = store_problem(uri)
+    if problem:
+        from ..secrets import redact_value
+
+        keys = ("logging.tracking_uri",) if source == "logging.tracking_uri" else (URI_ENV, "logging.tracking_uri")
+        yield V("tracking_store_reachable", keys, f"the MLflow store {redact_value(uri)} (from {source}) {problem}",
+                f"start the store or make it writable, point {source} at one that is, or set logging.mlflow=false")
