@@ -184,3 +184,28 @@ def test_a_copied_run_dir_starts_its_own_mlflow_run_and_leaves_the_original_unto
 
     again = train_steps(*spec_plan(tmp_path / "a", 3), range(3, 4))  # the original resumed in place: its own run
     assert again == original and history(client, original) == [1, 2, 3]
+
+
+# ------------------------------------------------------------------ rerun of an incomplete spec.yaml
+
+
+@pytest.mark.parametrize("text, said", [("", "is empty"), ("name: half\nmodel:\n  hidden_size: 64\n", "lacks sections"),
+                                        ("- a list\n", "is not a mapping")])
+def test_rerun_of_an_incomplete_spec_yaml_is_refused_naming_the_missing_sections(launch_here, tmp_path, text, said):
+    run = tmp_path / "runs" / "half"
+    run.mkdir(parents=True)
+    (run / "spec.yaml").write_text(text)
+    r = launch_here(tmp_path, "rerun", str(run), "dry_run=true")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("config error") and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    named = r.stderr.splitlines()[1]
+    assert "output_root" in named and "rollout" in named and "deadlines" in named, r.stderr
+    assert ("model" in named.split(":")[0]) == ("model:" not in text), named
+    assert "rerunning" not in r.stdout and not (tmp_path / "outputs").exists()  # nothing composed, nothing launched
+
+
+def test_rerun_of_a_complete_spec_yaml_still_runs(launch_here, tmp_path):
+    run = make_run(tmp_path / "runs", "whole")
+    r = launch_here(tmp_path, "rerun", str(run), "dry_run=true")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "whole-rerun1" in r.stdout

@@ -31,12 +31,43 @@ def rerun(args: list[str]) -> int:
     if not spec_file.is_file():
         print(f"error: {ns.run_dir} is not a run dir (no spec.yaml)", file=sys.stderr)
         return 2
+    incomplete = spec_file_problems(spec_file)
+    if incomplete:
+        from ..spec.errors import ConfigError
+
+        print(ConfigError(incomplete).render(), file=sys.stderr)
+        return 2
     from .app import single_run
 
     _launch_dir(ns.run_dir / REPRO / "git.json")
     _say_code_drift(ns.run_dir / REPRO / "git.json")
     print(f"grpo-launcher: rerunning {ns.run_dir}", flush=True)
     return single_run(ns.overrides, saved=spec_file)
+
+
+def spec_file_problems(spec_file: Path) -> list[Violation]:
+    """A run's spec.yaml must hold every section a launch writes (name, output_root, model, rollout, ...): one that is
+    empty, cut short or not a mapping would rerun the defaults in their place. The missing ones are named."""
+    import dataclasses
+
+    import yaml
+
+    from ..spec.schema import RunSpec
+
+    try:
+        saved = yaml.safe_load(spec_file.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        first = (str(exc).splitlines() or [""])[0]
+        return [Violation("rerun_spec_complete", ("spec.yaml",), f"{spec_file} cannot be read: "
+                          f"{type(exc).__name__}: {first}"[:300], "rerun a run dir whose spec.yaml a launch wrote")]
+    found = saved if isinstance(saved, dict) else {}
+    missing = [f.name for f in dataclasses.fields(RunSpec) if f.name not in found]
+    if not missing:
+        return []
+    what = "is empty" if saved is None else "is not a mapping" if not isinstance(saved, dict) else "lacks sections"
+    return [Violation("rerun_spec_complete", tuple(missing), f"{spec_file} {what}: missing "
+                      f"{', '.join(missing)}; a rerun would put the defaults in their place",
+                      "rerun a run dir whose spec.yaml a launch wrote (or launch the config again)")]
 
 
 def saved_config(spec_file: Path, overrides: list[str]) -> tuple[Any, list[Violation]]:
