@@ -209,3 +209,47 @@ def test_rerun_of_a_complete_spec_yaml_still_runs(launch_here, tmp_path):
     r = launch_here(tmp_path, "rerun", str(run), "dry_run=true")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "whole-rerun1" in r.stdout
+
+
+# ------------------------------------------------------------------ the derived run name
+
+
+FINISHED = Path(__file__).parent / "data" / "finished_run" / "tiny-grpo"  # a run of the default name at its end
+SEVEN = ["train.lr=3e-6", "grpo.num_prompts_per_step=32", "rollout.max_new_tokens=32", "loss.clip_high=0.28",
+         "train.weight_decay=0.01", "grpo.val_period=5", "checkpoint.save_period=5"]
+
+
+def test_a_long_override_set_gets_a_short_readable_name_not_a_refusal(launch_here, tmp_path):
+    """The issue's everyday case: model.path=DIR plus seven overrides, after the default name's run finished: the
+    derived name used to pass 200 characters and safe_names refused the launch (exit 2, about a leading '.')."""
+    from grpo_launcher.spec.rules import SAFE_NAME
+
+    root = tmp_path / "out"
+    shutil.copytree(FINISHED, root / "tiny-grpo")
+    model = tmp_path / "models" / "an-organisation" / "a-rather-long-model-directory-name-1.2B-instruct-v2"
+    tok = build_tokenizer()
+    build_model(load_spec([f"output_root={root}", "name=m"]).model, tok, seed=0).save_pretrained(model)
+    tok.save_pretrained(model)
+    names = []
+    for lr in ("3e-6", "1e-6"):
+        r = launch_here(tmp_path, f"output_root={root}", f"model.path={model}", *SEVEN[1:], f"train.lr={lr}",
+                        "dry_run=true")
+        assert r.returncode == 0, r.stdout + r.stderr
+        (line,) = [x for x in r.stdout.splitlines() if "already finished" in x]
+        names.append(line.split("this run is named '")[1].split("'")[0])
+    for name in names:
+        assert name.startswith("tiny-grpo_model.path=a-rather-long-model") and len(name) <= 80, name
+        assert SAFE_NAME.fullmatch(name) and name[-9] == "-" and int(name[-8:], 16) >= 0, name
+    assert names[0] != names[1]  # two override sets, two run dirs
+
+
+def test_a_short_derived_name_is_unchanged_and_a_long_one_never_collides():
+    from grpo_launcher.launch.names import MAX_DERIVED, derived_name
+
+    assert derived_name("tiny-grpo", ["rollout=vllm"]) == "tiny-grpo_rollout=vllm"
+    assert derived_name("tiny-grpo", ["loss.clip_high=0.2", "train.lr=0.0001"]) == \
+        "tiny-grpo_loss.clip_high=0.2,train.lr=0.0001"
+    long = [f"env.reward_fns=[a{i}.py:f]" for i in range(12)]
+    a, b = derived_name("tiny-grpo", long), derived_name("tiny-grpo", [*long[:-1], "env.reward_fns=[b.py:f]"])
+    assert len(a) <= MAX_DERIVED and len(b) <= MAX_DERIVED and a != b and a[:60] == b[:60]
+    assert derived_name("r", ["model.path=/x/m"]) != derived_name("r", ["model.path=/y/m"])  # same last part

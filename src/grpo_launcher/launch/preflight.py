@@ -93,10 +93,9 @@ def name_after_overrides(cfg: Any, overrides: list[str], keys: list[str]) -> Non
     """No name= given, and the run of the default name has already finished: this run is named after its overrides,
     as sweep points are (tiny-grpo_rollout=vllm), so that `python launch.py` then `python launch.py rollout=vllm`
     both run. A run that can go on (grpo.max_steps raised; checkpoint.resume=fresh) keeps the name."""
-    import re
-
     from ..finished import last_checkpoint_step
     from ..spec.schema import Resume
+    from .names import derived_name
     from .sweep import EXCLUDED_FROM_NAME
 
     tag = ",".join(o for o, k in zip(overrides, keys) if k not in EXCLUDED_FROM_NAME)
@@ -105,7 +104,7 @@ def name_after_overrides(cfg: Any, overrides: list[str], keys: list[str]) -> Non
     step = last_checkpoint_step(Path(str(cfg.output_root)).resolve() / str(cfg.name))
     if step is None or step < cfg.grpo.max_steps:
         return
-    name = f"{cfg.name}_{re.sub(r'[^A-Za-z0-9_.+=,@-]', '_', tag)}"
+    name = derived_name(str(cfg.name), [o for o, k in zip(overrides, keys) if k not in EXCLUDED_FROM_NAME])
     print(f"grpo-launcher: run '{cfg.name}' already finished (step {step}): this run is named '{name}' "
           "(name=NAME to choose one)")
     cfg.name = name

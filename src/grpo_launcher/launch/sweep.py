@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -21,6 +20,7 @@ from ..spec.compose import ConfigSource, to_spec
 from ..spec.errors import ConfigError, Violation
 from ..spec.schema import RunSpec
 from ..tracking import metric_names
+from .names import derived_name
 
 EXCLUDED_FROM_NAME = ("name", "output_root", "dry_run", "cluster.wait")
 PARENT_ENV = "GRPO_PARENT_RUN_ID"
@@ -113,9 +113,8 @@ def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:
     named = []
     for i, ov in enumerate(points):
         name = next((o.partition("=")[2] for o in ov if o.startswith("name=")), base)
-        tag = ",".join(o for o in ov if o.partition("=")[0] in varying) or (str(i) if len(points) > 1 else "")
-        tag = re.sub(r"[^A-Za-z0-9_.+=,@-]", "_", tag)
-        full = f"{name}_{tag}" if tag else name
+        tagged = [o for o in ov if o.partition("=")[0] in varying] or ([str(i)] if len(points) > 1 else [])
+        full = derived_name(name, tagged) if tagged else name  # short, readable (launch/names.py)
         named.append([o for o in ov if not o.startswith("name=")] + [f"name='{full}'"])  # quoted: has = and ,
     return named
 

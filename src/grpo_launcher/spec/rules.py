@@ -857,10 +857,12 @@ def safe_names(s: RunSpec) -> Iterator[Violation]:
     if not SAFE_NAME.fullmatch(s.name):
         yield V("safe_names", "name", f"run name {s.name!r} becomes a directory and a job name",
                 "use letters, digits and . _ - = + , @ only")
-    elif s.name.startswith(".") or len(s.name) > MAX_NAME:
+    elif s.name.startswith("."):
         yield V("safe_names", "name", f"run name {s.name[:40]!r}{'...' if len(s.name) > 40 else ''} must not start "
-                f"with '.' (output_root/{s.name[:8]} would leave or hide in output_root) and has ≤ {MAX_NAME} "
-                "characters", "use a name like my-run_1")
+                f"with '.' (output_root/{s.name[:8]} would leave or hide in output_root)", "use a name like my-run_1")
+    elif len(s.name) > MAX_NAME:
+        yield V("safe_names", "name", f"run name {s.name[:40]!r}... has {len(s.name)} characters, more than "
+                f"{MAX_NAME} (a directory and a job name)", "use a shorter name, like my-run_1")
 
 
 @rule("probe")
