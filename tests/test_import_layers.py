@@ -24,7 +24,7 @@ ALLOWED = {
     ("gym.probe", "train.setup"): "a diagnostic script (python -m grpo_launcher.gym.probe) builds the model as the "
                                   "driver does",
     ("runfiles", "spec.compose"): "load_spec_file reads spec.yaml back through the spec's own composition",
-    ("spec.compose", "envs.preflight"): "env.max_prompt_tokens=0 resolves from the env room's one read of the data",
+    ("spec.resolve", "envs.preflight"): "env.max_prompt_tokens=0 resolves from the env room's one read of the data",
     ("tracking.records", "envs.base"): "type annotation only (TYPE_CHECKING)",
     ("tracking.report", "envs.prompting"): "the run's prompting record comes from the env's prompt builder",
     ("tracking.repro", "envs.rewards"): "the user's reward files are recorded to reproduce the run",

@@ -30,20 +30,13 @@ def guarded(stage: str, fn: Callable[[], T]) -> T:
                                      "fix the values named above; if none is, report this config")]) from exc
 
 
-def job_spec(spec: RunSpec) -> RunSpec:
-    """The spec the job itself reads (a Slurm job: output_root made absolute)."""
-    if spec.cluster.kind != ClusterKind.slurm:
-        return spec
-    return dataclasses.replace(spec, output_root=str(Path(spec.output_root).resolve()))
-
-
 def render_job(spec: RunSpec, plan: Any) -> Optional[str]:
     """The sbatch script a Slurm run would submit (None for local runs)."""
     if spec.cluster.kind != ClusterKind.slurm:
         return None
     from .sbatch import render
 
-    return render(job_spec(spec), plan)
+    return render(spec, plan)
 
 
 def read_back_as_the_job(plan: Any) -> Callable[[RunSpec], RunSpec]:
@@ -65,7 +58,7 @@ def finish(spec: RunSpec) -> tuple[RunSpec, Any]:
 
     plan = guarded("plan", lambda: make_plan(spec))
     guarded("render", lambda: render_job(spec, plan))
-    problems = guarded("roundtrip", lambda: roundtrip_problems(job_spec(spec), read_back_as_the_job(plan)))
+    problems = guarded("roundtrip", lambda: roundtrip_problems(spec, read_back_as_the_job(plan)))
     if problems:
         raise ConfigError(problems)
     return spec, plan
@@ -76,7 +69,6 @@ def preflight(overrides: list[str], source: Optional[ConfigSource] = None,
     """A single run's overrides → (spec, plan), or ONE ConfigError with every problem (composed once). `saved`: a
     run's spec.yaml (launch.py rerun) composed with the overrides instead of conf/; the rest is the same."""
     from ..spec.compose import _override_key
-    from ..tracking.store import with_mlflow_env
     from .repro import saved_config
 
     keys = [_override_key(o) for o in overrides]
@@ -85,8 +77,8 @@ def preflight(overrides: list[str], source: Optional[ConfigSource] = None,
     else:
         cfg, problems = guarded("compose", lambda: compose_all(overrides, source=source))
         name_after_overrides(cfg, overrides, keys)
-    spec = guarded("compose", lambda: checked_spec(cfg, keys, problems))
-    return finish(with_mlflow_env(spec, keys))  # MLFLOW_* (tracking/store.py)
+    spec = guarded("compose", lambda: checked_spec(cfg, keys, problems, launch=True))  # resolved, then validated
+    return finish(spec)
 
 
 def name_after_overrides(cfg: Any, overrides: list[str], keys: list[str]) -> None:
@@ -114,11 +106,8 @@ def preflight_config(cfg: Any, overrides: list[str]) -> tuple[RunSpec, Any]:
     """A composed sweep point → (spec, plan), or ONE ConfigError (same checks as a single run)."""
     from ..spec.compose import _override_key
 
-    from ..tracking.store import with_mlflow_env
-
     keys = [_override_key(o) for o in overrides]
-    spec = guarded("compose", lambda: checked_spec(cfg, keys))
-    return finish(with_mlflow_env(spec, keys))  # MLFLOW_* (tracking/store.py)
+    return finish(guarded("compose", lambda: checked_spec(cfg, keys, launch=True)))
 
 
 def real_launch_problems(spec: RunSpec) -> list[Violation]:

@@ -6,12 +6,10 @@ the job (driver log streamed here) until it ends and exits with its result.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import sys
 import time
-from pathlib import Path
 
 from ..exit_codes import ExitCode
 from ..plan import Plan
@@ -22,14 +20,8 @@ from .sbatch import python_of, render, script_path
 T_COMMAND = time.time()  # ≈ when launch.py started (this module is imported at start-up)
 
 
-def for_slurm(spec: RunSpec) -> RunSpec:
-    """The spec the job reads: output_root made absolute (the job's cwd is not ours to rely on)."""
-    return dataclasses.replace(spec, output_root=str(Path(spec.output_root).resolve()))
-
-
 def submit_slurm(spec: RunSpec, plan: Plan) -> int:
-    spec = for_slurm(spec)
-    script = render(spec, plan)
+    script = render(spec, plan)  # output_root is absolute already (spec/resolve.py: the job's view)
     if spec.dry_run:
         print(f"dry run: the sbatch script that would be submitted ({script_path(plan)}):\n")
         print(script)

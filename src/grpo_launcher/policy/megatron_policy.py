@@ -34,7 +34,6 @@ import shutil
 import re
 import time
 import warnings
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -95,7 +94,8 @@ def sdpa_attention_class():
     return SDPAAttention
 
 
-def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool, fused: bool = False):
+def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool, fused: bool = False,
+                       dispatcher: Optional[str] = None):
     """Arch + train.* → megatron-core TransformerConfig (no TE kernels). fused: megatron-core's fusions that need
     neither Transformer Engine nor Apex, its torch.compile'd SwiGLU (the backward recomputes the activation from
     the saved input) and residual add; its RoPE fusion needs TE, its persistent norm and masked-softmax kernels
@@ -124,12 +124,13 @@ def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool, fuse
     if t.activation_checkpointing:
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     if arch.num_experts:
-        kw.update(moe_kwargs(arch, spec))
+        kw.update(moe_kwargs(arch, spec, dispatcher))
     return TransformerConfig(**kw)
 
 
-def moe_kwargs(arch: mc.Arch, spec: RunSpec) -> dict:
-    """MoESpec (the seed recipe's settings) → TransformerConfig's moe_* fields."""
+def moe_kwargs(arch: mc.Arch, spec: RunSpec, dispatcher: Optional[str] = None) -> dict:
+    """MoESpec (the seed recipe's settings) → TransformerConfig's moe_* fields (`dispatcher`: the worker's own choice
+    in place of train.moe.token_dispatcher, see MegatronPolicyWorker)."""
     m = spec.train.moe
     return dict(
         num_moe_experts=arch.num_experts, moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
@@ -138,15 +139,15 @@ def moe_kwargs(arch: mc.Arch, spec: RunSpec) -> dict:
         moe_router_pre_softmax=not arch.moe_norm_topk_prob, moe_router_score_function="softmax",
         moe_router_dtype="fp32" if m.router_dtype == Precision.float32 else None,
         moe_router_load_balancing_type=m.load_balancing_type, moe_aux_loss_coeff=m.aux_loss_coeff,
-        moe_token_dispatcher_type=m.token_dispatcher, moe_grouped_gemm=False, moe_permute_fusion=False)
+        moe_token_dispatcher_type=dispatcher or m.token_dispatcher, moe_grouped_gemm=False, moe_permute_fusion=False)
 
 
 def build_gpt(arch: mc.Arch, spec: RunSpec, *, pre_process: bool = True, post_process: bool = True,
-              use_cpu_init: bool = True, fused: bool = False):
+              use_cpu_init: bool = True, fused: bool = False, dispatcher: Optional[str] = None):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    cfg = transformer_config(arch, spec, use_cpu_init=use_cpu_init, fused=fused)
+    cfg = transformer_config(arch, spec, use_cpu_init=use_cpu_init, fused=fused, dispatcher=dispatcher)
     layer_spec = get_gpt_layer_local_spec(num_experts=arch.num_experts or None, moe_grouped_gemm=False,
                                           qk_layernorm=arch.qk_norm, normalization="RMSNorm")
     if spec.train.core_attention == "sdpa":
@@ -191,10 +192,10 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
         self.shim = None if self.cuda else _load_cpu_shim()
-        if not self.cuda and self.arch.num_experts and spec.train.moe.token_dispatcher == "alltoall":
-            # the alltoall dispatcher creates a CUDA stream; on CPU the allgather one computes the same layer
-            t = spec.train
-            self.spec = replace(spec, train=replace(t, moe=replace(t.moe, token_dispatcher="allgather")))
+        # the alltoall dispatcher creates a CUDA stream; on CPU the allgather one computes the same layer (derived
+        # here, beside the spec: the spec stays the one pre-flight validated, spec/resolve.py)
+        cpu_moe = not self.cuda and self.arch.num_experts and spec.train.moe.token_dispatcher == "alltoall"
+        self.dispatcher: Optional[str] = "allgather" if cpu_moe else None
         self.steps = 0
 
     # ------------------------------------------------------------------ distributed set-up
@@ -254,7 +255,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
     def _build_and_load(self, full: dict[str, torch.Tensor]):
         # train.fused_kernels: null = on with CUDA (megatron-core's own fusions, no Liger); always off on CPU
         fused = self.cuda and self.spec.train.fused_kernels is not False
-        model = build_gpt(self.arch, self.spec, use_cpu_init=not self.cuda, fused=fused)
+        model = build_gpt(self.arch, self.spec, use_cpu_init=not self.cuda, fused=fused, dispatcher=self.dispatcher)
         mc.load_local(model, full, tp_rank=self.tp_rank, tp_size=self.tp_size,
                       layer_offset=self.layer_offset, expert_offset=self.expert_offset,
                       tie=self.arch.tie_embeddings)

@@ -271,17 +271,16 @@ def load_spec(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[
     return checked_spec(cfg, [_override_key(o) for o in overrides], unknown)
 
 
-def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violation] = ()) -> RunSpec:
-    """A composed config → the validated RunSpec (model architecture from model.path), or ONE ConfigError."""
-    from ..envs.preflight import resolve_prompt_budget
-    from .model_dir import resolve_model
-    from .rules import async_placement, validate
+def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violation] = (),
+                 launch: bool = False) -> RunSpec:
+    """A composed config → the resolved (spec/resolve.py, every fill-in once) and validated RunSpec, or ONE
+    ConfigError. `launch`: a launch's pre-flight, which also draws the run's own values (resolve's HTTP key)."""
+    # imported here: resolve pulls in the rules and the env room, and compose is also the job's reader of spec.yaml
+    from .resolve import resolve
+    from .rules import validate
 
     spec, problems = to_spec(cfg), list(known_problems)
-    spec = async_placement(spec, cli_keys)  # grpo.async_grpo.enabled alone: devices for the engines
-    spec, model_problems = resolve_model(spec, cli_keys)
-    spec, budget_problems = resolve_prompt_budget(spec)  # env.max_prompt_tokens=0: the data's longest prompt
-    model_problems += budget_problems
+    spec, model_problems = resolve(spec, cli_keys, launch=launch)
     refused = {k for v in problems for k in v.keys}  # their values were left out: rules on them would judge defaults
     rules = [v for v in validate(spec) if not any(k == r or k.startswith(r + ".") for k in v.keys for r in refused)]
     violations = [*problems, *model_problems, *rules]

@@ -19,7 +19,6 @@ from ..plan import Plan, make_plan, parse_duration
 from ..spec.schema import EnvName, RunSpec
 from ..tracking import metric_names as M
 from ..batch import Generation, TrainBatch, collate, shard_rows
-from ..secrets import with_http_api_key
 from ..envs.rewards import Scored
 from ..deadlines import HEALTH_GROUP, ActorDied, EngineLost, Hung, hang_report, stack_on_node
 from .loop_state import LoopState, StopRequest
@@ -44,7 +43,6 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
     clock.mark("env")
     model_dir = prepare_model(spec, plan, env)
     clock.mark("model")
-    spec = with_http_api_key(spec)
     with ray_session(spec, plan):
         stop.reinstall()  # ray.init() replaced the SIGTERM handler with Ray's (which exits without saving)
         clock.mark("ray")
