@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .logit_heads import head_for
 from .spec.schema import RolloutBackend, RunSpec
 
 # Fixed Ray port block, offsets from cluster.ray_port (documented in README "Ports").
@@ -145,6 +146,7 @@ class Plan:
     async_grpo: bool = False  # grpo.async_grpo.enabled: generation overlaps the update (train/async_loop.py)
     max_trajectory_age: int = 0  # grpo.async_grpo.max_trajectory_age_steps (async only)
     engine_sleeps: bool = False  # rollout.sleep_mode resolved: the engines sleep through logprobs + update
+    logprob_head: str = ""  # the policy's logprob head for this family (logit_heads.head_for: what the worker builds)
 
     @property
     def policy_ranks(self) -> int:
@@ -175,6 +177,7 @@ class Plan:
                 "loop                 : " + (f"async (max trajectory age {self.max_trajectory_age} step(s))"
                                               if self.async_grpo else "sync"),
                 f"old logprobs         : {'from the update forward (on-policy)' if self.logprobs_from_update else 'separate pass'}",
+                f"logprob head         : {self.logprob_head}",
                 f"max model len        : {self.max_model_len}",
                 f"Ray bundle / device  : {self.bundle}",
                 f"run dir              : {self.run_dir}",
@@ -219,4 +222,5 @@ def make_plan(spec: RunSpec) -> Plan:
         async_grpo=a.enabled,
         max_trajectory_age=a.max_trajectory_age_steps if a.enabled else 0,
         engine_sleeps=engine_sleeps(spec),
+        logprob_head=head_for(spec.model.path, spec.model.family, spec.train.logprob_chunk_tokens).why,
     )

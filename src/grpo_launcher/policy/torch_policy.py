@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from . import fsdp, fused
 from ..algos import (LossInputs, entropy_from_logits, linear_logprobs, local_denominator, spec_policy_loss,
                      token_logprobs)
+from ..logit_heads import HeadChoice, LogitTransform, head_for
 from ..rollout.hf import engine_dtype
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch, response_logits
@@ -51,9 +52,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         # packing: Mamba-2 mixers run per sequence (policy/packing.py); hooked before the reference is copied
         self.mamba_mixers = segment_mamba_mixers(self.model) if spec.train.sequence_packing else 0
         self.router_load = RouterLoad(self.model)  # train/moe/*: MoE routers' load per layer (none: dense)
-        if spec.train.logprob_chunk_tokens:
-            self.model.set_output_embeddings(LogprobHead(self.model.get_output_embeddings(),
-                                                         spec.rollout.temperature, spec.train.logprob_chunk_tokens))
+        self.head = chunked_head(self.model, spec, self.model_dir)  # the family's logit post-processing per chunk
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if spec.loss.kl_coef > 0 else None
         if spec.train.activation_checkpointing:  # the policy only: the reference has no backward
             fsdp.checkpoint_layers(self.model)
@@ -140,10 +139,14 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             head.targets = targets
         try:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                return model(**inputs, use_cache=False).logits  # no KV cache (and none to update twice under AC)
+                logits = model(**inputs, use_cache=False).logits  # no KV cache (and none to update twice under AC)
+            if not chunked:
+                return logits
+            assert head.result is not None  # the model post-processed it as logits: the head's own result counts
+            return head.result
         finally:
             if chunked:
-                head.targets = None
+                head.targets = head.result = None
 
     def _micro_slices(self, b: TrainBatch, size: int) -> list[slice]:
         """Rows of `size` sequences, or packed (train.sequence_packing): consecutive sequences filling `size` rows."""
@@ -282,29 +285,46 @@ class TorchPolicyWorker(HybridRollout, Profiling):
 
 
 class LogprobHead(torch.nn.Module):
-    """A causal LM's output layer (same weight, same state-dict name) that, while `targets` [B, K] is set, returns
-    [B, K, 2] = (logprob of the target at temperature, entropy) per position from hidden states, chunk by chunk
-    (algos.linear_logprobs), 0 where the target is -1 (not computed); otherwise the plain logits (generation with
-    the policy model itself)."""
+    """A causal LM's output layer (same weight and bias, same state-dict names) that, while `targets` [B, K] is set,
+    computes [B, K, 2] = (logprob of the target at temperature, entropy) per position from hidden states, chunk by
+    chunk (algos.linear_logprobs), with the family's logit post-processing (`transform`, logit_heads.py) applied
+    per chunk, 0 where the target is -1 (not computed). The result is kept in `result`: the model's forward goes
+    on to apply that post-processing to whatever this returns, so the caller reads `result`, not the model's
+    output. Without targets: the plain output layer (generation with the policy model itself)."""
 
-    def __init__(self, linear: torch.nn.Module, temperature: float, chunk: int):
+    def __init__(self, linear: torch.nn.Module, temperature: float, chunk: int, transform: LogitTransform | None = None):
         super().__init__()
-        if getattr(linear, "bias", None) is not None:
-            raise ValueError("LogprobHead: an output layer with a bias")
         self.weight = linear.weight
-        self.temperature, self.chunk = temperature, chunk
+        self.bias = getattr(linear, "bias", None)  # a Parameter registers as "bias", as in nn.Linear
+        self.temperature, self.chunk, self.transform = temperature, chunk, transform
         self.targets: torch.Tensor | None = None
+        self.result: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [B, K, H] -> [B, K, V] logits, or [B, K, 2] (logprob, entropy) with targets [B, K]
         if self.targets is None:
-            return torch.nn.functional.linear(hidden, self.weight)
+            return torch.nn.functional.linear(hidden, self.weight, self.bias)
         t = self.targets.flatten()
         at = (t >= 0).nonzero().squeeze(1)  # positions whose next token is wanted (-1: none, e.g. a packed prompt)
-        lp, ent = linear_logprobs(hidden.flatten(0, 1).index_select(0, at), self.weight, t[at],
-                                  temperature=self.temperature, chunk=self.chunk)
+        lp, ent = linear_logprobs(hidden.flatten(0, 1).index_select(0, at), self.weight, t[at], bias=self.bias,
+                                  transform=self.transform, temperature=self.temperature, chunk=self.chunk)
         out = torch.zeros(t.shape[0], 2, dtype=lp.dtype, device=lp.device)
-        return out.index_copy(0, at, torch.stack([lp, ent], -1)).view(*hidden.shape[:2], 2)
+        self.result = out.index_copy(0, at, torch.stack([lp, ent], -1)).view(*hidden.shape[:2], 2)
+        return self.result.detach().clone()  # what the model's forward post-processes (in place, for some)
+
+
+def chunked_head(model: torch.nn.Module, spec: RunSpec, model_dir: str) -> HeadChoice:
+    """Put a LogprobHead in place of the model's output layer where the plan's head choice is chunked
+    (logit_heads.head_for: the same choice the plan prints); an output layer that is not a plain nn.Linear keeps
+    whole logits. Returns the choice made."""
+    choice = head_for(model_dir, spec.model.family, spec.train.logprob_chunk_tokens)
+    head = model.get_output_embeddings()
+    if choice.chunk and type(head) is not torch.nn.Linear:
+        choice = HeadChoice(0, None, f"whole logits: the output layer is a {type(head).__name__}, not an nn.Linear")
+        print(f"grpo-launcher: logprob head: {choice.why}", flush=True)
+    if choice.chunk:
+        model.set_output_embeddings(LogprobHead(head, spec.rollout.temperature, choice.chunk, choice.transform))
+    return choice
 
 
 def _chunks(n: int, size: int) -> list[slice]:

@@ -1,0 +1,326 @@
+"""The family conformance matrix: a tiny random model of each transformers causal-LM family users bring, built with
+save_pretrained from the family's own config class with its quirks (logit softcapping and scaling, tied embeddings,
+an explicit head_dim, biases, partial rotary), checked through the product's own code paths on the CPU in fp32:
+
+- pre-flight accepts the directory (model.path) and the plan names the logprob head the worker builds;
+- the policy worker's logprobs and entropies, through the chunked head (the default) and through whole logits, equal
+  log_softmax of the model's own HF forward (≤ 1e-5), and the hf engine's sampling logprobs equal them;
+- one on-policy update gives the same loss and gradients through either head;
+- the trained weights, saved as a checkpoint and exported (`launch.py export`), reload to the same logits.
+
+Plus the registry of logit post-processings (logit_heads.py) against transformers' own modeling code, and the
+Gemma-2 metric train/gen_vs_policy_logprob_absdiff with the default settings (issue 42: it read 1.54 nats)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from grpo_launcher.algos import entropy_from_logits
+from grpo_launcher.batch import collate
+from grpo_launcher.checkpoint import CheckpointManager
+from grpo_launcher.export import export
+from grpo_launcher.logit_heads import FAMILY_LOGITS, SOFTCAP, head_choice, head_for, unreproduced_keys
+from grpo_launcher.models.tiny import build_tokenizer
+from grpo_launcher.policy.torch_policy import LogprobHead, TorchPolicyWorker
+from grpo_launcher.runfiles import write_atomic
+from grpo_launcher.spec.compose import load_spec, spec_to_yaml
+from nemotron_tiny import CONFIG as NEMOTRON_H
+
+TOL = 1e-5  # fp32 on the CPU
+VOCAB = 288  # the byte-level tokenizer's 259 tokens, rounded up
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1)
+# model_type -> its quirks (on COMMON); head_dim 32 where transformers would derive 64 / 4 = 16
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": dict(head_dim=32, attention_bias=True, mlp_bias=True, tie_word_embeddings=True),
+    "qwen2": dict(tie_word_embeddings=True),
+    "qwen3": dict(head_dim=32),
+    "mistral": dict(head_dim=32, sliding_window=8),
+    "gemma": dict(head_dim=32),  # tied, embeddings scaled by sqrt(hidden)
+    "gemma2": dict(head_dim=32, final_logit_softcapping=2.0, attn_logit_softcapping=5.0, query_pre_attn_scalar=16,
+                   sliding_window=8),
+    "gemma3_text": dict(head_dim=32, final_logit_softcapping=3.0, sliding_window=8),
+    "phi": dict(partial_rotary_factor=0.5, qk_layernorm=True),  # lm_head with a bias
+    "phi3": dict(),
+    "granite": dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.1),
+    "cohere": dict(logit_scale=3.0),  # tied
+    "olmo2": dict(),
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=256),  # tied, Conv1D layers
+    "gpt_neox": dict(rotary_pct=0.5),  # embed_out, untied
+    "stablelm": dict(partial_rotary_factor=0.5, use_qkv_bias=True, qk_layernorm=True),
+    "nemotron_h": {**NEMOTRON_H, "vocab_size": VOCAB, "initializer_range": 0.1},  # Mamba-2 / attention / MoE
+}
+PROMPTS = ["1234>", "98765>"]  # two prompt lengths: padded rows
+SMALL = ["grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2", "train.global_batch_size=4",
+         "train.micro_batch_size=2", "train.logprob_batch_size=4", "rollout.max_new_tokens=6", "logging.mlflow=false"]
+
+
+def build(root: Path, family: str) -> Path:
+    """DIR/family: config.json + model.safetensors (a random model, seed 0) + the byte-level tokenizer."""
+    out = root / family
+    tok = build_tokenizer()
+    ids = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    base = {} if family == "nemotron_h" else COMMON
+    cfg = AutoConfig.for_model(family, **{**base, **FAMILIES[family], **ids})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    head = model.get_output_embeddings()
+    if head.bias is not None:  # transformers initialises it to zeros: a bias the head dropped would go unseen
+        torch.nn.init.normal_(head.bias, std=1.0)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@dataclasses.dataclass
+class Family:
+    """One family's workers (chunked head, whole logits), a batch the engine sampled, and the HF reference."""
+
+    name: str
+    dir: Path
+    root: Path
+
+    def __post_init__(self) -> None:
+        spec = load_spec([f"model.path={self.dir}", f"output_root={self.root / 'out'}", f"name={self.name}", *SMALL])
+        whole = dataclasses.replace(spec, train=dataclasses.replace(spec.train, logprob_chunk_tokens=0))
+        self.spec = spec
+        self.chunked = TorchPolicyWorker(spec, str(self.dir), 0, 1)
+        self.whole = TorchPolicyWorker(whole, str(self.dir), 0, 1)
+        tok = self.chunked.engine.tokenizer
+        gens = self.chunked.generate([tok(p)["input_ids"] for p in PROMPTS], 2, seed=3)
+        self.batch = collate(gens, torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.ones(len(gens)), tok.pad_token_id)
+        self.mask = self.batch.response_mask.bool()
+        self.ref_lp, self.ref_ent = hf_reference(self.dir, self.batch, spec.rollout.temperature)
+        self._updated: dict[str, Any] | None = None
+
+    def updated(self) -> dict[str, Any]:
+        """One on-policy update on each worker; the gradients each had before its optimizer step."""
+        if self._updated is None:
+            grads: dict[str, dict[str, torch.Tensor]] = {"chunked": {}, "whole": {}}
+            for kind, w in (("chunked", self.chunked), ("whole", self.whole)):  # the gradients before the step
+                w.opt.register_step_pre_hook(lambda *_, w=w, kind=kind: grads[kind].update(
+                    {k: p.grad.clone() for k, p in w.model.named_parameters() if p.grad is not None}))
+            den = [float(self.batch.response_mask.sum())]
+            self._updated = {"chunked": self.chunked.update([self.batch], den),
+                             "whole": self.whole.update([self.batch], den), "grads": grads}
+        return self._updated
+
+
+def hf_reference(model_dir: Path, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs [B, T], entropy [B, T]) of the response tokens from a fresh HF model's own forward, one unpadded
+    sequence at a time."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    lp, ent = torch.zeros(batch.response_ids.shape), torch.zeros(batch.response_ids.shape)
+    for i in range(len(batch)):
+        n, p = int(batch.attention_mask[i].sum()), int(batch.prompt_lens[i])
+        with torch.no_grad():
+            logits = model(batch.input_ids[i:i + 1, :n]).logits[0, p - 1:n - 1].float() / temperature  # [T_i, V]
+        t = n - p
+        lp[i, :t] = logits.log_softmax(-1).gather(-1, batch.input_ids[i, p:n, None]).squeeze(-1)
+        ent[i, :t] = entropy_from_logits(logits)
+    return lp, ent
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    """Family objects built on first use, shared by every test of the module."""
+    root = tmp_path_factory.mktemp("families")
+    made: dict[str, Family] = {}
+
+    def get(name: str) -> Family:
+        if name not in made:
+            made[name] = Family(name, build(root / "models", name), root)
+        return made[name]
+
+    return get
+
+
+def worst(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((a - b).detach()[mask].abs().max())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chunked_head_equals_the_hf_forward(families, family):
+    """The default head: logprobs and entropies (the update's own _token_stats) = log_softmax of HF's logits;
+    the plan's head line is what the worker built."""
+    f = families(family)
+    head = f.chunked.model.get_output_embeddings()
+    assert isinstance(head, LogprobHead) and f.chunked.head == head_for(str(f.dir), family, 4096)
+    assert (head.transform is not None) == (family in FAMILY_LOGITS)
+    lp, ent = f.chunked._token_stats(f.chunked.model, f.batch, entropy=True)
+    assert worst(lp, f.ref_lp, f.mask) <= TOL and worst(ent, f.ref_ent, f.mask) <= TOL
+    assert worst(f.chunked.logprobs(f.batch)[0], f.ref_lp, f.mask) <= TOL  # the separate logprob pass
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_whole_logits_equal_the_hf_forward(families, family):
+    f = families(family)
+    assert type(f.whole.model.get_output_embeddings()) is torch.nn.Linear
+    lp, ent = f.whole._token_stats(f.whole.model, f.batch, entropy=True)
+    assert worst(lp, f.ref_lp, f.mask) <= TOL and worst(ent, f.ref_ent, f.mask) <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_engine_samples_with_the_hf_forwards_logprobs(families, family):
+    """rollout=hf's sampling logprobs (the engine shares the chunked worker's model on the CPU)."""
+    f = families(family)
+    assert f.mask.sum() > 0
+    assert worst(f.batch.generation_logprobs, f.ref_lp, f.mask) <= TOL
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) & set(FAMILY_LOGITS)))
+def test_the_post_processing_matters_here(families, family):
+    """Without its logit post-processing the family's logprobs move by far more than TOL: the checks above see it."""
+    f = families(family)
+    key, kind, _ = FAMILY_LOGITS[family]
+    model = AutoModelForCausalLM.from_pretrained(f.dir, dtype=torch.float32).eval()
+    setattr(model.config, key, None if kind == SOFTCAP else 1.0)
+    if hasattr(model, key):  # Cohere keeps its own copy
+        setattr(model, key, 1.0)
+    i, n, p = 0, int(f.batch.attention_mask[0].sum()), int(f.batch.prompt_lens[0])
+    with torch.no_grad():
+        lp = model(f.batch.input_ids[:1, :n]).logits[0, p - 1:n - 1].log_softmax(-1)
+    plain = lp.gather(-1, f.batch.input_ids[i, p:n, None]).squeeze(-1)
+    assert (plain - f.ref_lp[i, :n - p]).abs().max() > 100 * TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_update_is_the_same_through_either_head(families, family):
+    """On-policy: the update's own old logprobs = HF's; loss, entropy and every gradient match whole logits."""
+    f = families(family)
+    u = f.updated()
+    a, b = u["chunked"], u["whole"]
+    assert worst(a["prev_logprobs"], f.ref_lp, f.mask) <= TOL
+    for k in ("loss", "entropy", "grad_norm"):
+        assert abs(a[k] - b[k]) <= TOL, k
+    ga, gb = u["grads"]["chunked"], u["grads"]["whole"]
+    assert ga and ga.keys() == gb.keys()
+    for name in ga:
+        assert torch.allclose(ga[name], gb[name], atol=1e-6), name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_reloads_to_the_trained_logits(families, family):
+    """The trained weights (a checkpoint as the driver saves it, then `launch.py export`) load with
+    AutoModelForCausalLM and give the policy's own logits."""
+    f = families(family)
+    f.updated()
+    run_dir = f.root / "out" / f"run-{family}"
+    run_dir.mkdir(parents=True)
+    write_atomic(run_dir / "spec.yaml", spec_to_yaml(f.spec))
+    CheckpointManager(run_dir / "checkpoints", f.spec).save(1, f.chunked.save, {}, {})
+    out = export(run_dir)
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids, attn = f.batch.input_ids, f.batch.attention_mask
+    with torch.no_grad():
+        want = f.chunked.model(input_ids=ids, attention_mask=attn).logits
+        got = reloaded(input_ids=ids, attention_mask=attn).logits
+    assert (got - want)[attn.bool()].abs().max() <= TOL
+    moved = AutoModelForCausalLM.from_pretrained(f.dir, dtype=torch.float32)(input_ids=ids, attention_mask=attn).logits
+    assert (moved - want)[attn.bool()].abs().max() > TOL  # the update changed them: the export carries its weights
+
+
+# ------------------------------------------------------------------ the registry against transformers
+
+
+def test_registry_defaults_are_transformers_own():
+    """A config.json without the key: the default FAMILY_LOGITS assumes is the config class's."""
+    from transformers import CONFIG_MAPPING
+
+    for family, (key, _, default) in FAMILY_LOGITS.items():
+        cfg = CONFIG_MAPPING[family]().get_text_config()
+        assert getattr(cfg, key) == default, family
+
+
+def _causal_lm_sources() -> dict[str, str]:
+    """model_type -> the source of its *ForCausalLM forward after the output layer's call (transformers' files)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    root = Path(transformers.__file__).parent / "models"
+    texts = [p.read_text() for p in root.glob("*/modeling_*.py")]
+    out = {}
+    for family, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+        for text in texts:
+            start = text.find(f"\nclass {cls}(")
+            if start >= 0:
+                end = text.find("\nclass ", start + 1)
+                body = text[start:end if end > 0 else None]
+                forward = body[body.find("def forward"):]
+                if "lm_head(" in forward:
+                    out[family] = forward[forward.find("lm_head("):][:1500]
+                break
+    return out
+
+
+# families whose forward post-processes the logits in a way FAMILY_LOGITS leaves to whole logits: their key
+UNREGISTERED = {"xlstm": "output_logit_soft_cap", "cohere_compass_text": "logit_scale"}
+POST = re.compile(r"logits\s*=\s*logits\s*[*/]|tanh|lm_head\([^\n]*\)\s*[*/]|logits\s*[*/]=|logits\[[^\n]*\]\s*=")
+
+
+def test_every_logit_post_processing_in_transformers_is_reproduced_or_left_to_whole_logits():
+    """Scans transformers' causal LMs: each forward that changes the logits after lm_head is in FAMILY_LOGITS with
+    its key and operation, or its key makes head_choice take whole logits. A transformers upgrade that adds one
+    fails here until it is listed."""
+    sources = _causal_lm_sources()
+    ops = {"softcap": "tanh", "multiply": "*", "divide": "/"}
+    found = {family for family, src in sources.items() if POST.search(src)}
+    assert {"gemma2", "granite", "cohere"} <= found
+    for family in found:
+        if family in UNREGISTERED:
+            key = UNREGISTERED[family]
+            assert key in sources[family] and unreproduced_keys({"model_type": family, key: 2.0}), family
+            assert head_choice({"model_type": family, key: 2.0}, 4096).chunk == 0
+            continue
+        assert family in FAMILY_LOGITS, f"{family}: its forward post-processes the logits; add it to FAMILY_LOGITS"
+        key, kind, _ = FAMILY_LOGITS[family]
+        assert key in sources[family] and ops[kind] in sources[family], family
+    assert set(FAMILY_LOGITS) <= set(sources) | {"gemma3", "gemma3n", "gemma4", "gemma4_unified"}  # multimodal:
+    # their text model's config is what read_text_config reads
+
+
+def test_head_choice_reads_config_json_as_transformers_does():
+    assert head_choice({"model_type": "gemma2"}, 64).transform.softcap == 30.0  # absent: the class default
+    assert head_choice({"model_type": "gemma2", "final_logit_softcapping": None}, 64).transform is None
+    assert head_choice({"model_type": "gemma3_text"}, 64).transform is None  # Gemma-3 caps nothing by default
+    assert head_choice({"model_type": "cohere"}, 64).transform.multiply == 0.0625
+    assert head_choice({"model_type": "granite", "logits_scaling": 8}, 64).transform.divide == 8.0
+    assert head_choice({"model_type": "granite", "logits_scaling": 1.0}, 64).transform is None
+    assert head_choice({"model_type": "hyperclovax", "logits_scaling": 2}, 64).transform.multiply == 2.0
+    odd = head_choice({"model_type": "newfam", "output_logit_soft_cap": 30.0}, 64)
+    assert odd.chunk == 0 and "output_logit_soft_cap=30.0" in odd.why and "whole logits" in odd.why
+    assert head_choice({"model_type": "newfam", "attn_logit_softcapping": 50.0}, 64).chunk == 64  # attention's
+    assert head_choice({"model_type": "gemma2"}, 0).chunk == 0
+
+
+# ------------------------------------------------------------------ the metric users read
+
+
+def test_gemma2_default_settings_sample_and_train_on_the_same_logprobs(families, launch_here, tmp_path):
+    """Issue 42: with the default train.logprob_chunk_tokens, Gemma-2's train/gen_vs_policy_logprob_absdiff read
+    1.54 nats (the chunked head dropped final_logit_softcapping). The driver's metric over a step of the default
+    spec (on-policy: the old logprobs come from the update's forward), and the plan says which head runs."""
+    f = families("gemma2")
+    spec = load_spec([f"model.path={f.dir}", f"output_root={tmp_path}", "logging.mlflow=false"])
+    assert spec.train.logprob_chunk_tokens > 0  # the default: chunked
+    w = TorchPolicyWorker(spec, str(f.dir), 0, 1)
+    tok = w.engine.tokenizer
+    n = spec.grpo.num_generations_per_prompt
+    prompts = [tok(p)["input_ids"] for p in (PROMPTS * spec.grpo.num_prompts_per_step)[:spec.grpo.num_prompts_per_step]]
+    gens = w.generate(prompts, n, seed=1)
+    batch = collate(gens, torch.linspace(-1, 1, len(gens)), torch.ones(len(gens)), tok.pad_token_id)
+    out = w.update([batch], [float(batch.response_mask.sum())])
+    prev = out["prev_logprobs"] if "prev_logprobs" in out else w.logprobs(batch)[0]
+    diff = (prev - batch.generation_logprobs).abs() * batch.response_mask  # train/driver.py Trainer.update
+    assert float(diff.sum() / batch.response_mask.sum().clamp(min=1)) <= TOL
+    r = launch_here(tmp_path, f"model.path={f.dir}", f"output_root={tmp_path}", "dry_run=true", "logging.mlflow=false")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"logprob head\s+: chunked, 4096 tokens; logits = cap·tanh\(z/cap\), cap=2 "
+                     r"\(config.json final_logit_softcapping=2\)", r.stdout), r.stdout
