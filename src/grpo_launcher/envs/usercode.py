@@ -21,14 +21,14 @@ import sys
 import sysconfig
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 LIMIT_ENV = "GRPO_USER_CODE_TIMEOUT_S"
 DEFAULT_LIMIT_S = 60.0
-_FIRE = signal.SIGINT  # sent to the main thread when a limited call overruns (chained to the previous handler)
-REFIRE_S = 1.0  # a call that swallowed the interruption is interrupted again this often
+_FIRE = signal.SIGALRM  # a limited call's timer signal (the enclosing handler is kept and called for its own)
+REFIRE_S = 1.0  # past the limit (and this much more), the signal is sent again this often
 
 _LOADED: dict[str, Any] = {}  # resolved ref (a file ref by its absolute path) → object
 _TIMED_OUT: dict[str, str] = {}  # resolved ref → why its import was given up (not tried again)
@@ -67,16 +67,16 @@ def limit_text() -> str:
 def call_with_limit(seconds: float | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """fn(*args, **kwargs), or TimeLimitExceeded once it has run `seconds` (None or ≤ 0: no limit).
 
-    On the main thread (pre-flight, a Ray actor's task): fn runs here; a watchdog thread interrupts it with a
-    signal (SIGINT, the previous handler kept for any other SIGINT), so Python-level loops, sleeps and waits end;
-    fn's own signal.alarm timers (math-verify's) are left alone. Elsewhere fn runs in a daemon thread that is
-    abandoned at the limit (a thread cannot be stopped). A C call that holds the GIL is not interrupted."""
+    On the main thread (pre-flight, a Ray actor's task) fn runs here under a real-time timer (SIGALRM, delivered
+    by the kernel: it also ends a long C computation that checks for signals, such as a huge integer power); an
+    enclosing timer (an outer call, the driver's stop grace) is kept and re-armed. A watchdog thread re-sends
+    SIGALRM past the limit in case fn's own code cancelled the timer (signal.alarm, as math-verify uses).
+    Elsewhere fn runs in a daemon thread abandoned at the limit (a thread cannot be stopped)."""
     if seconds is None or seconds <= 0:
         return fn(*args, **kwargs)
     if threading.current_thread() is threading.main_thread():
         try:
-            previous = signal.getsignal(_FIRE)
-            return _on_main_thread(seconds, previous, fn, args, kwargs)
+            return _on_main_thread(seconds, fn, args, kwargs)
         except _NoSignals:
             pass
     return _in_helper_thread(seconds, fn, args, kwargs)
@@ -87,7 +87,7 @@ class _NoSignals(Exception):
 
 
 class _Interrupt(BaseException):
-    """Raised into fn by the watchdog's signal (a BaseException: fn's `except Exception` does not swallow it)."""
+    """Raised into fn by the timer's signal (a BaseException: fn's `except Exception` does not swallow it)."""
 
     def __init__(self, token: object):
         super().__init__("time limit")
@@ -95,33 +95,51 @@ class _Interrupt(BaseException):
 
 
 @dataclass
-class _Watch:
+class _Timer:
+    """One limited call's timer, and the enclosing one it displaced (re-armed when this call ends)."""
+
+    deadline: float
+    outer_handler: Any
+    outer_deadline: float | None
+    outer_interval: float
     done: bool = False
-    sent: int = 0
-    seen: int = 0
+    outer_fired: bool = False
+    pending: bool = False  # the watchdog sent a signal not yet handled
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _on_main_thread(seconds: float, previous: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
-    token, w, finished, lock = object(), _Watch(), threading.Event(), threading.Lock()
+_EARLY = 0.005  # a timer signal this close to a deadline counts as reaching it
+
+
+def _on_main_thread(seconds: float, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    token, finished = object(), threading.Event()
+    now = time.monotonic()
+    try:
+        outer_handler = signal.getsignal(_FIRE)
+        delay, interval = signal.getitimer(signal.ITIMER_REAL)
+    except (ValueError, OSError) as exc:
+        raise _NoSignals() from exc
+    t = _Timer(now + seconds, outer_handler, now + delay if delay > 0 else None, interval)
 
     def handler(signum: int, frame: Any) -> None:
-        if w.sent > w.seen:  # ours
-            w.seen += 1
-            if not w.done:
-                raise _Interrupt(token)
-            return
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
+        t.pending = False
+        now = time.monotonic()
+        if not t.done and now >= t.deadline - _EARLY:
+            raise _Interrupt(token)
+        if t.outer_deadline is not None and not t.outer_fired and now >= t.outer_deadline - _EARLY:
+            t.outer_fired = True
+            if callable(t.outer_handler):
+                t.outer_handler(signum, frame)  # the enclosing limit's (it raises its own)
+        if not t.done:  # early, or the outer's: ours is still to come
+            signal.setitimer(signal.ITIMER_REAL, max(t.deadline - time.monotonic(), 1e-3))
 
-    def watchdog(main_id: int) -> None:
-        wait = seconds
+    def watchdog(main_id: int) -> None:  # only matters when fn's own code cancelled the timer
+        wait = seconds + REFIRE_S
         while not finished.wait(wait):
-            with lock:
-                if w.done:
+            with t.lock:
+                if t.done:
                     return
-                w.sent += 1
+                t.pending = True
                 signal.pthread_kill(main_id, _FIRE)
             wait = REFIRE_S
 
@@ -129,6 +147,8 @@ def _on_main_thread(seconds: float, previous: Any, fn: Callable, args: tuple, kw
         signal.signal(_FIRE, handler)
     except (ValueError, OSError) as exc:  # not the main interpreter
         raise _NoSignals() from exc
+    first = seconds if t.outer_deadline is None else min(seconds, max(t.outer_deadline - now, 1e-3))
+    signal.setitimer(signal.ITIMER_REAL, first)
     threading.Thread(target=watchdog, args=(threading.get_ident(),), daemon=True, name="user-code-limit").start()
     try:
         return fn(*args, **kwargs)
@@ -137,14 +157,27 @@ def _on_main_thread(seconds: float, previous: Any, fn: Callable, args: tuple, kw
             raise  # an enclosing limit's
         raise TimeLimitExceeded(seconds) from None
     finally:
-        w.done = True  # first: a signal still on its way is swallowed from here on
+        with t.lock:
+            t.done = True  # a signal still on its way is ignored from here on; the watchdog sends no more
         finished.set()
-        with lock:
-            pass  # the watchdog has sent its last signal
-        deadline = time.monotonic() + 1.0
-        while w.seen < w.sent and time.monotonic() < deadline:
-            time.sleep(0.001)  # let the handler take it (a signal is handled between bytecodes and in sleeps)
-        signal.signal(_FIRE, previous)
+        _restore(t)
+
+
+def _restore(t: _Timer) -> None:
+    """Disarm this call's timer, let a signal already sent reach this call's handler (which ignores it now), then
+    give back the enclosing handler and what is left of its timer."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    deadline = time.monotonic() + 1.0
+    while t.pending and time.monotonic() < deadline:
+        time.sleep(0.001)  # signal handlers run in sleeps and between bytecodes
+    _handlers_run_here()
+    signal.signal(_FIRE, t.outer_handler)
+    if t.outer_deadline is not None and not t.outer_fired:
+        signal.setitimer(signal.ITIMER_REAL, max(t.outer_deadline - time.monotonic(), 1e-3), t.outer_interval)
+
+
+def _handlers_run_here() -> None:
+    """A Python call: the interpreter runs pending signal handlers on entering it."""
 
 
 def _in_helper_thread(seconds: float, fn: Callable, args: tuple, kwargs: dict) -> Any:
