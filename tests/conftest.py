@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, wait_until  # noqa: F401  (wait_until: `from conftest import wait_until` still works)
+from helpers import ROOT, share_models, wait_until  # noqa: F401  (wait_until: `from conftest import wait_until` still works)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -38,3 +38,14 @@ def launch_here(monkeypatch, capsys):
 
     return run
 
+
+
+@pytest.fixture(autouse=True)
+def runs_outside_the_checkout(monkeypatch, tmp_path_factory) -> Path:
+    """No test reads or writes the checkout's outputs/ (after `make demo` a finished tiny-grpo there would refuse the
+    default spec): a run's default output_root is $GRPO_OUTPUT_ROOT (conf/config.yaml), here a fresh directory per
+    test (its .models: the shared tiny-model cache), in this process and in every launch.py it starts. A test that
+    sets output_root= keeps its own."""
+    root = share_models(tmp_path_factory.mktemp("outputs"))
+    monkeypatch.setenv("GRPO_OUTPUT_ROOT", str(root))
+    return root

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_PY = ROOT / "launch.py"
 # the tiny models every run of the suite shares: built once per machine (a minute of CPU each), not once per test
 MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
+NO_RUNS = MODEL_CACHE.parent / "no-runs"  # an output_root that never holds a run: specs composed for their model only
 
 
 def launch(*args: str, cwd: Optional[Path] = None, env: Optional[Mapping[str, str]] = None,
@@ -38,12 +39,14 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str, poll: float =
 
 
 def tiny_model(*overrides: str) -> Path:
-    """The tiny model of the spec these overrides compose (default: `python launch.py`'s), from MODEL_CACHE."""
+    """The tiny model of the spec these overrides compose (default: `python launch.py`'s), from MODEL_CACHE. Composed
+    beside MODEL_CACHE, never against a checkout's outputs/ (where a finished tiny-grpo would refuse the spec)."""
     from grpo_launcher.envs import make_env
     from grpo_launcher.models.tiny import ensure_tiny_model
     from grpo_launcher.spec.compose import load_spec
 
-    spec = load_spec(list(overrides))
+    aside = [] if any(o.startswith("output_root=") for o in overrides) else [f"output_root={NO_RUNS}"]
+    spec = load_spec([*overrides, *aside])
     MODEL_CACHE.mkdir(parents=True, exist_ok=True)
     env_name = str(getattr(spec.env.name, "value", spec.env.name))  # as train/setup.py names the cache entry
     return ensure_tiny_model(spec.model, make_env(spec), env_name, MODEL_CACHE, seed=spec.grpo.seed)

@@ -253,3 +253,26 @@ def test_a_short_derived_name_is_unchanged_and_a_long_one_never_collides():
     a, b = derived_name("tiny-grpo", long), derived_name("tiny-grpo", [*long[:-1], "env.reward_fns=[b.py:f]"])
     assert len(a) <= MAX_DERIVED and len(b) <= MAX_DERIVED and a != b and a[:60] == b[:60]
     assert derived_name("r", ["model.path=/x/m"]) != derived_name("r", ["model.path=/y/m"])  # same last part
+
+
+# ------------------------------------------------------------------ tests beside a checkout's outputs/
+
+
+def test_tests_never_see_the_checkouts_outputs(tmp_path, monkeypatch, runs_outside_the_checkout):
+    """`make demo` then `make test`: the checkout's ./outputs holds a finished tiny-grpo, which refuses the default
+    spec (run_name_not_finished). The suite's specs go to conftest.py's output_root; helpers.tiny_model() composes
+    aside, with or without it."""
+    from grpo_launcher.spec.errors import ConfigError
+    from helpers import tiny_model
+
+    shutil.copytree(FINISHED, tmp_path / "outputs" / "tiny-grpo")  # a checkout after `make demo`
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GRPO_OUTPUT_ROOT")
+    with pytest.raises(ConfigError) as refused:  # the condition is real
+        load_spec([])
+    assert [v.rule for v in refused.value.violations] == ["run_name_not_finished"]
+    assert (tiny_model() / "config.json").is_file()  # the shared helper, without the fixture's variable
+    monkeypatch.setenv("GRPO_OUTPUT_ROOT", str(runs_outside_the_checkout))  # what every test gets (conftest.py)
+    assert Path(load_spec([]).output_root) == runs_outside_the_checkout
+    assert sorted(p.name for p in (tmp_path / "outputs" / "tiny-grpo").rglob("*")) == ["checkpoints", "meta.json",
+                                                                                       "step_000150"]

@@ -68,7 +68,8 @@ def test_every_group_option_validates(group):
         assert str(getattr(picked, "value", picked)) == option
 
 
-def test_nanov3_snapshot():
+def test_nanov3_snapshot(monkeypatch):
+    monkeypatch.setenv("GRPO_OUTPUT_ROOT", "outputs")  # the default a user without the variable gets (conftest.py)
     text = spec_to_yaml(load_spec(["+recipe=nanov3", *SLURM_OK]))
     if os.environ.get("UPDATE_SNAPSHOTS") or not SNAPSHOT.exists():
         SNAPSHOT.write_text(text)
