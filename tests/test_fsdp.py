@@ -220,12 +220,15 @@ def _gaps(overrides):
     return {v.keys[0]: v.message for v in validate(spec) if v.rule == "build_implements_run"}
 
 
-def test_build_accepts_nemotron_h_on_torch_and_names_what_megatron_lacks():
+def test_build_accepts_nemotron_h_on_torch_and_names_what_megatron_lacks(tmp_path, monkeypatch):
     from importlib.util import find_spec
 
+    monkeypatch.setenv("GYM_HOME", str(tmp_path / "no-gym"))  # the same answer whether or not `make gym` has run
     torch_gaps = _gaps(NANO_TORCH)
     assert "model.family" not in torch_gaps  # transformers' NemotronHForCausalLM, pure torch
-    assert torch_gaps == {}  # the recipe's every setting, packing included (Mamba layers per sequence)
+    gym = torch_gaps.pop("env.name")  # the recipe's env=nemo_gym, and NeMo Gym is not installed (here: GYM_HOME)
+    assert "needs NeMo Gym" in gym
+    assert torch_gaps == {}  # the recipe's every other setting, packing included (Mamba layers per sequence)
     mega = _gaps(["+recipe=nanov3", "cluster=slurm", "dry_run=true"])["model.family"]
     assert "no mapping for model.family=nemotron_h" in mega
     if find_spec("mamba_ssm") is None:
