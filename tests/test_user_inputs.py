@@ -118,6 +118,32 @@ def test_every_bad_row_is_named_in_one_config_error(tmp_path, launch_here):
     assert "lines 1, 2, 3" in run.stderr and f"(the first {MAX_LISTED} of {MAX_LISTED + 5})" in run.stderr
 
 
+def test_a_binary_jsonl_names_the_key_and_the_file(tmp_path, launch_here):
+    """Issue 43: `<compose>: UnicodeDecodeError` named neither env.train_path nor the file."""
+    good = reverse_jsonl(tmp_path / "good.jsonl", 8)
+    binary = tmp_path / "weights.jsonl"
+    binary.write_bytes(bytes(range(256)) * 4)  # not UTF-8 from its first line
+    run = launch_here(tmp_path, *dataset_args(binary, good), "dry_run=true")
+    assert run.returncode == 2 and "config error" in run.stderr, run.stdout + run.stderr
+    assert "env.train_path" in run.stderr and str(binary) in run.stderr and "not in UTF-8" in run.stderr
+    assert "UnicodeDecodeError" not in run.stderr and "<compose>" not in run.stderr, run.stderr
+
+
+def test_a_utf8_bom_jsonl_and_json_are_read_as_csv_is(tmp_path, launch_here):
+    """An editor's byte-order mark before the first line (a CSV's was already dropped)."""
+    from grpo_launcher.envs.dataset import load_table
+
+    rows = [{"prompt": f"{i}{i + 1}>", "answer": f"{i + 1}{i}"} for i in range(8)]
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    run = launch_here(tmp_path, *dataset_args(bom, bom), "dry_run=true")
+    assert run.returncode == 0, run.stderr
+    assert load_table(str(bom), "env.train_path").rows == rows
+    as_json = tmp_path / "bom.json"
+    as_json.write_bytes(b"\xef\xbb\xbf" + json.dumps(rows).encode())
+    assert load_table(str(as_json), "env.train_path").rows == rows
+
+
 def test_data_is_read_once_per_preflight_and_a_large_file_says_so(tmp_path, launch_here, monkeypatch):
     from grpo_launcher.envs import dataset, preflight
 

@@ -89,9 +89,14 @@ def load_table(path: str, key: str, split_for: str = "train") -> Table:
 
 
 def _load_jsonl(p: Path, key: str) -> Table:
-    rows, lines, bad_json, not_object = [], [], [], []
-    with open(p, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
+    rows, lines, bad_json, not_object, not_text = [], [], [], [], []
+    with open(p, "rb") as fh:  # bytes: a line that is not UTF-8 is named, not a UnicodeDecodeError
+        for n, raw in enumerate(fh, 1):
+            try:  # -sig: an editor's byte-order mark is dropped (as for CSV)
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                not_text.append(f"line {n} (byte {exc.start + 1}: {raw[exc.start:exc.start + 1]!r})")
+                continue
             if not line.strip():
                 continue
             try:
@@ -104,7 +109,8 @@ def _load_jsonl(p: Path, key: str) -> Table:
                 continue
             rows.append(row)
             lines.append(n)
-    problems = [listed(what, labels) for what, labels in (("with invalid JSON", bad_json),
+    problems = [listed(what, labels) for what, labels in (("not in UTF-8 (a binary file?)", not_text),
+                                                          ("with invalid JSON", bad_json),
                                                           ("with a JSON value that is not an object", not_object)) if labels]
     if problems:
         raise DataError(f"{key}: {p}:{lines_of(problems)}")
@@ -114,9 +120,12 @@ def _load_jsonl(p: Path, key: str) -> Table:
 
 def _load_json(p: Path, key: str) -> Table:
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8-sig"))  # -sig: a byte-order mark is dropped
     except json.JSONDecodeError as exc:
         raise DataError(f"{key}: {p}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{key}: {p} is not UTF-8 text (byte {exc.start + 1}: {exc.object[exc.start:exc.start + 1]!r}); "
+                        "a binary file?") from None
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise DataError(f"{key}: {p} must hold a JSON list of objects (or use JSONL: one object per line)")
     return Table(p, data, lambda i: f"{p}[row {i}]", sorted({k for r in data for k in r}), lambda i: f"row {i}")
