@@ -1,0 +1,122 @@
+"""env=math grades as a math grader does (issue 42, item 5): the default reward agrees with math-verify's verdict on
+each completion below (`\\boxed{\\frac{1}{2}}` vs 0.5, `1,000` vs 1000, `.5`, a check written after the boxed
+answer, signs), and an answer cell that is not a plain number (`1/2`, `1,000`, `2/3`) scores for its exact answer.
+The old reward (the completion's last number == float(answer)) got the rows marked `old=0` wrong.
+
+Pre-flight calls the reward on every row with the row's own answer as the completion: a row scored 0 can never be
+rewarded, and is a warning naming it (file:line), the first few shown and the rest counted."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from math_verify import parse, verify
+
+from grpo_launcher.envs import make_env
+from grpo_launcher.envs.base import Prompt
+from grpo_launcher.spec.compose import load_spec
+
+FRAC = r"\frac{1}{2}"
+# (the row's answer cell as JSONL holds it, the completion, the grader's verdict); "old=0": the old reward gave 0
+TABLE = [
+    (0.5, rf"The answer is \boxed{{{FRAC}}}", 1),  # old=0
+    (1000, "There are 1,000 apples.", 1),  # old=0
+    (0.5, "It is .5", 1),  # old=0
+    (27, r"\boxed{27}. Check: 19+8=27, and 27-8=19", 1),  # old=0: a check after the boxed answer
+    (27, r"\boxed{27} (check: 27 - 8 = 19)", 1),  # old=0
+    ("1/2", "1/2", 1),  # old=0: the answer cell is not a plain number
+    ("1,000", "1,000", 1),  # old=0
+    ("2/3", "2/3", 1),  # old=0
+    ("1/2", "0.5", 1),  # old=0
+    ("1,000", "1000", 1),  # old=0
+    ("2/3", r"$\frac{2}{3}$", 1),  # old=0
+    (FRAC, "0.5", 1),  # old=0: a LaTeX answer cell
+    (0.75, r"so $\frac{3}{4}$", 1),  # old=0
+    (-0.5, r"\boxed{-\frac{1}{2}}", 1),  # old=0: the sign
+    (1000000, "1,000,000", 1),  # old=0
+    (1000, "1 000", 1),  # old=0
+    ("2\\sqrt{2}", r"$\sqrt{8}$", 1),  # old=0: symbolic equality
+    (4, "x = 4", 1),
+    (-4, "The answer is -4.", 1),
+    (-4, "The answer is 4.", 0),  # a sign is not dropped
+    (0.5, r"\boxed{-\frac{1}{2}}", 0),
+    (27, "27", 1),
+    (27, "19+8=27", 1),
+    (27, "28", 0),
+    (13, "13 apples", 1),
+    (12, "The answer is 12.0", 1),
+    (3, r"$3$, no: \boxed{4}", 0),  # the boxed answer is the answer
+    ("2/3", "0.6667", 0),  # a rounded decimal is not the fraction
+    (3.14, r"\boxed{\pi}", 0),
+    (27, "", 0),
+    (27, "no idea", 0),
+]
+
+
+def old_reward(completion: str, answer) -> float:
+    """The reward env=math had (b4e6e4d): the last number of the completion == float(answer)."""
+    import re
+
+    found = re.findall(r"-?\d+(?:\.\d+)?", completion)
+    try:
+        return 1.0 if found and float(found[-1]) == float(answer) else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def math_env():
+    return make_env(load_spec(["env=math"]))
+
+
+@pytest.mark.parametrize("answer, completion, verdict", TABLE)
+def test_env_math_scores_as_math_verify_grades(math_env, answer, completion, verdict):
+    row = {"question": "q", "answer": answer}
+    prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
+    assert math_env.score(prompt, completion) == verdict
+
+
+@pytest.mark.parametrize("answer, completion, verdict", TABLE)
+def test_the_table_is_math_verifys_own_verdict(answer, completion, verdict):
+    """The verdicts above are math-verify's, with the answer given as a grader's reference solution (\\boxed{})."""
+    gold = answer if isinstance(answer, str) else json.dumps(answer)
+    assert verify(parse(rf"\boxed{{{gold}}}"), parse(completion)) == bool(verdict)
+
+
+def test_the_table_holds_the_issues_disagreements():
+    """At least 14 rows where the old reward was wrong (the issue's count), every issue example among them."""
+    wrong = [(a, c) for a, c, v in TABLE if old_reward(c, a) != v]
+    assert len(TABLE) >= 23 and len(wrong) >= 14, wrong
+    for answer in ("1/2", "1,000", "2/3"):
+        assert (answer, answer) in wrong
+
+
+def test_grading_is_bounded_in_time():
+    """A completion whose comparison would compute 9^(9^9) exactly (minutes in sympy) scores 0 within the grade's
+    limit (math.GRADE_TIMEOUT_S = 5 s), on the main thread, where a Ray actor's task runs."""
+    from grpo_launcher.envs.math import math_verify_match
+
+    t0 = time.monotonic()
+    assert math_verify_match("q", r"\boxed{9^{9^{9}}}", answer=1) == 0.0
+    assert time.monotonic() - t0 < 15
+    assert math_verify_match("q", r"\boxed{2}", answer=2) == 1.0  # and the next one is graded as usual
+
+
+def test_preflight_warns_of_rows_whose_own_answer_scores_zero(launch_here, tmp_path):
+    """Rows whose answer the reward cannot read (words, a typo) are named with file:line, the first five, then
+    counted; answers that are fractions or have separators are not."""
+    rows = [{"question": f"{i}+{i}=", "answer": a} for i, a in enumerate(
+        [2, "1/2", "1,000", "2/3", "four", "n/a", r"\frac{1}{2}", "?", "x=", "--", "seven", "none", 0.5])]
+    data = tmp_path / "m.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = launch_here(tmp_path, "env=math", f"env.train_path={data}", f"env.val_path={data}", "dry_run=true")
+    assert r.returncode == 0, r.stderr
+    warning = r.stderr[r.stderr.index("warning: env.reward_fn"):]
+    assert "scores 0 on 14 of 26 rows when the completion is the row's own answer" in warning, r.stderr
+    assert f"{data}:5: answer 'four'" in warning and f"{data}:6: answer 'n/a'" in warning
+    assert "... and 9 more" in warning
+    for line in (1, 2, 3, 4, 7, 13):
+        assert f"{data}:{line}:" not in warning
+    assert "config error" not in r.stderr
