@@ -83,9 +83,9 @@ def test_train_data_log_records_the_versions_of_every_sample(tmp_path):
 
 
 def test_sync_loop_versions_are_the_previous_step():
-    from grpo_launcher.train.driver import Trainer
+    from grpo_launcher.train.sources import on_previous_weights
 
-    assert Trainer.sample_versions(None, 7, 3) == [(6, 6)] * 3  # type: ignore[arg-type]
+    assert on_previous_weights(7, 3) == [(6, 6)] * 3
 
 
 def test_separate_hf_engine_records_the_version_it_generated_with():

@@ -199,7 +199,7 @@ def test_ipc_refit_failure_names_the_engine_not_policy_rank_0():
     import ray
 
     from grpo_launcher.deadlines import HEALTH_GROUP, ActorDied, actor_info
-    from grpo_launcher.train.driver import Trainer
+    from grpo_launcher.train.engines import EnginePool
 
     @ray.remote(num_cpus=0, concurrency_groups={HEALTH_GROUP: 1})
     class Engine:
@@ -214,15 +214,15 @@ def test_ipc_refit_failure_names_the_engine_not_policy_rank_0():
         me = SimpleNamespace(w=SimpleNamespace(probe=object(), rollout=engines),
                              spec=SimpleNamespace(deadlines=DeadlinesSpec(health_timeout_s=3)))
         policy_hung = Hung("refit", 9, 300.0, "x", owners=["policy rank 0"])
-        assert Trainer.engine_at_fault(me, policy_hung) is policy_hung  # every engine answers: the policy's fault
+        assert EnginePool.engine_at_fault(me, policy_hung) is policy_hung  # every engine answers: the policy's fault
         frozen = psutil.Process(actor_info(engines[1], "rollout", 1).pid)
         frozen.send_signal(signal.SIGSTOP)
-        named = Trainer.engine_at_fault(me, policy_hung)
+        named = EnginePool.engine_at_fault(me, policy_hung)
         assert isinstance(named, Hung) and named.owners == [engines[1]] and named.phase == "refit"
         assert "policy rank 0 waits on the engines' refit" in str(named)
         frozen.send_signal(signal.SIGCONT)
         ray.kill(engines[1])
-        named = Trainer.engine_at_fault(me, ActorDied("refit", 9, "policy rank 0", "x"))
+        named = EnginePool.engine_at_fault(me, ActorDied("refit", 9, "policy rank 0", "x"))
         assert isinstance(named, ActorDied) and named.owner is engines[1], named
     finally:
         if frozen is not None and frozen.is_running():

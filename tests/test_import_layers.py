@@ -20,7 +20,7 @@ PACKAGE_LEVEL = 1  # batch.py, plan.py, secrets.py, runfiles.py, exit_codes.py, 
 VOCABULARY = {"spec.schema", "spec.errors"}  # what every layer is typed against: layer 0
 
 ALLOWED = {
-    ("gym.env", "train.gym_loop"): "the env names its loop (trainer_class), imported only when asked",
+    ("gym.env", "train.gym_loop"): "the env names its loop's rollout source (rollout_source), imported only when asked",
     ("gym.probe", "train.setup"): "a diagnostic script (python -m grpo_launcher.gym.probe) builds the model as the "
                                   "driver does",
     ("runfiles", "spec.compose"): "load_spec_file reads spec.yaml back through the spec's own composition",

@@ -126,13 +126,13 @@ def test_gym_mask_sample_is_not_trainable():
 
 
 def test_make_batch_applies_the_gym_masks():
-    from grpo_launcher.train.gym_loop import GymTrainer
+    from grpo_launcher.train.gym_loop import GymSource
     from grpo_launcher.plan import make_plan
 
     spec = load_spec([*GYM, "grpo.num_prompts_per_step=1", "grpo.num_generations_per_prompt=2",
                       "train.global_batch_size=2", "train.micro_batch_size=2", "train.logprob_batch_size=2",
                       "dry_run=true"])
-    t = object.__new__(GymTrainer)  # make_batch needs only the spec, the plan (group size) and the pad id
+    t = object.__new__(GymSource)  # make_batch needs only the spec, the plan (group size) and the pad id
     t.spec, t.plan = spec, make_plan(spec)
     t.tok = type("Tok", (), {"pad_token_id": 0})()
     multi = to_generation({"reward": 1.0, "response": {"output": [item([1, 2], [3]), item([1, 2, 3, 7, 7], [4])]}},
@@ -195,11 +195,11 @@ def test_preflight_multi_node_engines_must_not_serve_on_loopback():
 
 def test_nemo_gym_is_in_the_env_registry():
     from grpo_launcher.envs import LAZY_ENVS, env_class
-    from grpo_launcher.train.gym_loop import GymTrainer
+    from grpo_launcher.train.gym_loop import GymSource
 
     assert "nemo_gym" in LAZY_ENVS
     cls = env_class("nemo_gym")
-    assert cls is GymEnv and cls.trainer_class() is GymTrainer
+    assert cls is GymEnv and cls.rollout_source() is GymSource
 
 
 # ---------------------------------------------------------------- rows, config, env

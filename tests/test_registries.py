@@ -11,6 +11,7 @@ from grpo_launcher import algos, envs, interfaces
 from grpo_launcher.launch import EXECUTORS
 from grpo_launcher.policy import POLICY_BACKENDS, policy_class
 from grpo_launcher.rollout import ROLLOUT_BACKENDS, rollout_class
+from grpo_launcher.train.engines import ENGINE_KINDS
 from grpo_launcher.spec.schema import (
     Advantage,
     Aggregation,
@@ -31,6 +32,7 @@ def _names(keys) -> set[str]:
 REGISTRIES = [
     (TrainBackend, POLICY_BACKENDS),
     (RolloutBackend, {**ROLLOUT_BACKENDS, **{k: "hybrid" for k in HYBRID}}),
+    (RolloutBackend, ENGINE_KINDS),  # the engines' traits and refit strategy, as the loop's engine pool sees them
     (ClusterKind, EXECUTORS),
     (Advantage, algos.ADVANTAGE_ESTIMATORS),
     (Aggregation, algos.LOSS_AGGREGATIONS),

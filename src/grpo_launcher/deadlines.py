@@ -206,7 +206,7 @@ class EngineProbe:
     """rollout=vllm engines' health, off the step's critical path: a daemon thread calls every watched engine's
     `ping` (in its own concurrency group: answered while a generate call runs) every `period` s. An engine that
     does not answer within `timeout` s (frozen) or whose ping raises (its engine errored) is killed: the driver's
-    wait on it then fails at once (ActorDied) and the driver restarts it (train/driver.py Trainer.recover)."""
+    wait on it then fails at once (ActorDied) and the driver restarts it (train/engines.py EnginePool.recover)."""
 
     def __init__(self, period: float, timeout: float) -> None:
         self.period, self.timeout = period, timeout

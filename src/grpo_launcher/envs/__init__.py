@@ -21,7 +21,7 @@ from ..spec.schema import EnvName
 ENVS: dict[str, type] = {EnvName.toy: ReverseDigitsEnv, EnvName.math: MathEnv, EnvName.dataset: DatasetEnv}
 PLANNED_ONLY = (EnvName.nemo_gym,)
 # built-ins in an optional part of the package, imported on first use by env_class (NeMo Gym's client is not
-# imported for the other envs); the class may name its loop (trainer_class(): the driver's Trainer subclass)
+# imported for the other envs); the class may name its loop's rollout source (rollout_source(): train/sources.py)
 LAZY_ENVS: dict[str, str] = {"nemo_gym": "grpo_launcher.gym.env:GymEnv"}
 ENV_METHODS = ("train_prompts", "val_prompts", "score")
 

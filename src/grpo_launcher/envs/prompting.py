@@ -94,8 +94,8 @@ def system_source(prompts: list, env: EnvSpec) -> str:
 def split_prompts(env: Any, n: int) -> dict[str, list]:
     """Each split's prompts in the order the run gives them to the model, from step 1's first: a data set's whole
     first epoch (env=dataset, math), otherwise step 1's n prompts; and the validation set. {} for an env with a loop
-    of its own (trainer_class: env=nemo_gym, whose agents build what the model gets)."""
-    if hasattr(env, "trainer_class"):
+    of its own (rollout_source: env=nemo_gym, whose agents build what the model gets)."""
+    if hasattr(env, "rollout_source"):
         return {}
     if hasattr(env, "table"):
         n = len(env.table("train").rows)

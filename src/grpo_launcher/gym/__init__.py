@@ -4,8 +4,7 @@
     servers.py    Gym's lifecycle for one run: env.yaml, `gym env start`, readiness, liveness, stop by PID
     rollouts.py   rows → agents' /run, concurrently; failures counted, dead servers fail fast
     samples.py    a /run result → a sample: the engine's token ids, logprobs, per-token loss mask, contiguity
-    env.py        GymEnv: Gym JSONL rows per step
-    trainer.py    re-exports GymTrainer (train/gym_loop.py: the driver's loop with Gym for rollouts and rewards)
+    env.py        GymEnv: Gym JSONL rows per step; names the loop's rollout source (train/gym_loop.py GymSource)
     serving.py    what our HTTP server needs for Gym (chat template, tool-call parser, the prefix-token route:
                   turn k+1's prompt keeps the engine's own tokens of turns 1..k)
     preflight.py  checks before launch (files, install, one agent per agent_ref)

@@ -2,7 +2,7 @@
 
 A row is Gym's dataset row (`responses_create_params`, `agent_ref`, task fields such as `expected_answer`);
 it goes to its agent as is. Rewards come from Gym's resources servers (through the agent's `/run`), so
-`score` is not used: GymTrainer takes each rollout's reward from its result.
+`score` is not used: GymSource (train/gym_loop.py) takes each rollout's reward from its result.
 """
 
 from __future__ import annotations
@@ -55,14 +55,14 @@ def to_prompt(row: dict, index: int) -> GymPrompt:
 
 
 class GymEnv:
-    """env.name=nemo_gym in the env registry (envs.LAZY_ENVS); its loop is GymTrainer (`trainer_class`)."""
+    """env.name=nemo_gym in the env registry (envs.LAZY_ENVS); its loop's rollout source is GymSource."""
 
     @staticmethod
-    def trainer_class() -> type:
-        """The driver's loop for this env: Gym's servers around it, rollouts and rewards through Gym's agents."""
-        from ..train.gym_loop import GymTrainer  # imports train.driver: not at module import (the registry imports us)
+    def rollout_source() -> type:
+        """The loop's rollout source for this env: Gym's servers around it, rollouts and rewards through its agents."""
+        from ..train.gym_loop import GymSource  # imports train/: not at module import (the registry imports us)
 
-        return GymTrainer
+        return GymSource
 
     def __init__(self, spec, seed: int = 0):
         self.spec, self.seed = spec, seed

@@ -45,16 +45,22 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import ray
 import torch
 
-from ..rollout.versions import WEIGHTS_GROUP
 from ..batch import Generation, TrainBatch
+from ..envs.rewards import Scored
+from ..plan import Plan
+from ..rollout.versions import WEIGHTS_GROUP
+from ..spec.schema import RunSpec
 from ..tracking import metric_names as M
-from .driver import Timer, Trainer
+from .engines import EnginePool
+from .loop_state import LoopState, StopRequest
+from .sources import Rollout, Timer, make_batch, score_on_env, train_seed
 
 
 class StaleTrajectory(RuntimeError):
@@ -108,32 +114,31 @@ class RolloutBuffer:
         return n
 
 
-class AsyncTrainer(Trainer):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        a = self.spec.grpo.async_grpo
+class AsyncSource:
+    """The loop's rollout source in async GRPO (train/sources.py RolloutSource; the module doc says how)."""
+
+    def __init__(self, spec: RunSpec, plan: Plan, env: Any, engines: EnginePool, stop: StopRequest) -> None:
+        self.spec, self.plan, self.env, self.engines, self.stop = spec, plan, env, engines, stop
+        self.w, self.tok = engines.w, engines.tok
+        a = spec.grpo.async_grpo
         self.buffer = RolloutBuffer(a.max_trajectory_age_steps)
         self.in_flight = a.in_flight_weight_updates
         self.version = 0  # optimizer updates applied to the policy = the last finished step
         self.submitted = 0  # the last step whose batch was submitted
         self.pushes: list[tuple[Any, Any]] = []  # (update_weights call, its engine) queued, not yet seen to finish
-        self._versions: list[tuple[int, int]] = []
-        self._gen_s = 0.0
-        self._pipeline: dict[str, float] = {}
-        if not self.spec.loss.importance_sampling_correction:
+        if not spec.loss.importance_sampling_correction:
             print(f"grpo-launcher: warning: async GRPO without loss.importance_sampling_correction: samples up to "
                   f"{a.max_trajectory_age_steps} version(s) old are trained as if on-policy (the old logprobs are the "
                   "trainer's own); on the toy task an age-2 run without it collapsed before recovering. Set "
                   "loss.importance_sampling_correction=true loss.is_truncation=tis loss.is_threshold=2",
                   file=sys.stderr, flush=True)
 
-    # ------------------------------------------------------------------ the loop
-    def train(self) -> int:
-        self.version = self.submitted = self.state.step  # a resume starts from the checkpoint's version
+    @contextmanager
+    def session(self, state: LoopState) -> Iterator[None]:
+        self.version = self.submitted = state.step  # a resume starts from the checkpoint's version
         try:
-            code = super().train()
+            yield
             self.w.get("push", [r for r, _ in self.pushes], [e for _, e in self.pushes])  # the last push landed
-            return code
         finally:
             dropped = self.buffer.drop()
             if dropped:
@@ -147,56 +152,51 @@ class AsyncTrainer(Trainer):
         while self.submitted < last:
             j = self.submitted + 1
             prompts = self.env.train_prompts(j, 0, self.plan.prompts_per_step)
-            calls = self.submit_generate(prompts, self.plan.group_size, self.train_seed(j, 0),
-                                         method="generate_versioned")
+            calls = self.engines.submit(prompts, self.plan.group_size, train_seed(g.seed, j, 0),
+                                        method="generate_versioned")
             self.buffer.add(InFlight(j, prompts, calls, self.version))
             self.submitted = j
 
-    def rollout_and_score(self, step: int, t: Timer) -> tuple[list[Generation], list, torch.Tensor, int]:
-        G = self.plan.group_size
+    def rollout(self, step: int, t: Timer) -> Rollout:
         depth = len(self.buffer)  # this step's batch and the ones generated ahead of it
         entry = self.buffer.take(step)
         with t("rollout"):  # the trainer waits for its batch (0 when it was generated meanwhile)
             parts = self.w.get("generate", entry.calls, self.w.rollout[:len(entry.calls)])
         gens = [x for p in parts for x in p["gens"]]
-        self._versions = [(v[0], v[1]) for p in parts for v in p["versions"]]  # (first, last) per sample
-        ages = self.buffer.ages([f for f, _ in self._versions], self.version)  # StaleTrajectory: never trained on
-        if any(not f <= last <= self.version for f, last in self._versions):
+        versions = [(v[0], v[1]) for p in parts for v in p["versions"]]  # (first, last) per sample
+        ages = self.buffer.ages([f for f, _ in versions], self.version)  # StaleTrajectory: never trained on
+        if any(not f <= last <= self.version for f, last in versions):
             raise StaleTrajectory(f"a sample's last policy version is outside [first, {self.version}]: "
                                   "the engines' version bookkeeping is wrong; not trained on")
         with t("score"):
-            rewards = self.score(entry.prompts, gens, G)
-        self._gen_s = max(p["gen_s"] for p in parts)  # the engines run side by side
-        self._pipeline = {M.BUFFER_DEPTH: float(depth), M.BUFFER_SAMPLE_AGE_MEAN: sum(ages) / len(ages),
-                          M.BUFFER_SAMPLE_AGE_MAX: float(max(ages)), M.TRAIN_POLICY_VERSION: float(self.version),
-                          M.TIME_GENERATION_IDLE_S: sum(p["idle_s"] for p in parts) / len(parts)}
-        return gens, entry.prompts, rewards, 1
-
-    def pipeline_metrics(self, step: int, t: Timer) -> dict[str, float]:
-        return {**self._pipeline, M.TIME_TRAINER_IDLE_S: t.seconds["rollout"]}
-
-    def sample_versions(self, step: int, n: int) -> list[tuple[int, int]]:
-        return list(self._versions)
-
-    def generation_seconds(self, t: Timer) -> float:
-        return self._gen_s
+            rewards, scored = self.score(entry.prompts, gens, self.plan.group_size)
+        pipeline = {M.BUFFER_DEPTH: float(depth), M.BUFFER_SAMPLE_AGE_MEAN: sum(ages) / len(ages),
+                    M.BUFFER_SAMPLE_AGE_MAX: float(max(ages)), M.TRAIN_POLICY_VERSION: float(self.version),
+                    M.TIME_GENERATION_IDLE_S: sum(p["idle_s"] for p in parts) / len(parts),
+                    M.TIME_TRAINER_IDLE_S: t.seconds["rollout"]}
+        return Rollout(entry.prompts, gens, rewards, scored, versions=versions, pipeline=pipeline,
+                       gen_s=max(p["gen_s"] for p in parts))  # the engines run side by side
 
     def generate(self, prompts: list, n: int, seed: int) -> list[Generation]:
         """Validation: through the versioned calls too (so the engines' idle time stays right), on the newest
         weights pushed (queued behind the batches generated ahead)."""
-        refs = self.submit_generate(prompts, n, seed, "generate_versioned")
+        refs = self.engines.submit(prompts, n, seed, "generate_versioned")
         return [x for part in self.w.get("generate", refs, self.w.rollout[:len(refs)]) for x in part["gens"]]
 
-    # ------------------------------------------------------------------ phases
-    def update(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
-        out = super().update(batch)
-        self.version += 1
-        return out
+    def score(self, prompts: list, gens: list, n: int) -> tuple[torch.Tensor, list[Scored | None]]:
+        return score_on_env(self.engines, prompts, gens, n)
 
-    def refit(self) -> float:
-        """Push version `self.version` to every engine (see the module doc for the two ways), then submit
+    def make_batch(self, gens: list, rewards: torch.Tensor) -> tuple[TrainBatch, dict[str, float]]:
+        return make_batch(self.spec, self.plan.group_size, self.tok, gens, rewards)
+
+    def train_data(self, state: LoopState, step: int, r: Rollout, batch: TrainBatch) -> None:
+        state.train_data(step, r.prompts, r.gens, r.rewards, batch, self.tok, r.versions, scored=r.scored)
+
+    def refit(self, version: int) -> float:
+        """Push policy version `version` to every engine (see the module doc for the two ways), then submit
         the batches the age bound now allows. Returns ms the trainer spent."""
         t0 = time.perf_counter()
+        self.version = version
         refs = [p.state_dict.remote() for p in self.w.policy]  # rank 0 returns the HF-named dict, the others {}
         if self.in_flight:  # staged at once beside any generate call; applied at the engine's next call
             staged = [r.stage_weights.options(concurrency_group=WEIGHTS_GROUP).remote(refs[0], self.version)

@@ -9,19 +9,24 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-import ray
 import torch
 
 from .. import algos
+from ..algos.loss import local_denominator
+from ..batch import Generation, TrainBatch, shard_rows
+from ..deadlines import ActorDied, Hung, hang_report, stack_on_node
+from ..envs.prompting import split_prompts
+from ..envs.rewards import keep_first_error, reward_metrics
 from ..exit_codes import ExitCode
 from ..plan import Plan, make_plan, parse_duration
-from ..spec.schema import EnvName, RunSpec
+from ..spec.schema import LossSpec, RunSpec
 from ..tracking import metric_names as M
-from ..batch import Generation, TrainBatch, collate, shard_rows
-from ..envs.rewards import Scored
-from ..deadlines import HEALTH_GROUP, ActorDied, EngineLost, Hung, hang_report, stack_on_node
+from ..tracking.report import write_prompting
+from .engines import EnginePool
 from .loop_state import LoopState, StopRequest
+from .sources import RolloutSource, SyncSource, Timer
 from .startup import StartupClock, process_start, quiet_libraries
 from .workers import Workers, create_workers, ray_session
 
@@ -58,7 +63,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
 
             record_launch(spec, plan, state)  # RUN_DIR/repro/: git commit, uncommitted diff, pip freeze (+ MLflow)
             clock.mark("repro")
-            trainer = trainer_class(spec)(spec, plan, env, workers, state, stop, model_dir)
+            trainer = Trainer(spec, plan, env, workers, state, stop, model_dir, source_class(spec, env))
             clock.mark("tokenizer")
             workers.ready()
             clock.mark("workers ready")
@@ -120,18 +125,18 @@ def report_died(exc: ActorDied, workers: Workers, state: LoopState | None) -> in
     return ExitCode.FAILED
 
 
-def trainer_class(spec: RunSpec) -> type:
-    """The loop: Trainer, or for env=nemo_gym GymTrainer (Gym's servers around it, rollouts through its agents),
-    or with grpo.async_grpo.enabled AsyncTrainer (generation overlaps the update; train/async_loop.py)."""
-    if spec.env.name == EnvName.nemo_gym:
-        from .gym_loop import GymTrainer
-
-        return GymTrainer
+def source_class(spec: RunSpec, env: Any) -> type:
+    """The loop's rollout source: the one the env's class names (env=nemo_gym: GymSource, Gym's servers around the
+    loop, rollouts through its agents), else AsyncSource with grpo.async_grpo.enabled (generation overlaps the
+    update; train/async_loop.py), else SyncSource."""
+    named = getattr(type(env), "rollout_source", None)
+    if named is not None:
+        return named()
     if spec.grpo.async_grpo.enabled:
-        from .async_loop import AsyncTrainer
+        from .async_loop import AsyncSource
 
-        return AsyncTrainer
-    return Trainer
+        return AsyncSource
+    return SyncSource
 
 
 def publish_rollout_endpoints(spec: RunSpec, plan: Plan, workers: Workers) -> None:
@@ -150,25 +155,41 @@ def publish_rollout_endpoints(spec: RunSpec, plan: Plan, workers: Workers) -> No
 
 
 class Trainer:
+    """The GRPO loop: rollout → score → advantages → old logprobs → update → refit → log, one step at a time.
+
+    One loop for every variant: what differs is the rollout source passed in (train/sources.py: sync, async, Gym),
+    and the engines behind it are an EnginePool (train/engines.py: health, restarts, the refit strategy).
+    Departures from the paper (DeepSeekMath's GRPO), each a setting:
+      * one optimizer step per minibatch of train.global_batch_size, over the GLOBAL loss denominator
+        (loss.aggregation: token_mean, seq_mean_token_mean, Dr. GRPO's seq_mean_token_sum_norm)
+      * the old logprobs come from the update's own forward when the step is exactly on-policy
+        (plan.logprobs_from_update), else from a logprob pass; the KL term only with loss.kl_coef > 0
+      * DAPO's options: asymmetric clipping (loss.clip_high), dynamic sampling (refill groups whose rewards vary, at
+        most loss.dynamic_sampling_max_rounds rounds), overlong filtering
+      * the engines' logprobs may differ from the trainer's: loss.importance_sampling_correction weighs them
+        (tis / icepop), and async GRPO trains on samples up to grpo.async_grpo.max_trajectory_age_steps old
+      * a minibatch with no loss-bearing sample takes no optimizer step (train/skipped_optimizer_steps)
+    """
+
     clock: "StartupClock | None" = None  # set by run(): the start-up line after this process's first step
 
-    def __init__(self, spec: RunSpec, plan: Plan, env, workers: Workers, state: LoopState, stop: StopRequest,
-                 model_dir: Path):
+    def __init__(self, spec: RunSpec, plan: Plan, env: Any, workers: Workers, state: LoopState, stop: StopRequest,
+                 model_dir: Path, source: type = SyncSource):
         self.spec, self.plan, self.env, self.w, self.state, self.stop = spec, plan, env, workers, state, stop
         self.tok = workers.get("load_tokenizer", [workers.policy[0].load_tokenizer.remote()],  # policy/hybrid.py:
                                workers.policy[:1])[0]  # why not AutoTokenizer
-        from ..envs.prompting import split_prompts
-        from ..tracking.report import write_prompting
-
         write_prompting(plan.run_dir, self.tok, spec.env, state.data_log, model_dir,  # chat template, system prompt,
                         split_prompts(env, plan.prompts_per_step))  # each split's first prompt as rendered
-        self.scored: dict[int, Scored] = {}  # id(Generation) → its Scored, until the step takes it
-        self.engine_restarts = 0  # rollout engines lost and started again (deadlines.engine_restarts)
+        self.engines = EnginePool(spec, plan, workers, self.tok)
+        self.source: RolloutSource = source(spec, plan, env, self.engines, stop)
         self.deadline = (time.monotonic() + parse_duration(spec.checkpoint.must_save_by)
                          if spec.checkpoint.must_save_by else None)
 
-    # ------------------------------------------------------------------ the loop
     def train(self) -> int:
+        with self.source.session(self.state):
+            return self.loop()
+
+    def loop(self) -> int:
         s, st = self.spec, self.state
         if st.checkpoint_path is not None:
             self.w.get("load", [p.load.remote(str(st.checkpoint_path)) for p in self.w.policy], self.w.policy)
@@ -218,303 +239,106 @@ class Trainer:
 
     def step(self, step: int) -> dict[str, float]:
         t = Timer()
-        gens, prompts, rewards, rounds = self.rollout_and_score(step, t)
+        r = self.source.rollout(step, t)
         if self.plan.engine_sleeps:  # rollout.sleep_mode: the GPU memory is the policy's until the refit
             with t("sleep"):
-                freed = self.w.get("sleep", [e.sleep.remote() for e in self.w.rollout], self.w.rollout)
-        pipeline = self.pipeline_metrics(step, t)  # buffer depth, sample ages, idle times: sync and async alike
-        batch, m = self.make_batch(gens, rewards)
-        scored, reward_parts = self.take_scored(gens, "train")
-        m.update(reward_parts)
+                freed = self.engines.sleep()
+        batch, m = self.source.make_batch(r.gens, r.rewards)
+        keep_first_error(self.plan.run_dir, r.scored)
+        m.update(reward_metrics("train", r.scored))
         if not self.plan.logprobs_from_update:  # else the update's own forward gives them (on-policy)
             with t("logprobs"):
-                batch = self.compute_logprobs(batch)
+                batch = old_logprobs(self.w, self.spec.loss, self.plan.policy_ranks, batch)
         with t("update"):
-            batch, update_metrics = self.update(batch)
+            batch, update_metrics = policy_update(self.w, self.spec.loss.aggregation, self.plan, batch)
             m.update(update_metrics)
         with t("refit"):
-            m[M.TIME_REFIT_MS] = self.refit()
+            m[M.TIME_REFIT_MS] = self.source.refit(step)  # policy version `step`: the updates applied
         with t("log"):
-            self.state.train_data(step, prompts, gens, rewards, batch, self.tok, self.sample_versions(step, len(gens)),
-                                  scored=scored)
+            self.source.train_data(self.state, step, r, batch)
         gen_tokens = int(batch.response_mask.sum())
-        m.update(t.as_metrics(), **{M.TRAIN_DYNAMIC_SAMPLING_ROUNDS: rounds,
-                                    M.TRAIN_TOKENS_PER_S: gen_tokens / max(self.generation_seconds(t), 1e-9)})
-        m.update(pipeline)
+        m.update(t.as_metrics(), **{M.TRAIN_DYNAMIC_SAMPLING_ROUNDS: r.rounds,
+                                    M.TRAIN_TOKENS_PER_S: gen_tokens / max(r.gen_s, 1e-9)})
+        m.update(r.pipeline)
         if self.plan.engine_sleeps:
-            m[M.ROLLOUT_SLEEP_FREED_GIB] = float(sum(freed))
-        if self.w.new_engine is not None and self.spec.rollout.backend.value == "vllm":  # restartable engines
-            m[M.ROLLOUT_ENGINE_RESTARTS] = float(self.engine_restarts)
+            m[M.ROLLOUT_SLEEP_FREED_GIB] = freed
+        m.update(self.engines.metrics())
         if M.TIME_GENERATION_IDLE_S not in m:  # sync: the engines idle through everything but the rollout
             m[M.TIME_GENERATION_IDLE_S] = max(m[M.TIME_STEP_S] - t.seconds["rollout"], 0.0)
         return m
 
-    # ------------------------------------------------------------------ the same metrics in sync and async
-    def pipeline_metrics(self, step: int, t: Timer) -> dict[str, float]:
-        """Sync: nothing is generated ahead (buffer depth 0, every sample from version step - 1, age 0); the
-        trainer waits through the rollout. (AsyncTrainer reports its buffer's figures under the same keys.)"""
-        return {M.BUFFER_DEPTH: 0.0, M.BUFFER_SAMPLE_AGE_MEAN: 0.0, M.BUFFER_SAMPLE_AGE_MAX: 0.0,
-                M.TRAIN_POLICY_VERSION: float(step - 1), M.TIME_TRAINER_IDLE_S: t.seconds["rollout"]}
-
-    def sample_versions(self, step: int, n: int) -> list[tuple[int, int]]:
-        """The policy versions each of this step's samples was generated with, (first, last) (the train-data
-        log's policy_version, policy_version_last; sync: the weights of step - 1)."""
-        return [(step - 1, step - 1)] * n
-
-    def generation_seconds(self, t: Timer) -> float:
-        """Seconds the engines spent generating this step's batch (sync: the rollout phase)."""
-        return t.seconds["rollout"]
-
-    # ------------------------------------------------------------------ phases
-    def generate(self, prompts: list, n: int, seed: int) -> list[Generation]:
-        """A lost engine is restarted (recover) and its call made again with the same prompts and seed: the step
-        neither loses nor repeats a sample."""
-        calls = self.engine_calls(prompts, seed)
-        refs = [self.w.rollout[e].generate.remote(ids, n, s) for e, (ids, s) in enumerate(calls)]
-        while True:
-            try:
-                return [g for part in self.w.get("generate", refs, self.w.rollout[:len(refs)]) for g in part]
-            except ActorDied as exc:
-                e = self.recover(exc)
-            except ray.exceptions.RayTaskError as err:  # an engine's own error: lost if its ping fails too
-                e = self.recover(self.dead_engine(err, "generate"))
-            refs[e] = self.w.rollout[e].generate.remote(calls[e][0], n, calls[e][1])
-
-    def submit_generate(self, prompts: list, n: int, seed: int, method: str = "generate") -> list:
-        """The prompts split over the engines, one call each (`method` of the engine); the calls' ObjectRefs
-        (call i on engine i: the first len(refs) engines)."""
-        return [getattr(self.w.rollout[e], method).remote(ids, n, s)
-                for e, (ids, s) in enumerate(self.engine_calls(prompts, seed))]
-
-    def engine_calls(self, prompts: list, seed: int) -> list[tuple[list, int]]:
-        """(token ids, seed) of the call on engine i, for the first len() engines (those with prompts)."""
-        from ..envs.prompting import encode_prompts
-
-        ids = encode_prompts(self.tok, prompts, self.spec.env)  # env.chat_template / system_prompt; same for hf and vllm
-        per = -(-len(ids) // len(self.w.rollout))
-        return [(ids[i * per:(i + 1) * per], seed + i) for i in range(len(self.w.rollout)) if ids[i * per:(i + 1) * per]]
-
-    def dead_engine(self, err: Exception, phase: str) -> ActorDied:
-        """An engine call raised: the engine whose own health ping fails too (its EngineCore process died: vLLM's
-        EngineDeadError; or it does not answer) is lost as a dead actor is; else `err` stands (raised again)."""
-        if self.w.probe is None or self.w.new_engine is None:  # no health group to ask, or nothing to restart
-            raise err
-        for e in self.w.rollout:
-            try:
-                ray.get(e.ping.options(concurrency_group=HEALTH_GROUP).remote(),
-                        timeout=self.spec.deadlines.health_timeout_s)
-            except Exception:  # noqa: BLE001  (dead, errored or silent: this engine is the one)
-                reason = str(err).strip().splitlines()[-1][:200] if str(err).strip() else type(err).__name__
-                return ActorDied(self.w.clock.prefix + phase, self.w.clock.step, e, reason)
-        raise err
-
-    def recover(self, exc: ActorDied) -> int:
-        """A rollout engine lost (kill -9, OOM, or killed by the health probe: frozen or errored) is started again on
-        its bundle and given the policy's current weights (those of its last refit); returns its index. Another
-        actor's death is raised on; so is a loss past deadlines.engine_restarts (EngineLost: exit 4 naming it)."""
-        w, cap = self.w, self.spec.deadlines.engine_restarts
-        if w.new_engine is None or not any(exc.owner is r for r in w.rollout):
-            raise exc
-        e = next(i for i, r in enumerate(w.rollout) if r is exc.owner)
-        why = (w.probe.why(exc.owner) if w.probe else None) or str(exc).split(": ", 1)[-1].rstrip(".")
-        if self.engine_restarts >= cap:
-            raise EngineLost(exc.phase, exc.step, exc.owner, why, cap) from exc
-        (old,) = w.describe([exc.owner])
-        if w.probe is not None:
-            w.probe.watched = [r for r in w.rollout if r is not exc.owner]
-        new = w.restart_engine(e)
-        state = [p.state_dict.remote() for p in w.policy]
-        w.clock.wait_all("state_dict", state, w.policy)
-        w.get("engine_restart", [new.update_weights.remote(state[0])], [new])  # its first wait: deadlines.first_s
-        self.engine_restarts += 1
-        if w.probe is not None:
-            w.probe.watched = list(w.rollout)
-        print(f"grpo-launcher: rollout engine {e} (pid {old.pid}, node {old.node}) lost in phase {exc.phase} of step "
-              f"{exc.step}: {why}; restarted ({self.engine_restarts} of deadlines.engine_restarts={cap}) with the "
-              "policy's current weights, its requests retried", flush=True)
-        return e
-
-    def train_seed(self, step: int, round_: int) -> int:
-        """The sampling seed of a step's generation round (the same in sync and async)."""
-        return (self.spec.grpo.seed * 1_000_003 + step * 101 + round_) % 2**31
-
-    def score(self, prompts: list, gens: list[Generation], n: int) -> torch.Tensor:
-        texts = [self.tok.decode(g.response_ids, skip_special_tokens=True) for g in gens]
-        expanded = [p for p in prompts for _ in range(n)]
-        scored = self.w.get("score", [self.w.env.score.remote(expanded, texts)], [self.w.env])[0]
-        self.scored.update({id(g): s for g, s in zip(gens, scored)})  # per-function rewards: metrics, train data
-        return torch.tensor([s.total for s in scored], dtype=torch.float32)
-
-    def take_scored(self, gens: list[Generation], split: str) -> tuple[list[Scored | None], dict[str, float]]:
-        """These samples' Scored (None: scored elsewhere, e.g. Gym) and their per-function reward metrics."""
-        from ..envs.rewards import keep_first_error, reward_metrics
-
-        scored, self.scored = [self.scored.get(id(g)) for g in gens], {}
-        keep_first_error(self.plan.run_dir, scored)
-        return scored, reward_metrics(split, scored)
-
-    def rollout_and_score(self, step: int, t: "Timer"):
-        """Generate and score; with dynamic sampling, keep only groups whose rewards vary (refill, capped)."""
-        s = self.spec
-        P, G = self.plan.prompts_per_step, self.plan.group_size
-        rounds = s.loss.dynamic_sampling_max_rounds if s.loss.dynamic_sampling else 1
-        kept: list[tuple] = []  # (prompt, gens of the group, rewards of the group)
-        spare: list[tuple] = []
-        for r in range(rounds):
-            prompts = self.env.train_prompts(step, r, P)
-            with t("rollout"):
-                gens = self.generate(prompts, G, seed=self.train_seed(step, r))
-            with t("score"):
-                rewards = self.score(prompts, gens, G)
-            varies = algos.nonzero_variance_groups(rewards, G) if s.loss.dynamic_sampling else torch.ones(P, dtype=torch.bool)
-            for k, p in enumerate(prompts):
-                group = (p, gens[k * G:(k + 1) * G], rewards[k * G:(k + 1) * G])
-                (kept if varies[k] else spare).append(group)
-            if len(kept) >= P:
-                break
-        groups = (kept + spare)[:P]  # short of varied groups after the cap: pad with zero-advantage ones
-        prompts = [g[0] for g in groups]
-        gens = [x for g in groups for x in g[1]]
-        return gens, prompts, torch.cat([g[2] for g in groups]), r + 1
-
-    def make_batch(self, gens: list[Generation], rewards: torch.Tensor) -> tuple[TrainBatch, dict[str, float]]:
-        s = self.spec
-        G = self.plan.group_size
-        adv = algos.compute_advantages(s.loss.advantage, rewards, G)  # [B] over ALL samples
-        truncated = torch.tensor([g.truncated for g in gens])
-        sample_mask = algos.overlong_sample_mask(truncated) if s.loss.overlong_filtering else torch.ones(len(gens))
-        batch = collate(gens, adv, sample_mask, self.tok.pad_token_id)
-        lens = batch.response_mask.sum(-1)
-        m = {M.TRAIN_REWARD_MEAN: float(rewards.mean()), M.TRAIN_REWARD_STD: float(rewards.std()),
-             M.TRAIN_ACCURACY: float((rewards >= 1).float().mean()), M.TRAIN_ADV_MEAN: float(adv.mean()),
-             M.TRAIN_ADV_STD: float(adv.std()), M.TRAIN_ADV_ABS_MAX: float(adv.abs().max()),
-             M.TRAIN_GEN_LEN_MEAN: float(lens.mean()), M.TRAIN_TRUNCATION_RATE: float(truncated.float().mean())}
-        return batch, m
-
-    def compute_logprobs(self, batch: TrainBatch) -> TrainBatch:
-        dp = self.plan.policy_ranks
-        parts = self.w.get("logprobs", [p.logprobs.remote(batch.select(shard_rows(len(batch), dp, i)))
-                                        for i, p in enumerate(self.w.policy)], self.w.policy)
-        prev = torch.cat([a for a, _ in parts])
-        ref = torch.cat([b for _, b in parts]) if parts[0][1] is not None else None
-        lo = self.spec.loss
-        isw = None
-        if lo.importance_sampling_correction:
-            isw = algos.is_correction_weights(prev, batch.generation_logprobs, batch.response_mask,
-                                              mode=lo.is_truncation, threshold=lo.is_threshold,
-                                              low=lo.is_threshold_low)
-        return batch.with_(prev_logprobs=prev, ref_logprobs=ref, is_weights=isw)
-
-    def update(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
-        """One optimizer step per minibatch over the DP ranks. Returns the batch (with the old logprobs
-        the update itself computed, when the plan takes them from it) and the summed metrics."""
-        from ..algos.loss import local_denominator
-
-        gbs, dp = self.plan.minibatch_size, self.plan.policy_ranks
-        minibatches = [batch.select(slice(i, i + gbs)) for i in range(0, len(batch), gbs)]
-        agg = self.spec.loss.aggregation
-        # global denominators; 0 = no loss-bearing sample in the minibatch: every rank skips its step
-        dens = [local_denominator(agg, algos.loss_mask(mb.response_mask, mb.sample_mask)) for mb in minibatches]
-        results = self.w.get("update", [p.update.remote([mb.select(shard_rows(len(mb), dp, r)) for mb in minibatches],
-                                                        dens) for r, p in enumerate(self.w.policy)], self.w.policy)
-        if self.plan.logprobs_from_update:  # rank r returned the old logprobs of its shard
-            ref = [res.pop("ref_logprobs") for res in results]
-            batch = batch.with_(prev_logprobs=torch.cat([res.pop("prev_logprobs") for res in results]),
-                                ref_logprobs=torch.cat(ref) if ref[0] is not None else None)
-        first = ("grad_norm", "lr", "skipped_optimizer_steps")  # the same on every rank
-        keys = {k for res in results for k in res if k not in first}
-        out = {M.TRAIN_PREFIX + k: (max if algos.METRIC_REDUCTIONS.get(k) == "max" else sum)(res[k] for res in results if k in res)
-               for k in keys}  # ranks' weighted means add up; maxima stay maxima
-        out.update({M.TRAIN_GRAD_NORM: results[0]["grad_norm"], M.TRAIN_LR: results[0]["lr"],
-                    M.TRAIN_SKIPPED_OPTIMIZER_STEPS: results[0]["skipped_optimizer_steps"],
-                    M.TRAIN_LOGPROBS_FROM_UPDATE: float(self.plan.logprobs_from_update)})
-        diff = (batch.prev_logprobs - batch.generation_logprobs).abs() * batch.response_mask
-        out[M.TRAIN_GEN_VS_POLICY_LOGPROB_ABSDIFF] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
-        return batch, out
-
     def refit(self) -> float:
-        """Policy weights → every rollout engine. Returns ms.
+        """The policy's current weights → the engines (before the first rollout; `launch.py eval` after a load)."""
+        return self.source.refit(self.state.step)
 
-        Hybrid (rollout=hf): each policy worker copies its weights into its own engine, on its device.
-        Separate engines (vLLM): every policy rank joins (a sharded megatron model gathers collectively),
-        rank 0 returns the full HF-named dict (the others {}), one object-store copy feeds every engine.
-        """
-        t0 = time.perf_counter()
-        if self.plan.hybrid_rollout:
-            self.w.get("refit", [p.refit_engine.remote() for p in self.w.policy], self.w.policy)
-            return (time.perf_counter() - t0) * 1e3
-        if self._ipc_refit():  # vLLM on CUDA, engines on the policy's GPUs: device buffers shared over CUDA IPC
-            try:
-                self.w.get("refit", [p.send_weights_ipc.remote(self.w.rollout) for p in self.w.policy], self.w.policy)
-            except (Hung, ActorDied) as exc:  # policy rank 0 drives the engines: name the engine it waited on
-                raise self.engine_at_fault(exc) from exc
-            return (time.perf_counter() - t0) * 1e3
-        refs = [p.state_dict.remote() for p in self.w.policy]
-        pushes = dict(enumerate(r.update_weights.remote(refs[0]) for r in self.w.rollout))
-        self.w.clock.wait_all("state_dict", refs, self.w.policy)  # a stuck policy rank is named as such
-        while True:
-            try:
-                self.w.get("refit", list(pushes.values()), [self.w.rollout[e] for e in pushes])
-                break
-            except ActorDied as exc:
-                pushes.pop(self.recover(exc))  # restarted with these weights
-            except ray.exceptions.RayTaskError as err:
-                pushes.pop(self.recover(self.dead_engine(err, "refit")))
-        if self.w.probe is not None:
-            self.w.probe.watched = list(self.w.rollout)  # up and refit: probed from now on
-        return (time.perf_counter() - t0) * 1e3
-
-    def engine_at_fault(self, exc: Hung | ActorDied) -> Hung | ActorDied:
-        """The IPC refit's wait, past its deadline or failed, as the engines' fault where an engine does not answer
-        its health ping (frozen: Hung naming it) or is dead (ActorDied naming it); else `exc` (the policy's)."""
-        if self.w.probe is None:  # no "health" concurrency group: a ping would queue behind the stuck refit call
-            return exc
-        refs = [e.ping.options(concurrency_group=HEALTH_GROUP).remote() for e in self.w.rollout]
-        _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.spec.deadlines.health_timeout_s)
-        frozen = [e for e, r in zip(self.w.rollout, refs) if r in pending]
-        if frozen:
-            return Hung(exc.phase, exc.step, getattr(exc, "waited", 0.0),
-                        "policy rank 0 waits on the engines' refit; they give no health answer", frozen)
-        for e, r in zip(self.w.rollout, refs):
-            try:
-                ray.get(r)
-            except Exception as err:  # noqa: BLE001  (dead or errored: this engine is the one)
-                return ActorDied(exc.phase, exc.step, e, str(err).strip().splitlines()[0][:200])
-        return exc
-
-    def _ipc_refit(self) -> bool:
-        """Whether the engines take the weights over CUDA IPC (rollout/vllm_compat.py): GPUs, colocated engines
-        (each on a GPU where a policy rank holds the full weights), and an engine whose vLLM supports it."""
-        if not hasattr(self, "_ipc"):
-            self._ipc = bool(self.plan.use_gpus and not self.plan.rollout_devices
-                             and self.spec.rollout.backend.value == "vllm"
-                             and self.w.get("refit_probe", [self.w.rollout[0].supports_ipc_refit.remote()],
-                                            self.w.rollout[:1])[0])  # its own phase: not the refits' history
-        return self._ipc
+    def generate(self, prompts: list, n: int, seed: int) -> list[Generation]:
+        return self.source.generate(prompts, n, seed)
 
     def validate(self) -> dict[str, float]:
         g = self.spec.grpo
         prompts = self.env.val_prompts()
         prompts = prompts if g.max_val_samples is None else prompts[: g.max_val_samples]  # null = all
-        rewards, all_gens = [], []
+        if not prompts:  # a Gym run without val rows
+            return {}
+        rewards, scored = [], []
         self.w.clock.prefix = "val_"  # its waits have a history of their own (val_generate, val_score)
         try:
             for i in range(0, len(prompts), g.val_batch_size):  # a last partial batch is still validated
                 chunk = prompts[i:i + g.val_batch_size]
-                gens = self.generate(chunk, 1, seed=1234 + i)
-                rewards.append(self.score(chunk, gens, 1))
-                all_gens += gens
+                r, sc = self.source.score(chunk, self.source.generate(chunk, 1, seed=1234 + i), 1)
+                rewards.append(r)
+                scored += sc
         finally:
             self.w.clock.prefix = ""
         r = torch.cat(rewards)
+        keep_first_error(self.plan.run_dir, scored)
         return {M.VAL_REWARD_MEAN: float(r.mean()), M.VAL_ACCURACY: float((r >= 1).float().mean()),
-                M.VAL_SAMPLES: float(len(r)), **self.take_scored(all_gens, "val")[1]}
+                M.VAL_SAMPLES: float(len(r)), **reward_metrics("val", scored)}
 
     def save(self, step: int, metrics: dict[str, float]) -> None:
         def write(tmp: Path) -> None:
             self.w.get("save", [p.save.remote(str(tmp)) for p in self.w.policy], self.w.policy)
 
         self.state.save_checkpoint(step, write, metrics)
+
+
+def old_logprobs(w: Workers, lo: LossSpec, dp: int, batch: TrainBatch) -> TrainBatch:
+    """The policy's (and the reference's) logprobs of the batch before the update, over the DP ranks; with
+    loss.importance_sampling_correction the weights against the engines' logprobs."""
+    parts = w.get("logprobs", [p.logprobs.remote(batch.select(shard_rows(len(batch), dp, i)))
+                               for i, p in enumerate(w.policy)], w.policy)
+    prev = torch.cat([a for a, _ in parts])
+    ref = torch.cat([b for _, b in parts]) if parts[0][1] is not None else None
+    isw = None
+    if lo.importance_sampling_correction:
+        isw = algos.is_correction_weights(prev, batch.generation_logprobs, batch.response_mask,
+                                          mode=lo.is_truncation, threshold=lo.is_threshold, low=lo.is_threshold_low)
+    return batch.with_(prev_logprobs=prev, ref_logprobs=ref, is_weights=isw)
+
+
+def policy_update(w: Workers, agg: str, plan: Plan, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
+    """One optimizer step per minibatch over the DP ranks. Returns the batch (with the old logprobs the update
+    itself computed, when the plan takes them from it) and the summed metrics."""
+    gbs, dp = plan.minibatch_size, plan.policy_ranks
+    minibatches = [batch.select(slice(i, i + gbs)) for i in range(0, len(batch), gbs)]
+    # global denominators; 0 = no loss-bearing sample in the minibatch: every rank skips its step
+    dens = [local_denominator(agg, algos.loss_mask(mb.response_mask, mb.sample_mask)) for mb in minibatches]
+    results = w.get("update", [p.update.remote([mb.select(shard_rows(len(mb), dp, r)) for mb in minibatches], dens)
+                               for r, p in enumerate(w.policy)], w.policy)
+    if plan.logprobs_from_update:  # rank r returned the old logprobs of its shard
+        ref = [res.pop("ref_logprobs") for res in results]
+        batch = batch.with_(prev_logprobs=torch.cat([res.pop("prev_logprobs") for res in results]),
+                            ref_logprobs=torch.cat(ref) if ref[0] is not None else None)
+    first = ("grad_norm", "lr", "skipped_optimizer_steps")  # the same on every rank
+    keys = {k for res in results for k in res if k not in first}
+    out = {M.TRAIN_PREFIX + k: (max if algos.METRIC_REDUCTIONS.get(k) == "max" else sum)(res[k] for res in results if k in res)
+           for k in keys}  # ranks' weighted means add up; maxima stay maxima
+    out.update({M.TRAIN_GRAD_NORM: results[0]["grad_norm"], M.TRAIN_LR: results[0]["lr"],
+                M.TRAIN_SKIPPED_OPTIMIZER_STEPS: results[0]["skipped_optimizer_steps"],
+                M.TRAIN_LOGPROBS_FROM_UPDATE: float(plan.logprobs_from_update)})
+    diff = (batch.prev_logprobs - batch.generation_logprobs).abs() * batch.response_mask
+    out[M.TRAIN_GEN_VS_POLICY_LOGPROB_ABSDIFF] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
+    return batch, out
 
 
 def append_metrics(path: Path, step: int, metrics: dict[str, float]) -> None:
@@ -524,31 +348,6 @@ def append_metrics(path: Path, step: int, metrics: dict[str, float]) -> None:
 
     with open(path, "a") as f:
         f.write(json.dumps({"step": step, **metrics}) + "\n")
-
-
-class Timer:
-    """Accumulates wall time per named phase: `with t("rollout"): ...`."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {"rollout": 0.0}
-        self._t0 = time.perf_counter()
-
-    def __call__(self, name: str):
-        timer = self
-
-        class _Phase:
-            def __enter__(self):
-                self.t = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.t
-
-        return _Phase()
-
-    def as_metrics(self) -> dict[str, float]:
-        out = {f"{M.TIME_PREFIX}{k}_s": v for k, v in self.seconds.items()}
-        out[M.TIME_STEP_S] = time.perf_counter() - self._t0
-        return out
 
 
 def main() -> None:

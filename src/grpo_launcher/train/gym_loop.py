@@ -1,9 +1,10 @@
 """The GRPO loop with NeMo Gym as the environment: Gym's servers around the loop, rollouts through its agents.
-(A Trainer subclass, so it lives in train/; gym/ holds the parts it uses; gym/trainer.py re-exports it.)
+(A rollout source of the loop, so it lives in train/; gym/ holds the parts it uses.)
 
-train/driver.py runs GymTrainer for env=nemo_gym (`trainer_class`); its `train` starts Gym's servers over the URLs
-the engines published (RUN_DIR/rollout_endpoints.json) and stops them when the loop ends, however it ends.
-Everything else (logprobs, update, refit, validation cadence, checkpoints, logs) is the driver's Trainer:
+train/driver.py runs the loop with GymSource for env=nemo_gym (GymEnv names it: `rollout_source`); its `session`
+starts Gym's servers over the URLs the engines published (RUN_DIR/rollout_endpoints.json) and stops them when the
+loop ends, however it ends. Everything else (logprobs, update, refit, validation cadence, checkpoints, logs) is the
+driver's Trainer:
 
 * `generate` sends G copies of each step row to the row's agent (`/run`, all at once) instead of calling the
   engines directly; the engines still serve every model call, over their HTTP servers, and are refit
@@ -18,15 +19,22 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
+from ..batch import TrainBatch
 from ..gym.rollouts import RolloutStats, run_rollouts, stamp_row
 from ..gym.samples import GymGeneration
 from ..gym.servers import GymServers
+from ..plan import Plan
+from ..spec.schema import RunSpec
 from ..tracking import metric_names as M
-from .driver import Trainer
+from .engines import EnginePool
+from .loop_state import LoopState, StopRequest
+from .sources import Rollout, Timer, make_batch, sync_rollout
 
 
 def endpoints(run_dir: Path) -> tuple[str, list[str], str | None]:
@@ -52,15 +60,18 @@ def start_servers(spec, plan, abort=None) -> GymServers:
     return servers
 
 
-class GymTrainer(Trainer):
-    def __init__(self, spec, plan, env, workers, state, stop, model_dir):
-        super().__init__(spec, plan, env, workers, state, stop, model_dir)
+class GymSource:
+    """The loop's rollout source for env=nemo_gym (train/sources.py RolloutSource; the module doc says how)."""
+
+    def __init__(self, spec: RunSpec, plan: Plan, env: Any, engines: EnginePool, stop: StopRequest) -> None:
+        self.spec, self.plan, self.env, self.engines, self.stop = spec, plan, env, engines, stop
+        self.w, self.tok = engines.w, engines.tok
         self.servers: GymServers | None = None
         self.agents: dict[str, str] = {}
         self.stats = RolloutStats()
-        state.train_data = self._train_data  # the log's token_loss_mask is the Gym mask, not "every response token"
 
-    def train(self) -> int:
+    @contextmanager
+    def session(self, state: LoopState) -> Iterator[None]:  # noqa: ARG002
         """Gym's servers for the duration of the loop: started over the published engine URLs, stopped by PID."""
         self.servers = start_servers(self.spec, self.plan, abort=lambda: self.stop.requested)
         try:
@@ -69,17 +80,24 @@ class GymTrainer(Trainer):
             if missing:
                 raise RuntimeError(f"the rows name agents Gym does not run: {', '.join(missing)} (running: "
                                    f"{', '.join(sorted(self.agents))}); add their configs to env.gym_config_paths")
-            return super().train()
+            yield
         finally:
             self.servers.stop()
             s = self.stats
             print(f"grpo-launcher: NeMo Gym stopped; {s.rollouts} rollouts, {s.failed} failed, "
                   f"{s.non_contiguous} non-contiguous (masked)", flush=True)
 
+    def rollout(self, step: int, t: Timer) -> Rollout:
+        return sync_rollout(self, step, t)  # Gym's rollouts are generated now, as sync ones (dynamic sampling too)
+
+    def refit(self, version: int) -> float:  # noqa: ARG002
+        return self.engines.refit()  # the engines serve Gym's model calls: refit between steps as usual
+
     # ------------------------------------------------------------------ rollouts through Gym
     def generate(self, prompts: list, n: int, seed: int) -> list[GymGeneration]:  # noqa: ARG002 (Gym has no seed)
         r = self.spec.rollout
         rows = [stamp_row(p.row, r.temperature, getattr(r, "top_p", 1.0), r.max_new_tokens) for p in prompts for _ in range(n)]
+        assert self.servers is not None, "generate runs inside session()"
         before = self.stats.failed
         with self.w.clock.timed("generate") as limit:  # each agent call within the phase's deadline (deadlines.py)
             gens = run_rollouts(rows, self.agents, check=self.servers.check, max_model_len=self.plan.max_model_len,
@@ -91,11 +109,11 @@ class GymTrainer(Trainer):
                   f"their groups); first: {first}", file=sys.stderr, flush=True)
         return gens
 
-    def score(self, prompts: list, gens: list, n: int) -> torch.Tensor:  # noqa: ARG002
-        return torch.tensor([g.reward for g in gens], dtype=torch.float32)
+    def score(self, prompts: list, gens: list, n: int) -> tuple[torch.Tensor, list[None]]:  # noqa: ARG002
+        return torch.tensor([g.reward for g in gens], dtype=torch.float32), [None] * len(gens)
 
-    def make_batch(self, gens: list, rewards: torch.Tensor):
-        batch, m = super().make_batch(gens, rewards)
+    def make_batch(self, gens: list, rewards: torch.Tensor) -> tuple[TrainBatch, dict[str, float]]:
+        batch, m = make_batch(self.spec, self.plan.group_size, self.tok, gens, rewards)
         mask = torch.zeros_like(batch.response_mask)
         keep = torch.ones(len(gens))
         for i, g in enumerate(gens):
@@ -113,22 +131,17 @@ class GymTrainer(Trainer):
                   M.GYM_TRAINABLE_SAMPLES: float(keep.sum())})
         return batch, m
 
-    def validate(self) -> dict[str, float]:
-        if not self.env.val_prompts():
-            return {}
-        return super().validate()
-
-    def _train_data(self, step, prompts, gens, rewards, batch, tokenizer, versions, scored=()) -> None:  # noqa: ARG002
-        st = self.state
-        if st.data_log is None or not st.data_log.enabled_for(step):
+    def train_data(self, state: LoopState, step: int, r: Rollout, batch: TrainBatch) -> None:
+        """The log's token_loss_mask is the Gym mask, not "every response token"."""
+        if state.data_log is None or not state.data_log.enabled_for(step):
             return
         from ..tracking.records import train_data_records
 
-        def records():
-            for i, rec in enumerate(train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer,
+        def records() -> Iterator[dict]:
+            for i, rec in enumerate(train_data_records(step, r.prompts, r.gens, r.rewards, batch, self.spec, self.tok,
                                                        self.plan.group_size)):
-                p, n = len(gens[i].prompt_ids), len(gens[i].response_ids)
+                p, n = len(r.gens[i].prompt_ids), len(r.gens[i].response_ids)
                 rec["token_loss_mask"] = [0] * p + [int(x) for x in batch.response_mask[i, :n].tolist()]
                 yield rec
 
-        st.data_log.write_step(step, records(), versions)
+        state.data_log.write_step(step, records(), r.versions)

@@ -23,6 +23,7 @@ from ..policy import policy_class
 from ..rollout import rollout_class
 from ..spec.schema import RunSpec
 from ..deadlines import HEALTH_GROUP, ActorInfo, EngineProbe, PhaseClock, actor_info
+from .engines import ENGINE_KINDS
 
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
               "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_DEDUP_LOGS": "1",
@@ -147,7 +148,7 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
         from ..rollout.versions import WEIGHTS_GROUP  # here: it imports torch, which the env worker (this module) must not
 
         staged = plan.async_grpo and spec.grpo.async_grpo.in_flight_weight_updates
-        probed = spec.rollout.backend.value == "vllm" and spec.deadlines.health_period_s > 0
+        probed = ENGINE_KINDS[spec.rollout.backend].health_probe and spec.deadlines.health_period_s > 0
         groups = {**({WEIGHTS_GROUP: 1} if staged else {}), **({HEALTH_GROUP: 1} if probed else {})}
         R = ray.remote(concurrency_groups=groups)(cls) if groups else ray.remote(cls)
         tp = spec.rollout.tensor_parallel_size
