@@ -12,9 +12,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from .logit_heads import head_for
 from .spec.schema import RolloutBackend, RunSpec
+from .stop_tokens import describe as describe_stop_tokens
 
 # Fixed Ray port block, offsets from cluster.ray_port (documented in README "Ports").
 PORT_OFFSETS = {
@@ -147,6 +149,7 @@ class Plan:
     max_trajectory_age: int = 0  # grpo.async_grpo.max_trajectory_age_steps (async only)
     engine_sleeps: bool = False  # rollout.sleep_mode resolved: the engines sleep through logprobs + update
     logprob_head: str = ""  # the policy's logprob head for this family (logit_heads.head_for: what the worker builds)
+    model_path: Optional[str] = None  # model.path: the summary prints the stop tokens the engines read from it
 
     @property
     def policy_ranks(self) -> int:
@@ -179,6 +182,7 @@ class Plan:
                 f"old logprobs         : {'from the update forward (on-policy)' if self.logprobs_from_update else 'separate pass'}",
                 f"logprob head         : {self.logprob_head}",
                 f"max model len        : {self.max_model_len}",
+                f"stop tokens          : {describe_stop_tokens(self.model_path)}",
                 f"Ray bundle / device  : {self.bundle}",
                 f"run dir              : {self.run_dir}",
                 f"tracking             : {redact_value(self.tracking_uri)}",  # a password in the URI: ***
@@ -222,5 +226,6 @@ def make_plan(spec: RunSpec) -> Plan:
         async_grpo=a.enabled,
         max_trajectory_age=a.max_trajectory_age_steps if a.enabled else 0,
         engine_sleeps=engine_sleeps(spec),
+        model_path=spec.model.path,
         logprob_head=head_for(spec.model.path, spec.model.family, spec.train.logprob_chunk_tokens).why,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..spec.model_dir import model_facts
 from ..spec.schema import ModelSpec
 
 # NVIDIA-Nemotron-3-Nano-30B-A3B's hybrid_override_pattern: 23 Mamba-2, 23 MoE, 6 attention layers
@@ -28,8 +29,8 @@ def layer_kinds(num_layers: int) -> list[str]:
 
 def nemotron_h_config(spec: ModelSpec, vocab_size: int, eos_token_id: int, pad_token_id: int) -> dict[str, Any]:
     """NemotronHConfig keyword arguments for the spec's sizes (model.ffn_hidden_size = one expert's width)."""
-    head_dim = spec.hidden_size // spec.num_attention_heads
-    mamba_head_dim = min(64, head_dim)
+    head_dim = model_facts(spec).head_dim  # model.head_dim, else hidden / heads (what the memory model reads)
+    mamba_head_dim = min(64, spec.hidden_size // spec.num_attention_heads)
     groups = next(g for g in (8, 4, 2, 1) if (2 * spec.hidden_size // mamba_head_dim) % g == 0)
     return dict(
         # the published checkpoints' key (every transformers with NemotronH reads it; 5.x maps it to layer_types)

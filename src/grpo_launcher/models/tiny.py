@@ -52,6 +52,7 @@ def build_model(spec: ModelSpec, tokenizer, seed: int, device: str = "cpu"):
         intermediate_size=spec.ffn_hidden_size, num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=False,
+        **({"head_dim": spec.head_dim} if spec.head_dim else {}),  # null: hidden / heads (Qwen2's own default)
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     with torch.device(device):  # initialised where it will be warmed up: a GPU when the driver has one
         return Qwen2ForCausalLM(cfg).to(torch.float32)

@@ -8,7 +8,9 @@ The policy worker owns an `HFEngine` and generates with its own weights: on a CP
 On a CPU, decoding (`sample`) is a plain loop over the model's forward with a KV cache: each distinct prompt
 is prefilled ONCE and its cache repeated for its n samples (GRPO's group shares the prompt), and tokens are
 drawn by the Gumbel-max trick from softmax(logits / T), whose log-probabilities are returned as they are.
-No logits processors, no stopping criteria: on the tiny model this is faster than `generate`.
+No logits processors: on the tiny model this is faster than `generate`. Both paths stop at the checkpoint's stop
+set (stop_tokens.py: tokenizer EOS ∪ generation_config eos_token_id, the set vLLM gets) and keep the stop token as
+the completion's last token, as vLLM does.
 On CUDA `generate` stays: there the loop was the slower (figures: benchmarks/results/gpu_step.md). With `rollout.hf_compile=true` it uses transformers' static KV cache, whose forward
 `generate` compiles with torch.compile(mode="reduce-overhead") — CUDA graphs, so the per-token Python
 cost that bounds eager decoding of small models goes away. Prompt widths are bucketed so that the
@@ -18,12 +20,13 @@ cache (and the captured graphs) keep one shape from step to step.
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 
 from ..spec.schema import RunSpec
 from ..batch import Generation
+from ..stop_tokens import stop_token_ids
 from .versions import VersionedEngine
 
 WIDTH_BUCKET = 64  # compiled decoding: left-pad prompts to a multiple of this (one cache shape per bucket)
@@ -60,6 +63,7 @@ class HFEngine:
 
         self.spec, self.device, self.model_dir = spec, device, model_dir
         self._tokenizer = None
+        self._stop: tuple[int, ...] | None = None
         self.shared = model is not None  # the policy's own model: nothing to refit
         if model is None:  # a separate inference copy in the run's precision, refit in place
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine_dtype(spec, device)).to(device)
@@ -75,26 +79,33 @@ class HFEngine:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         return self._tokenizer
 
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The checkpoint's stop tokens (stop_tokens.py), resolved on first use."""
+        if self._stop is None:
+            self._stop = stop_token_ids(self.model_dir, self.tokenizer)
+        return self._stop
+
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]:
         """n samples per prompt, grouped: rows [k*n, (k+1)*n) belong to prompt k."""
         r = self.spec.rollout
         torch.manual_seed(seed)
-        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        pad, stop = self.tokenizer.pad_token_id, self.stop_ids
         rows = [p for p in prompt_ids for _ in range(n)]
         was_training = self.model.training
         self.model.eval()
         try:
             if self.device.type == "cpu":
-                new, tok_lp = sample(self.model, prompt_ids, n, r.temperature, r.max_new_tokens, pad, eos)
+                new, tok_lp = sample(self.model, prompt_ids, n, r.temperature, r.max_new_tokens, pad, stop)
             else:
-                new, tok_lp = self._generate_hf(rows, pad, eos)
+                new, tok_lp = self._generate_hf(rows, pad, stop)
         finally:
             self.model.train(was_training)
         new, tok_lp = new.cpu(), tok_lp.cpu()
-        return [_one(rows[i], new[i], tok_lp[i], eos) for i in range(len(rows))]
+        return [_one(rows[i], new[i], tok_lp[i], stop) for i in range(len(rows))]
 
-    def _generate_hf(self, rows: list[list[int]], pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _generate_hf(self, rows: list[list[int]], pad: int, stop: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """CUDA: transformers' `generate` (rollout.hf_compile=true: a static cache, prompts padded to a bucket)."""
         r = self.spec.rollout
         width = max(map(len, rows))
@@ -104,7 +115,7 @@ class HFEngine:
         rec = SampledLogprobs(r.temperature)
         out = self.model.generate(
             input_ids=ids, attention_mask=attn, do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
-            max_new_tokens=r.max_new_tokens, pad_token_id=pad, eos_token_id=eos, logits_processor=[rec],
+            max_new_tokens=r.max_new_tokens, pad_token_id=pad, eos_token_id=list(stop), logits_processor=[rec],
             **({"cache_implementation": "static"} if self.compiled else {"disable_compile": True}))
         new = out[:, width:]  # [B, T]
         return new, rec.finish(new[:, -1])
@@ -158,10 +169,11 @@ class HFRolloutWorker(VersionedEngine):
 
 @torch.no_grad()
 def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature: float, max_new: int, pad: int,
-           eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+           stop: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """n samples of each prompt → (tokens [P*n, T], their log-probs [P*n, T]), rows grouped by prompt.
 
-    A row's tokens after its first EOS are padding (and their log-probs meaningless): `_one` cuts there.
+    A row ends at its first token in `stop` (kept); its tokens after that are padding (and their log-probs
+    meaningless): `_one` cuts there.
     """
     from transformers import DynamicCache
 
@@ -181,6 +193,7 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature
     mask[:, :width] = attn.repeat_interleave(rep, 0)
     pos = attn.sum(-1).repeat_interleave(rep, 0)  # [B] position of the next token
     done = torch.zeros(len(logits), dtype=torch.bool, device=device)
+    stops = torch.tensor(list(stop), dtype=torch.long, device=device)  # [S]
     tokens, logprobs = [], []
     for t in range(max_new):
         lp = (logits.float() / temperature).log_softmax(-1)  # [B, V]
@@ -188,7 +201,7 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature
         nxt = torch.where(done, pad, (lp + gumbel).argmax(-1))  # [B]
         tokens.append(nxt)
         logprobs.append(lp.gather(-1, nxt[:, None])[:, 0])
-        done |= nxt == eos
+        done |= torch.isin(nxt, stops)
         if t + 1 == max_new or bool(done.all()):
             break
         logits = model(input_ids=nxt[:, None], attention_mask=mask[:, : width + t + 1],
@@ -207,8 +220,9 @@ def engine_dtype(spec: RunSpec, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" and spec.train.precision.value == "bfloat16" else torch.float32
 
 
-def _one(prompt: list[int], tokens: torch.Tensor, lps: torch.Tensor, eos: int) -> Generation:
+def _one(prompt: list[int], tokens: torch.Tensor, lps: torch.Tensor, stop: Sequence[int]) -> Generation:
+    """A row cut after its first stop token (kept, as vLLM keeps it); none: truncated at max_new_tokens."""
     toks = tokens.tolist()
-    end = toks.index(eos) + 1 if eos in toks else len(toks)
+    end = next((i + 1 for i, t in enumerate(toks) if t in stop), None)
     return Generation(prompt_ids=list(prompt), response_ids=toks[:end], logprobs=lps[:end].tolist(),
-                      truncated=eos not in toks)
+                      truncated=end is None)

@@ -45,6 +45,7 @@ from typing import Any, Optional
 from ..spec.schema import RunSpec
 from ..batch import Generation
 from ..plan import engine_sleeps
+from ..stop_tokens import stop_token_ids
 from . import vllm_compat
 from .versions import VersionedEngine
 
@@ -77,8 +78,6 @@ class WeightRefitExtension:
 
 class VLLMRolloutWorker(VersionedEngine):
     def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1, max_model_len: Optional[int] = None):
-        from transformers import AutoTokenizer
-
         from ..plan import engine_max_model_len
 
         t0 = time.perf_counter()
@@ -87,8 +86,8 @@ class VLLMRolloutWorker(VersionedEngine):
         self.served_model_name = spec.model.name
         # the Plan's (the driver passes it); built alone (tests, the Gym probe): the same rule from the spec
         self.max_model_len = max_model_len or engine_max_model_len(spec)  # rollout.max_model_len or prompt + generation
-        tok = AutoTokenizer.from_pretrained(self.model_dir)
-        self.eos_ids = sorted({tok.eos_token_id} - {None})
+        # the checkpoint's stop set, the one rollout=hf stops at (stop_tokens.py), given to vLLM explicitly
+        self.stop_ids = list(stop_token_ids(self.model_dir))
         self._url: Optional[str] = None
         self._server = self._server_task = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -211,7 +210,7 @@ class VLLMRolloutWorker(VersionedEngine):
         self._apply_staged()  # async GRPO with in-flight weight updates: the newest staged weights, if any
         if self._asleep:  # level 2 dropped the weights: only a refit may wake it (the driver refits first)
             raise RuntimeError("generate on a sleeping vLLM engine: its weights are gone until the next refit")
-        params = sampling_params(self.spec, n, seed, len(prompt_ids), self.eos_ids)
+        params = sampling_params(self.spec, n, seed, len(prompt_ids), self.stop_ids)
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         t0 = time.perf_counter()
         if self.llm is not None:
@@ -520,14 +519,15 @@ def api_key_args(key: str | None) -> list[str]:
     return [f"--api-key={key}"] if key else []
 
 
-def sampling_params(spec: RunSpec, n: int, seed: int, count: int, eos_ids: list[int]) -> list:
-    """One SamplingParams per prompt: n samples at rollout.temperature, no top-p/top-k, the sampled token's logprob."""
+def sampling_params(spec: RunSpec, n: int, seed: int, count: int, stop_ids: list[int]) -> list:
+    """One SamplingParams per prompt: n samples at rollout.temperature, no top-p/top-k, the sampled token's logprob;
+    stopping at the checkpoint's stop set (`stop_ids`; vLLM keeps the stop token as the output's last token id)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     r = spec.rollout
     return [SamplingParams(n=n, temperature=r.temperature, top_p=1.0, top_k=0, max_tokens=r.max_new_tokens,
-                           logprobs=0, seed=_prompt_seed(seed, k), stop_token_ids=eos_ids, detokenize=False,
+                           logprobs=0, seed=_prompt_seed(seed, k), stop_token_ids=stop_ids, detokenize=False,
                            output_kind=RequestOutputKind.FINAL_ONLY) for k in range(count)]
 
 

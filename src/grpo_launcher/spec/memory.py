@@ -99,6 +99,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from .errors import Violation
+from .model_dir import model_facts
 from .schema import Precision, RolloutBackend, RunSpec, TrainBackend
 
 GIB = 2**30
@@ -198,10 +199,10 @@ class Arch:
 
 def arch_of(spec: RunSpec) -> Arch:
     m = spec.model
-    head_dim = m.hidden_size // max(m.num_attention_heads, 1)
-    base = dict(hidden=m.hidden_size, heads=m.num_attention_heads, kv_heads=m.num_kv_heads, head_dim=head_dim,
+    f = model_facts(m)  # head_dim: config.json's when set (Qwen3, Gemma), as the rules read it
+    base = dict(hidden=m.hidden_size, heads=f.heads, kv_heads=f.kv_heads, head_dim=f.head_dim,
                 ffn=m.ffn_hidden_size, vocab=m.vocab_size, experts=m.num_experts, top_k=m.moe_top_k,
-                qkv_bias=m.family == "qwen2", tied=bool(getattr(m, "tie_word_embeddings", False)))
+                qkv_bias=m.family == "qwen2", tied=f.tied)
     hybrid = HYBRID_LAYOUTS.get((m.family, m.num_layers))
     if m.family == "nemotron_h" and m.path is None:  # built here: models/nemotron_h.py's layout, exactly
         from ..models.nemotron_h import memory_layout

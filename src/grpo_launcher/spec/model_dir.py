@@ -1,4 +1,5 @@
 """model.path=DIR is enough: the architecture comes from DIR/config.json at pre-flight, the tokenizer is checked.
+`model_facts` is the one reading of the resolved keys (head width, KV heads, tying) that rules and memory share.
 
 Read as files (no transformers import: pre-flight stays well under a second). A model key given explicitly (on
 the command line, or by a model option whose value differs from the schema default) that disagrees with the
@@ -23,6 +24,7 @@ ARCH_KEYS: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size", "n_embd", "d_model"),
     "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
     "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
+    "head_dim": ("head_dim",),
     "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"),
     "vocab_size": ("vocab_size",),
     "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
@@ -39,6 +41,8 @@ UNTIED_BY_DEFAULT = frozenset("""
     granite granitemoe helium hunyuan_v1_dense jamba llama llama4 mamba2 minimax ministral mistral mixtral nemotron
     nemotron_h olmo olmo2 olmo3 olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe qwen3 qwen3_moe qwen3_next
     seed_oss stablelm""".split())
+# fields a checkpoint may leave unset and transformers not derive: null in the spec (the rules judge the rest)
+OPTIONAL = ("head_dim",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 V = Violation
 
@@ -77,6 +81,11 @@ def _fallback(field: str, cfg: dict, found: dict[str, Any]) -> Any:
         return 0  # dense
     if field == "tie_word_embeddings":
         return family not in UNTIED_BY_DEFAULT
+    if field == "head_dim":  # the attention layers' getattr(config, "head_dim", hidden // heads)
+        hidden, heads = found.get("hidden_size"), found.get("num_attention_heads")
+        if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads == 0:
+            return hidden // heads
+        return None  # uneven: left null, and rule heads_divide names it
     return None
 
 
@@ -88,11 +97,40 @@ def architecture(cfg: dict) -> tuple[dict[str, Any], list[str]]:
         value = next((cfg[n] for n in names if cfg.get(n) is not None), None)
         if value is None:
             value = _fallback(field, cfg, found)
-        if value is None:
-            missing.append(names[0])
-        else:
+        if value is not None:
             found[field] = value
+        elif field not in OPTIONAL:
+            missing.append(names[0])
     return found, missing
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """The attention shape as transformers builds it from config.json: what every rule and the memory model read
+    (spec/rules.py heads_divide and the vLLM KV rule, spec/memory.py arch_of, the builders in models/)."""
+
+    head_dim: int  # config.json head_dim (model.head_dim), else hidden_size // num_attention_heads
+    heads: int
+    kv_heads: int  # num_key_value_heads
+    tied: bool  # the output layer shares the embedding (tie_word_embeddings, else the model class's default)
+    positions: int  # max_position_embeddings: the longest sequence the model's rotary tables are built for
+    head_dim_keys: tuple[str, ...]  # the model.* keys head_dim comes from, for messages
+
+    @property
+    def q_dim(self) -> int:  # the query projection's width (≠ hidden_size when head_dim is set: Qwen3, Gemma)
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:  # one of K, V per token and layer, in elements
+        return self.kv_heads * self.head_dim
+
+
+def model_facts(m: ModelSpec) -> ModelFacts:
+    """The resolved model keys (config.json's with model.path, see `resolve_model`) as transformers reads them."""
+    keys = ("model.head_dim",) if m.head_dim else ("model.hidden_size", "model.num_attention_heads")
+    return ModelFacts(head_dim=m.head_dim or m.hidden_size // max(m.num_attention_heads, 1),
+                      heads=m.num_attention_heads, kv_heads=m.num_kv_heads, tied=m.tie_word_embeddings,
+                      positions=m.max_position_embeddings, head_dim_keys=keys)
 
 
 def source_key(cfg: dict, field: str) -> str:
@@ -106,7 +144,7 @@ def _typed(field: str, value: Any) -> Any:
     kind = {f.name: f.type for f in dataclasses.fields(ModelSpec)}[field]
     if kind == "bool":
         return value if isinstance(value, bool) else None
-    if kind == "int":
+    if kind in ("int", "Optional[int]"):
         ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
         return value if ok else None
     return value if isinstance(value, str) and value.isidentifier() else None

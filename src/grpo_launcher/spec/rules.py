@@ -36,6 +36,7 @@ from ..plan import (
     world_size,
 )
 from .errors import Violation
+from .model_dir import model_facts
 from .versions import untested
 from .schema import (
     Aggregation,
@@ -329,10 +330,19 @@ def tp4_logprob_batch_matches_micro_batch(s: RunSpec) -> Iterator[Violation]:
                 f"set train.logprob_batch_size={t.micro_batch_size}")
 
 
+# head widths vLLM's CPU attention runs (vLLM 0.32 v1/attention/backends/cpu_attn.py get_supported_head_sizes)
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
 @rule("pure")
 def heads_divide(s: RunSpec) -> Iterator[Violation]:
     m = s.model
-    if m.num_attention_heads < 1 or m.num_kv_heads < 1 or m.hidden_size % m.num_attention_heads:
+    if m.head_dim is not None and m.head_dim < 1:
+        yield V("heads_divide", ("model.head_dim",), f"must be ≥ 1, got {m.head_dim}",
+                "set model.head_dim to the attention head width, or null (hidden_size / num_attention_heads)")
+        return
+    # an explicit head_dim (config.json's) is the head width itself: hidden_size need not split over the heads
+    if m.num_attention_heads < 1 or m.num_kv_heads < 1 or (m.head_dim is None and m.hidden_size % m.num_attention_heads):
         yield V("heads_divide", ("model.hidden_size", "model.num_attention_heads"),
                 f"hidden {m.hidden_size} must split evenly over {m.num_attention_heads} heads", "fix the model shape")
         return
@@ -345,11 +355,25 @@ def heads_divide(s: RunSpec) -> Iterator[Violation]:
                     f"{m.num_attention_heads} attention heads cannot be split over TP={tp}",
                     f"use a {section}.tensor_parallel_size dividing {m.num_attention_heads}")
     if s.rollout.backend == RolloutBackend.vllm and s.cluster.gpus_per_node == 0:
-        head_dim = m.hidden_size // m.num_attention_heads
-        if head_dim < 32:
-            yield V("heads_divide", ("model.hidden_size", "model.num_attention_heads", "rollout.backend"),
-                    f"vLLM's CPU attention needs head_dim ≥ 32, got {m.hidden_size}/{m.num_attention_heads} = {head_dim}",
-                    "use fewer heads or a larger hidden size")
+        yield from _vllm_cpu_head_dim(s)
+
+
+def _vllm_cpu_head_dim(s: RunSpec) -> Iterator[Violation]:
+    """vLLM's CPU build refuses a head width it has no kernel for; a checkpoint's own width is not the user's to
+    change: the fix is the engine (rollout=hf, or vLLM on GPUs), the tiny model's is its shape."""
+    m, f = s.model, model_facts(s.model)
+    if f.head_dim in VLLM_CPU_HEAD_DIMS:
+        return
+    got = f"head_dim {f.head_dim} (" + (f"{s.model.path}/config.json" if m.path else " / ".join(f.head_dim_keys)) + ")"
+    why = f"vLLM's CPU attention runs head_dim {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}; this model has {got}"
+    if m.path:
+        yield V("heads_divide", ("rollout.backend", "cluster.gpus_per_node", "model.path"), why,
+                "the model is valid, vLLM's CPU build cannot run it: use rollout=hf, or vLLM on GPUs "
+                "(cluster.gpus_per_node > 0)")
+    else:
+        yield V("heads_divide", (*f.head_dim_keys, "rollout.backend"), why,
+                "use rollout=hf, or give the tiny model a head width from that list (e.g. model.hidden_size="
+                f"{32 * m.num_attention_heads} for {m.num_attention_heads} heads)")
 
 
 # ---------------------------------------------------------------- lengths --------------------
@@ -427,8 +451,8 @@ def vllm_engine_memory_and_length(s: RunSpec) -> Iterator[Violation]:
                 f"the engine's max_model_len {mml} exceeds the model's {m.max_position_embeddings} positions",
                 f"lower rollout.max_model_len (or the prompt/generation budget) to ≤ {m.max_position_embeddings}")
     if s.cluster.gpus_per_node == 0:  # CPU engines: the KV cache is sized in MiB, never from free RAM
-        heads = max(m.num_attention_heads, 1)
-        per_token = 2 * m.num_layers * m.num_kv_heads * (m.hidden_size // heads) * (4 if m.dtype.value == "float32" else 2)
+        # K and V of every layer: num_key_value_heads × head_dim (config.json's head_dim when set), as spec/memory.py
+        per_token = 2 * m.num_layers * model_facts(m).kv_dim * (4 if m.dtype.value == "float32" else 2)
         tokens = -(-mml // 128) * 128  # vLLM's CPU KV blocks hold 128 tokens
         need_mb = per_token * tokens / 2**20
         if r.kv_cache_memory_mb < 1:

@@ -91,6 +91,8 @@ class ModelSpec:
     hidden_size: int = 128
     num_attention_heads: int = 4
     num_kv_heads: int = 2
+    # attention head width (config.json head_dim: Qwen3, Gemma and Mistral set it); null = hidden_size / heads
+    head_dim: Optional[int] = None
     ffn_hidden_size: int = 256
     vocab_size: int = 512
     max_position_embeddings: int = 1024
