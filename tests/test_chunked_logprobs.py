@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from grpo_launcher.algos import entropy_from_logits, linear_logprobs, token_logprobs
+from grpo_launcher.logit_heads import LogitTransform
 from grpo_launcher.policy.torch_policy import LogprobHead, TorchPolicyWorker
 from grpo_launcher.spec.compose import load_spec
 from test_hybrid import SMALL, rollout_batch, setup
@@ -32,6 +33,33 @@ def test_chunked_logprobs_equal_whole_logits_with_gradients(chunk):
     assert torch.allclose(lp, want, atol=1e-12) and torch.allclose(ent, entropy_from_logits(logits), atol=1e-12)
     assert torch.allclose(gh, h.grad, atol=1e-12) and torch.allclose(gw, w.grad, atol=1e-12)
     assert not ent.requires_grad  # a metric
+
+
+TRANSFORMS = {"none": None, "softcap": LogitTransform(softcap=1.5), "multiply": LogitTransform(multiply=3.0),
+              "divide": LogitTransform(divide=4.0), "both": LogitTransform(multiply=2.0, softcap=2.5)}
+
+
+@pytest.mark.parametrize("kind", TRANSFORMS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_chunked_logprobs_apply_the_family_post_processing_and_bias(kind, with_bias):
+    """softmax(f(h w^T + b) / T) chunk by chunk = the whole logits put through f (Gemma's cap·tanh(z/cap), Granite's
+    z/s, Cohere's z·s), values and gradients in hidden, weight and bias."""
+    torch.manual_seed(2)
+    N, H, V, temp, f = 19, 6, 30, 0.8, TRANSFORMS[kind]
+    h = torch.randn(N, H, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, H, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(V, dtype=torch.float64, requires_grad=True) if with_bias else None
+    t, g = torch.randint(0, V, (N,)), torch.randn(N, dtype=torch.float64)
+    lp, ent = linear_logprobs(h, w, t, bias=b, transform=f, temperature=temp, chunk=4)
+    params = [h, w] + ([b] if b is not None else [])
+    got = torch.autograd.grad((lp * g).sum(), params)
+    z = torch.nn.functional.linear(h, w, b)
+    logits = (f(z) if f is not None else z) / temp
+    want = token_logprobs(logits, t)
+    expect = torch.autograd.grad((want * g).sum(), params)
+    assert torch.allclose(lp, want, atol=1e-12) and torch.allclose(ent, entropy_from_logits(logits), atol=1e-12)
+    for a, e in zip(got, expect):
+        assert torch.allclose(a, e, atol=1e-12)
 
 
 def test_chunked_logprobs_pass_gradcheck_and_follow_autocast():
