@@ -195,3 +195,115 @@ def test_a_locked_store_is_one_warning_line_not_mlflows_traceback(tmp_path, capf
     (line,) = [x for x in err.splitlines() if x.strip()]
     assert "database is locked" in line and "kept, sent at the next checkpoint" in line
     assert tracker.commit() == 1  # the lock gone: sent
+
+
+# ----------------------------------------------------------------------------- a full disk
+def fill(folder: Path) -> Path:
+    """Write zeros into `folder` until its filesystem is full (a real ENOSPC); the filler file."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError as exc:
+        assert exc.errno == 28, exc
+    finally:
+        os.close(fd)
+    return filler
+
+
+@ROOT_ONLY
+def test_metrics_line_on_a_full_disk_is_whole_or_absent_and_named(tmp_path, mounted):
+    from grpo_launcher.runfiles import append_line
+
+    mnt = mounted(size="256k")
+    path = mnt / "metrics.jsonl"
+    append_line(path, json.dumps({"step": 1, "train/loss": 0.5}))
+    fill(mnt)
+    before = path.read_bytes()
+    with pytest.raises(OSError) as info:
+        append_line(path, json.dumps({"step": 2, **{f"m{i}": 0.1 * i for i in range(2000)}}))  # > a page
+    assert info.value.errno == 28 and f"no space left on device writing {path} (0.0 MiB free)" in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # one message, no chain
+    assert path.read_bytes() == before  # never a torn last line
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1]
+
+
+@ROOT_ONLY
+def test_disk_full_report_is_one_message_naming_the_file(tmp_path, mounted, capsys):
+    from grpo_launcher import disk_full
+    from grpo_launcher.runfiles import append_line
+
+    mnt = mounted(size="128k")
+    fill(mnt)
+    for write in (lambda: append_line(mnt / "metrics.jsonl", "x" * 9000), lambda: (mnt / "o.pt").write_bytes(b"0" * 9000)):
+        try:
+            try:
+                write()
+            except OSError as exc:
+                raise RuntimeError("the write failed") from exc  # as a caller wraps it
+        except RuntimeError as wrapped:
+            assert disk_full.report(wrapped, None, mnt) == 1
+    ours, python = capsys.readouterr().err.split("grpo-launcher: ")[1:]
+    assert ours.startswith(f"no space left on device writing {mnt}/metrics.jsonl (0.0 MiB free)")
+    assert python.startswith(f"no space left on device under {mnt} (0.0 MiB free): [Errno 28] No space left")
+    assert "Traceback" not in ours + python and "no MLflow run" in ours
+    assert disk_full.message(ValueError("not a disk"), mnt) is None
+    worker = RuntimeError("ray::PolicyWorker.save() ...\nOSError: [Errno 28] No space left on device: '/x/y/optim.pt'")
+    assert disk_full.message(worker, mnt).startswith("no space left on device writing /x/y/optim.pt (")
+
+
+@ROOT_ONLY
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_disk_that_fills_at_the_checkpoint_ends_in_one_message(tmp_path, mounted):
+    """output_root on a 4 MiB tmpfs: start-up fits (~1.5 MiB), the first checkpoint (~5 MiB) does not. Before: 60-224
+    lines of chained tracebacks ending in the ENOSPC; now one message naming the file and the free space."""
+    from helpers import launch, share_models
+
+    mnt = share_models(mounted(size="4m"))
+    run = launch(f"output_root={mnt}", "grpo.max_steps=2", "checkpoint.save_period=1",
+                 "checkpoint.metric=train/reward_mean", cwd=tmp_path, timeout=600)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Traceback" not in run.stderr and "During handling" not in run.stderr, run.stderr[-5000:]
+    assert re_search(r"no space left on device writing (the checkpoint at )?\S+ \(\d+\.\d MiB free\)", run.stderr)
+    assert "last checkpoint: none" in run.stderr and "MLflow run" in run.stderr
+    lines = (mnt / "tiny-grpo" / "metrics.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["step"] for line in lines)  # whole lines only
+
+
+@ROOT_ONLY
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_disk_that_fills_between_checkpoints_ends_in_one_message_and_no_torn_line(tmp_path, mounted):
+    """Another process fills output_root's disk after step 1 (before: a torn last line in metrics.jsonl, the MLflow
+    run left RUNNING, 60-224 lines of tracebacks): one message naming the file and the free space."""
+    import sys
+
+    from helpers import LAUNCH_PY, share_models, wait_until
+
+    mnt = share_models(mounted(size="16m"))
+    metrics = mnt / "tiny-grpo" / "metrics.jsonl"
+    proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), f"output_root={mnt}", "grpo.max_steps=200",
+                             "checkpoint.save_period=100", "checkpoint.metric=train/reward_mean"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 1 or proc.poll() is not None,
+                   timeout=400, what="step 1's line in metrics.jsonl")
+        fill(mnt)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out[-3000:] + err[-3000:]
+    assert "Traceback" not in err and "During handling" not in err, err[-5000:]
+    assert re_search(r"no space left on device (writing|under) \S+ \(0\.0 MiB free\)", err), err[-3000:]
+    assert "MLflow run" in err and ("marked FAILED" in err or "left RUNNING" in err), err[-3000:]
+    assert all(json.loads(line)["step"] for line in metrics.read_text().splitlines())  # whole lines only
+
+
+def re_search(pattern: str, text: str) -> bool:
+    import re
+
+    return re.search(pattern, text) is not None

@@ -33,12 +33,38 @@ def write_atomic(path: Path, text: str, mode: Optional[int] = None) -> None:
         raise
 
 
-def no_space_message(path: Path) -> str:
+def append_line(path: Path, line: str) -> None:
+    """Append one line whole, or not at all: one write to an O_APPEND file; a short or failed write (a full disk) is
+    cut back to where the file ended, so a reader never meets a torn last line (metrics.jsonl)."""
+    data = (line.rstrip("\n") + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        free = f"{shutil.disk_usage(Path(path).parent).free / 2**20:.1f} MiB free"
+        end = os.fstat(fd).st_size
+        try:
+            if os.write(fd, data) != len(data):  # a short write: the disk filled part-way
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as exc:
+            os.ftruncate(fd, end)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise OSError(exc.errno, no_space_message(path)) from None
+            raise
+    finally:
+        os.close(fd)
+
+
+def no_space_message(path: Path) -> str:
+    return f"no space left on device writing {path} ({free_space(Path(path).parent)})"
+
+
+def free_space(folder: Path) -> str:
+    """'N MiB free' on the filesystem of `folder` (or of its nearest existing parent)."""
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free"
     except OSError:
-        free = "free space unknown"
-    return f"no space left on device writing {path} ({free})"
+        return "free space unknown"
 
 
 def load_spec_file(path: Path) -> RunSpec:

@@ -31,8 +31,11 @@ class Tee:
         self._stream, self._log = stream, log
 
     def write(self, text: str) -> int:
-        self._log.write(text)
-        self._log.flush()
+        try:
+            self._log.write(text)
+            self._log.flush()
+        except OSError:  # the log's disk is full: the terminal still gets every line (the error names the disk)
+            pass
         return self._stream.write(text)
 
     def flush(self) -> None:
@@ -71,8 +74,11 @@ def recorded(spec, plan) -> Iterator[dict]:
             raise
         finally:
             sys.stdout, sys.stderr = out, err
-            write_status(plan.run_dir, state_for(rec["rc"]), exit_code=rec["rc"], message=rec.get("message"),
-                         event="ended")
+            try:
+                write_status(plan.run_dir, state_for(rec["rc"]), exit_code=rec["rc"], message=rec.get("message"),
+                             event="ended")
+            except OSError as exc:  # a full disk: said in one line (status reads the dead pid as FAILED)
+                print(f"grpo-launcher: {exc.strerror or exc}", file=sys.stderr, flush=True)
 
 
 

@@ -82,7 +82,12 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
             if stop.requested:  # its own code: Ray's get turns a handler's SystemExit(143) into SystemExit(1)
                 return stop.exit_code
             return exc.code if isinstance(exc.code, int) else ExitCode.FAILED
-        except BaseException:
+        except BaseException as exc:
+            from ..disk_full import report
+
+            full = report(exc, state, plan.run_dir)  # a full disk: one message, the MLflow run ended; no traceback
+            if full is not None:
+                return full
             if state is not None:
                 state.abort()  # metrics after the last checkpoint are dropped: a resume logs those steps again
             raise
@@ -346,8 +351,9 @@ def append_metrics(path: Path, step: int, metrics: dict[str, float]) -> None:
     drops the lines after its checkpoint's step (train/setup.py trim_metrics): one line per step."""
     import json
 
-    with open(path, "a") as f:
-        f.write(json.dumps({"step": step, **metrics}) + "\n")
+    from ..runfiles import append_line
+
+    append_line(path, json.dumps({"step": step, **metrics}))  # whole or not at all: a full disk tears no line
 
 
 def main() -> None:
