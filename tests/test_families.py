@@ -217,7 +217,7 @@ def test_export_reloads_to_the_trained_logits(families, family):
     run_dir.mkdir(parents=True)
     write_atomic(run_dir / "spec.yaml", spec_to_yaml(f.spec))
     CheckpointManager(run_dir / "checkpoints", f.spec).save(1, f.chunked.save, {}, {})
-    out = export(run_dir)
+    out = export(run_dir, dtype="saved")  # the fp32 master weights as saved (the CLI's default is bf16)
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ids, attn = f.batch.input_ids, f.batch.attention_mask
     with torch.no_grad():

@@ -276,3 +276,88 @@ def test_tests_never_see_the_checkouts_outputs(tmp_path, monkeypatch, runs_outsi
     assert Path(load_spec([]).output_root) == runs_outside_the_checkout
     assert sorted(p.name for p in (tmp_path / "outputs" / "tiny-grpo").rglob("*")) == ["checkpoints", "meta.json",
                                                                                        "step_000150"]
+
+
+# ------------------------------------------------------------------ disk: checkpoints said, checked, or none
+
+
+def test_the_estimate_matches_what_the_torch_worker_saves(tmp_path):
+    """A real TorchPolicyWorker's checkpoint (after an optimizer step, so that AdamW holds its m and v) against
+    spec/disk.py's bytes: weights and optimizer state each within 2 %."""
+    from grpo_launcher.policy.torch_policy import TorchPolicyWorker
+    from grpo_launcher.spec.disk import checkpoint_bytes
+
+    spec = load_spec([f"output_root={tmp_path}", "logging.mlflow=false"])
+    tok = build_tokenizer()
+    build_model(spec.model, tok, seed=0).save_pretrained(tmp_path / "model")
+    worker = TorchPolicyWorker(spec, str(tmp_path / "model"), 0, 1)
+    for p in worker.model.parameters():
+        p.grad = torch.ones_like(p)
+    worker.opt.step()
+    worker.save(str(tmp_path / "ckpt"))
+    est = checkpoint_bytes(spec)
+    weights = (tmp_path / "ckpt" / "policy" / "model.safetensors").stat().st_size
+    optim = (tmp_path / "ckpt" / "optim.pt").stat().st_size
+    assert abs(weights - est.weights) / weights < 0.02, (weights, est.weights)
+    assert abs(optim - est.optimizer) / optim < 0.02, (optim, est.optimizer)
+
+
+def big_keys(root: Path) -> list[str]:
+    """A run that keeps every checkpoint it saves: a million tiny-model checkpoints, more than any disk holds."""
+    return [f"output_root={root}", "grpo.max_steps=10000000", "checkpoint.save_period=10",
+            "checkpoint.keep_top_k=10000000"]
+
+
+def test_a_launch_whose_output_root_lacks_the_room_is_refused_naming_the_keys(launch_here, tmp_path):
+    r = launch_here(tmp_path, *big_keys(tmp_path / "out"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "  - checkpoint.keep_top_k, checkpoint.save_period, output_root: the run's checkpoints need" in r.stderr
+    assert "[rule: checkpoint_disk_room]" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+    dry = launch_here(tmp_path, *big_keys(tmp_path / "out"), "dry_run=true")  # said, as a real launch's refusal
+    assert dry.returncode == 0 and "checkpoint_disk_room" in dry.stdout, dry.stdout + dry.stderr
+    off = launch_here(tmp_path, *big_keys(tmp_path / "out"), "checkpoint.enabled=false", "dry_run=true")
+    assert "checkpoints on disk  : none (checkpoint.enabled=false" in off.stdout and "checkpoint_disk_room" not in \
+        off.stdout, off.stdout
+
+
+def test_the_dry_run_prints_one_checkpoint_and_the_peak(launch_here, tmp_path):
+    r = launch_here(tmp_path, f"output_root={tmp_path / 'out'}", "checkpoint.keep_top_k=1", "grpo.max_steps=30",
+                    "checkpoint.save_period=10", "dry_run=true")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("checkpoints on disk  : ")]
+    assert "MiB each (fp32 weights + AdamW m, v (fp32)" in line, line
+    assert "= 3 × (checkpoint.keep_top_k=1 kept + the latest + one being written; 3 saved at " \
+           "checkpoint.save_period=10)" in line and " free at " in line, line
+
+
+def test_checkpoint_enabled_false_writes_no_checkpoint_not_even_the_last(tmp_path, capsys):
+    spec = load_spec([f"output_root={tmp_path}", "name=off", "checkpoint.enabled=false", "grpo.max_steps=2",
+                      f"logging.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    plan = make_plan(spec)
+    run_id = train_steps(spec, plan, range(1, 3))  # the driver saves the last step whatever the period
+    assert not (plan.run_dir / "checkpoints").exists()
+    assert "checkpoint.enabled=false: no checkpoint of step 1" in capsys.readouterr().out
+    client = MlflowClient(tracking_uri=spec.logging.tracking_uri)
+    assert history(client, run_id) == [1, 2]  # the metrics still reach MLflow, step by step
+
+
+# ------------------------------------------------------------------ export's dtype
+
+
+def test_export_writes_bf16_unless_asked(launch_here, run_dir, tmp_path):
+    from safetensors import safe_open
+
+    saved = run_dir / "checkpoints" / "step_000001" / "policy" / "model.safetensors"
+
+    def dtypes(path: Path) -> set:
+        with safe_open(str(path), framework="pt") as f:
+            return {f.get_tensor(k).dtype for k in f.keys()}
+
+    assert launch_here(tmp_path, *export_args(run_dir, tmp_path / "bf16")).returncode == 0
+    assert dtypes(tmp_path / "bf16" / "model.safetensors") == {torch.bfloat16}
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    with safe_open(str(saved), framework="pt") as a, safe_open(str(tmp_path / "bf16" / "model.safetensors"), "pt") as b:
+        assert all(torch.equal(a.get_tensor(k).to(torch.bfloat16), b.get_tensor(k)) for k in a.keys())
+    assert launch_here(tmp_path, *export_args(run_dir, tmp_path / "as-saved", "--dtype", "saved")).returncode == 0
+    assert (tmp_path / "as-saved" / "model.safetensors").read_bytes() == saved.read_bytes()  # the fp32 master weights

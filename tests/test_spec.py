@@ -250,6 +250,7 @@ FAILING = [
      "value_ranges", "rollout.gpu_memory_utilization"),
     (["cluster=slurm", "cluster.time=99:99:99"], "time_budget", "cluster.time"),
     (["output_root=/dev/null/runs"], "output_root_writable", "output_root"),
+    (["grpo.max_steps=10000000", "checkpoint.keep_top_k=10000000"], "checkpoint_disk_room", "checkpoint.keep_top_k"),
     (["logging.tracking_uri=http://127.0.0.1:9"], "tracking_store_reachable", "logging.tracking_uri"),
     (["rollout=vllm", "rollout.hf_compile=true"], "vllm_only_switches", "rollout.hf_compile"),
 ]

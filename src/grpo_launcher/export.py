@@ -1,10 +1,12 @@
-"""`launch.py export RUN_DIR [--step N | --last] [--out DIR]`: a checkpoint as a plain Hugging Face directory
-(config.json, model.safetensors, generation_config.json + the tokenizer) that transformers and vLLM load.
+"""`launch.py export RUN_DIR [--step N | --last] [--out DIR] [--dtype D]`: a checkpoint as a plain Hugging Face
+directory (config.json, model.safetensors, generation_config.json + the tokenizer) that transformers and vLLM load.
 
 The default is the best checkpoint by checkpoint.metric (else the latest); the output defaults to
 RUN_DIR/export/step_NNNNNN/. The checkpoint is verified against its manifest first (sizes, sha256); only the regular
 files of its policy/ are copied (a symlink is refused, never followed). The directory is written under a temporary
-name and renamed when complete. --out is never emptied: an existing non-empty --out is refused unless it is an earlier
+name and renamed when complete. The weights are written in bfloat16 (--dtype: float16, float32, or `saved`: as the
+checkpoint holds them, the fp32 master weights of a torch run): floating tensors are cast, config.json's dtype says so.
+--out is never emptied: an existing non-empty --out is refused unless it is an earlier
 export of the same run (its EXPORT_RECORD names the run dir), which is replaced.
 """
 
@@ -22,6 +24,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
 MODEL_RECORD = "model.json"  # RUN_DIR/model.json: the HF directory the run loaded (tokenizer source)
 EXPORT_RECORD = "grpo_export.json"  # OUT/grpo_export.json: which run and checkpoint this export came from
+DTYPES = ("bfloat16", "float16", "float32", "saved")
+INDEX = "model.safetensors.index.json"  # a sharded save's weight map (its metadata.total_size follows the cast)
 
 
 class ExportError(Exception):
@@ -68,7 +72,8 @@ def tokenizer_source(run_dir: Path, ckpt: Path) -> Path:
                       f"model.path={spec.model.path}")
 
 
-def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: Optional[Path] = None) -> Path:
+def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: Optional[Path] = None,
+           dtype: str = "bfloat16") -> Path:
     run_dir = Path(run_dir).resolve()
     if not (run_dir / "spec.yaml").is_file():
         raise ExportError(f"{run_dir} is not a run dir (no spec.yaml)")
@@ -84,13 +89,16 @@ def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: O
     tmp.mkdir(parents=True)
     try:
         copy_regular_files(policy, tmp)
+        if dtype != "saved":
+            cast_weights(tmp, dtype)
         src = tokenizer_source(run_dir, ckpt)
         if src != policy:
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
         _check_loads(tmp)
-        record = {"run_dir": str(run_dir), "checkpoint": ckpt.name, "step": int(ckpt.name.split("_")[-1])}
+        record = {"run_dir": str(run_dir), "checkpoint": ckpt.name, "step": int(ckpt.name.split("_")[-1]),
+                  "dtype": dtype}
         (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
         replace_dir(tmp, out)
     finally:
@@ -140,6 +148,32 @@ def copy_regular_files(src: Path, dest: Path) -> None:
             shutil.copy2(entry.path, dest / entry.name, follow_symlinks=False)
 
 
+def cast_weights(directory: Path, dtype: str) -> None:
+    """Every *.safetensors in `directory` with its floating tensors in `dtype` (integer tensors as they are), one file
+    at a time; config.json's dtype and a shard index's total size follow."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    want = getattr(torch, dtype)
+    total = 0
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata()
+            tensors = {k: (t.to(want) if t.is_floating_point() else t) for k in f.keys() for t in [f.get_tensor(k)]}
+        save_file(tensors, str(path), metadata=metadata)
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+    config = json.loads((directory / "config.json").read_text())
+    config["dtype"] = dtype
+    if "torch_dtype" in config:  # written by transformers before 4.56
+        config["torch_dtype"] = dtype
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if (directory / INDEX).is_file():
+        index = json.loads((directory / INDEX).read_text())
+        index.setdefault("metadata", {})["total_size"] = total
+        (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
 def replace_dir(tmp: Path, out: Path) -> None:
     """Rename the complete `tmp` to `out`; an earlier export there is swapped out first, then removed."""
     old = None
@@ -169,14 +203,17 @@ def main(args: list[str]) -> int:
     ap.add_argument("run_dir", type=Path, help="a run directory (or a run name under --root)")
     ap.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: best, else last)")
     ap.add_argument("--last", action="store_true", help="the latest checkpoint instead of the best")
-    ap.add_argument("--out", type=Path, default=None, help="output directory (default RUN_DIR/export/step_N)")
+    ap.add_argument("--out", type=Path, default=None, help="output directory (default RUN_DIR/export/step_N); a "
+                    "non-empty one is refused unless it is an earlier export of this run")
+    ap.add_argument("--dtype", choices=DTYPES, default="bfloat16",
+                    help="the weights' dtype (default bfloat16; saved: as the checkpoint holds them)")
     ap.add_argument("--root", type=Path, default=Path(os.environ.get("GRPO_OUTPUT_ROOT", "outputs")),
                     help="where run dirs live, for a run name (default ./outputs)")
     ns = ap.parse_args(args)
     run_dir = ns.run_dir if (ns.run_dir / "spec.yaml").exists() else ns.root / ns.run_dir
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
-        out = export(run_dir, ns.step, ns.last, ns.out)
+        out = export(run_dir, ns.step, ns.last, ns.out, ns.dtype)
     except ExportError as exc:  # bad input: exit 2 with a config error naming the argument, like a run's
         from .exit_codes import ExitCode
         from .spec.errors import ConfigError, Violation

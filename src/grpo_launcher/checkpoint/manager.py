@@ -314,6 +314,7 @@ class CheckpointManager:
         self.keep_top_k = spec.checkpoint.keep_top_k
         self.metric = spec.checkpoint.metric
         self.higher_is_better = spec.checkpoint.higher_is_better
+        self._said_disabled = False
 
     load_meta = staticmethod(load_meta)
 
@@ -359,11 +360,18 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------- saving --
     def save(self, step: int, write_fn: Callable[[Path], None], state: dict, metrics: dict[str, float],
-             pending_metrics: Optional[list] = None) -> Path:
+             pending_metrics: Optional[list] = None) -> Optional[Path]:
         """write_fn(tmp_dir) writes the payload; meta.json, then manifest.json last; rename into place; prune.
 
         `pending_metrics` ([key, value, timestamp_ms, step] not yet in MLflow) are kept in meta.json so that
-        a crash between this rename and the caller's MLflow commit is replayed on resume."""
+        a crash between this rename and the caller's MLflow commit is replayed on resume.
+        checkpoint.enabled=false: nothing is written, not even the last step's (None; said once)."""
+        if not self.spec.checkpoint.enabled:
+            if not self._said_disabled:
+                print(f"grpo-launcher: checkpoint.enabled=false: no checkpoint of step {step} (nor any later one) is "
+                      "written; a stopped run starts over", flush=True)
+                self._said_disabled = True
+            return None
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.remove_stale_tmp()
         final = self.ckpt_dir / f"step_{step:06d}"

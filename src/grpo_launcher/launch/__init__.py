@@ -53,6 +53,9 @@ SUBCOMMANDS.update(rerun=_rerun, export=_export, eval=_eval, generate=_generate)
 
 def execute(spec: RunSpec, plan: Plan) -> int:
     print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
+    from ..spec.disk import report as disk_report  # imported here, as the memory report below
+
+    print(disk_report(spec), flush=True)  # one checkpoint's bytes, the peak on disk, the room (spec/disk.py)
     if plan.use_gpus:  # the memory pre-flight's budget per GPU and per node (spec/memory.py)
         from ..spec.memory import report
 

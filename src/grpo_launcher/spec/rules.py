@@ -1066,6 +1066,14 @@ def gpu_memory_fits(s: RunSpec) -> Iterator[Violation]:
     yield from memory_violations(s)
 
 
+@rule("probe")
+def checkpoint_disk_room(s: RunSpec) -> Iterator[Violation]:
+    """output_root holds the run's checkpoints at their peak: kept + one being written (spec/disk.py)."""
+    from .disk import room_violations
+
+    yield from room_violations(s)
+
+
 @rule("pure")
 def deadlines_health_keys(s: RunSpec) -> Iterator[Violation]:
     """The engines' health probe and restart cap (deadlines.py EngineProbe, train/driver.py recover)."""
