@@ -3,9 +3,11 @@
     python launch.py eval RUN_DIR|RUN_NAME|MODEL_DIR [--step N] [--out FILE] [key=value ...]
         scores the val set (or env.val_path=FILE) with the run's env and reward, through the same Ray workers,
         engines and validation code as training; prints the metrics and writes them as JSON
-        (default RUN_DIR/eval/step_NNNNNN.json; a MODEL_DIR: OUTPUT_ROOT/eval/<dir name>.json)
+        (default RUN_DIR/eval/step_NNNNNN.json; a MODEL_DIR: OUTPUT_ROOT/eval/<dir name>.json; another val set
+        than the run's own: named after it beside the run's, e.g. RUN_DIR/eval/step_NNNNNN.my_val.json)
     python launch.py generate RUN_DIR|RUN_NAME|MODEL_DIR --prompt TEXT [--prompt TEXT ...] [-n N] [--step N]
-        N samples per prompt from the checkpoint (the newest, or --step N), the run's chat template and sampling
+        N samples per prompt from the checkpoint (the newest, or --step N), the run's chat template and sampling;
+        the prompt budget (env.max_prompt_tokens) grows to the longest prompt given, as the model gets it
 
 A run dir's checkpoint is loaded into the policy workers as a resume does (the newest, or --step N); a MODEL_DIR
 (an HF directory, e.g. `launch.py export`'s) is composed as `python launch.py model.path=MODEL_DIR [key=value ...]`.
@@ -37,6 +39,7 @@ class Target:
     spec: RunSpec
     checkpoint: Optional[Path]  # the run's checkpoint to load (None: the model dir's weights as they are)
     out_dir: Path  # where the metrics JSON and the workers' phase file go (never the run's own phase.json)
+    data_label: Optional[str] = None  # another val set than the run's own: its name (in the metrics file's name)
 
 
 def parse(args: list[str], prog: str) -> argparse.Namespace:
@@ -94,14 +97,35 @@ def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Tar
         raise
     except Exception as exc:  # noqa: BLE001 (OmegaConf's errors: an unknown key, a wrong type)
         raise ConfigError([Violation("composition", ("<overrides>",), str(exc).splitlines()[0], "fix the override")])
-    return Target(_checked(spec), ckpt, run_dir / "eval")
+    other = (_env_name(spec), spec.env.val_path) != (str(cfg.env.name), cfg.env.val_path)  # cfg: the run's own
+    return Target(_checked(spec), ckpt, run_dir / "eval", data_label(spec) if other else None)
 
 
 def _model_target(model_dir: Path, overrides: list[str]) -> Target:
-    from ..spec.compose import load_spec
+    from ..spec.compose import _override_key, load_spec
 
     spec = load_spec([f"model.path={model_dir}", *overrides])  # ConfigError: every problem, keys named
-    return Target(_checked(spec), None, Path(spec.output_root).resolve() / "eval")
+    other = {"env", "env.name", "env.val_path"} & {_override_key(o) for o in overrides}
+    return Target(_checked(spec), None, Path(spec.output_root).resolve() / "eval", data_label(spec) if other else None)
+
+
+def data_label(spec: RunSpec) -> str:
+    """A val set's name for a file name: the val file's stem, else the env's name."""
+    import re
+
+    name = Path(spec.env.val_path).name.split(".")[0] if spec.env.val_path else _env_name(spec)
+    return re.sub(r"[^A-Za-z0-9_+-]+", "_", name).strip("_") or "val"
+
+
+def _env_name(spec: RunSpec) -> str:
+    return str(getattr(spec.env.name, "value", spec.env.name))
+
+
+def default_out(t: Target) -> Path:
+    """RUN_DIR/eval/step_NNNNNN.json (a MODEL_DIR: OUTPUT_ROOT/eval/<dir name>.json); another val set than the
+    run's own is named after it (step_NNNNNN.<val set>.json): the run's own result is never overwritten."""
+    base = t.checkpoint.name if t.checkpoint else Path(str(t.spec.model.path)).name
+    return t.out_dir / (f"{base}.{t.data_label}.json" if t.data_label else f"{base}.json")
 
 
 def _checked(spec: RunSpec) -> RunSpec:
@@ -166,7 +190,7 @@ def eval_main(args: list[str]) -> int:
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
-    out = ns.out or t.out_dir / (f"{t.checkpoint.name}.json" if t.checkpoint else f"{Path(str(t.spec.model.path)).name}.json")
+    out = ns.out or default_out(t)
     print(f"grpo-launcher: eval of {source_label(t)} on {val_source(t.spec)}", flush=True)
     metrics = run_workers(t, lambda trainer: trainer.validate())
     record = {"checkpoint": str(t.checkpoint) if t.checkpoint else None, "model_path": t.spec.model.path,
@@ -192,7 +216,7 @@ def generate_main(args: list[str]) -> int:
     try:
         if ns.n < 1:
             raise ConfigError([Violation("generate_n", ("-n",), f"must be ≥ 1, got {ns.n}", "e.g. -n 4")])
-        t = target(ns)
+        t = fit_prompt_budget(target(ns), ns.prompt, ns.overrides)
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
@@ -209,3 +233,35 @@ def generate_main(args: list[str]) -> int:
     for i, text in enumerate(texts):
         print(f"--- prompt {i // ns.n + 1} sample {i % ns.n + 1}: {ns.prompt[i // ns.n]!r}\n{text}", flush=True)
     return ExitCode.OK
+
+
+def fit_prompt_budget(t: Target, prompts: list[str], overrides: list[str]) -> Target:
+    """The prompts given, counted as the model gets them (chat template, system prompt): env.max_prompt_tokens grows
+    to the longest, and train.max_total_sequence_length to hold it + rollout.max_new_tokens (said so). A budget set
+    on the command line is kept: a prompt over it is a config error naming it."""
+    from ..envs.preflight import load_tokenizer
+    from ..envs.prompting import prompt_lengths
+    from ..spec.compose import _override_key
+
+    spec = t.spec
+    tok = load_tokenizer(spec)
+    if tok is None:
+        return t  # the model rules name an unreadable tokenizer
+    lengths = prompt_lengths(tok, list(prompts), spec.env)
+    i = max(range(len(lengths)), key=lengths.__getitem__)
+    longest, budget = lengths[i], spec.env.max_prompt_tokens
+    if longest <= budget:
+        return t
+    if "env.max_prompt_tokens" in {_override_key(o) for o in overrides}:
+        raise ConfigError([Violation("generate_prompt_budget", ("env.max_prompt_tokens", "--prompt"),
+                                     f"--prompt {prompts[i]!r} is {longest} tokens as the model gets it, over "
+                                     f"env.max_prompt_tokens={budget}",
+                                     "leave env.max_prompt_tokens out (generate fits it to the prompts), or shorten "
+                                     "the prompt")])
+    total = max(spec.train.max_total_sequence_length, longest + spec.rollout.max_new_tokens)
+    print(f"grpo-launcher: env.max_prompt_tokens={longest}: the longest prompt given, as the model gets it"
+          + (f"; train.max_total_sequence_length={total}" if total != spec.train.max_total_sequence_length else ""),
+          flush=True)
+    spec = dataclasses.replace(spec, env=dataclasses.replace(spec.env, max_prompt_tokens=longest),
+                               train=dataclasses.replace(spec.train, max_total_sequence_length=total))
+    return dataclasses.replace(t, spec=_checked(spec))
