@@ -10,6 +10,7 @@ import pytest
 
 from grpo_launcher.launch import execute, rundir
 from grpo_launcher.launch.preflight import preflight
+from grpo_launcher.launch.sbatch import render
 from grpo_launcher.spec import resolve
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.rules import validate
@@ -34,11 +35,12 @@ def test_the_driver_receives_the_spec_preflight_validated_and_wrote(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///team.db")  # relative: made absolute once, at pre-flight
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team")
-    spec, plan = preflight(["output_root=out", *HTTP])
-    assert validate(spec) == []
+    launch = preflight(["output_root=out", *HTTP])
+    spec, plan = launch.spec, launch.plan
+    assert validate(spec) == [] and launch.script is None  # a local run has no job script
     assert re.fullmatch(r"[0-9a-f]{64}", spec.rollout.http_api_key)  # drawn by resolve, not by the driver
     assert spec.logging.tracking_uri == f"sqlite:///{tmp_path.resolve()}/team.db" and spec.logging.experiment == "team"
-    assert execute(spec, plan) == 0
+    assert execute(launch) == 0  # the one door: the executor of the cluster kind (local)
     [(received, _)] = driver_entry
     assert received == spec  # the very spec pre-flight validated ...
     assert rundir.load_spec_file(plan.run_dir / "spec.yaml") == spec  # ... and wrote for the job (secrets included)
@@ -49,8 +51,10 @@ def test_a_slurm_job_reads_the_spec_preflight_validated(tmp_path, monkeypatch):
     """The job's view (output_root absolute) is part of the resolved spec: the script rendered at pre-flight and the
     spec.yaml the job reads hold the validated spec; nothing makes a second, job-only copy."""
     monkeypatch.chdir(tmp_path)
-    spec, plan = preflight(["cluster=slurm", "output_root=rel", "dry_run=true"])
+    launch = preflight(["cluster=slurm", "output_root=rel", "dry_run=true"])
+    spec, plan = launch.spec, launch.plan
     assert spec.output_root == str(tmp_path.resolve() / "rel") and validate(spec) == []
+    assert launch.script == render(spec, plan) and f"RUN_DIR={plan.run_dir}\n" in launch.script  # rendered once
     rundir.prepare(spec, plan)  # what the submission writes before sbatch
     assert rundir.load_spec_file(plan.run_dir / "spec.yaml") == spec
 

@@ -20,13 +20,25 @@ with the reason (the run dir is output_root/name).
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
+import hydra
+from hydra._internal.utils import get_args_parser
+
+from .. import export
 from ..exit_codes import ExitCode
-from ..spec.compose import CONF_DIR, ConfigSource
+from ..spec.compose import CONF_DIR, SELECTORS, ConfigSource, compose, dotted_keys, register_schema, to_spec
+from ..spec.docs import render_key_docs
 from ..spec.errors import ConfigError, Violation
+from ..tracking.store import tracking_line
+from . import cli, execute, repro
+from .eval import eval_main, generate_main
+from .preflight import Launch, preflight, real_launch_problems
+from .sbatch import script_path
+from .sweep import multirun
 
 HYDRA_PRINTS = ("cfg", "info", "hydra_help", "shell_completion")
 
@@ -34,8 +46,6 @@ HYDRA_PRINTS = ("cfg", "info", "hydra_help", "shell_completion")
 def parse_flags(argv: list[str]) -> tuple[Optional[argparse.Namespace], int]:
     """Hydra's own argument parser (the flags a Hydra app takes): (flags, 0), or (None, exit code) when argparse
     already answered (--version; a usage error, exit 2)."""
-    from hydra._internal.utils import get_args_parser
-
     try:
         return get_args_parser().parse_args(argv), ExitCode.OK
     except SystemExit as exc:
@@ -56,8 +66,6 @@ def config_source(args: argparse.Namespace) -> ConfigSource:
 
 
 def main(argv: list[str]) -> int:
-    from . import SUBCOMMANDS
-
     if argv and argv[0] in SUBCOMMANDS:  # status | logs | cancel  <run name, job id or run dir>
         return SUBCOMMANDS[argv[0]](argv[1:])
     typo = subcommand_typo(argv, list(SUBCOMMANDS))
@@ -85,18 +93,12 @@ def main(argv: list[str]) -> int:
     if any(getattr(args, flag) for flag in HYDRA_PRINTS):  # Hydra prints these itself
         return hydra_prints(argv, args, source)
     if args.multirun:
-        from .sweep import multirun
-
         return multirun(args.overrides, source, hydra_flags(args))
     return single_run(args.overrides, source)
 
 
 def subcommand_typo(argv: list[str], commands: list[str]) -> Optional[ConfigError]:
     """`launch.py staus NAME`: a first word that is no override (no '=') nor flag, close to a subcommand."""
-    import difflib
-
-    from ..spec.compose import SELECTORS, dotted_keys
-
     if not argv or "=" in argv[0] or argv[0].startswith("-") or argv[0] in {*SELECTORS, *dotted_keys()}:
         return None  # `launch.py dry_run`, `launch.py loss`: a key without its value (the override check says so)
     near = difflib.get_close_matches(argv[0], commands, n=1, cutoff=0.8)
@@ -108,33 +110,38 @@ def subcommand_typo(argv: list[str], commands: list[str]) -> Optional[ConfigErro
 
 
 def single_run(overrides: list[str], source: Optional[ConfigSource] = None, saved: Optional[Path] = None) -> int:
-    """argv's overrides → pre-flight → execute: the one door to a run (`saved`: launch.py rerun's spec.yaml)."""
-    from .preflight import preflight
-    from . import execute
-
+    """argv's overrides → pre-flight → execute (`saved`: launch.py rerun's spec.yaml)."""
     try:
-        spec, plan = preflight(overrides, source, saved)  # every problem at once; nothing started or written
+        launch = preflight(overrides, source, saved)  # every problem at once; nothing started or written
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
-    if spec.logging.mlflow:
-        from ..tracking.store import tracking_line
-
-        print(tracking_line(spec, plan.tracking_uri), flush=True)
-    rc = execute(spec, plan)  # local driver | sbatch (dry run prints, submits nothing)
-    if spec.dry_run:
-        if spec.cluster.kind.value == "slurm":
-            from .sbatch import script_path
-
-            print(f"dry run: nothing was written: a real launch writes the script above to {script_path(plan)} "
-                  "and submits it with sbatch")
-        from .preflight import real_launch_problems
-
-        problems = real_launch_problems(spec)
-        if problems:  # the rules a dry run skips (this build's gaps, local paths, GPUs, the run dir's checkpoints)
-            print(f"dry run: a real launch of this spec would be refused ({len(problems)} problem"
-                  f"{'s' if len(problems) > 1 else ''}):\n" + "\n".join(v.render() for v in problems))
+    if launch.spec.logging.mlflow:
+        print(tracking_line(launch.spec, launch.plan.tracking_uri), flush=True)
+    rc = execute(launch)  # local driver | sbatch (dry run prints, submits nothing)
+    if launch.spec.dry_run:
+        dry_run_notes(launch)
     return rc
+
+
+def dry_run_notes(launch: Launch) -> None:
+    """What a real launch of a dry run's spec would write, and what it would be refused for."""
+    if launch.spec.cluster.kind.value == "slurm":
+        print(f"dry run: nothing was written: a real launch writes the script above to {script_path(launch.plan)} "
+              "and submits it with sbatch")
+    problems = real_launch_problems(launch.spec)
+    if problems:  # the rules a dry run skips (this build's gaps, local paths, GPUs, the run dir's checkpoints)
+        print(f"dry run: a real launch of this spec would be refused ({len(problems)} problem"
+              f"{'s' if len(problems) > 1 else ''}):\n" + "\n".join(v.render() for v in problems))
+
+
+# launch.py SUBCOMMAND ...: status|logs|cancel RUN (cli.py), rerun RUN_DIR (repro.py, through single_run),
+# export RUN_DIR (export.py), eval|generate RUN_DIR|MODEL_DIR (eval.py)
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "status": cli.status, "logs": cli.logs, "cancel": cli.cancel,
+    "rerun": lambda args: repro.rerun(args, single_run), "export": export.main,
+    "eval": eval_main, "generate": generate_main,
+}
 
 
 def hydra_flags(args: argparse.Namespace) -> list[str]:
@@ -149,16 +156,12 @@ def hydra_flags(args: argparse.Namespace) -> list[str]:
 
 def hydra_prints(argv: list[str], args: argparse.Namespace, source: ConfigSource) -> int:
     """--cfg/--info/--hydra-help/--version/completion: Hydra prints them, once the config composes."""
-    from ..spec.compose import compose, register_schema, to_spec
-
     if (args.cfg or args.info) and not args.shell_completion:
         try:
             to_spec(compose(args.overrides, source=source))  # composition errors as ours (exit 2, key named)
         except ConfigError as err:
             print(err.render(), file=sys.stderr)
             return ExitCode.CONFIG_ERROR
-    import hydra
-
     register_schema()
     app = hydra.main(config_path=str(source.conf_dir), config_name=source.config_name, version_base="1.3")(_never)
     flags = list(argv)
@@ -189,8 +192,6 @@ def group_options(source: ConfigSource) -> dict[str, list[str]]:
 
 
 def app_help(source: ConfigSource) -> str:
-    from ..spec.docs import render_key_docs
-
     usage = (__doc__ or "").split("\n\n")[1]
     groups = "\n".join(f"  {g:9s} {', '.join(opts)}" for g, opts in group_options(source).items())
     return (f"grpo-launcher: Hydra config groups → one typed run spec → every pre-flight rule → local | Slurm\n\n"

@@ -6,15 +6,23 @@ token is a fresh 0600 file in the run dir."""
 from __future__ import annotations
 
 import os
+import secrets
 import sys
+from typing import TYPE_CHECKING
 
 from ..exit_codes import ExitCode
 from ..plan import Plan
-from ..spec.schema import RunSpec
+from ..secrets import write_private
+from ..spec.errors import ConfigError, Violation
 from . import rundir
+from .local_status import recorded
+
+if TYPE_CHECKING:  # launch/__init__.py says why
+    from .preflight import Launch
 
 
-def run_local(spec: RunSpec, plan: Plan) -> int:
+def run_local(launch: Launch) -> int:
+    spec, plan = launch.spec, launch.plan
     if spec.dry_run:
         print("dry run: nothing started")
         return ExitCode.OK
@@ -35,8 +43,7 @@ def run_local(spec: RunSpec, plan: Plan) -> int:
             private_ray_token(plan)
         # no Ray Prometheus listener: it binds every interface without auth (the run's metrics go to MLflow)
         os.environ.setdefault("RAY_enable_metrics_collection", "0")
-        from ..train.driver import run
-        from .local_status import recorded
+        from ..train.driver import run  # torch and Ray: imported by a run, never by pre-flight
 
         with recorded(spec, plan) as rec:  # status.json + logs/driver-local.log: `launch.py status|logs` find it
             try:
@@ -69,8 +76,6 @@ def join_existing_cluster(address: str) -> None:
 
 
 def refuse_connection(address: str, exc: BaseException) -> int:
-    from ..spec.errors import ConfigError, Violation
-
     print(ConfigError([Violation(
         "ray_cluster_auth", ("cluster.ray_address",), f"could not join the Ray cluster at {address}: {exc}",
         "check the address, and the cluster's auth: RAY_AUTH_MODE=token with its token in RAY_AUTH_TOKEN, "
@@ -82,12 +87,8 @@ def refuse_connection(address: str, exc: BaseException) -> int:
 def private_ray_token(plan: Plan) -> None:
     """The local Ray cluster's auth token: a fresh one per run in RUN_DIR/.ray_auth_token (0600), not Ray's
     default ~/.ray/auth_token (written 0644 by Ray). An explicitly configured token/mode is left alone."""
-    import secrets
-
     if any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")):
         return
-    from ..secrets import write_private
-
     path = plan.run_dir / ".ray_auth_token"
     write_private(path, secrets.token_hex(32))
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(path))

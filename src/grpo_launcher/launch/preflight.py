@@ -1,4 +1,5 @@
-"""Pre-flight, end to end: compose → spec → validate → plan → render → round-trip. Nothing escapes but ConfigError.
+"""Pre-flight, end to end: compose → resolve → validate → plan → render → round-trip, into ONE frozen Launch that
+`launch.execute` runs (the only way to run one). Nothing escapes but ConfigError.
 
 Every stage's failure becomes a `config error` naming the key: the rules name theirs; a failure no rule
 foresaw is still reported (rule `preflight_<stage>`, the exception's text) instead of a traceback.
@@ -9,11 +10,37 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
-from ..spec.compose import ConfigSource, checked_spec, compose_all, roundtrip_problems
+from ..finished import last_checkpoint_step
+from ..plan import Plan, make_plan
+from ..spec.compose import ConfigSource, _override_key, checked_spec, compose_all, roundtrip_problems
 from ..spec.errors import ConfigError, Violation
-from ..spec.schema import ClusterKind, RunSpec
+from ..spec.rules import validate
+from ..spec.schema import ClusterKind, Resume, RunSpec
+from . import rundir
+from .names import derived_name
+from .repro import saved_config
+from .sbatch import render
+
+EXCLUDED_FROM_NAME = ("name", "output_root", "dry_run", "cluster.wait")  # never part of a derived run name
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Pre-flight's one result: the resolved, validated spec (as spec.yaml holds it), its plan, and the job script
+    (a Slurm run's sbatch script, rendered once, here; None for a local run). `launch.execute(launch)` runs it."""
+
+    spec: RunSpec
+    plan: Plan
+    script: Optional[str]
+
+    def __iter__(self) -> Iterator[Any]:  # `spec, plan = preflight(...)`, as the result read before it had a script
+        return iter((self.spec, self.plan))
+
+    def __getitem__(self, i: int) -> Any:
+        return (self.spec, self.plan)[i]
+
 
 T = TypeVar("T")
 
@@ -30,21 +57,15 @@ def guarded(stage: str, fn: Callable[[], T]) -> T:
                                      "fix the values named above; if none is, report this config")]) from exc
 
 
-def render_job(spec: RunSpec, plan: Any) -> Optional[str]:
-    """The sbatch script a Slurm run would submit (None for local runs)."""
-    if spec.cluster.kind != ClusterKind.slurm:
-        return None
-    from .sbatch import render
-
-    return render(spec, plan)
+def render_job(spec: RunSpec, plan: Plan) -> Optional[str]:
+    """The sbatch script a Slurm run submits (None for local runs)."""
+    return render(spec, plan) if spec.cluster.kind == ClusterKind.slurm else None
 
 
-def read_back_as_the_job(plan: Any) -> Callable[[RunSpec], RunSpec]:
+def read_back_as_the_job(plan: Plan) -> Callable[[RunSpec], RunSpec]:
     """Write the spec as a run dir gets it (launch/rundir.py: redacted spec.yaml + secrets), into a temporary
     directory, and read it as the job's driver does (rundir.load_spec_file)."""
     def read_back(spec: RunSpec) -> RunSpec:
-        from . import rundir
-
         with tempfile.TemporaryDirectory(prefix="grpo-spec-") as tmp:
             rundir.prepare(spec, dataclasses.replace(plan, run_dir=Path(tmp)))
             return rundir.load_spec_file(Path(tmp) / "spec.yaml")
@@ -52,25 +73,19 @@ def read_back_as_the_job(plan: Any) -> Callable[[RunSpec], RunSpec]:
     return read_back
 
 
-def finish(spec: RunSpec) -> tuple[RunSpec, Any]:
-    """A validated spec → (spec, plan): the plan derived, the job script rendered, spec.yaml round-tripped."""
-    from ..plan import make_plan
-
+def finish(spec: RunSpec) -> Launch:
+    """A resolved, validated spec → its Launch: the plan derived, the job script rendered, spec.yaml round-tripped."""
     plan = guarded("plan", lambda: make_plan(spec))
-    guarded("render", lambda: render_job(spec, plan))
+    script = guarded("render", lambda: render_job(spec, plan))
     problems = guarded("roundtrip", lambda: roundtrip_problems(spec, read_back_as_the_job(plan)))
     if problems:
         raise ConfigError(problems)
-    return spec, plan
+    return Launch(spec, plan, script)
 
 
-def preflight(overrides: list[str], source: Optional[ConfigSource] = None,
-              saved: Optional[Path] = None) -> tuple[RunSpec, Any]:
-    """A single run's overrides → (spec, plan), or ONE ConfigError with every problem (composed once). `saved`: a
+def preflight(overrides: list[str], source: Optional[ConfigSource] = None, saved: Optional[Path] = None) -> Launch:
+    """A single run's overrides → its Launch, or ONE ConfigError with every problem (composed once). `saved`: a
     run's spec.yaml (launch.py rerun) composed with the overrides instead of conf/; the rest is the same."""
-    from ..spec.compose import _override_key
-    from .repro import saved_config
-
     keys = [_override_key(o) for o in overrides]
     if saved is not None:
         cfg, problems = guarded("compose", lambda: saved_config(saved, overrides))
@@ -85,11 +100,6 @@ def name_after_overrides(cfg: Any, overrides: list[str], keys: list[str]) -> Non
     """No name= given, and the run of the default name has already finished: this run is named after its overrides,
     as sweep points are (tiny-grpo_rollout=vllm), so that `python launch.py` then `python launch.py rollout=vllm`
     both run. A run that can go on (grpo.max_steps raised; checkpoint.resume=fresh) keeps the name."""
-    from ..finished import last_checkpoint_step
-    from ..spec.schema import Resume
-    from .names import derived_name
-    from .sweep import EXCLUDED_FROM_NAME
-
     tag = ",".join(o for o, k in zip(overrides, keys) if k not in EXCLUDED_FROM_NAME)
     if not tag or "name" in keys or cfg.checkpoint.resume != Resume.auto:
         return
@@ -102,19 +112,15 @@ def name_after_overrides(cfg: Any, overrides: list[str], keys: list[str]) -> Non
     cfg.name = name
 
 
-def preflight_config(cfg: Any, overrides: list[str]) -> tuple[RunSpec, Any]:
-    """A composed sweep point → (spec, plan), or ONE ConfigError (same checks as a single run)."""
-    from ..spec.compose import _override_key
-
+def preflight_config(cfg: Any, overrides: list[str]) -> Launch:
+    """A composed sweep point → its Launch, or ONE ConfigError (same checks as a single run)."""
     keys = [_override_key(o) for o in overrides]
     return finish(guarded("compose", lambda: checked_spec(cfg, keys, launch=True)))
 
 
 def real_launch_problems(spec: RunSpec) -> list[Violation]:
     """What a dry run's spec would be refused for when launched for real (rules a dry run skips so that a plan
-    for another build or cluster can still be inspected)."""
-    from ..spec.rules import validate
-
+    for another build or cluster can still be inspected). The spec is judged as a real launch's, not changed."""
     try:
         return validate(dataclasses.replace(spec, dry_run=False))
     except Exception as exc:  # the dry run itself passed; its report must not fail

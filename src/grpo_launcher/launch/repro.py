@@ -11,15 +11,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..spec.errors import Violation
 from ..tracking.repro import REPRO, git_state
 
 
-def rerun(args: list[str]) -> int:
+def rerun(args: list[str], single_run: Callable[..., int]) -> int:
     """`launch.py rerun RUN_DIR [key=value ...]`: the run's resolved spec again, as a new run, through the same door
-    as a launch (app.single_run: pre-flight, model.path's config.json, plan, execute)."""
+    as a launch (single_run, app.py's: pre-flight, model.path's config.json, plan, execute)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="launch.py rerun", description=rerun.__doc__)
@@ -37,8 +37,6 @@ def rerun(args: list[str]) -> int:
 
         print(ConfigError(incomplete).render(), file=sys.stderr)
         return 2
-    from .app import single_run
-
     _launch_dir(ns.run_dir / REPRO / "git.json")
     _say_code_drift(ns.run_dir / REPRO / "git.json")
     print(f"grpo-launcher: rerunning {ns.run_dir}", flush=True)

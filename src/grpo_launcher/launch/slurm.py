@@ -10,18 +10,24 @@ import os
 import shutil
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..spec.schema import RunSpec
 from . import rundir
-from .sbatch import python_of, render, script_path
+from .sbatch import python_of, script_path
+
+if TYPE_CHECKING:  # launch/__init__.py says why
+    from .preflight import Launch
 
 T_COMMAND = time.time()  # ≈ when launch.py started (this module is imported at start-up)
 
 
-def submit_slurm(spec: RunSpec, plan: Plan) -> int:
-    script = render(spec, plan)  # output_root is absolute already (spec/resolve.py: the job's view)
+def submit_slurm(launch: Launch) -> int:
+    """Submit the job script pre-flight rendered (the spec's output_root is absolute: spec/resolve.py)."""
+    spec, plan, script = launch.spec, launch.plan, launch.script
+    assert script is not None, "a Slurm launch's script is rendered at pre-flight"
     if spec.dry_run:
         print(f"dry run: the sbatch script that would be submitted ({script_path(plan)}):\n")
         print(script)
@@ -47,7 +53,9 @@ def submit_slurm(spec: RunSpec, plan: Plan) -> int:
 
 
 def _submit_locked(spec: RunSpec, plan: Plan, script: str) -> int:
-    from .status import slurm, write_status  # imported here: `python -m ...launch.status` must not find it loaded
+    # imported here, as below: `python -m grpo_launcher.launch.status` (job.sh) imports this package first, and
+    # runpy warns when the module it runs was loaded already
+    from .status import slurm, write_status
 
     missing = [n for n in spec.cluster.env_passthrough if n not in os.environ]
     if missing:  # names only: values are never printed

@@ -13,25 +13,29 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
 from ..exit_codes import ExitCode
-from ..spec.compose import ConfigSource, to_spec
+from ..plan import make_plan
+from ..spec.compose import (ConfigSource, _composition_violation, check_override_keys, compose, register_schema,
+                            to_spec)
 from ..spec.errors import ConfigError, Violation
 from ..spec.schema import RunSpec
 from ..tracking import metric_names
+from ..tracking.store import tracking_line, with_mlflow_env
+from . import execute
 from .names import derived_name
+from .preflight import EXCLUDED_FROM_NAME, Launch, preflight_config
+from .status import read_status
 
-EXCLUDED_FROM_NAME = ("name", "output_root", "dry_run", "cluster.wait")
 PARENT_ENV = "GRPO_PARENT_RUN_ID"
 
 
 def multirun(overrides: list[str], source: Optional[ConfigSource] = None, hydra_flags: Sequence[str] = ()) -> int:
     """Run Hydra's multirun with our launcher (and sweeper, when asked) over conf/ (and the user's config dirs)."""
-    import hydra
-
-    from ..spec.compose import register_schema
-
     source = source or ConfigSource()
     register_schema()
     args = list(overrides)
@@ -71,10 +75,6 @@ def submitit_target(args: list[str]) -> list[str]:
 def base_problems(args: list[str], source: ConfigSource) -> list:
     """Unknown keys in any override, and the sweep's base (its overrides without the swept ones) composing:
     what Hydra would otherwise report with its own error and exit 1."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from ..spec.compose import check_override_keys, compose
-
     bad = check_override_keys(args, multirun=True)
     if bad:
         return bad
@@ -120,25 +120,19 @@ def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:
 
 
 def run_point(cfg: DictConfig) -> Optional[float]:
-    """The task of one sweep point: the same flow as a single run. Returns the objective when known."""
-    from ..launch import execute
-    from .preflight import preflight_config
-
-    spec, plan = preflight_config(cfg, task_overrides())
-    if spec.logging.mlflow:
-        from ..tracking.store import tracking_line
-
-        print(tracking_line(spec, plan.tracking_uri), flush=True)
-    code = execute(spec, plan)
+    """The task of one sweep point: the same flow as a single run (pre-flight → execute). Returns the objective when
+    known."""
+    launch = preflight_config(cfg, task_overrides())
+    if launch.spec.logging.mlflow:
+        print(tracking_line(launch.spec, launch.plan.tracking_uri), flush=True)
+    code = execute(launch)
     if code != ExitCode.OK:
-        raise RuntimeError(f"run {spec.name} exited with {code}")
-    return read_objective(plan.run_dir, objective_metric())
+        raise RuntimeError(f"run {launch.spec.name} exited with {code}")
+    return read_objective(launch.plan.run_dir, objective_metric())
 
 
 def task_overrides() -> list[str]:
     """The overrides of the point Hydra is running (for the model keys stated explicitly)."""
-    from hydra.core.hydra_config import HydraConfig
-
     try:
         return list(HydraConfig.get().overrides.task)
     except ValueError:  # not inside a Hydra job
@@ -146,16 +140,12 @@ def task_overrides() -> list[str]:
 
 
 def point_problems(cfg: Optional[DictConfig], overrides: Sequence[str] = (),
-                   compose_error: Optional[BaseException] = None) -> tuple[Optional[RunSpec], list[str]]:
-    """(the point's spec, its violations rendered): every pre-flight check, as for a single run."""
-    from ..spec.compose import _composition_violation
-    from .preflight import preflight_config
-
+                   compose_error: Optional[BaseException] = None) -> tuple[Optional[Launch], list[str]]:
+    """(the point's Launch, its violations rendered): every pre-flight check, as for a single run."""
     if cfg is None:  # the point did not even compose (e.g. model=nope in a,b)
         return None, [_composition_violation(compose_error).render()]
     try:
-        spec, _ = preflight_config(cfg, list(overrides))
-        return spec, []
+        return preflight_config(cfg, list(overrides)), []
     except ConfigError as err:
         return None, [v.render() for v in err.violations]
 
@@ -170,8 +160,6 @@ def check_points(checked: Sequence[tuple], overrides: Sequence[Sequence[str]]) -
 
 def sweep_parent_run(spec: RunSpec, sweep_dir: Path) -> Optional[str]:
     """Create (once per sweep dir) the MLflow parent run; children get its id through the environment."""
-    from ..plan import make_plan
-
     if not spec.logging.mlflow or spec.dry_run:
         return None
     marker = sweep_dir / "mlflow_parent_run_id"
@@ -195,8 +183,6 @@ def sweep_parent_run(spec: RunSpec, sweep_dir: Path) -> Optional[str]:
 
 def end_sweep_parent_run(spec: RunSpec, sweep_dir: Path, ok: bool) -> Optional[str]:
     """End the sweep's MLflow parent run: FINISHED when every point ran (or was submitted) fine, else FAILED."""
-    from ..plan import make_plan
-
     marker = sweep_dir / "mlflow_parent_run_id"
     if not spec.logging.mlflow or spec.dry_run or not marker.exists():
         return None
@@ -219,11 +205,9 @@ def read_objective(run_dir: Path, metric: str) -> Optional[float]:
 
 
 def log_best_to_parent(cfg: DictConfig, run_id: str, trial: int, value: float, params: dict, objective: str) -> None:
-    from mlflow.tracking import MlflowClient
-
-    from ..plan import make_plan
-
-    from ..tracking.store import with_mlflow_env
+    """The best trial, on the sweep's parent run. Its store is the sweep base config's, with MLflow's variables as
+    resolve fills them in (a spec built here to find the store, never launched)."""
+    from mlflow.tracking import MlflowClient  # MLflow: imported by what talks to it, never by pre-flight
 
     client = MlflowClient(make_plan(with_mlflow_env(to_spec(cfg))).tracking_uri)  # the parent's store
     client.log_metric(run_id, f"best/{objective}", value, step=trial)
@@ -232,12 +216,9 @@ def log_best_to_parent(cfg: DictConfig, run_id: str, trial: int, value: float, p
         client.set_tag(run_id, f"best.{k}", str(v))
 
 
-def print_summary(specs: Sequence[RunSpec]) -> None:
+def print_summary(launches: Sequence[Launch]) -> None:
     """Run names and, for Slurm points, job ids (from each run dir's status.json)."""
-    from ..launch.status import read_status
-    from ..plan import make_plan
-
-    print(f"sweep summary ({len(specs)} runs):")
-    for spec in specs:
-        status = read_status(make_plan(spec).run_dir)
-        print(f"  {spec.name:60s} {status.get('state', '-'):10s} job {status.get('job_id', '-')}")
+    print(f"sweep summary ({len(launches)} runs):")
+    for launch in launches:
+        status = read_status(launch.plan.run_dir)
+        print(f"  {launch.spec.name:60s} {status.get('state', '-'):10s} job {status.get('job_id', '-')}")

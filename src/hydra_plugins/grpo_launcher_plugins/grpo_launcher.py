@@ -54,12 +54,12 @@ class GrpoLauncher(Launcher):
         job_overrides = named_points(str(self.config.name), job_overrides)
         composed = [self.point_config(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
         configs = [cfg for cfg, _ in composed]
-        checked = [self.point_problems(cfg, o, exc) for (cfg, exc), o in zip(composed, job_overrides)]  # (spec, bad)
+        checked = [self.point_problems(cfg, o, exc) for (cfg, exc), o in zip(composed, job_overrides)]  # (launch, bad)
         if not self.invalid_points_fail:
             check_points(checked, job_overrides)  # exits 2 naming each bad point and key: nothing launched
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        first = next((spec for spec, bad in checked if not bad), None)
+        first = next((launch.spec for launch, bad in checked if not bad), None)
         if first is not None:
             sweep_parent_run(first, sweep_dir)  # one MLflow parent run per sweep; children find it via env
         runs: list = []
@@ -69,27 +69,26 @@ class GrpoLauncher(Launcher):
             if first is not None:
                 ok = len(runs) == len(configs) and all(r.status == JobStatus.COMPLETED for r in runs)
                 end_sweep_parent_run(first, sweep_dir, ok)
-        print_summary([spec for spec, _ in checked if spec is not None])
+        print_summary([launch for launch, _ in checked if launch is not None])
         return runs
 
     def point_problems(self, cfg: Optional[DictConfig], overrides: Sequence[str],
                        exc: Optional[Exception]) -> Tuple[Optional[Any], List[str]]:
-        """(a point's spec, its problems rendered) after every pre-flight rule; a subclass adds its launcher's."""
+        """(a point's Launch, its problems rendered) after every pre-flight rule; a subclass adds its launcher's."""
         from grpo_launcher.launch.sweep import point_problems
 
         return point_problems(cfg, overrides, exc)
 
     def _run_points(self, configs, checked, job_overrides, initial_job_idx: int, runs: list) -> None:
         from grpo_launcher.launch import execute
-        from grpo_launcher.plan import make_plan
 
-        for i, (cfg, (spec, problems)) in enumerate(zip(configs, checked)):
+        for i, (cfg, (launch, problems)) in enumerate(zip(configs, checked)):
             log.info(f"#{initial_job_idx + i}: {' '.join(filter_overrides(job_overrides[i]))}")
             if problems:  # only with the optuna sweeper: a point that breaks a rule is a failed trial
                 runs.append(JobReturn(status=JobStatus.FAILED, _return_value=ValueError("\n".join(problems))))
                 continue
-            if spec.dry_run:  # print the plan (and sbatch script) only: no job dir, no Hydra job machinery
-                runs.append(JobReturn(status=JobStatus.COMPLETED, _return_value=execute(spec, make_plan(spec))))
+            if launch.spec.dry_run:  # print the plan (and sbatch script) only: no job dir, no Hydra job machinery
+                runs.append(JobReturn(status=JobStatus.COMPLETED, _return_value=execute(launch)))
                 continue
             runs.append(run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=cfg,
                                 job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))

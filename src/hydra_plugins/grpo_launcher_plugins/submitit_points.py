@@ -76,13 +76,13 @@ class SubmititPoints(GrpoLauncher):
 
     def point_problems(self, cfg: Optional[DictConfig], overrides: Sequence[str],
                        exc: Optional[Exception]) -> Tuple[Optional[Any], List[str]]:
-        spec, problems = super().point_problems(cfg, overrides, exc)
-        extra = submitit_problems(spec, self.submitit.params)
-        return (None, problems + extra) if extra else (spec, problems)
+        launch, problems = super().point_problems(cfg, overrides, exc)
+        extra = submitit_problems(launch.spec if launch else None, self.submitit.params)
+        return (None, problems + extra) if extra else (launch, problems)
 
     def _run_points(self, configs: Sequence[Any], checked: Sequence[Tuple[Any, List[str]]],
                     job_overrides: Sequence[Sequence[str]], initial_job_idx: int, runs: List[JobReturn]) -> None:
-        if all(spec.dry_run for spec, _ in checked):  # the plans printed here; nothing submitted
+        if all(launch.spec.dry_run for launch, _ in checked):  # the plans printed here; nothing submitted
             super()._run_points(configs, checked, job_overrides, initial_job_idx, runs)
             return
         from submitit.core.utils import UncompletedJobError
@@ -126,14 +126,16 @@ class SubmititSlurm(SubmititPoints):
                        exc: Optional[Exception]) -> Tuple[Optional[Any], List[str]]:
         """The run's GPUs are the job's node's, not this machine's: local_gpus_present is checked in the job (the
         run's own pre-flight there); here, the job must ask Slurm for as many as the run takes."""
-        spec, problems = super().point_problems(cfg, overrides, exc)
+        launch, problems = super().point_problems(cfg, overrides, exc)
         problems = [p for p in problems if "[rule: local_gpus_present]" not in p]
-        if spec is None and not problems and cfg is not None:  # it was the only one: the spec, probes skipped
+        if launch is None and not problems and cfg is not None:  # it was the only one: the spec, probes skipped
             dry = cfg.copy()
             dry.dry_run = True
-            spec, problems = super().point_problems(dry, overrides, exc)
-            spec = dataclasses.replace(spec, dry_run=cfg.dry_run) if spec is not None else None
-        return spec, problems + gpu_problems(spec, self.submitit.params)
+            launch, problems = super().point_problems(dry, overrides, exc)
+            if launch is not None:  # never executed here (its job pre-flights the point on its node): dry_run put
+                # back, so that this launcher does not take the point for a dry run
+                launch = dataclasses.replace(launch, spec=dataclasses.replace(launch.spec, dry_run=cfg.dry_run))
+        return launch, problems + gpu_problems(launch.spec if launch else None, self.submitit.params)
 
     def _run_points(self, *args: Any) -> None:
         from submitit.slurm.slurm import SlurmJob
