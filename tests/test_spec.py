@@ -233,6 +233,7 @@ FAILING = [
     (["output_root='out\nx'"], "field_values", "output_root"),
     (["logging.experiment='\\${oops}'"], "field_values", "logging.experiment"),
     (["cluster.env_passthrough=[[A]]"], "field_values", "cluster.env_passthrough"),
+    (["cluster.container_mounts=${train.lr}"], "field_values", "cluster.container_mounts"),  # a float in a list key
     # ranges that used to pass pre-flight and fail minutes later (a traceback, a hung-run exit, a refused sbatch)
     (["env.num_val_prompts=0"], "value_ranges", "env.num_val_prompts"),
     (["env.max_prompt_tokens=-1"], "value_ranges", "env.max_prompt_tokens"),

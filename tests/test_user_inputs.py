@@ -250,6 +250,31 @@ def test_model_dir_reader_imports_no_transformers():
 
 
 # ----------------------------------------------------------------------------- 8. rerun: the same door as a launch
+def tampered_run_dir(tmp_path: Path) -> Path:
+    """A run dir whose spec.yaml was edited by hand: train.lr is no number."""
+    from grpo_launcher.spec.compose import spec_to_yaml
+    from grpo_launcher.spec.schema import RunSpec
+
+    run_dir = tmp_path / "edited"
+    run_dir.mkdir()
+    text = spec_to_yaml(RunSpec(output_root=str(tmp_path)))
+    assert "  lr: 0.0003\n" in text
+    (run_dir / "spec.yaml").write_text(text.replace("  lr: 0.0003\n", "  lr: abc\n"))
+    return run_dir
+
+
+def test_a_tampered_spec_value_names_the_key_and_spec_yaml(tmp_path, launch_here):
+    """Issue 43: `<compose>: ValidationError` named neither train.lr nor spec.yaml (rerun, and the job's driver)."""
+    run_dir = tampered_run_dir(tmp_path)
+    run = launch_here(tmp_path, "rerun", str(run_dir), "dry_run=true")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "- train.lr: " in run.stderr and f"{run_dir}/spec.yaml" in run.stderr and "'abc'" in run.stderr, run.stderr
+    assert "<compose>" not in run.stderr
+    job = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "grpo_launcher.train.driver",
+                          str(run_dir / "spec.yaml")], capture_output=True, text=True, timeout=300)
+    assert job.returncode == 2 and "- train.lr: " in job.stderr and "Traceback" not in job.stderr, job.stderr[-3000:]
+
+
 def test_rerun_with_another_model_path_reads_its_config_json(tmp_path, launch_here):
     """`rerun RUN_DIR model.path=OTHER` resolves OTHER's architecture (config.json) as a launch does, instead of
     keeping the saved one; a width stated on the command line that disagrees with it is named."""

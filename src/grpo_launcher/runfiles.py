@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from .secrets import load_secrets
+from .spec.errors import ConfigError, Violation
 from .spec.schema import RunSpec
 
 
@@ -68,16 +69,30 @@ def free_space(folder: Path) -> str:
 
 
 def load_spec_file(path: Path) -> RunSpec:
-    """The driver's entry: a saved, resolved spec (+ the run dir's secrets) → RunSpec (typed again)."""
+    """The driver's entry: a saved, resolved spec (+ the run dir's secrets) → RunSpec (typed again). A value the
+    schema refuses (spec.yaml edited by hand, cut short) is a ConfigError naming the key and the file."""
     from omegaconf import OmegaConf
 
-    from .spec.compose import _unfreeze, to_spec
+    from .spec.compose import _composition_violation, _unfreeze, to_spec
 
-    # the structured schema of a frozen dataclass is read-only: unfreeze it before merging the file in
-    cfg = OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), OmegaConf.load(path))
-    for key, value in load_secrets(Path(path).parent).items():
-        OmegaConf.update(cfg, key, value, merge=False)
-    return to_spec(cfg)
+    try:
+        # the structured schema of a frozen dataclass is read-only: unfreeze it before merging the file in
+        cfg = OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), OmegaConf.load(path))
+        for key, value in load_secrets(Path(path).parent).items():
+            OmegaConf.update(cfg, key, value, merge=False)
+        return to_spec(cfg)
+    except ConfigError as err:
+        raise ConfigError([in_file(v, path) for v in err.violations]) from None
+    except Exception as exc:  # noqa: BLE001  (OmegaConf's type and YAML errors name the key in their own way)
+        raise ConfigError([in_file(_composition_violation(exc), path)]) from None
+
+
+def in_file(v: Violation, path: Path) -> Violation:
+    """A violation of a saved spec: the file named in its message and fix."""
+    path = Path(path)
+    keys = tuple(path.name if k == "<config>" else k for k in v.keys)
+    return Violation("spec_file", keys, f"{path}: {v.message}", f"restore {path.name} as the launch wrote it, or "
+                     "launch the config again")
 
 
 def pid_alive(pid: int) -> bool:

@@ -358,8 +358,13 @@ def append_metrics(path: Path, step: int, metrics: dict[str, float]) -> None:
 
 def main() -> None:
     from ..runfiles import load_spec_file
+    from ..spec.errors import ConfigError
 
-    spec = load_spec_file(Path(sys.argv[1]))
+    try:
+        spec = load_spec_file(Path(sys.argv[1]))
+    except ConfigError as err:  # spec.yaml edited since the launch: the key and the file named, no traceback
+        print(err.render(), file=sys.stderr)
+        sys.exit(ExitCode.CONFIG_ERROR)
     sys.exit(run(spec, make_plan(spec)))
 
 
