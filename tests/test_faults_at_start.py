@@ -307,3 +307,17 @@ def re_search(pattern: str, text: str) -> bool:
     import re
 
     return re.search(pattern, text) is not None
+
+
+# ----------------------------------------------------------------------------- a second launch of a live run
+def test_a_refused_duplicate_launch_does_not_print_its_plan_first(tmp_path, launch_here):
+    from grpo_launcher.launch.rundir import acquire_run_lock, release_run_lock
+
+    run_dir = tmp_path / "tiny-grpo"
+    acquire_run_lock(run_dir, "local")  # held by this (live) process, as a running launch holds it
+    try:
+        run = launch_here(tmp_path, f"output_root={tmp_path}")
+    finally:
+        release_run_lock(run_dir)
+    assert run.returncode == 1 and "is already in use by a local run (pid" in run.stderr, run.stdout + run.stderr
+    assert "rollouts per step" not in run.stdout and "grpo-launcher: run 'tiny-grpo'" not in run.stdout, run.stdout

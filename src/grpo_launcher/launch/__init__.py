@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from ..exit_codes import ExitCode
 from ..spec.schema import ClusterKind
 from .local import run_local
 from .slurm import submit_slurm
@@ -17,8 +18,23 @@ if TYPE_CHECKING:  # the package is imported first by `python -m grpo_launcher.l
 EXECUTORS: dict[ClusterKind, Callable[[Launch], int]] = {ClusterKind.local: run_local, ClusterKind.slurm: submit_slurm}
 
 
+def busy(launch: Launch) -> bool:
+    """The run dir is held by a live run or job: said in one line (the plan it would not run is not printed)."""
+    import sys
+
+    from .rundir import live_holder, read_lock
+
+    holder = live_holder(read_lock(launch.plan.run_dir))
+    if holder is not None:
+        print(f"error: run '{launch.spec.name}' is already in use by {holder} (run dir {launch.plan.run_dir}); wait "
+              f"for it, `python launch.py cancel {launch.spec.name}`, or pick another name=", file=sys.stderr)
+    return holder is not None
+
+
 def execute(launch: Launch) -> int:
     spec, plan = launch.spec, launch.plan
+    if not spec.dry_run and busy(launch):  # refused before its plan is printed (the executors' lock still decides)
+        return ExitCode.FAILED
     print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
     from ..spec.disk import report as disk_report  # imported here, as the memory report below
 
