@@ -3,8 +3,9 @@ save_pretrained from the family's own config class with its quirks (logit softca
 an explicit head_dim, biases, partial rotary), checked through the product's own code paths on the CPU in fp32:
 
 - pre-flight accepts the directory (model.path) and the plan names the logprob head the worker builds;
-- the policy worker's logprobs and entropies, through the chunked head (the default) and through whole logits, equal
-  log_softmax of the model's own HF forward (≤ 1e-5), and the hf engine's sampling logprobs equal them;
+- the policy worker's logprobs and entropies, through the chunked head (the default), through whole logits and over
+  packed sequences, equal log_softmax of the model's own HF forward (≤ 1e-5), and the hf engine's sampling logprobs
+  equal them;
 - one on-policy update gives the same loss and gradients through either head;
 - the trained weights, saved as a checkpoint and exported (`launch.py export`), reload to the same logits.
 
@@ -165,6 +166,17 @@ def test_whole_logits_equal_the_hf_forward(families, family):
     f = families(family)
     assert type(f.whole.model.get_output_embeddings()) is torch.nn.Linear
     lp, ent = f.whole._token_stats(f.whole.model, f.batch, entropy=True)
+    assert worst(lp, f.ref_lp, f.mask) <= TOL and worst(ent, f.ref_ent, f.mask) <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_sequences_equal_the_hf_forward(families, family):
+    """train.sequence_packing=true (the rows packed into one, a block-diagonal mask from the position ids; Mamba
+    layers per sequence): the chunked head's logprobs and entropies still equal the unpadded HF forward's."""
+    f = families(family)
+    spec = dataclasses.replace(f.spec, train=dataclasses.replace(f.spec.train, sequence_packing=True))
+    w = TorchPolicyWorker(spec, str(f.dir), 0, 1)
+    lp, ent = w._token_stats(w.model, f.batch, entropy=True)
     assert worst(lp, f.ref_lp, f.mask) <= TOL and worst(ent, f.ref_ent, f.mask) <= TOL
 
 
