@@ -119,3 +119,51 @@ def test_room_rules_register_with_spec_from_below():
     rooms = {p.parent.name for p in (SRC / PKG).glob("*/rules.py")} - {"spec"}
     assert rooms and rooms <= {r.check.__module__.split(".")[1] for r in registered().values()}
     assert not [t for _, t in imported(SRC / PKG / "spec" / "rules.py") if layer(t) > layer(f"{PKG}.spec.rules")]
+
+
+# Import cycles among launch/'s modules (imports inside functions counted): none but these, each with its reason.
+LAUNCH_CYCLES = {
+    frozenset({"launch.rundir", "launch.status"}): "the run lock asks Slurm whether its holder still runs (status.py) "
+    "and a job's end releases it (rundir.py); both import inside functions: `python -m grpo_launcher.launch.status` "
+    "(job.sh) must not find status loaded by the package",
+}
+
+
+def import_cycles(package: str) -> set[frozenset[str]]:
+    """The strongly connected components (more than one module) of the import graph among `package`'s modules."""
+    graph = {short(module_name(p)): {short(t) for _, t in imported(p)}
+             for p in sorted((SRC / PKG / package).rglob("*.py"))}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: set[frozenset[str]] = set()
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v] & graph.keys():
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = {stack.pop()}
+            while v not in component:
+                component.add(stack.pop())
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_launch_has_no_import_cycles():
+    """launch/ imports one way: the door (app.py, sweep.py) → execute (__init__.py) → the executors (local.py,
+    slurm.py) → pre-flight (preflight.py) → the run dir, the job script and the saved spec (rundir.py, sbatch.py,
+    repro.py)."""
+    cycles = import_cycles("launch")
+    assert cycles <= set(LAUNCH_CYCLES), f"import cycles in launch/: {sorted(map(sorted, cycles - set(LAUNCH_CYCLES)))}"
+    assert set(LAUNCH_CYCLES) <= cycles, f"LAUNCH_CYCLES entries no longer needed: {set(LAUNCH_CYCLES) - cycles}"

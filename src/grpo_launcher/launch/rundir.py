@@ -23,10 +23,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+from ..checkpoint.manager import spec_as_dict
+from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..runfiles import load_spec_file, pid_alive, write_atomic  # noqa: F401 (launch/ reads them here too)
 from ..secrets import redact_text, save_secrets, secret_values
 from ..spec.compose import spec_to_yaml
+from ..spec.errors import ConfigError, Violation
 from ..spec.schema import RunSpec
 
 LOCK = ".run.lock"
@@ -45,8 +48,6 @@ def make_private_dir(path: Path) -> None:
 
 def prepare(spec: RunSpec, plan: Plan) -> Path:
     """Run dir (0700), logs/ (0700), the redacted spec.yaml (0600) and the secrets beside it (0600)."""
-    from ..checkpoint.manager import spec_as_dict
-
     make_private_dir(plan.run_dir)
     make_private_dir(plan.run_dir / "logs")
     save_secrets(plan.run_dir, secret_values(spec_as_dict(spec)))
@@ -81,6 +82,8 @@ def live_holder(lock: dict) -> Optional[str]:
         return None
     job = lock.get("job_id")
     if job:
+        # imported here (and below): launch/__init__.py imports this module, and `python -m grpo_launcher.launch.status`
+        # (job.sh) must not find status loaded before it runs
         from .status import SLURM_ACTIVE, scheduler_job
 
         info = scheduler_job(str(job))
@@ -109,9 +112,6 @@ def _still_completing(job: str) -> bool:
 def unmakeable(run_dir: Path, exc: OSError) -> int:
     """The run dir could not be made (a path the pre-flight could not foresee, e.g. under /proc): a config error
     naming output_root, exit 2, nothing started."""
-    from ..exit_codes import ExitCode
-    from ..spec.errors import ConfigError, Violation
-
     print(ConfigError([Violation("output_root_writable", ("output_root",), f"the run directory {run_dir} cannot "
                                  f"be made: {exc.strerror or exc}", "set output_root to a directory you can write")])
           .render(), file=sys.stderr)

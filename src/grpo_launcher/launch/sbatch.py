@@ -76,7 +76,8 @@ def export_names(spec: RunSpec, environ: dict | None = None) -> list[str]:
     """sbatch --export: the variables the job needs (BASE_EXPORT, GRPO_*), plus cluster.env_passthrough;
     names only (sbatch copies the values from the submitting shell; NONE when nothing is set)."""
     if environ is None:
-        from .status import slurm_env  # the environment sbatch itself runs with (SLURM_CONF of the local cluster)
+        # the environment sbatch itself runs with (SLURM_CONF of the local cluster); imported here: see rundir.py
+        from .status import slurm_env
 
         environ = slurm_env()
     env = environ

@@ -162,15 +162,13 @@ def sweep_parent_run(spec: RunSpec, sweep_dir: Path) -> Optional[str]:
     """Create (once per sweep dir) the MLflow parent run; children get its id through the environment."""
     if not spec.logging.mlflow or spec.dry_run:
         return None
+    from mlflow.tracking import MlflowClient  # MLflow: imported by what talks to it, never by pre-flight
+
     marker = sweep_dir / "mlflow_parent_run_id"
     if marker.exists():
         run_id = marker.read_text().strip()
-        from mlflow.tracking import MlflowClient
-
         MlflowClient(make_plan(spec).tracking_uri).update_run(run_id, status="RUNNING")  # a continued sweep
     else:
-        from mlflow.tracking import MlflowClient
-
         client = MlflowClient(make_plan(spec).tracking_uri)
         exp = client.get_experiment_by_name(spec.logging.experiment)
         exp_id = exp.experiment_id if exp else client.create_experiment(spec.logging.experiment)
