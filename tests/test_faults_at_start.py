@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import LAUNCH_PY, launch, share_models, wait_until
+
 QWEN2 = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
          "vocab_size": 512, "tie_word_embeddings": True}
@@ -100,8 +102,6 @@ def mounted(tmp_path):
 
 def launch_for_real(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
     """`python launch.py` (no dry run) in a subprocess: what it printed, and how long it took."""
-    from helpers import launch
-
     t0 = time.monotonic()
     run = launch(f"output_root={tmp_path}", "grpo.max_steps=1", *args, cwd=tmp_path, env=env, timeout=120)
     return run, time.monotonic() - t0
@@ -259,8 +259,6 @@ def test_disk_full_report_is_one_message_naming_the_file(tmp_path, mounted, caps
 def test_a_disk_that_fills_at_the_checkpoint_ends_in_one_message(tmp_path, mounted):
     """output_root on a 4 MiB tmpfs: start-up fits (~1.5 MiB), the first checkpoint (~5 MiB) does not. Before: 60-224
     lines of chained tracebacks ending in the ENOSPC; now one message naming the file and the free space."""
-    from helpers import launch, share_models
-
     mnt = share_models(mounted(size="4m"))
     run = launch(f"output_root={mnt}", "grpo.max_steps=2", "checkpoint.save_period=1",
                  "checkpoint.metric=train/reward_mean", cwd=tmp_path, timeout=600)
@@ -279,8 +277,6 @@ def test_a_disk_that_fills_between_checkpoints_ends_in_one_message_and_no_torn_l
     """Another process fills output_root's disk after step 1 (before: a torn last line in metrics.jsonl, the MLflow
     run left RUNNING, 60-224 lines of tracebacks): one message naming the file and the free space."""
     import sys
-
-    from helpers import LAUNCH_PY, share_models, wait_until
 
     mnt = share_models(mounted(size="16m"))
     metrics = mnt / "tiny-grpo" / "metrics.jsonl"
@@ -321,3 +317,82 @@ def test_a_refused_duplicate_launch_does_not_print_its_plan_first(tmp_path, laun
         release_run_lock(run_dir)
     assert run.returncode == 1 and "is already in use by a local run (pid" in run.stderr, run.stdout + run.stderr
     assert "rollouts per step" not in run.stdout and "grpo-launcher: run 'tiny-grpo'" not in run.stdout, run.stdout
+
+
+# ----------------------------------------------------------------------------- a worker killed for memory
+@pytest.fixture
+def memcg(tmp_path):
+    """A real memory cgroup limited to 64 MiB under this process's own (v1 or v2): its cgroup.procs file."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    v1 = next((line.split(":", 2)[2] for line in lines if line.split(":")[1] == "memory"), None)
+    base = Path("/sys/fs/cgroup/memory" + v1) if v1 is not None else Path("/sys/fs/cgroup" + lines[-1].split(":", 2)[2])
+    group = base / f"grpo-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        limit = group / ("memory.limit_in_bytes" if v1 is not None else "memory.max")
+        limit.write_text(str(64 << 20))
+    except OSError as exc:
+        pytest.skip(f"no memory cgroup to make here: {exc}")
+    yield group / "cgroup.procs"
+    wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), 30, "the cgroup's processes to end")
+    group.rmdir()
+
+
+# Ray 2.60's ActorDiedError text for a worker killed by SIGKILL (read from a real `kill -9` of an actor): a copy,
+# for the fast test; the slow one below makes Ray say it.
+RAY_SIGKILL_TEXT = ("The actor died unexpectedly before finishing this task.\n\tclass_name: A\n\tpid: 1\nThe actor is "
+                    "dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
+                    "Worker unexpectedly exits with a connection error code 2. End of file. Some common causes "
+                    "include: (1) the process was killed by the OOM killer due to high memory usage, ...")
+EAT = "import os, sys\nopen(sys.argv[1], 'w').write(str(os.getpid()))\nx = bytearray(512 << 20)\nx[::4096] = b'1' * len(x[::4096])\n"
+
+
+def test_a_worker_killed_by_the_oom_killer_is_named_out_of_memory(memcg):
+    """A process over its memory cgroup's limit, killed by the kernel (a real OOM kill): the same Ray text then reads
+    'out of memory'; without an OOM kill it says what else a SIGKILL may be."""
+    import sys
+
+    from grpo_launcher.deadlines import death_reason, oom_kills
+
+    base = oom_kills()
+    if base is None:
+        pytest.skip("/proc/vmstat has no oom_kill count here")
+    assert "no OOM kill on the driver's node" in death_reason(RuntimeError(RAY_SIGKILL_TEXT), base)
+    eater = subprocess.run([sys.executable, "-c", EAT, str(memcg)], timeout=120)
+    assert eater.returncode == -9  # SIGKILL, by the kernel
+    reason = death_reason(RuntimeError(RAY_SIGKILL_TEXT), base)
+    assert reason.startswith("out of memory: its process was killed (SIGKILL)") and "/proc/vmstat" in reason
+    assert death_reason(RuntimeError("boom\nmore"), base) == "boom"
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_an_actor_killed_by_the_oom_killer_reads_out_of_memory_in_the_drivers_wait(memcg):
+    """A Ray actor moved into a 64 MiB memory cgroup allocates 512 MiB: the kernel kills it; the driver's wait
+    (PhaseClock.get) raises ActorDied saying 'out of memory' (before: 'The actor died unexpectedly ...')."""
+    import ray
+
+    from grpo_launcher.deadlines import ActorDied, PhaseClock
+    from grpo_launcher.spec.schema import DeadlinesSpec
+
+    @ray.remote
+    class Eater:
+        def join(self, procs: str) -> int:
+            Path(procs).write_text(str(os.getpid()))
+            return os.getpid()
+
+        def eat(self) -> int:
+            x = bytearray(512 << 20)
+            x[::4096] = b"1" * len(x[::4096])
+            return len(x)
+
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    try:
+        clock = PhaseClock(DeadlinesSpec(), None)
+        eater = Eater.remote()
+        clock.get("load", [eater.join.remote(str(memcg))], [eater])
+        with pytest.raises(ActorDied, match=r"died in phase update of step 0: out of memory: .*oom_kill") as info:
+            clock.get("update", [eater.eat.remote()], [eater])
+        assert info.value.owner is eater
+    finally:
+        ray.shutdown()

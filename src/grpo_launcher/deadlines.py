@@ -75,13 +75,42 @@ class EngineLost(Hung):
         self.phase, self.step, self.waited, self.how, self.owners = phase, step, 0.0, "", [owner]
 
 
-def died(exc: Exception, phase: str, step: int, owners: Sequence[Any]) -> ActorDied:
+def died(exc: Exception, phase: str, step: int, owners: Sequence[Any], oom_base: int | None = None) -> ActorDied:
     """The ActorDied of Ray's ActorDiedError (its actor_id names the owner; else the first owner)."""
     aid = getattr(exc, "actor_id", None)
     owner = next((o for o in owners if getattr(getattr(o, "_actor_id", None), "hex", lambda: None)() == aid),
                  owners[0] if owners else None)
-    reason = str(exc).strip().splitlines()
-    return ActorDied(phase, step, owner, reason[0] if reason else type(exc).__name__)
+    return ActorDied(phase, step, owner, death_reason(exc, oom_base))
+
+
+def oom_kills() -> int | None:
+    """The kernel's count of OOM kills on this node since boot (/proc/vmstat oom_kill: a memory cgroup's limit
+    too), or None where it cannot be read. No dmesg needed (often not readable in a container)."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def death_reason(exc: BaseException, oom_base: int | None) -> str:
+    """Why Ray says an actor died, in a line. Ray cannot tell the kernel's OOM killer from kill -9 ("Worker
+    unexpectedly exits with a connection error code 2"): the node's OOM-kill count since the run began (`oom_base`)
+    can, on the driver's node; Ray's own memory monitor says so in its text (OutOfMemoryError)."""
+    text = str(exc)
+    if type(exc).__name__ == "OutOfMemoryError" or "running low on memory" in text:
+        return "out of memory: Ray's memory monitor killed its process (the node ran low on memory)"
+    if "connection error code 2" not in text and "killed by the OOM killer" not in text:
+        return (text.strip().splitlines() or [type(exc).__name__])[0]
+    now = oom_kills()
+    if now is not None and oom_base is not None and now > oom_base:
+        return (f"out of memory: its process was killed (SIGKILL), and the kernel's OOM killer killed {now - oom_base} "
+                "process(es) on this node during the run (/proc/vmstat oom_kill)")
+    known = "; no OOM kill on the driver's node during the run (/proc/vmstat oom_kill)" if now is not None else ""
+    return ("its process was killed (SIGKILL) or crashed: most often out of memory (the kernel's OOM killer), else "
+            f"kill -9 or a crash{known}")
 
 
 class PhaseClock:
@@ -96,6 +125,7 @@ class PhaseClock:
         self.current: dict = {}  # the wait in progress (phase.json's content)
         self.written: dict | None = None
         self.period = 1.0
+        self.oom_base = oom_kills()  # the node's OOM kills before this run: a worker's SIGKILL after, named as OOM
         self.closed = threading.Event()
         if run_dir is not None:
             threading.Thread(target=self._writer, name="grpo-phase-file", daemon=True).start()
@@ -132,8 +162,8 @@ class PhaseClock:
             out = ray.get(refs, timeout=limit)
         except ray.exceptions.GetTimeoutError:
             raise self.hung(phase, refs, owners, time.monotonic() - t0) from None
-        except ray.exceptions.ActorDiedError as exc:
-            raise died(exc, phase, self.step, owners) from exc
+        except (ray.exceptions.ActorDiedError, ray.exceptions.OutOfMemoryError) as exc:
+            raise died(exc, phase, self.step, owners, self.oom_base) from exc
         self.record(phase, time.monotonic() - t0)
         return out
 
