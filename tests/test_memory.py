@@ -191,8 +191,8 @@ def test_engines_awake_hold_their_budget_in_every_phase():
     with pytest.raises(ConfigError) as info:
         load_spec([*NANOV3, "rollout.sleep_mode=false"])
     (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
-    assert "rollout.sleep_mode" in v.keys and "> 79.6 GiB (101 %) in the train phase" in v.message
-    assert v.fix.startswith("cheapest: rollout.sleep_mode=true → peak 56.6 GiB")
+    assert "rollout.sleep_mode" in v.keys and "> 79.6 GiB (105 %) in the train phase" in v.message
+    assert v.fix.startswith("cheapest: rollout.sleep_mode=true → peak 58.5 GiB")
 
 
 def test_sleep_residue_and_the_refit_phase_with_fsdp2():
@@ -228,7 +228,8 @@ def test_nanov3_32_nodes_fits_and_2_nodes_is_refused_with_the_arithmetic():
     (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
     assert "cluster.nodes" in v.keys and "rollout.gpu_memory_utilization" in v.keys
     assert "> 79.6 GiB" in v.message and "optimizer" in v.message and "logits" in v.message
-    assert "cluster.nodes=" in v.fix and "rollout.gpu_memory_utilization=0." in v.fix
+    # calibrated at 0.1-3B on an H200 (benchmarks/results/memory.md): awake engines no longer fit at any node count
+    assert v.fix.startswith("cheapest: rollout.sleep_mode=true")
 
 
 def test_unknown_gpu_memory_skips_the_check_with_a_warning():
@@ -284,7 +285,7 @@ def test_cli_dry_run_prints_the_line_and_refuses_2_nodes():
     assert "host RAM per node" in p.stdout and "extrapolated" in p.stdout
     p = launch(*NANOV3, "cluster.nodes=2", "rollout.sleep_mode=false", timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("config error")
-    assert "gpu_memory_fits" in p.stderr and "cluster.nodes=" in p.stderr and "Traceback" not in p.stderr
+    assert "gpu_memory_fits" in p.stderr and "rollout.sleep_mode=true" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_cpu_offload_moves_the_shards_to_the_host():

@@ -105,10 +105,12 @@ from .schema import Precision, RolloutBackend, RunSpec, TrainBackend
 GIB = 2**30
 
 # Constants the calibration may adjust (benchmarks/results/memory.md says how they were checked).
-ALLOCATOR_SLACK = 0.10  # reserved = allocated + this × the phase's transient part (caching-allocator fragmentation)
+ALLOCATOR_SLACK = 0.16  # reserved = allocated + this × the phase's transient part (caching-allocator fragmentation)
 CUDA_CONTEXT_GIB = 0.75  # one process's CUDA context + cuBLAS handles outside torch's counters
 NCCL_GIB = 1.3  # NCCL communicators of one process: a distributed job, or megatron (NCCL even at world 1)
 VLLM_ACTIVATION_GIB = 1.5  # vLLM's profiled forward peak inside its budget (max_num_batched_tokens=8192)
+VLLM_OUTSIDE_BUDGET_GIB = 1.9  # a vLLM engine process's memory beyond gpu_memory_utilization × the GPU
+DRIVER_CONTEXT_GIB = 0.6  # the driver's CUDA context once it built model.path=null's model on the GPU
 VLLM_CUDA_GRAPH_GIB = 1.0  # captured CUDA graphs (enforce_eager=false)
 IPC_BUFFER_BYTES = 2**30  # rollout/vllm_compat.py's packed buffer (vLLM's weight-transfer API)
 HOST_PROCESS_GIB = 2.0  # resident footprint of one GPU process (CUDA/torch/library pages)
@@ -709,8 +711,10 @@ def estimate(spec: RunSpec) -> Estimate:
     if est.use_gpus:
         nccl = layout_of(spec).world > 1 or spec.train.backend == TrainBackend.megatron or fsdp_sharded(spec)
         est.context_gib += CUDA_CONTEXT_GIB + (NCCL_GIB if nccl else 0)
-        if spec.rollout.backend == RolloutBackend.vllm and est.device_gib is None:
-            est.context_gib += CUDA_CONTEXT_GIB  # inside vLLM's budget when the budget is known
+        if spec.rollout.backend == RolloutBackend.vllm:  # the engine process: its context and more, beyond its budget
+            est.context_gib += CUDA_CONTEXT_GIB if est.device_gib is None else VLLM_OUTSIDE_BUDGET_GIB
+        if spec.model.path is None:  # models/tiny.py builds (and warms up) the model on the driver's GPU
+            est.context_gib += DRIVER_CONTEXT_GIB
     est.totals = {p: phase_reserved(est, p) + engine_gib(est, p) + est.context_gib for p in est.phases}
     est.peak_phase = max(est.totals, key=lambda p: est.totals[p])
     est.peak_gib = est.totals[est.peak_phase]

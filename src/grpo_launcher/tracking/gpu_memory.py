@@ -1,0 +1,84 @@
+"""The run's measured whole-GPU peak next to the memory pre-flight's prediction (spec/memory.py).
+
+`nvidia-smi` samples the used memory of the driver node's GPUs every 200 ms for the whole run: every process on
+the card (policy workers, vLLM engines, CUDA contexts, NCCL), as the prediction counts it. The run's summary.json
+and its MLflow run record both figures; a gap over WARN_GAP is printed, since a prediction on the unsafe side is an
+OOM one longer batch away. Only the driver's node is sampled (the prediction is per GPU of the most loaded rank).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+from typing import Optional
+
+WARN_GAP = 0.10  # |predicted / measured - 1| above which the run says so
+
+
+class GpuPeak:
+    def __init__(self, predicted_gib: Optional[float]) -> None:
+        self.predicted_gib = predicted_gib
+        self.peak_mib = 0
+        self.baseline_mib: Optional[int] = None  # the first sample: memory the card held before our processes
+        self._proc: Optional[subprocess.Popen] = None
+        self._reader: Optional[threading.Thread] = None
+
+    @classmethod
+    def start(cls, gpus_per_node: int, predicted_gib: Optional[float]) -> "GpuPeak":
+        """Sampling begins now (before any worker starts); a CPU run or a node without nvidia-smi samples nothing."""
+        peak = cls(predicted_gib)
+        smi = shutil.which("nvidia-smi")
+        if gpus_per_node > 0 and smi:
+            peak._proc = subprocess.Popen([smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                           "-lms", "200"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True)
+            peak._reader = threading.Thread(target=peak._read, name="gpu-peak", daemon=True)
+            peak._reader.start()
+        return peak
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            line = line.strip()
+            if not line.isdigit():
+                continue
+            mib = int(line)
+            if self.baseline_mib is None:
+                self.baseline_mib = mib
+            self.peak_mib = max(self.peak_mib, mib)
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    def summary(self) -> dict[str, float]:
+        """{} when nothing was sampled; else the measured peak (GiB, above the card's memory at start), the
+        prediction, and their gap in percent."""
+        if self._proc is None or self.baseline_mib is None:
+            return {}
+        measured = (self.peak_mib - self.baseline_mib) / 1024
+        out = {"gpu_peak_measured_gib": round(measured, 2)}
+        if self.predicted_gib and measured > 0:
+            out["gpu_peak_predicted_gib"] = round(self.predicted_gib, 2)
+            out["gpu_peak_prediction_error_pct"] = round(100 * (self.predicted_gib / measured - 1), 1)
+        return out
+
+    def report(self) -> dict[str, float]:
+        """Stops sampling; prints a warning when the prediction missed by more than WARN_GAP; the summary."""
+        self.stop()
+        s = self.summary()
+        err = s.get("gpu_peak_prediction_error_pct")
+        if err is not None and abs(err) > 100 * WARN_GAP:
+            side = "UNDER (unsafe: a longer batch may run out of memory)" if err < 0 else "over"
+            print(f"grpo-launcher: warning: the memory pre-flight predicted {s['gpu_peak_predicted_gib']:.1f} GiB per "
+                  f"GPU, nvidia-smi measured a peak of {s['gpu_peak_measured_gib']:.1f} GiB: {err:+.1f} % {side}",
+                  file=sys.stderr, flush=True)
+        return s
