@@ -354,3 +354,14 @@ def test_gemma2_through_launch_py_with_default_settings(families, tmp_path):
     assert "logits = cap·tanh(z/cap), cap=2" in r.stdout
     (step,) = [json.loads(line) for line in (tmp_path / "g2" / "metrics.jsonl").read_text().splitlines()]
     assert step["train/gen_vs_policy_logprob_absdiff"] <= TOL
+
+
+def test_megatron_is_refused_a_family_that_post_processes_its_logits(families, tmp_path):
+    """megatron's GPTModel applies no softcapping or scaling: pre-flight refuses it, naming the config.json key."""
+    from grpo_launcher.spec.errors import ConfigError
+
+    f = families("gemma2")
+    with pytest.raises(ConfigError) as info:
+        load_spec([f"model.path={f.dir}", f"output_root={tmp_path}", "train.backend=megatron", "logging.mlflow=false"])
+    (v,) = [v for v in info.value.violations if v.rule == "megatron_logits_as_the_family_makes_them"]
+    assert "final_logit_softcapping=2" in v.message and "train.backend=torch" in v.fix

@@ -7,6 +7,7 @@ import os
 from importlib.util import find_spec
 from typing import Iterator
 
+from ..logit_heads import logit_transform, read_text_config, unreproduced_keys
 from ..plan import rollouts_per_step, train_devices
 from ..spec.errors import Violation
 from ..spec.rules import V, build_gap, rule
@@ -126,6 +127,23 @@ def megatron_worker_implements_layout(s: RunSpec) -> Iterator[Violation]:
                     f"{what} is not implemented by this build's megatron worker ({key}={getattr(t, key.split('.')[1])})",
                     f"set {key} to {'false' if key.endswith('parallel') else 1}, or train.backend=torch; "
                     "dry_run=true still shows the plan")
+
+
+@rule("pure")
+def megatron_logits_as_the_family_makes_them(s: RunSpec) -> Iterator[Violation]:
+    """megatron's GPTModel ends at the output layer: a family whose forward post-processes the logits after it
+    (softcapping, scaling: logit_heads.py) would train on other logprobs than the ones it samples with."""
+    if s.train.backend != TrainBackend.megatron:
+        return
+    read = read_text_config(s.model.path)
+    cfg = read or {"model_type": s.model.family}
+    t = logit_transform(cfg)
+    keys = [t.source] if t is not None else unreproduced_keys(cfg)
+    if keys:
+        where = f"{s.model.path}/config.json sets" if read else f"model.family={s.model.family} has"
+        yield V("megatron_logits_as_the_family_makes_them", ("model.path" if read else "model.family", "train.backend"),
+                f"{where} {', '.join(keys)}: its transformers forward post-processes the logits after the output "
+                "layer, and megatron's GPTModel does not", "use train.backend=torch (it applies them)")
 
 
 @rule("pure")
