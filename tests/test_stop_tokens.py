@@ -45,7 +45,8 @@ STYLES = {
     "int_listed": ("qwen3", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|endoftext|>", "<|endoftext|>",
                    "<|im_end|>", "<|im_end|>"),
 }
-# a tied tiny Gemma only repeats the prompt's last token (its embeddings are scaled by √hidden): untied here
+# a tied tiny Gemma only repeats the prompt's last token (its embeddings are scaled by √hidden): untied here (and
+# the output layer is scaled, below, which a tied model could not take)
 UNTIED = {"gemma_it"}
 GREEDY = dataclasses.replace(RunSpec(), rollout=dataclasses.replace(RunSpec().rollout, temperature=1e-6,
                                                                     max_new_tokens=MAX_NEW))
@@ -96,6 +97,9 @@ def checkpoint(root: Path, style: str) -> tuple[Path, list[int], int]:
                                pad_token_id=tok.pad_token_id, bos_token_id=None,
                                **({"tie_word_embeddings": False} if style in UNTIED else {}))
     model = AutoModelForCausalLM.from_config(cfg).eval()
+    assert not cfg.tie_word_embeddings
+    with torch.no_grad():  # logits × 1000: top-2 gaps of ≥ 1, greedy at any temperature an engine really uses
+        model.get_output_embeddings().weight.mul_(1000)  # (vLLM raises temperatures below 0.01 to 0.01)
     prompt = tok(PROMPT)["input_ids"]
     path, special_ids = greedy(model, prompt, MAX_NEW - 2), set(tok.all_special_ids)
     k = next(i for i, t in enumerate(path) if i >= 2 and t not in path[:i] + prompt and t not in special_ids)
@@ -171,29 +175,42 @@ def test_the_plan_prints_the_stop_tokens(checkpoints):
     assert "at start-up" in make_plan(RunSpec()).summary()  # the tiny model: built when the run starts
 
 
+VLLM_ENGINES = """
+import json, pickle, sys
+from safetensors.torch import load_file
+from grpo_launcher.rollout.vllm import VLLMRolloutWorker
+
+spec = pickle.loads(open(sys.argv[1], "rb").read())
+for d, prompt in json.loads(sys.argv[2]):
+    w = VLLMRolloutWorker(spec, d, max_model_len=128)
+    w.update_weights(load_file(d + "/model.safetensors"))  # dummy weights until the refit, as the driver does
+    g = w.generate([prompt], 1, 0)[0]
+    print("RESULT", json.dumps([d, g.response_ids, g.truncated, w.stop_ids]), flush=True)
+    w.shutdown()
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.extended
-@pytest.mark.parametrize("style", ["qwen3", "llama3"])
-def test_vllm_stops_at_the_same_token(checkpoints, style, tmp_path):
-    """rollout=vllm (the CPU build, in a process of its own, greedy) ends the sample where rollout=hf does."""
+def test_vllm_stops_at_the_same_token(checkpoints, tmp_path):
+    """rollout=vllm (the CPU build, in a process of its own; one engine per style in turn) ends each sample where
+    rollout=hf does, on the generation config's end-of-turn token, with the same explicit stop set."""
+    import pickle
+
     from grpo_launcher.train.workers import WORKER_ENV
 
-    d, prompt, turn_end = checkpoints[style]
-    hf = HFEngine(GREEDY, str(d), torch.device("cpu")).generate([prompt], 1, seed=0)[0].response_ids
+    styles = ["qwen3", "llama3", "gemma_it", "phi3"]
     spec = dataclasses.replace(GREEDY, rollout=dataclasses.replace(GREEDY.rollout, backend=RolloutBackend.vllm))
-    (tmp_path / "spec.pt").write_bytes(__import__("pickle").dumps(spec))
-    code = ("import json, pickle, sys\nfrom safetensors.torch import load_file\n"
-            "from grpo_launcher.rollout.vllm import VLLMRolloutWorker\n"
-            "spec = pickle.loads(open(sys.argv[1], 'rb').read())\n"
-            "w = VLLMRolloutWorker(spec, sys.argv[2], max_model_len=128)\n"
-            "w.update_weights(load_file(sys.argv[2] + '/model.safetensors'))\n"
-            "g = w.generate([json.loads(sys.argv[3])], 1, 0)[0]\n"
-            "print('RESULT', json.dumps([g.response_ids, g.truncated, w.stop_ids]))\nw.shutdown()\n")
+    (tmp_path / "spec.pkl").write_bytes(pickle.dumps(spec))
+    todo = [[str(checkpoints[s][0]), checkpoints[s][1]] for s in styles]
     env = {**os.environ, **WORKER_ENV, "PYTHONPATH": str(ROOT / "src")}
-    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "spec.pt"), str(d), json.dumps(prompt)],
-                         capture_output=True, text=True, timeout=600, env=env)
-    line = next((x for x in run.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line, run.stdout[-2000:] + run.stderr[-3000:]
-    ids, truncated, stops = json.loads(line[len("RESULT "):])
-    assert ids == hf and ids[-1] == turn_end and not truncated, (ids, hf)
-    assert stops == list(stop_token_ids(d))
+    run = subprocess.run([sys.executable, "-c", VLLM_ENGINES, str(tmp_path / "spec.pkl"), json.dumps(todo)],
+                         capture_output=True, text=True, timeout=900, env=env)
+    got = {d: rest for d, *rest in (json.loads(x[7:]) for x in run.stdout.splitlines() if x.startswith("RESULT "))}
+    assert len(got) == len(styles), run.stdout[-2000:] + run.stderr[-3000:]
+    for style in styles:
+        d, prompt, turn_end = checkpoints[style]
+        hf = HFEngine(GREEDY, str(d), torch.device("cpu")).generate([prompt], 1, seed=0)[0].response_ids
+        ids, truncated, stops = got[str(d)]
+        assert ids == hf and ids[-1] == turn_end and not truncated, (style, ids, hf)
+        assert stops == list(stop_token_ids(d)), style
