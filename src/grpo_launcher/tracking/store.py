@@ -94,8 +94,7 @@ def env_prefix(spec: RunSpec) -> list[str]:
 
 
 # ------------------------------------------------------------------ the store opened at pre-flight
-PROBE_TIMEOUT_S = 5.0  # an http store's health answer, a database port's connect: pre-flight waits no longer
-DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
+PROBE_TIMEOUT_S = 5.0  # an http store's health answer: pre-flight waits no longer
 
 
 def store_uri(spec: RunSpec) -> tuple[str, str]:
@@ -147,24 +146,10 @@ def _http_problem(uri: str, timeout: float) -> str | None:
         return f"is unreachable ({type(exc).__name__}: {exc or 'no answer'} within {timeout:.0f} s, asked {url})"
 
 
-def _db_problem(uri: str, timeout: float) -> str | None:
-    """A database store (postgresql://, mysql://, ...): its port takes a connection."""
-    import socket
-
-    parts = urlsplit(uri)
-    port = parts.port or DB_PORTS.get(parts.scheme.split("+")[0])
-    if not parts.hostname or not port:
-        return None
-    try:
-        socket.create_connection((parts.hostname, port), timeout=timeout).close()
-    except OSError as exc:
-        return f"is unreachable ({exc.strerror or type(exc).__name__} at {parts.hostname}:{port})"
-    return None
-
-
 def store_problem(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
     """Why a run could not open the MLflow store at `uri` from here, or None. Light (no mlflow import): a file or
-    sqlite store must be writable, an http store must answer, a database's port must take a connection."""
+    sqlite store must be writable, an http store must answer. A database store (postgresql://, ...) is left to
+    MLflow: its host may be one only the run's nodes resolve."""
     if uri.startswith(SQLITE):
         return _writable_problem(Path(uri[len(SQLITE):]))
     if uri.startswith(("http://", "https://")):
@@ -173,7 +158,7 @@ def store_problem(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
         return _writable_problem(Path(urlsplit(uri).path))
     if not SCHEME.match(uri):  # a plain path: MLflow's file store
         return _writable_problem(Path(uri))
-    return _db_problem(uri, timeout)
+    return None
 
 
 def store_locked(uri: str) -> bool:
