@@ -132,7 +132,8 @@ def test_a_dry_run_says_what_a_real_launch_would_refuse(tmp_path):
     no_gym = {"GYM_HOME": str(tmp_path / "no-gym")}  # the same answer whether or not `make gym` ran (or is running)
     p = launch("+recipe=nanov3", "cluster=slurm", "dry_run=true", env=no_gym)
     assert p.returncode == 0 and "#SBATCH" in p.stdout, p.stderr[-2000:]
-    assert "a real launch of this spec would be refused (6 problems)" in p.stdout
+    # + checkpoint_disk_room: the recipe keeps all 100 checkpoints of 59 GiB, more than this machine's disk holds
+    assert "a real launch of this spec would be refused (7 problems)" in p.stdout and "checkpoint_disk_room" in p.stdout
     assert "env=nemo_gym needs NeMo Gym" in p.stdout
     assert "model.family=nemotron_h" in p.stdout and "train.sequence_packing" in p.stdout
     p = launch("model.path=/no/such/model", "dry_run=true", f"output_root={tmp_path}")

@@ -96,8 +96,12 @@ def room(spec: RunSpec) -> tuple[int, int, Optional[Path]]:
     where = existing_root(run_dir)
     if where is None:
         return 0, 0, None
-    need = max(peak_bytes(spec) - on_disk(run_dir / "checkpoints"), 0)
-    return need, shutil.disk_usage(where).free, where
+    try:
+        free = shutil.disk_usage(where).free
+        need = max(peak_bytes(spec) - on_disk(run_dir / "checkpoints"), 0)
+    except OSError:  # a file system that will not say (output_root_writable names an unusable one)
+        return 0, 0, None
+    return need, free, where
 
 
 def size(nbytes: float) -> str:
