@@ -172,18 +172,16 @@ class _VocabParallelLinearLogprob(torch.autograd.Function):
 
 
 def vocab_parallel_linear_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, group: Any, vocab_start: int,
-                                   transform: Transform = None, temperature: float = 1.0, chunk: int = 4096
-                                   ) -> tuple[Tensor, Tensor]:
+                                   temperature: float = 1.0, chunk: int = 4096) -> tuple[Tensor, Tensor]:
     """linear_logprobs with weight = rows [vocab_start, vocab_start + V/TP) of the output layer on each rank of
     `group` (a torch.distributed group: tensor parallelism) and the same hidden states and targets on every rank.
     Every rank gets the full-vocabulary logprobs and entropies; a collective (every rank of the group calls it).
-    `transform`: as linear_logprobs' (elementwise, so each rank applies it to its columns)."""
+    No logit post-processing: megatron's families have none (pre-flight refuses the others, policy/rules.py)."""
     # hidden: [N, H]; weight: [V/TP, H]; targets: [N] int (global ids) -> (logprobs [N], entropy [N]) float32
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     dtype = _compute_dtype(hidden)
     with torch.autocast(hidden.device.type, enabled=False):
         out: tuple[Tensor, Tensor] = _VocabParallelLinearLogprob.apply(
-            hidden.to(dtype), weight.to(dtype), targets.long(), 1.0 / temperature, chunk, vocab_start, group,
-            transform)
+            hidden.to(dtype), weight.to(dtype), targets.long(), 1.0 / temperature, chunk, vocab_start, group, None)
     return out
