@@ -93,14 +93,16 @@ def test_the_table_holds_the_issues_disagreements():
         assert (answer, answer) in wrong
 
 
-def test_grading_is_bounded_in_time():
+def test_grading_is_bounded_in_time(monkeypatch):
     """A completion whose comparison would compute 9^(9^9) exactly (minutes in sympy) scores 0 within the grade's
-    limit (math.GRADE_TIMEOUT_S = 5 s), on the main thread, where a Ray actor's task runs."""
+    limit (math.GRADE_TIMEOUT_S, 5 s; 1 s here), on the main thread, where a Ray actor's task runs."""
+    from grpo_launcher.envs import math as math_env
     from grpo_launcher.envs.math import math_verify_match
 
+    monkeypatch.setattr(math_env, "GRADE_TIMEOUT_S", 1.0)
     t0 = time.monotonic()
     assert math_verify_match("q", r"\boxed{9^{9^{9}}}", answer=1) == 0.0
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 5
     assert math_verify_match("q", r"\boxed{2}", answer=2) == 1.0  # and the next one is graded as usual
 
 
