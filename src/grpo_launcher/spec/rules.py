@@ -965,17 +965,22 @@ def field_values(s: RunSpec) -> Iterator[Violation]:
 
 
 @rule("pure", name="field_values")
-def list_keys_hold_lists(s: RunSpec, obj: Any = None, prefix: str = "") -> Iterator[Violation]:
+def list_keys_hold_lists(s: RunSpec) -> Iterator[Violation]:
     """A list key holds a list: an interpolation of a scalar into one (cluster.container_mounts=${train.lr}) passes
     OmegaConf's merge unchecked, and the job's reload of spec.yaml would refuse it on the node."""
-    obj = s if obj is None else obj
+    for key, value in non_lists(s):
+        yield V("field_values", key, f"is a list key but holds the {type(value).__name__} {str(value)[:40]!r} "
+                "(an interpolation of a single value?)", f"set {key} to a list: {key}=[a,b] (or [${{...}}])")
+
+
+def non_lists(obj: Any, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted key, value) of every list-typed field whose value is not a list."""
     for f in dataclasses.fields(obj):
         value, key = getattr(obj, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
-            yield from list_keys_hold_lists(s, value, f"{key}.")
+            yield from non_lists(value, f"{key}.")
         elif str(f.type).startswith(("list[", "tuple[")) and not isinstance(value, (list, tuple)):
-            yield V("field_values", key, f"is a list key but holds the {type(value).__name__} {str(value)[:40]!r} "
-                    "(an interpolation of a single value?)", f"set {key} to a list: {key}=[a,b] (or [${{...}}])")
+            yield key, value
 
 
 @rule("probe")
