@@ -105,3 +105,15 @@ def test_off_the_main_thread_the_call_is_abandoned_at_its_limit():
     t.start()
     t.join(10)
     assert isinstance(got.get("exc"), TimeLimitExceeded) and got["value"] == 5
+
+
+def test_an_env_class_whose_module_never_finishes_importing_is_named(launch_here, tmp_path, monkeypatch):
+    """env.name=envs.py:Mine: the same limit, in this process (launch.py's main), naming env.name."""
+    monkeypatch.setenv("GRPO_USER_CODE_TIMEOUT_S", "1")
+    (tmp_path / "envs.py").write_text("while True:\n    pass\n")
+    t0 = time.monotonic()
+    r = launch_here(tmp_path, "env.name=envs.py:Mine", "dry_run=true")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "  - env.name: " in r.stderr and f"importing {tmp_path.resolve() / 'envs.py'} did not finish within 1 s" \
+        in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 30
