@@ -21,6 +21,7 @@ from grpo_launcher.algos import (
     importance_ratio,
     is_correction_weights,
     kl_estimate,
+    learns_anything,
     masked_mean,
     nonzero_variance_groups,
     overlong_sample_mask,
@@ -499,3 +500,16 @@ def test_spec_policy_loss_is_policy_loss_with_the_spec_settings():
     assert_close(x.effective_mask, t([[1, 1, 0], [0, 0, 0], [1, 1, 1], [0, 0, 0]]))
     assert local_denominator(Aggregation.token_mean, x.effective_mask) == 5.0
     assert local_denominator(Aggregation.seq_mean_token_mean, x.effective_mask) == 2.0
+
+
+def test_learns_anything_only_where_a_loss_bearing_row_has_a_signal():
+    """Rows of groups whose rewards were all equal have advantage 0: a minibatch of only those (or of masked rows
+    otherwise) has a loss of 0 whatever the policy, and takes no optimizer step."""
+    rewards = torch.tensor([0.0, 0.0, 1.0, 0.0, 2.0, 2.0])  # groups of 2: equal, varied, equal
+    signal = group_rows(nonzero_variance_groups(rewards, 2), 2)  # [6]
+    assert signal.tolist() == [False, False, True, True, False, False]
+    mask = torch.ones(6, 3)
+    assert learns_anything(signal, mask)
+    assert not learns_anything(signal[4:], mask[4:])  # only the equal group
+    assert not learns_anything(signal, mask, sample_mask=torch.tensor([1.0, 1, 0, 0, 1, 1]))  # varied masked
+    assert not learns_anything(signal, mask * torch.tensor([1.0, 1, 0, 0, 1, 1])[:, None])  # no tokens there

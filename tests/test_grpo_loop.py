@@ -204,3 +204,29 @@ def test_cancel_of_a_local_run_stops_it_and_records_cancelled(tmp_path):
     st = subprocess.run([sys.executable, str(ROOT / "launch.py"), "status", "tiny-grpo", "--root", str(tmp_path)],
                         capture_output=True, text=True, timeout=120)
     assert "CANCELLED" in st.stdout, st.stdout + st.stderr
+
+
+# ------------------------------------------------------------------ a step with nothing to learn
+
+
+@pytest.mark.extended
+def test_constant_reward_steps_say_no_update_and_take_no_optimizer_step(tmp_path):
+    """A reward file returning 0.0 with dynamic sampling: every group's rewards are equal after the refill cap, so
+    the loss is 0 whatever the policy. The step line says so, the metrics count no optimizer step (one skipped per
+    minibatch) and the equal groups, and the weights do not move (the schedule neither)."""
+    (tmp_path / "zero.py").write_text("def zero(prompt, completion, **row):\n    return 0.0\n")
+    proc = launch(tmp_path, "env=dataset", f"env.train_path={ROOT / 'data/reverse_train.jsonl'}",
+                  f"env.val_path={ROOT / 'data/reverse_val.jsonl'}", f"env.reward_fn={tmp_path / 'zero.py'}:zero",
+                  "loss.dynamic_sampling=true", "loss.dynamic_sampling_max_rounds=2", "grpo.max_steps=2",
+                  "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "train.global_batch_size=8",
+                  "train.micro_batch_size=8", "train.logprob_batch_size=16", "train.warmup_steps=2",
+                  "grpo.val_period=2", "grpo.max_val_samples=8", "grpo.val_batch_size=8", "checkpoint.save_period=2", "logging.mlflow=false")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert re.search(r"^step 1/2 .*\(all 4 groups had equal rewards after 2 rounds: no update\)$", out, re.M), out[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "tiny-grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["train/optimizer_steps"] == 0 and r["train/skipped_optimizer_steps"] == 2, r  # 16 rows / 8
+        assert r["train/equal_reward_groups"] == 4 and r["train/dynamic_sampling_rounds"] == 2, r
+        assert r["train/lr"] == rows[0]["train/lr"]  # no optimizer step: the warm-up does not advance

@@ -56,6 +56,21 @@ def test_step_line_shows_what_a_user_reads(capsys):
     assert capsys.readouterr().out.strip() == "step 4/5 elapsed 0:00:04 eta 0:00:04"
 
 
+
+def test_step_line_says_why_a_step_took_no_update(capsys):
+    """train/optimizer_steps 0: the line ends with the reason (equal rewards after the dynamic-sampling rounds, or
+    every sample masked); a step that took an update says nothing more."""
+    from grpo_launcher.train.loop_state import Progress
+
+    progress = Progress(5, 0, groups=8)
+    no_step = {"train/optimizer_steps": 0.0, "train/dynamic_sampling_rounds": 3.0, "train/reward_mean": 0.0}
+    progress.update(1, {**no_step, "train/equal_reward_groups": 8.0})
+    assert capsys.readouterr().out.strip().endswith("(all 8 groups had equal rewards after 3 rounds: no update)")
+    progress.update(2, {**no_step, "train/equal_reward_groups": 0.0})
+    assert capsys.readouterr().out.strip().endswith("(no sample carries loss (all masked): no update)")
+    progress.update(3, {**no_step, "train/optimizer_steps": 1.0, "train/equal_reward_groups": 8.0})
+    assert "no update" not in capsys.readouterr().out
+
 def test_experiment_chart_view_puts_reward_and_validation_first(tmp_path):
     """The experiment carries MLflow's saved-view tag: its state's first section holds the reward and validation
     charts (the UI adds every other metric after them); a view the user changed (same id) is kept."""

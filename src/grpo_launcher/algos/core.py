@@ -395,6 +395,16 @@ def has_loss(mask: Tensor, sample_mask: Tensor | None = None) -> bool:
     return bool((loss_mask(mask, sample_mask) > 0).any())
 
 
+def learns_anything(signal: Tensor, mask: Tensor, sample_mask: Tensor | None = None) -> bool:
+    """False when no loss-bearing sample of the minibatch has a learning signal: each one's group had equal
+    rewards, so its advantage is 0 under every group-relative estimator, and without another loss term (KL, MoE
+    aux loss) the loss is 0 whatever the policy. Its gradient is 0: the optimizer must not step (see has_loss)."""
+    # signal: [B] bool, rows of groups whose rewards vary (group_rows(nonzero_variance_groups(...)));
+    # mask: [B, T]; sample_mask: [B]
+    bearing = loss_mask(mask, sample_mask).sum(-1) > 0  # [B]
+    return bool((bearing & signal.to(torch.bool)).any())
+
+
 # How per-micro-batch metrics combine into a minibatch / step value: "max" or a weighted "mean".
 METRIC_REDUCTIONS: dict[str, str] = {"ratio_max": "max"}
 

@@ -34,7 +34,9 @@ TRAIN_RATIO_MAX = "train/ratio_max"
 TRAIN_ENTROPY = "train/entropy"
 TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_LR = "train/lr"
-TRAIN_SKIPPED_OPTIMIZER_STEPS = "train/skipped_optimizer_steps"  # minibatches with no loss-bearing sample: no step
+TRAIN_SKIPPED_OPTIMIZER_STEPS = "train/skipped_optimizer_steps"  # minibatches with nothing to learn: no step
+TRAIN_OPTIMIZER_STEPS = "train/optimizer_steps"  # optimizer steps this step took (0: no update; the step line says why)
+TRAIN_EQUAL_REWARD_GROUPS = "train/equal_reward_groups"  # groups whose rewards were all equal: advantage 0
 TRAIN_LOGPROBS_FROM_UPDATE = "train/logprobs_from_update"
 TRAIN_GEN_VS_POLICY_LOGPROB_ABSDIFF = "train/gen_vs_policy_logprob_absdiff"
 # per step: the rollout pipeline, the same keys in sync and async GRPO (train/async_loop.py)

@@ -173,7 +173,8 @@ class Trainer:
         most loss.dynamic_sampling_max_rounds rounds), overlong filtering
       * the engines' logprobs may differ from the trainer's: loss.importance_sampling_correction weighs them
         (tis / icepop), and async GRPO trains on samples up to grpo.async_grpo.max_trajectory_age_steps old
-      * a minibatch with no loss-bearing sample takes no optimizer step (train/skipped_optimizer_steps)
+      * a minibatch with nothing to learn (no loss-bearing sample; or, without a KL term, only groups whose
+        rewards were all equal: a loss of 0) takes no optimizer step; the step line says why
     """
 
     clock: "StartupClock | None" = None  # set by run(): the start-up line after this process's first step
@@ -254,8 +255,11 @@ class Trainer:
         if not self.plan.logprobs_from_update:  # else the update's own forward gives them (on-policy)
             with t("logprobs"):
                 batch = old_logprobs(self.w, self.spec.loss, self.plan.policy_ranks, batch)
+        signal = algos.nonzero_variance_groups(r.rewards, self.plan.group_size)  # [P] groups with something to learn
+        m[M.TRAIN_EQUAL_REWARD_GROUPS] = float((~signal).sum())
         with t("update"):
-            batch, update_metrics = policy_update(self.w, self.spec.loss.aggregation, self.plan, batch)
+            batch, update_metrics = policy_update(self.w, self.spec, self.plan, batch,
+                                                  algos.group_rows(signal, self.plan.group_size))
             m.update(update_metrics)
         with t("refit"):
             m[M.TIME_REFIT_MS] = self.source.refit(step)  # policy version `step`: the updates applied
@@ -321,13 +325,20 @@ def old_logprobs(w: Workers, lo: LossSpec, dp: int, batch: TrainBatch) -> TrainB
     return batch.with_(prev_logprobs=prev, ref_logprobs=ref, is_weights=isw)
 
 
-def policy_update(w: Workers, agg: str, plan: Plan, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
-    """One optimizer step per minibatch over the DP ranks. Returns the batch (with the old logprobs the update
-    itself computed, when the plan takes them from it) and the summed metrics."""
+def policy_update(w: Workers, spec: RunSpec, plan: Plan, batch: TrainBatch,
+                  signal: torch.Tensor) -> tuple[TrainBatch, dict[str, float]]:
+    """One optimizer step per minibatch over the DP ranks; none for a minibatch with nothing to learn (no
+    loss-bearing sample, or, without a KL or aux loss term, none whose group's rewards vary: `signal` [B]).
+    Returns the batch (with the old logprobs the update itself computed, when the plan takes them from it) and the
+    summed metrics."""
     gbs, dp = plan.minibatch_size, plan.policy_ranks
-    minibatches = [batch.select(slice(i, i + gbs)) for i in range(0, len(batch), gbs)]
-    # global denominators; 0 = no loss-bearing sample in the minibatch: every rank skips its step
-    dens = [local_denominator(agg, algos.loss_mask(mb.response_mask, mb.sample_mask)) for mb in minibatches]
+    spans = [slice(i, i + gbs) for i in range(0, len(batch), gbs)]
+    minibatches = [batch.select(sl) for sl in spans]
+    advantage_only = spec.loss.kl_coef == 0 and spec.train.moe.aux_loss_coeff == 0  # equal rewards: a loss of 0
+    # global denominators; 0 = nothing to learn in the minibatch: every rank skips its step
+    dens = [local_denominator(spec.loss.aggregation, algos.loss_mask(mb.response_mask, mb.sample_mask))
+            if not advantage_only or algos.learns_anything(signal[sl], mb.response_mask, mb.sample_mask) else 0.0
+            for sl, mb in zip(spans, minibatches)]
     results = w.get("update", [p.update.remote([mb.select(shard_rows(len(mb), dp, r)) for mb in minibatches], dens)
                                for r, p in enumerate(w.policy)], w.policy)
     if plan.logprobs_from_update:  # rank r returned the old logprobs of its shard
@@ -340,6 +351,7 @@ def policy_update(w: Workers, agg: str, plan: Plan, batch: TrainBatch) -> tuple[
            for k in keys}  # ranks' weighted means add up; maxima stay maxima
     out.update({M.TRAIN_GRAD_NORM: results[0]["grad_norm"], M.TRAIN_LR: results[0]["lr"],
                 M.TRAIN_SKIPPED_OPTIMIZER_STEPS: results[0]["skipped_optimizer_steps"],
+                M.TRAIN_OPTIMIZER_STEPS: float(len(minibatches) - results[0]["skipped_optimizer_steps"]),
                 M.TRAIN_LOGPROBS_FROM_UPDATE: float(plan.logprobs_from_update)})
     diff = (batch.prev_logprobs - batch.generation_logprobs).abs() * batch.response_mask
     out[M.TRAIN_GEN_VS_POLICY_LOGPROB_ABSDIFF] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))

@@ -172,7 +172,7 @@ class LoopState:
             self.tracker.close(status)
 
     def progress_bar(self, max_steps: int) -> "Progress":
-        return Progress(max_steps, self.step, enabled=self.spec.logging.progress)
+        return Progress(max_steps, self.step, enabled=self.spec.logging.progress, groups=self.plan.prompts_per_step)
 
 
 def _tracker(spec: RunSpec, plan: Plan, run_id: Optional[str]):
@@ -212,8 +212,8 @@ class Progress:
             ("len", M.TRAIN_GEN_LEN_MEAN), ("kl", M.TRAIN_KL), ("clip", M.TRAIN_CLIP_FRACTION),
             ("tok/s", M.TRAIN_TOKENS_PER_S), ("s", M.TIME_STEP_S))
 
-    def __init__(self, total: int, initial: int, enabled: bool = True):
-        self.enabled, self.tty = enabled, sys.stderr.isatty()
+    def __init__(self, total: int, initial: int, enabled: bool = True, groups: int = 0):
+        self.enabled, self.tty, self.groups = enabled, sys.stderr.isatty(), groups
         self.bar = None
         self.total, self.initial, self.t0 = total, initial, time.monotonic()
         if enabled and self.tty:
@@ -225,12 +225,15 @@ class Progress:
         if not self.enabled:
             return
         parts = {k: f"{m[key]:.3g}" for k, key in self.KEYS if key in m}
+        note = no_update_note(m, self.groups)
         if self.bar is not None:
             self.bar.set_postfix(parts, refresh=False)
             self.bar.update(1)
+            if note:
+                self.bar.write(f"step {step}: {note}")
         else:
             words = [f"step {step}/{self.total}", *(f"{k}={v}" for k, v in parts.items()), self.timing(step)]
-            print(" ".join(words), flush=True)
+            print(" ".join(words) + (f" ({note})" if note else ""), flush=True)
 
     def timing(self, step: int) -> str:
         """'elapsed H:MM:SS eta H:MM:SS': this process's time so far, and the rest at its mean step time."""
@@ -242,3 +245,15 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def no_update_note(m: dict[str, float], groups: int) -> str:
+    """Why a step took no optimizer step (train/optimizer_steps 0); '' when it took one, or did not say."""
+    if m.get(M.TRAIN_OPTIMIZER_STEPS, 1.0) > 0:
+        return ""
+    equal, rounds = int(m.get(M.TRAIN_EQUAL_REWARD_GROUPS, 0)), int(m.get(M.TRAIN_DYNAMIC_SAMPLING_ROUNDS, 1))
+    if groups and equal >= groups:
+        return f"all {groups} groups had equal rewards after {rounds} round{'s' if rounds != 1 else ''}: no update"
+    if equal:
+        return f"{equal} of {groups} groups had equal rewards, the other samples carry no loss (masked): no update"
+    return "no sample carries loss (all masked): no update"
