@@ -24,7 +24,7 @@ import torch
 
 from grpo_launcher.batch import collate
 from grpo_launcher.plan import make_plan
-from grpo_launcher.rollout.hf import HFEngine
+from grpo_launcher.rollout.hf import HFEngine, _one
 from grpo_launcher.spec.schema import RolloutBackend, RunSpec
 from grpo_launcher.stop_tokens import describe, stop_token_ids
 from helpers import ROOT
@@ -137,6 +137,36 @@ def test_hf_engine_stops_where_transformers_generate_stops(checkpoints, style):
     batch = collate(gens, torch.zeros(2), torch.ones(2), 0)
     assert batch.response_mask.sum(1).tolist() == [len(ref)] * 2  # the stop token is trained on, as on vLLM
     assert batch.response_ids[0, len(ref) - 1] == turn_end
+
+
+def test_the_cuda_path_generate_takes_nothing_else_from_generation_config(checkpoints, tmp_path):
+    """rollout=hf on CUDA decodes with transformers' `generate` (HFEngine._generate_hf, run here on the CPU): it stops
+    at the stop set too, and a checkpoint's other generation settings (a repetition_penalty, as Qwen2.5's) leave the
+    distribution alone: the logprobs it records are log_softmax(logits / T) of the model's forward, the policy's."""
+    from transformers import AutoModelForCausalLM
+
+    d, prompt, turn_end = checkpoints["llama3"]
+    own = tmp_path / "penalised"
+    own.mkdir()
+    for f in d.iterdir():
+        (own / f.name).write_bytes(f.read_bytes())
+    gen_cfg = json.loads((d / "generation_config.json").read_text())
+    (own / "generation_config.json").write_text(json.dumps({**gen_cfg, "repetition_penalty": 1.5}))
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    greedy = HFEngine(GREEDY, str(own), torch.device("cpu"))
+    new, lps = greedy._generate_hf([prompt], 0, greedy.stop_ids)
+    assert _one(prompt, new[0], lps[0], greedy.stop_ids).response_ids[-1] == turn_end  # before: only the EOS
+    warm = dataclasses.replace(GREEDY, rollout=dataclasses.replace(GREEDY.rollout, temperature=700.0))
+    engine = HFEngine(warm, str(own), torch.device("cpu"))  # T = 700: logits ~ ±500, a spread-out distribution
+    torch.manual_seed(0)
+    new, lps = engine._generate_hf([prompt] * 3, 0, engine.stop_ids)
+    for row in range(3):
+        g = _one(prompt, new[row], lps[row], engine.stop_ids)
+        with torch.no_grad():
+            logits = ref(torch.tensor([prompt + g.response_ids])).logits[0, len(prompt) - 1:-1]  # [T, V]
+        want = (logits / 700.0).log_softmax(-1).gather(-1, torch.tensor(g.response_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(g.logprobs), want, atol=1e-5), (g.logprobs, want.tolist())
+    assert engine.model.generation_config.repetition_penalty == 1.5  # the model's own, put back (export saves it)
 
 
 @pytest.mark.parametrize("style", sorted(STYLES))

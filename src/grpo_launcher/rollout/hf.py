@@ -107,16 +107,26 @@ class HFEngine:
 
     def _generate_hf(self, rows: list[list[int]], pad: int, stop: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """CUDA: transformers' `generate` (rollout.hf_compile=true: a static cache, prompts padded to a bucket)."""
+        from transformers import GenerationConfig
+
         r = self.spec.rollout
         width = max(map(len, rows))
         if self.compiled:
             width = -(-width // WIDTH_BUCKET) * WIDTH_BUCKET
         ids, attn = left_padded(rows, pad, width, self.device)
         rec = SampledLogprobs(r.temperature)
-        out = self.model.generate(
-            input_ids=ids, attention_mask=attn, do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
-            max_new_tokens=r.max_new_tokens, pad_token_id=pad, eos_token_id=list(stop), logits_processor=[rec],
-            **({"cache_implementation": "static"} if self.compiled else {"disable_compile": True}))
+        gen = GenerationConfig(do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
+                               max_new_tokens=r.max_new_tokens, pad_token_id=pad, eos_token_id=list(stop))
+        # generate fills what `gen` leaves unset from model.generation_config (generation_config.json: a
+        # repetition_penalty, min_p ...), which would bend the distribution away from softmax(logits / T), the one
+        # the logprobs and the policy describe: none of it but the stop set, and the model's own is put back (export)
+        own, self.model.generation_config = self.model.generation_config, GenerationConfig()
+        try:
+            out = self.model.generate(
+                input_ids=ids, attention_mask=attn, generation_config=gen, logits_processor=[rec],
+                **({"cache_implementation": "static"} if self.compiled else {"disable_compile": True}))
+        finally:
+            self.model.generation_config = own
         new = out[:, width:]  # [B, T]
         return new, rec.finish(new[:, -1])
 
