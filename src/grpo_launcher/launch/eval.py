@@ -229,7 +229,15 @@ def generate_main(args: list[str]) -> int:
         gens = trainer.generate(prompts, ns.n, seed=ns.seed)
         return [trainer.tok.decode(g.response_ids, skip_special_tokens=True) for g in gens]
 
-    texts = run_workers(t, sample)
+    from ..envs.prompting import PromptTooLong
+
+    try:
+        texts = run_workers(t, sample)
+    except PromptTooLong as exc:  # fit_prompt_budget counted otherwise (an unreadable tokenizer): still no traceback
+        print(ConfigError([Violation("generate_prompt_budget", ("env.max_prompt_tokens", "--prompt"), str(exc),
+                                     "set env.max_prompt_tokens (and train.max_total_sequence_length)")]).render(),
+              file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
     for i, text in enumerate(texts):
         print(f"--- prompt {i // ns.n + 1} sample {i % ns.n + 1}: {ns.prompt[i // ns.n]!r}\n{text}", flush=True)
     return ExitCode.OK
