@@ -211,6 +211,8 @@ def test_an_update_is_the_same_through_either_head(families, family):
     u = f.updated()
     a, b = u["chunked"], u["whole"]
     assert worst(a["prev_logprobs"], f.ref_lp, f.mask) <= TOL
+    m = f.batch.response_mask  # train/gen_vs_policy_logprob_absdiff as train/driver.py computes it
+    assert float(((a["prev_logprobs"] - f.batch.generation_logprobs).abs() * m).sum() / m.sum()) <= TOL
     for k in ("loss", "entropy", "grad_norm"):
         assert abs(a[k] - b[k]) <= TOL, k
     ga, gb = u["grads"]["chunked"], u["grads"]["whole"]
