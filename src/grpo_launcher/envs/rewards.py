@@ -1,7 +1,8 @@
 """Reward functions: fn(prompt, completion, **row_columns) -> float, one or several with weights.
 
 env.reward_fn / env.reward_fns name them ("package.module:function" or "path/to/rewards.py:function");
-the built-ins below are named the same way (grpo_launcher.envs.rewards:last_number_match).
+the built-ins below are named the same way (grpo_launcher.envs.rewards:last_number_match), and so is env=math's
+grader (grpo_launcher.envs.math:math_verify_match: math-verify's verdict, `\\boxed{}`, fractions, separators).
 """
 
 from __future__ import annotations
