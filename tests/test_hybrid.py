@@ -122,7 +122,7 @@ def test_sampler_draws_from_softmax_of_logits_over_temperature(model_root):
         logits = w.model(input_ids=torch.tensor([prompt])).logits[0, -1]
     want = (logits / 0.7).softmax(-1)  # [V]
     torch.manual_seed(0)
-    tokens, logprobs = sample(w.model.eval(), [prompt], 20_000, 0.7, 1, tok.pad_token_id, tok.eos_token_id)
+    tokens, logprobs = sample(w.model.eval(), [prompt], 20_000, 0.7, 1, tok.pad_token_id, [tok.eos_token_id])
     got = torch.bincount(tokens[:, 0], minlength=len(want)).float() / len(tokens)
     assert 0.5 * (got - want).abs().sum() < 0.03  # total variation; the sampling noise is ~0.01
     assert torch.allclose(logprobs[:, 0], want.log()[tokens[:, 0]], atol=1e-5)

@@ -169,6 +169,23 @@ def test_the_cuda_path_generate_takes_nothing_else_from_generation_config(checkp
     assert engine.model.generation_config.repetition_penalty == 1.5  # the model's own, put back (export saves it)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_hf_engine_on_cuda_stops_where_generate_stops(checkpoints, compiled):
+    """The CUDA engine (transformers' generate; rollout.hf_compile: static cache + torch.compile) in fp32."""
+    from transformers import AutoModelForCausalLM
+
+    spec = dataclasses.replace(GREEDY, rollout=dataclasses.replace(GREEDY.rollout, hf_compile=compiled))
+    for style in ("qwen3", "gemma_it"):
+        d, prompt, turn_end = checkpoints[style]
+        ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+            max_new_tokens=MAX_NEW)[0, len(prompt):].tolist()
+        gens = HFEngine(spec, str(d), torch.device("cuda", 0)).generate([prompt], 2, seed=1)
+        assert [g.response_ids for g in gens] == [ref, ref] and ref[-1] == turn_end, (style, gens, ref)
+
+
 @pytest.mark.parametrize("style", sorted(STYLES))
 def test_stop_set_is_tokenizer_eos_and_generation_config(checkpoints, style):
     """stop_token_ids: the tokenizer's EOS first, then the generation config's ids (int or list), once each; the
