@@ -11,6 +11,7 @@ forward: slower, never wrong. Light (no torch): pre-flight and the plan read it;
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -123,7 +124,11 @@ def head_for(model_dir: Optional[str], family: str, chunk_tokens: int) -> HeadCh
     """The head for a model directory's config.json; without one readable here (the tiny model built at start-up,
     a cluster path), the family's defaults."""
     cfg = read_text_config(model_dir)
-    return head_choice(cfg if cfg is not None else {"model_type": family}, chunk_tokens)
+    if cfg is not None or not model_dir:
+        return head_choice(cfg if cfg is not None else {"model_type": family}, chunk_tokens)
+    choice = head_choice({"model_type": family}, chunk_tokens)
+    return dataclasses.replace(choice, why=f"{choice.why} ({model_dir}/config.json not readable here: {family}'s "
+                                           "defaults; the workers read the file)")
 
 
 def read_text_config(model_dir: Optional[str]) -> Optional[dict]:
