@@ -153,12 +153,18 @@ def train_steps(spec, plan, steps: range) -> str:
     return state.tracker.run_id
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One sqlite MLflow store for this file's runs (each new store costs seconds of schema migrations)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+
+
 def history(client: MlflowClient, run_id: str) -> list[int]:
     return [m.step for m in sorted(client.get_metric_history(run_id, "train/reward_mean"), key=lambda m: m.step)]
 
 
-def test_a_copied_run_dir_starts_its_own_mlflow_run_and_leaves_the_original_untouched(tmp_path, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # one store for both, as a team server would be
+def test_a_copied_run_dir_starts_its_own_mlflow_run_and_leaves_the_original_untouched(tmp_path, capsys, store):
+    uri = store  # one store for both, as a team server would be
 
     def spec_plan(root: Path, max_steps: int):
         spec = load_spec([f"output_root={root}", "name=orig", f"logging.tracking_uri={uri}",
@@ -331,9 +337,9 @@ def test_the_dry_run_prints_one_checkpoint_and_the_peak(launch_here, tmp_path):
            "checkpoint.save_period=10)" in line and " free at " in line, line
 
 
-def test_checkpoint_enabled_false_writes_no_checkpoint_not_even_the_last(tmp_path, capsys):
+def test_checkpoint_enabled_false_writes_no_checkpoint_not_even_the_last(tmp_path, capsys, store):
     spec = load_spec([f"output_root={tmp_path}", "name=off", "checkpoint.enabled=false", "grpo.max_steps=2",
-                      f"logging.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+                      f"logging.tracking_uri={store}"])
     plan = make_plan(spec)
     run_id = train_steps(spec, plan, range(1, 3))  # the driver saves the last step whatever the period
     assert not (plan.run_dir / "checkpoints").exists()
@@ -361,3 +367,19 @@ def test_export_writes_bf16_unless_asked(launch_here, run_dir, tmp_path):
         assert all(torch.equal(a.get_tensor(k).to(torch.bfloat16), b.get_tensor(k)) for k in a.keys())
     assert launch_here(tmp_path, *export_args(run_dir, tmp_path / "as-saved", "--dtype", "saved")).returncode == 0
     assert (tmp_path / "as-saved" / "model.safetensors").read_bytes() == saved.read_bytes()  # the fp32 master weights
+
+
+def test_a_run_dir_resumed_against_another_store_starts_a_new_run(tmp_path, capsys, store):
+    """The run dir moved to a machine whose MLflow store never saw its run: a new run, said so (it used to stop the
+    resume with MLflow's RESOURCE_DOES_NOT_EXIST)."""
+    def spec_plan(uri: str, max_steps: int):
+        spec = load_spec([f"output_root={tmp_path / 'runs'}", "name=moved", f"grpo.max_steps={max_steps}",
+                          f"logging.tracking_uri={uri}"])
+        return spec, make_plan(spec)
+
+    here = f"sqlite:///{tmp_path / 'here.db'}"
+    first = train_steps(*spec_plan(here, 1), range(1, 2))
+    capsys.readouterr()
+    second = train_steps(*spec_plan(store, 2), range(2, 3))
+    assert second != first and f"the checkpoint's MLflow run {first} is not in the store" in capsys.readouterr().out
+    assert history(MlflowClient(tracking_uri=store), second) == [1, 2]
