@@ -51,7 +51,9 @@ def pick_checkpoint(run_dir: Path, step: Optional[int], last: bool) -> Path:
             raise ExportError(f"no checkpoint of step {step} in {run_dir / 'checkpoints'}; there are: "
                               f"{', '.join(p.name for p in done)}", key="--step")
         return found[0]
-    return (None if last else ckpt.best()) or ckpt.latest()
+    picked = (None if last else ckpt.best()) or ckpt.latest()
+    assert picked is not None  # `done` is not empty
+    return picked
 
 
 def tokenizer_source(run_dir: Path, ckpt: Path) -> Path:

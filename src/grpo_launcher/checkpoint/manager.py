@@ -199,7 +199,7 @@ def spec_as_dict(spec: RunSpec) -> dict[str, Any]:
 
     tree = OmegaConf.to_container(OmegaConf.structured(spec), resolve=True, enum_to_str=True)
     assert isinstance(tree, dict)
-    return tree  # type: ignore[return-value]
+    return tree
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

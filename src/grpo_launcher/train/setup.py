@@ -6,7 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ..plan import Plan
 from ..runfiles import write_atomic
@@ -14,7 +14,7 @@ from ..spec.schema import Resume, RunSpec
 from .loop_state import LoopState
 
 
-def prepare_model(spec: RunSpec, plan: Plan, env) -> Path:
+def prepare_model(spec: RunSpec, plan: Plan, env: Any) -> Path:
     """The HF directory the workers load: model.path, or the tiny model built (and cached) here."""
     if spec.model.path:
         return Path(spec.model.path)
