@@ -29,7 +29,8 @@ fi
 out=${1:-.gpu-kit/whl}
 pyv=${PYV:-3.12}
 packages=(ray==2.60.0 liger-kernel==0.8.5 hydra-core==1.3.8 omegaconf==2.3.1 megatron-core==0.19.2
-          jsonschema referencing rpds-py jsonschema-specifications)
+          jsonschema referencing rpds-py jsonschema-specifications
+          math-verify==0.9.0 latex2sympy2_extended==1.11.0)  # env=math's grader (pure Python; sympy: the torch image)
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64
       --platform manylinux1_x86_64)
@@ -56,6 +57,7 @@ if [ -n "${VLLM:-}" ]; then
     pydantic pydantic-core pydantic-extra-types pydantic-settings typing-inspection annotated-types \
     python-json-logger python-multipart pyzmq setproctitle sniffio truststore httpx2 httpcore2 fastar \
     openai-harmony xgrammar apache-tvm-ffi llguidance==1.6.1 "model-hosting-container-standards>=0.1.14,<1" jmespath supervisor
+  get "$out" math-verify==0.9.0 latex2sympy2_extended==1.11.0  # env=math's grader
   rm -rf "$out/parts" && mkdir -p "$out/parts"
   (cd "$out" && tar -cf - ./*.whl) | split -b "${SPLIT_MIB:-58}M" -d - "$out/parts/kit.tar."
   (cd "$out/parts" && sha256sum kit.tar.* > SHA256SUMS)

@@ -173,7 +173,10 @@ def test_phases_peak_and_summary_line():
     assert e.asleep_gib == pytest.approx(0.75 + 1.3 + 1.0)  # asleep: CUDA context, NCCL (engine TP 4), CUDA graphs
     assert e.policy_phase == max(e.phases, key=e.phases.get) == "train"
     ctx = e.context_gib
-    assert e.totals["generate"] == pytest.approx(e.phases["generate"] + e.rollout_gib + ctx)
+    # through the rollout the policy holds its optimizer step's memory (calibrated: benchmarks/results/memory.md)
+    held = e.phases["optimizer step"]
+    assert e.totals["generate"] == pytest.approx(held + mem.ALLOCATOR_SLACK * (held - e.phases["generate"])
+                                                 + e.rollout_gib + ctx)
     assert e.totals["train"] == pytest.approx(e.policy_reserved_gib + e.asleep_gib + ctx)
     assert e.peak_phase == "generate" and e.peak_gib == max(e.totals.values())
     line = mem.summary_line(e)
@@ -192,7 +195,7 @@ def test_engines_awake_hold_their_budget_in_every_phase():
         load_spec([*NANOV3, "rollout.sleep_mode=false"])
     (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
     assert "rollout.sleep_mode" in v.keys and "> 79.6 GiB (105 %) in the train phase" in v.message
-    assert v.fix.startswith("cheapest: rollout.sleep_mode=true → peak 58.5 GiB")
+    assert v.fix.startswith("cheapest: rollout.sleep_mode=true → peak 59.0 GiB")
 
 
 def test_sleep_residue_and_the_refit_phase_with_fsdp2():
@@ -228,8 +231,8 @@ def test_nanov3_32_nodes_fits_and_2_nodes_is_refused_with_the_arithmetic():
     (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
     assert "cluster.nodes" in v.keys and "rollout.gpu_memory_utilization" in v.keys
     assert "> 79.6 GiB" in v.message and "optimizer" in v.message and "logits" in v.message
-    # calibrated at 0.1-3B on an H200 (benchmarks/results/memory.md): awake engines no longer fit at any node count
-    assert v.fix.startswith("cheapest: rollout.sleep_mode=true")
+    # calibrated at 0.1-3B on an H200 (benchmarks/results/memory.md): no single key makes 2 nodes fit any more
+    assert v.fix.startswith("no single change found")
 
 
 def test_unknown_gpu_memory_skips_the_check_with_a_warning():
@@ -247,7 +250,8 @@ def test_h200_budget_and_torch_backend_refusal():
     with pytest.raises(ConfigError) as info:
         load_spec([*over, "cluster.gpus_per_node=1"])
     (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
-    assert "optimizer step phase" in v.message and "cluster.nodes=4 → peak" in v.fix
+    # the policy holds its optimizer step's memory through the next rollout (benchmarks/results/memory.md)
+    assert "generate phase" in v.message and "optimizer step temp" in v.message and "cluster.nodes=4 → peak" in v.fix
     spec = load_spec(over)  # 8 GPUs: fits, (4 + 4 + 8) B / 8 resident + the step's 4 B / 8
     n = mem.param_counts(mem.arch_of(spec)).total(mem.arch_of(spec))
     e = mem.estimate(spec)
@@ -257,7 +261,7 @@ def test_h200_budget_and_torch_backend_refusal():
     with pytest.raises(ConfigError) as info:
         load_spec(mega)
     (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
-    assert "optimizer step phase" in v.message and "train.distributed_optimizer=true → peak" in v.fix
+    assert "generate phase" in v.message and "train.distributed_optimizer=true → peak" in v.fix
     ok = ["model=llama3_1_8b", "rollout.max_new_tokens=16", "cluster=slurm", "dry_run=true",
           "cluster.gpus_per_node=8", "cluster.gpu_memory_gib=140.4", "train.precision=bfloat16",
           "train.backend=megatron", "train.distributed_optimizer=true", "train.micro_batch_size=1",
@@ -285,7 +289,7 @@ def test_cli_dry_run_prints_the_line_and_refuses_2_nodes():
     assert "host RAM per node" in p.stdout and "extrapolated" in p.stdout
     p = launch(*NANOV3, "cluster.nodes=2", "rollout.sleep_mode=false", timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("config error")
-    assert "gpu_memory_fits" in p.stderr and "rollout.sleep_mode=true" in p.stderr and "Traceback" not in p.stderr
+    assert "gpu_memory_fits" in p.stderr and "fix: " in p.stderr and "Traceback" not in p.stderr
 
 
 def test_cpu_offload_moves_the_shards_to_the_host():

@@ -136,7 +136,7 @@ HYBRID_LAYOUTS: dict[tuple[str, int], dict] = {
 RESIDENT = ("weights", "grads", "optimizer", "reference")
 FSDP_PARTS = ("fsdp gathered weights", "fsdp gradient buffers")  # torch with FSDP2 (DP > 1) only
 PHASE_PARTS = {  # what the policy holds in each phase (the engine: `engine_gib`)
-    "generate": RESIDENT,
+    "generate": (*RESIDENT, "optimizer step temp"),  # held through the next rollout (phase_reserved)
     "logprobs": (*RESIDENT, "autocast copies", "fsdp gathered weights", "logprob logits"),
     "train": (*RESIDENT, "autocast copies", *FSDP_PARTS, "activations", "activation work", "logits"),
     "optimizer step": (*RESIDENT, "optimizer step temp"),
@@ -722,8 +722,11 @@ def estimate(spec: RunSpec) -> Estimate:
 
 
 def phase_reserved(est: Estimate, phase: str) -> float:
-    """The policy's reserved GiB in a phase: allocated + ALLOCATOR_SLACK × its transient part over the resident."""
-    return est.phases[phase] + ALLOCATOR_SLACK * (est.phases[phase] - est.phases["generate"])
+    """The policy's reserved GiB in a phase: allocated + ALLOCATOR_SLACK × its transient part over the resident.
+    Through a rollout after the first step the policy holds what its optimizer step held (measured whole-GPU on an
+    H200, benchmarks/results/memory.md: the refit's empty_cache does not give it back), so "generate" counts that."""
+    held = est.phases["optimizer step"] if phase == "generate" and "optimizer step" in est.phases else est.phases[phase]
+    return held + ALLOCATOR_SLACK * (held - est.phases["generate"])
 
 
 def engine_gib(est: Estimate, phase: str) -> float:

@@ -17,37 +17,50 @@ from typing import Optional
 WARN_GAP = 0.10  # |predicted / measured - 1| above which the run says so
 
 
+QUERY = ["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
+
+
+def _parse(line: str) -> tuple[int, int] | None:
+    """'0, 1234' → (GPU 0, 1234 MiB); anything else (a blank, '[N/A]') → None."""
+    parts = [p.strip() for p in line.split(",")]
+    return (int(parts[0]), int(parts[1])) if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit() else None
+
+
 class GpuPeak:
     def __init__(self, predicted_gib: Optional[float]) -> None:
         self.predicted_gib = predicted_gib
-        self.peak_mib = 0
-        self.baseline_mib: Optional[int] = None  # the first sample: memory the card held before our processes
+        self.baseline: dict[int, int] = {}  # MiB per GPU before the run touched it (other tenants, a stale context)
+        self.peak: dict[int, int] = {}  # MiB per GPU above its baseline
         self._proc: Optional[subprocess.Popen] = None
         self._reader: Optional[threading.Thread] = None
 
     @classmethod
     def start(cls, gpus_per_node: int, predicted_gib: Optional[float]) -> "GpuPeak":
-        """Sampling begins now (before any worker starts); a CPU run or a node without nvidia-smi samples nothing."""
+        """The baseline is read now, before this process or a worker touches a GPU; then sampling runs in the
+        background. A CPU run, or a node without nvidia-smi, samples nothing."""
         peak = cls(predicted_gib)
         smi = shutil.which("nvidia-smi")
-        if gpus_per_node > 0 and smi:
-            peak._proc = subprocess.Popen([smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                           "-lms", "200"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                          text=True)
-            peak._reader = threading.Thread(target=peak._read, name="gpu-peak", daemon=True)
-            peak._reader.start()
+        if gpus_per_node <= 0 or not smi:
+            return peak
+        try:
+            out = subprocess.run([smi, *QUERY], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return peak
+        peak.baseline = dict(p for p in map(_parse, out.splitlines()) if p)
+        if not peak.baseline:
+            return peak
+        peak._proc = subprocess.Popen([smi, *QUERY, "-lms", "200"], stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True)
+        peak._reader = threading.Thread(target=peak._read, name="gpu-peak", daemon=True)
+        peak._reader.start()
         return peak
 
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
         for line in self._proc.stdout:
-            line = line.strip()
-            if not line.isdigit():
-                continue
-            mib = int(line)
-            if self.baseline_mib is None:
-                self.baseline_mib = mib
-            self.peak_mib = max(self.peak_mib, mib)
+            p = _parse(line)
+            if p is not None and p[0] in self.baseline:
+                self.peak[p[0]] = max(self.peak.get(p[0], 0), p[1] - self.baseline[p[0]])
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -60,11 +73,11 @@ class GpuPeak:
             self._reader.join(timeout=5)
 
     def summary(self) -> dict[str, float]:
-        """{} when nothing was sampled; else the measured peak (GiB, above the card's memory at start), the
+        """{} when nothing was sampled; else the largest per-GPU peak (GiB above that GPU's baseline), the
         prediction, and their gap in percent."""
-        if self._proc is None or self.baseline_mib is None:
+        if not self.peak:
             return {}
-        measured = (self.peak_mib - self.baseline_mib) / 1024
+        measured = max(self.peak.values()) / 1024
         out = {"gpu_peak_measured_gib": round(measured, 2)}
         if self.predicted_gib and measured > 0:
             out["gpu_peak_predicted_gib"] = round(self.predicted_gib, 2)

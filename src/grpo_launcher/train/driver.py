@@ -21,8 +21,10 @@ from ..envs.prompting import split_prompts
 from ..envs.rewards import keep_first_error, reward_metrics
 from ..exit_codes import ExitCode
 from ..plan import Plan, make_plan, parse_duration
+from ..spec import memory
 from ..spec.schema import LossSpec, RunSpec
 from ..tracking import metric_names as M
+from ..tracking.gpu_memory import GpuPeak
 from ..tracking.report import write_prompting
 from .engines import EnginePool
 from .loop_state import LoopState, StopRequest
@@ -46,6 +48,8 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.CONFIG_ERROR
     clock.mark("env")
+    predicted = memory.estimate(spec).peak_gib if spec.cluster.gpus_per_node else None
+    gpu_peak = GpuPeak.start(spec.cluster.gpus_per_node, predicted)  # before this process or a worker uses a GPU
     model_dir = prepare_model(spec, plan, env)
     clock.mark("model")
     with ray_session(spec, plan):
@@ -58,6 +62,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
             state = resume_or_start(spec, plan)  # checkpoint + MLflow run
             if state is None:
                 return ExitCode.CONFIG_ERROR
+            state.gpu_peak = gpu_peak  # its figures go into summary.json and the MLflow run at the end
             clock.mark("mlflow" if spec.logging.mlflow else "checkpoints")
             from ..tracking.repro import record_launch
 
@@ -92,6 +97,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
                 state.abort()  # metrics after the last checkpoint are dropped: a resume logs those steps again
             raise
         finally:
+            gpu_peak.stop()
             stop.step_done()  # a stop's grace timer never outlives the run (in-process sweeps, tests)
             workers.shutdown()
             (plan.run_dir / "rollout_endpoints.json").unlink(missing_ok=True)  # its URLs die with the engines

@@ -99,6 +99,7 @@ class LoopState:
     data_log: Any = None
     started: float = field(default_factory=time.monotonic)
     last: dict = field(default_factory=dict)  # latest value of every metric (summary.json, sweeps)
+    gpu_peak: Any = None  # tracking/gpu_memory.GpuPeak: the measured whole-GPU peak, reported at the end
 
     @classmethod
     def start(cls, spec: RunSpec, plan: Plan, ckpt) -> "LoopState":
@@ -167,6 +168,12 @@ class LoopState:
 
         summary = {"status": status, "step": self.step, "metrics": self.last,
                    "mlflow_run_id": self.tracker.run_id if self.tracker else None}
+        gpu = self.gpu_peak.report() if self.gpu_peak is not None else {}
+        if gpu:  # measured whole-GPU peak vs the memory pre-flight (tracking/gpu_memory.py)
+            summary["gpu_memory"] = gpu
+            for k, v in gpu.items():
+                if self.tracker is not None and hasattr(self.tracker, "set_tag"):
+                    self.tracker.set_tag(f"grpo.{k}", v)
         write_atomic(self.plan.run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
         if self.tracker is not None:
             self.tracker.close(status)

@@ -1,0 +1,67 @@
+"""tracking/gpu_memory.py: the run's measured whole-GPU peak next to the memory pre-flight's prediction.
+
+CI has no GPU, so `fake_nvidia_smi` (named so) stands in for nvidia-smi: it prints what the real one prints for
+`--query-gpu=index,memory.used --format=csv,noheader,nounits` (one line per GPU), once, or in a loop with `-lms`.
+On a GPU node the same class samples the real one (benchmarks/results/memory.md).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+
+from grpo_launcher.tracking.gpu_memory import GpuPeak
+
+FAKE = """#!/usr/bin/env bash
+# fake_nvidia_smi: GPU 0 starts at 500 MiB (another tenant), GPU 1 at 0; under -lms the run's memory rises
+if [[ "$*" != *-lms* ]]; then echo "0, 500"; echo "1, 0"; exit 0; fi
+for used in 600 20980 {peak} 9000; do echo "0, $used"; echo "1, 1024"; done
+echo "0, [N/A]"
+exec sleep 600
+"""
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path, monkeypatch):
+    def install(peak_mib: int) -> None:
+        path = tmp_path / "nvidia-smi"
+        path.write_text(FAKE.format(peak=peak_mib))
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    return install
+
+
+def wait_for(cond, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_peak_is_measured_above_each_gpus_baseline_and_an_unsafe_prediction_is_warned(fake_nvidia_smi, capsys):
+    fake_nvidia_smi(peak_mib=102_900)  # GPU 0: 102,400 MiB above its 500 MiB baseline = 100 GiB
+    peak = GpuPeak.start(gpus_per_node=2, predicted_gib=90.0)
+    wait_for(lambda: peak.peak.get(0, 0) >= 102_400)
+    s = peak.report()  # stops the sampler (by its PID) and warns
+    assert s == {"gpu_peak_measured_gib": 100.0, "gpu_peak_predicted_gib": 90.0, "gpu_peak_prediction_error_pct": -10.0}
+    assert peak._proc is not None and peak._proc.poll() is not None  # nothing left running
+    assert "warning" not in capsys.readouterr().err  # exactly 10 %: within WARN_GAP
+
+
+def test_a_prediction_more_than_ten_percent_under_is_a_warning(fake_nvidia_smi, capsys):
+    fake_nvidia_smi(peak_mib=102_900)
+    peak = GpuPeak.start(gpus_per_node=1, predicted_gib=80.0)
+    wait_for(lambda: peak.peak.get(0, 0) >= 102_400)
+    s = peak.report()
+    assert s["gpu_peak_prediction_error_pct"] == -20.0
+    err = capsys.readouterr().err
+    assert "predicted 80.0 GiB" in err and "measured a peak of 100.0 GiB" in err and "UNDER" in err
+
+
+def test_cpu_runs_and_nodes_without_nvidia_smi_sample_nothing(tmp_path, monkeypatch):
+    assert GpuPeak.start(gpus_per_node=0, predicted_gib=None).report() == {}
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi anywhere
+    assert GpuPeak.start(gpus_per_node=1, predicted_gib=10.0).report() == {}
