@@ -383,3 +383,12 @@ def test_a_run_dir_resumed_against_another_store_starts_a_new_run(tmp_path, caps
     second = train_steps(*spec_plan(store, 2), range(2, 3))
     assert second != first and f"the checkpoint's MLflow run {first} is not in the store" in capsys.readouterr().out
     assert history(MlflowClient(tracking_uri=store), second) == [1, 2]
+
+
+def test_export_refuses_a_checkpoint_dir_that_is_a_symlink(launch_here, tmp_path):
+    run = make_run(tmp_path / "root")
+    elsewhere = make_run(tmp_path / "other", "other", (5,))  # a valid checkpoint, outside this run
+    (run / "checkpoints" / "step_000005").symlink_to(elsewhere / "checkpoints" / "step_000005")
+    r = launch_here(tmp_path, "export", str(run), "--step", "5", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "step_000005 is a symlink" in r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "out").exists()

@@ -83,7 +83,11 @@ def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: O
     out = Path(out).absolute() if out else run_dir / "export" / ckpt.name
     check_out(out, run_dir)
     policy = ckpt / "policy"
-    if policy.is_symlink() or not (policy / "config.json").is_file():
+    for path in (ckpt, policy):
+        if path.is_symlink():
+            raise ExportError(f"{path} is a symlink (to {os.readlink(path)}): a checkpoint holds regular files "
+                              "only; nothing was exported", key="--step")
+    if not (policy / "config.json").is_file():
         raise ExportError(f"{ckpt} holds no HF weights ({policy}/config.json)", key="--step")
     verify(ckpt)
     tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
