@@ -65,8 +65,6 @@ class HybridRollout:
         vllm_compat.send_weights_ipc(self.weight_items(),
                                      lambda info: ray.get([e.update_weights_ipc.remote(info) for e in engines]),
                                      dtype=getattr(torch, vllm_compat.engine_dtype(self.spec, cuda=True)))
-        if engine_sleeps(self.spec):  # the casts and packed buffers go back before the engine's KV cache wakes
-            torch.cuda.empty_cache()
         if lead:
             ray.get([e.finish_weight_update.remote(version) for e in engines])
         return (time.perf_counter() - t0) * 1e3
