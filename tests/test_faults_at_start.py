@@ -198,11 +198,15 @@ def test_a_locked_store_is_one_warning_line_not_mlflows_traceback(tmp_path, capf
 
 
 # ----------------------------------------------------------------------------- a full disk
-def fill(folder: Path) -> Path:
-    """Write zeros into `folder` until its filesystem is full (a real ENOSPC); the filler file."""
+def fill(folder: Path, leave: int = 0) -> Path:
+    """Take `folder`'s filesystem's space but `leave` bytes (0: write until a real ENOSPC); the filler file."""
     filler = folder / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
     try:
+        if leave:
+            st = os.statvfs(folder)
+            os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize - leave)
+            return filler
         while os.write(fd, b"\0" * 4096):
             pass
     except OSError as exc:
@@ -253,21 +257,43 @@ def test_disk_full_report_is_one_message_naming_the_file(tmp_path, mounted, caps
     assert disk_full.message(worker, mnt).startswith("no space left on device writing /x/y/optim.pt (")
 
 
+def launch_then_fill(tmp_path: Path, mnt: Path, when: Path, lines: int, leave: int, *args: str):
+    """`python launch.py output_root=MNT ARGS` (it passes pre-flight's disk-room rule); once `when` holds `lines`
+    lines, another writer takes all of MNT's space but `leave` bytes. The launch's (rc, stdout, stderr)."""
+    import sys
+
+    proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), f"output_root={mnt}", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: when.is_file() and when.read_text().count("\n") >= lines or proc.poll() is not None,
+                   timeout=400, what=f"{when} with {lines} line(s)", poll=0.05)
+        assert proc.poll() is None, proc.communicate()
+        fill(mnt, leave)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err
+
+
 @ROOT_ONLY
 @pytest.mark.slow
 @pytest.mark.extended
 def test_a_disk_that_fills_at_the_checkpoint_ends_in_one_message(tmp_path, mounted):
-    """output_root on a 4 MiB tmpfs: start-up fits (~1.5 MiB), the first checkpoint (~5 MiB) does not. Before: 60-224
-    lines of chained tracebacks ending in the ENOSPC; now one message naming the file and the free space."""
-    mnt = share_models(mounted(size="4m"))
-    run = launch(f"output_root={mnt}", "grpo.max_steps=2", "checkpoint.save_period=1",
-                 "checkpoint.metric=train/reward_mean", cwd=tmp_path, timeout=600)
-    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "Traceback" not in run.stderr and "During handling" not in run.stderr, run.stderr[-5000:]
-    assert re_search(r"no space left on device writing (the checkpoint at )?\S+ \(\d+\.\d MiB free\)", run.stderr)
-    assert "last checkpoint: none" in run.stderr and "MLflow run" in run.stderr
+    """The disk fills during start-up (after MLflow and the repro record) leaving 2 MiB: step 1 fits, its checkpoint
+    (~6 MiB) does not. Before: 70 lines of chained tracebacks (a RayTaskError from the worker's save) ending in the
+    ENOSPC; now one message naming the checkpoint's directory and the free space."""
+    mnt = share_models(mounted(size="16m"))
+    launches = mnt / "tiny-grpo" / "repro" / "launches.jsonl"
+    rc, out, err = launch_then_fill(tmp_path, mnt, launches, 1, 2 << 20, "grpo.max_steps=2",
+                                    "checkpoint.save_period=1", "checkpoint.metric=train/reward_mean")
+    assert rc == 1, out[-3000:] + err[-3000:]
+    assert "Traceback" not in err and "During handling" not in err, err[-5000:]
+    assert re_search(r"no space left on device writing the checkpoint at \S+ \(\d+\.\d MiB free\)", err), err
+    assert "last checkpoint: none" in err and "MLflow run" in err and "free space there" in err
     lines = (mnt / "tiny-grpo" / "metrics.jsonl").read_text().splitlines()
-    assert all(json.loads(line)["step"] for line in lines)  # whole lines only
+    assert [json.loads(line)["step"] for line in lines] == [1]  # whole lines only
 
 
 @ROOT_ONLY
@@ -276,23 +302,11 @@ def test_a_disk_that_fills_at_the_checkpoint_ends_in_one_message(tmp_path, mount
 def test_a_disk_that_fills_between_checkpoints_ends_in_one_message_and_no_torn_line(tmp_path, mounted):
     """Another process fills output_root's disk after step 1 (before: a torn last line in metrics.jsonl, the MLflow
     run left RUNNING, 60-224 lines of tracebacks): one message naming the file and the free space."""
-    import sys
-
     mnt = share_models(mounted(size="16m"))
     metrics = mnt / "tiny-grpo" / "metrics.jsonl"
-    proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), f"output_root={mnt}", "grpo.max_steps=200",
-                             "checkpoint.save_period=100", "checkpoint.metric=train/reward_mean"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 1 or proc.poll() is not None,
-                   timeout=400, what="step 1's line in metrics.jsonl")
-        fill(mnt)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 1, out[-3000:] + err[-3000:]
+    rc, out, err = launch_then_fill(tmp_path, mnt, metrics, 1, 0, "grpo.max_steps=200", "checkpoint.save_period=100",
+                                    "checkpoint.metric=train/reward_mean")
+    assert rc == 1, out[-3000:] + err[-3000:]
     assert "Traceback" not in err and "During handling" not in err, err[-5000:]
     assert re_search(r"no space left on device (writing|under) \S+ \(0\.0 MiB free\)", err), err[-3000:]
     assert "MLflow run" in err and ("marked FAILED" in err or "left RUNNING" in err), err[-3000:]
