@@ -79,7 +79,8 @@ class GrpoLauncher(Launcher):
 
         return point_problems(cfg, overrides, exc)
 
-    def _run_points(self, configs, checked, job_overrides, initial_job_idx: int, runs: list) -> None:
+    def _run_points(self, configs: Sequence[Any], checked: Sequence[Tuple[Any, List[str]]],
+                    job_overrides: Sequence[Sequence[str]], initial_job_idx: int, runs: list) -> None:
         from grpo_launcher.launch import execute
 
         for i, (cfg, (launch, problems)) in enumerate(zip(configs, checked)):
