@@ -141,3 +141,22 @@ def test_2x2_slurm_sweep_submits_four_jobs_without_waiting(tmp_path):
         subprocess.run(["scancel", *jobs], capture_output=True)
     children = [r for r in runs_of(tmp_path) if r.data.tags.get("mlflow.parentRunId")]
     assert len(children) == 4 and len({c.data.tags["mlflow.parentRunId"] for c in children}) == 1
+
+
+def test_sweep_points_share_the_reward_probe(tmp_path, monkeypatch):
+    """A sweep's points that differ only in train.lr / loss keys probe each reward function once (issue 41), and
+    every point still gets the same verdict as the unshared path."""
+    from grpo_launcher.envs import preflight as P
+    from grpo_launcher.spec.compose import compose, to_spec
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{n}", "answer": f"{n}"[::-1]}) + "\n" for n in (12, 345, 6789)))
+    probed = []
+    real = P._reward_verdict
+    monkeypatch.setattr(P, "_reward_verdict", lambda *a: probed.append(a[1].ref) or real(*a))
+    base = ["env=dataset", f"env.train_path={data}", f"env.val_path={data}", "env.max_prompt_tokens=64",
+            "train.max_total_sequence_length=80", f"output_root={tmp_path}"]
+    verdicts = [list(P.check_env(to_spec(compose([*base, f"train.lr={lr}", f"loss.clip_high={c}"]))))
+                for lr in ("1e-6", "2e-6") for c in ("0.2", "0.28")]
+    assert len(probed) == len(set(probed)) >= 1, probed
+    assert all(v == verdicts[0] for v in verdicts)

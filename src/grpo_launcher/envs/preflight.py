@@ -34,7 +34,8 @@ SHOWN_ROWS = 5  # rows named in the warning; the rest are counted
 _WARNED: set[str] = set()  # warnings printed by this process (a second pre-flight pass prints none again)
 _CHECKED: dict[tuple, list[Violation]] = {}  # (spec, data files' stats) → the verdict
 _READ: dict[tuple, Any] = {}  # (split, file stats, keys) → its Table or DataError: read once per pre-flight
-_LENGTHS: dict[tuple, list[int]] = {}  # (split, file stats, how prompts are rendered) → each prompt's tokens
+_LENGTHS: dict[tuple, list[int]] = {}
+_REWARDED: dict[tuple, list[Violation]] = {}  # (reward fn, data files' stats, env keys) → its verdict  # (split, file stats, how prompts are rendered) → each prompt's tokens
 
 
 def V(keys: str | tuple[str, ...], message: str, fix: str) -> Violation:  # noqa: N802
@@ -185,18 +186,42 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
     if fns and "train" in tables:
         columns = sorted({k for r in tables["train"].rows for k in R.row_kwargs(r, e.prompt_key)})
         for r in fns:
-            problem = R.signature_problem(r.fn, columns)
-            if problem:
-                yield V(r.key, problem, "def fn(prompt, completion, **kwargs) -> float")
-                continue
-            bad = list(_probe_reward(s, r, tables["train"]))
-            yield from bad
-            if not bad and e.answer_key:
-                yield from _check_answers_score(s, r, tables)
+            yield from reward_verdict(s, r, tables, columns)
     if "train" in tables:
         yield from _check_epochs(s, len(tables["train"].rows))
     if tables:
         yield from check_prompts(s, tables)
+
+
+def reward_verdict(s: RunSpec, r: Any, tables: dict, columns: list[str]) -> list[Violation]:
+    """A reward function's signature, probe and answer check, once per (function, data files, the env keys they
+    read): a sweep's points share it (the verdict does not depend on the rest of the spec)."""
+    e = s.env
+    key = (r.ref, r.key, _code_stat(r.ref), tuple(columns), e.name, e.prompt_key, e.answer_key, e.reward_errors.value,
+           user_code_limit_s(), *(_stat(getattr(e, f"{w}_path")) for w in tables))
+    if key not in _REWARDED:
+        if len(_REWARDED) > 32:
+            _REWARDED.clear()
+        _REWARDED[key] = list(_reward_verdict(s, r, tables, columns))
+    return _REWARDED[key]
+
+
+def _code_stat(ref: str) -> tuple:
+    head = split_ref(ref)[0] if is_ref(ref) else ""
+    return _stat(head) if head and is_file_ref(head) else ()
+
+
+def _reward_verdict(s: RunSpec, r: Any, tables: dict, columns: list[str]) -> Iterator[Violation]:
+    from . import rewards as R
+
+    problem = R.signature_problem(r.fn, columns)
+    if problem:
+        yield V(r.key, problem, "def fn(prompt, completion, **kwargs) -> float")
+        return
+    bad = list(_probe_reward(s, r, tables["train"]))
+    yield from bad
+    if not bad and s.env.answer_key:
+        yield from _check_answers_score(s, r, tables)
 
 
 def _probe_reward(s: RunSpec, r: Any, table: Any) -> Iterator[Violation]:
