@@ -155,16 +155,50 @@ def test_splice_keeps_the_engines_tokens_then_the_templates_continuation():
     model = [11, 12, 13, 40, 41, 220, 17, eos]  # turn 1's prompt + generation, as the engine produced them
     template_prefix = [11, 12, 13, 40, 41, 1001, eos, 7, 40, 41]  # history to the assistant msg (+ generation prompt)
     template = [11, 12, 13, 40, 41, 1001, eos, 7, 21, 22, eos, 7, 40, 41]  # + a tool turn + generation prompt
-    out = splice_prefix(model, template_prefix, template, eos)
+    out = splice_prefix(model, template_prefix, template, {eos})
     assert out == [11, 12, 13, 40, 41, 220, 17, eos, 7, 21, 22, eos, 7, 40, 41]
     assert out[: len(model)] == model  # contiguous: the next turn's prompt extends what the engine produced
     # a turn cut by max tokens (no EOS): the template's end-of-turn follows the engine's tokens
-    assert splice_prefix([11, 220], [11, 1001, eos, 7], [11, 1001, eos, 7, 21, eos], eos) == [11, 220, eos, 7, 21, eos]
+    assert splice_prefix([11, 220], [11, 1001, eos, 7], [11, 1001, eos, 7, 21, eos], {eos}) == \
+        [11, 220, eos, 7, 21, eos]
     # a tool turn shorter than the generation prompt: its EOS is not mistaken for the assistant's
-    assert splice_prefix([11, 5, eos], [11, 5, eos, 7, 40, 41, 42], [11, 5, eos, 7, 9, eos, 7, 40, 41, 42], eos) == \
-        [11, 5, eos, 7, 9, eos, 7, 40, 41, 42]
+    assert splice_prefix([11, 5, eos], [11, 5, eos, 7, 40, 41, 42], [11, 5, eos, 7, 9, eos, 7, 40, 41, 42],
+                         {eos}) == [11, 5, eos, 7, 9, eos, 7, 40, 41, 42]
     with pytest.raises(ValueError, match="end-of-turn"):
-        splice_prefix([1, 2], [5, 6], [5, 6, 7], eos)
+        splice_prefix([1, 2], [5, 6], [5, 6, 7], {eos})
+
+
+def test_splice_ends_a_turn_at_any_stop_token_not_only_the_tokenizers_eos():
+    """A Qwen3-style checkpoint: tokenizer EOS <|endoftext|> (2), chat turns end with <|im_end|> (3), listed in
+    generation_config.json's eos_token_id. The engine stops at 3; the splice must cut there and find the template's
+    3, which the tokenizer's EOS alone never matches."""
+    from grpo_launcher.gym.serving import splice_prefix
+
+    eos, im_end = 2, 3
+    model = [11, 40, 220, 17, im_end]
+    template_prefix = [11, 40, 1001, im_end, 7, 40]
+    template = [11, 40, 1001, im_end, 7, 21, im_end, 7, 40]
+    assert splice_prefix(model, template_prefix, template, (eos, im_end)) == [11, 40, 220, 17, im_end, 7, 21, im_end,
+                                                                              7, 40]
+    with pytest.raises(ValueError, match="end-of-turn"):  # what the tokenizer's EOS alone made of it
+        splice_prefix(model, template_prefix, template, (eos,))
+
+
+def test_probe_counts_a_turn_ended_by_any_stop_token():
+    """gym/probe.py's EOS-terminated counts: a response (and a multi-turn sample's first turn) ending with a
+    generation-config stop id counts; one cut by max tokens does not."""
+    from grpo_launcher.gym.probe import ends_at_stop, first_turn
+
+    eos, im_end, stop = 2, 3, (2, 3)
+    multi = to_generation({"reward": 1.0, "response": {"output": [item([1, 5], [8, im_end]),
+                                                                  item([1, 5, 8, im_end, 7, 7], [9, im_end])]}},
+                          MATH_ROW)
+    assert multi.loss_mask == (1, 1, 0, 0, 1, 1) and multi.contiguous
+    assert first_turn(multi) == [8, im_end] and ends_at_stop(first_turn(multi), stop)
+    assert ends_at_stop(multi.response_ids, stop) and not ends_at_stop(multi.response_ids, (eos,))
+    cut = to_generation({"reward": 0.0, "response": {"output": [item([1, 5], [8, 9])]}}, MATH_ROW)
+    assert first_turn(cut) == [8, 9] and not ends_at_stop(cut.response_ids, stop)
+    assert not ends_at_stop([], stop)
 
 
 def test_required_prefix_from_the_body_or_gyms_last_assistant_message():

@@ -18,7 +18,12 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the probe's module stays light (its heavy imports are in the functions that need them)
+    from .samples import GymGeneration
 
 CONFIGS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
            "resources_servers/math_with_judge/configs/math_with_judge.yaml",
@@ -111,6 +116,7 @@ def main(argv: list[str]) -> int:
 
         gens = run_rollouts(rows, agents, servers.check, stats=stats, max_model_len=make_plan(spec).max_model_len)
         tok = AutoTokenizer.from_pretrained(model_dir)
+        stop = worker.stop_ids  # the checkpoint's stop set (stop_tokens.py), as the engine stops at it
         template = CHATML.read_text()
         expect = [tok(tok.apply_chat_template(r["responses_create_params"]["input"], chat_template=template,
                                               add_generation_prompt=True, tokenize=False),
@@ -137,12 +143,11 @@ def main(argv: list[str]) -> int:
             "masked_tokens_in_multi_turn": sum(g.loss_mask.count(0) for g in gens if g.turns > 1),
             "example_multi_turn": next((tok.decode(g.prompt_ids + g.response_ids) for g in gens if g.turns > 1), None),
             "agent_refs": sorted({g.agent_ref for g in gens}),
-            "eos_terminated": sum(bool(g.response_ids) and g.response_ids[-1] == tok.eos_token_id for g in ok)})
+            "eos_terminated": sum(ends_at_stop(g.response_ids, stop) for g in ok)})
         report["non_contiguous_breaks"] = [
             {"sample": i, "turns": g.turns, "at": g.break_at,
              "engine_tokens": tok.decode((g.prompt_ids + g.response_ids)[max(0, g.break_at - 8): g.break_at + 4]),
-             "turn_1_ended_with_eos": (g.response_ids[: list(g.loss_mask).index(0)] if 0 in g.loss_mask
-                                       else g.response_ids)[-1:] == [tok.eos_token_id]}
+             "turn_1_ended_with_eos": ends_at_stop(first_turn(g), stop)}
             for i, g in enumerate(ok) if not g.contiguous][:10]
         report["prefix_route_check"] = prefix_route_check(worker.http_url(), spec.model.name, tok, template)
         if kill:
@@ -190,6 +195,18 @@ def prefix_route_check(base_url: str, model: str, tok, template: str) -> dict:
     ids = r.json()["tokens"]
     return {"kept": ids[: len(prompt) + len(gen)] == prompt + gen, "generated_as": len(gen) - 1,
             "canonical_tokens": len(canonical), "prompt_tokens": len(ids)}
+
+
+def ends_at_stop(ids: list[int], stop_ids: Collection[int]) -> bool:
+    """Whether a run of generated tokens ends with a stop token (any of the checkpoint's stop set, not only the
+    tokenizer's EOS): the engine stopped there rather than at max tokens."""
+    return bool(ids) and ids[-1] in stop_ids
+
+
+def first_turn(g: GymGeneration) -> list[int]:
+    """A sample's first-turn response tokens: up to its first non-policy (loss-masked) token."""
+    mask = list(g.loss_mask)
+    return list(g.response_ids[: mask.index(0)] if 0 in mask else g.response_ids)
 
 
 def token_row(g, sample: int, j: int, engine: float, policy: float) -> dict:

@@ -1,18 +1,21 @@
 """What the policy's HTTP server needs for Gym: a chat template, and tool-call parsing for tool environments.
 
-`rollout/vllm.py` adds `http_server_args(spec, model_dir)` to the arguments of its OpenAI server:
+`rollout/vllm.py` adds `http_server_args(spec, model_dir, stop_ids)` to the arguments of its OpenAI server:
 * `--chat-template` when the tokenizer has none (the tiny model's byte-level tokenizer ships none; Gym only
   speaks chat, and vLLM refuses chat requests without a template): data/chatml.jinja;
 * `--enable-auto-tool-choice --tool-call-parser P` when env.gym_tool_call_parser is set (tool environments send
   `tool_choice: auto`; without a parser vLLM answers 400 and every `/run` fails with 500);
 * the prefix-token route (install_prefix_route, below): a multi-turn request's prompt keeps the engine's own
   tokens of the turns before, as NeMo-RL's `required_prefix_token_ids` server does (GRPO_GYM_PREFIX_ROUTE=0: off).
+  A turn's end is any of the checkpoint's stop tokens (`stop_ids`: the worker's, stop_tokens.py), the set the
+  engine stops at, not only the tokenizer's EOS (Qwen3, Llama-3 end a chat turn with a generation-config id).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 CHATML = Path(__file__).parent / "data" / "chatml.jinja"
@@ -28,11 +31,12 @@ def has_chat_template(model_dir: str | Path) -> bool:
         return False
 
 
-def http_server_args(spec, model_dir: str | Path) -> list[str]:
+def http_server_args(spec, model_dir: str | Path, stop_ids: Collection[int]) -> list[str]:
+    """`stop_ids`: the checkpoint's stop set, as the worker resolved it (stop_token_ids(model_dir))."""
     if str(spec.env.name) != "nemo_gym":
         return []
     if os.environ.get("GRPO_GYM_PREFIX_ROUTE", "1") != "0":  # 0: stock rendering (the benchmark's comparison)
-        install_prefix_route()  # this runs in the engine's process, before its server is built
+        install_prefix_route(stop_ids)  # this runs in the engine's process, before its server is built
     args: list[str] = []
     if not has_chat_template(model_dir):
         args += ["--chat-template", str(CHATML)]
@@ -70,21 +74,25 @@ def required_prefix(request, messages) -> list[int] | None:
     return None
 
 
-def splice_prefix(model_prefix: list[int], template_prefix: list[int], template: list[int], eos_id: int) -> list[int]:
+def splice_prefix(model_prefix: list[int], template_prefix: list[int], template: list[int],
+                  stop_ids: Collection[int]) -> list[int]:
     """The engine's tokens up to (not including) their end-of-turn token, then the template's rendering from the
-    end-of-turn token that closes the same message on.
+    end-of-turn token that closes the same message on. An end-of-turn token is any id of `stop_ids`.
 
-    model_prefix:    the previous call's prompt + generation, as the engine produced them (EOS last when it stopped)
+    model_prefix:    the previous call's prompt + generation, as the engine produced them (a stop id last when it
+                     stopped; none when max tokens cut it)
     template_prefix: the template's rendering of the history up to and including that assistant message
     template:        the template's rendering of the whole request
+    stop_ids:        the checkpoint's stop set (stop_tokens.py), the tokens the engine stops at
     """
     if not model_prefix:
         return list(template)
-    cut = len(model_prefix) - (1 if model_prefix[-1] == eos_id else 0)
+    stop = frozenset(stop_ids)
+    cut = len(model_prefix) - (1 if model_prefix[-1] in stop else 0)
     common = 0  # the two renderings agree up to the history's end (the generation prompt or the next turn differ)
     while common < min(len(template_prefix), len(template)) and template_prefix[common] == template[common]:
         common += 1
-    start = next((i for i in reversed(range(common)) if template[i] == eos_id), -1)
+    start = next((i for i in reversed(range(common)) if template[i] in stop), -1)
     if start < 0:
         raise ValueError("the chat template put no end-of-turn token after the assistant message; cannot keep the "
                          "engine's own tokens as the prompt's prefix")
@@ -92,13 +100,15 @@ def splice_prefix(model_prefix: list[int], template_prefix: list[int], template:
 
 
 _INSTALLED = False
+_STOP_IDS: frozenset[int] = frozenset()  # the served checkpoint's stop set, set by install_prefix_route
 
 
-def install_prefix_route() -> bool:
-    """Patch vLLM's chat rendering in this process (the engine's) to keep a request's required token prefix.
-    Idempotent; False when this vLLM has no OnlineRenderer.preprocess_chat (then stock behaviour: the samples'
-    contiguity check masks what does not line up)."""
-    global _INSTALLED
+def install_prefix_route(stop_ids: Collection[int]) -> bool:
+    """Patch vLLM's chat rendering in this process (the engine's) to keep a request's required token prefix,
+    a turn ending at any of `stop_ids`. Idempotent (a later call sets the stop set); False when this vLLM has no
+    OnlineRenderer.preprocess_chat (then stock behaviour: the samples' contiguity check masks what does not line up)."""
+    global _INSTALLED, _STOP_IDS
+    _STOP_IDS = frozenset(int(i) for i in stop_ids)
     if _INSTALLED:
         return True
     try:
@@ -126,7 +136,7 @@ def install_prefix_route() -> bool:
         _, prefix_inputs = await original(self, request, history[: last + 1], *args, **kwargs)
         tokenizer = self.renderer.tokenizer
         ids = splice_prefix(prefix, list(prefix_inputs[0]["prompt_token_ids"]),
-                            list(engine_inputs[0]["prompt_token_ids"]), int(tokenizer.eos_token_id))
+                            list(engine_inputs[0]["prompt_token_ids"]), _STOP_IDS)
         engine_inputs[0]["prompt_token_ids"] = ids
         if "prompt" in engine_inputs[0]:
             engine_inputs[0]["prompt"] = tokenizer.decode(ids)

@@ -178,7 +178,7 @@ class VLLMRolloutWorker(VersionedEngine):
             ["--model", self.model_dir, "--served-model-name", self.served_model_name, "--host", host,
              "--port", str(port), "--disable-uvicorn-access-log", "--disable-log-stats",
              *api_key_args(self.spec.rollout.http_api_key),
-             *http_server_args(self.spec, self.model_dir)])  # env=nemo_gym: chat template, tool-call parser
+             *http_server_args(self.spec, self.model_dir, self.stop_ids)])  # env=nemo_gym: template, tools, splice
         tasks = await self.engine.get_supported_tasks()
         app = build_app(args, tasks, self.engine.model_config)
         await init_app_state(self.engine, app.state, args, tasks)
