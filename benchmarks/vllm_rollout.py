@@ -57,6 +57,7 @@ def main() -> None:
     from grpo_launcher.models.tiny import ensure_tiny_model
     from grpo_launcher.rollout import rollout_class
     from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.stop_tokens import stop_token_ids
 
     T = a.max_new_tokens
     want = a.engines.split(",")
@@ -70,6 +71,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
+    stop_ids = list(stop_token_ids(model_dir, tok))  # the stop set the workers use (stop_tokens.py)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     g = torch.Generator().manual_seed(0)  # "long": fresh random weights: near-uniform tokens, EOS rarely
     rand = {k: torch.ones_like(v) if "norm" in k else torch.zeros_like(v) if k.endswith("bias")
@@ -134,7 +136,7 @@ def main() -> None:
 
     def bare_gen(llm):
         def run(seed: int):
-            params = sampling_params(spec, a.n, seed, len(prompts), [tok.eos_token_id])
+            params = sampling_params(spec, a.n, seed, len(prompts), stop_ids)
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
             return [list(c.token_ids) for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]
         return run
