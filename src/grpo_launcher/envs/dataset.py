@@ -251,8 +251,9 @@ class DatasetEnv:
         self.rewards = R.load_rewards(spec, self.DEFAULT_REWARD)
         if not self.rewards:
             raise UserCodeError(f"env.reward_fn: env={spec.name} scores completions with your function: set "
-                                "env.reward_fn=path/to/rewards.py:function (or grpo_launcher.envs.rewards:"
-                                "last_number_match)")
+                                "env.reward_fn=path/to/rewards.py:function (or a built-in on the answer column: "
+                                "grpo_launcher.envs.rewards:exact_match, or grpo_launcher.envs.math:"
+                                "math_verify_match for math answers)")
         self._tables: dict[str, Table] = {}
 
     # ------------------------------------------------------------------ data (loaded on first use)
