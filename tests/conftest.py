@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import ray  # noqa: F401  Ray reads its auth mode at import: here, once, so every Ray in this process agrees (none)
 
 from helpers import ROOT, share_models, wait_until  # noqa: F401  (wait_until: `from conftest import wait_until` still works)
 
@@ -49,3 +50,17 @@ def runs_outside_the_checkout(monkeypatch, tmp_path_factory) -> Path:
     root = share_models(tmp_path_factory.mktemp("outputs"))
     monkeypatch.setenv("GRPO_OUTPUT_ROOT", str(root))
     return root
+
+
+@pytest.fixture(autouse=True)
+def environment_put_back():
+    """Every test ends with the process environment it started with: a launch run in this process sets Ray's auth
+    variables for its run (launch/local.py puts them back; this holds the tests to it if one is missed)."""
+    before = dict(os.environ)
+    yield
+    from grpo_launcher.launch.local import RUN_ENV
+
+    leaked = {k for k in RUN_ENV if os.environ.get(k) != before.get(k)}
+    os.environ.clear()
+    os.environ.update(before)
+    assert not leaked, f"a run left its Ray variables set: {sorted(leaked)}"

@@ -1,10 +1,11 @@
 """cluster=local: run the GRPO driver in this process, against a Ray instance it starts here.
 
 The run dir is locked for this process (a second launch of the run is refused, naming it); Ray's auth
-token is a fresh 0600 file in the run dir."""
+token is a 0600 file in the run dir."""
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import sys
@@ -34,7 +35,7 @@ def run_local(launch: Launch) -> int:
         print(f"error: run '{spec.name}' is already in use by {holder} (run dir {plan.run_dir}); "
               f"wait for it, cancel it, or pick another name=", file=sys.stderr)
         return ExitCode.FAILED
-    joined = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE")}  # cluster=ray sets them for this run
+    saved = {k: os.environ.get(k) for k in RUN_ENV}  # this run's Ray variables, put back when it ends
     try:
         rundir.prepare(spec, plan)
         if spec.cluster.ray_address:
@@ -55,11 +56,16 @@ def run_local(launch: Launch) -> int:
         return rec["rc"]
     finally:
         rundir.release_run_lock(plan.run_dir)
-        for key, value in joined.items():  # the next run of an in-process sweep starts from the user's
+        for key, value in saved.items():  # the next run of an in-process sweep starts from the user's
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+# Set by a local run for its own Ray (join_existing_cluster, private_ray_token, the metrics listener): none of them
+# outlives the run, or an in-process sweep's next point would join with the last point's token and no auth mode.
+RUN_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_enable_metrics_collection")
 
 
 def join_existing_cluster(address: str) -> None:
@@ -85,10 +91,28 @@ def refuse_connection(address: str, exc: BaseException) -> int:
 
 
 def private_ray_token(plan: Plan) -> None:
-    """The local Ray cluster's auth token: a fresh one per run in RUN_DIR/.ray_auth_token (0600), not Ray's
-    default ~/.ray/auth_token (written 0644 by Ray). An explicitly configured token/mode is left alone."""
+    """The local Ray cluster's auth token in RUN_DIR/.ray_auth_token (0600), not Ray's default ~/.ray/auth_token
+    (written 0644 by Ray). An explicitly configured token/mode is left alone.
+
+    Ray fixes its auth mode when it is imported and caches the token at first use, for the life of the process: so
+    the token is one per process (every run of an in-process sweep writes the same one into its own run dir), and a
+    process that imported Ray without token auth (a notebook, a test session) keeps running its local Ray without."""
     if any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")):
         return
+    if "ray" in sys.modules and not _token_auth_fixed_on():
+        return
     path = plan.run_dir / ".ray_auth_token"
-    write_private(path, secrets.token_hex(32))
+    write_private(path, _process_token())
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(path))
+
+
+@functools.cache
+def _process_token() -> str:
+    return secrets.token_hex(32)
+
+
+def _token_auth_fixed_on() -> bool:
+    """Ray's auth mode in this process, as it read it when it was imported."""
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    return bool(is_token_auth_enabled())

@@ -39,7 +39,6 @@ def ray_session(spec: RunSpec, plan: Plan) -> Iterator[None]:
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, logging_level="WARNING")
     else:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        os.environ.setdefault("RAY_AUTH_MODE", "token")  # Ray's default, said explicitly: no warning per run
         slots = plan.nodes * plan.devices_per_node
         ray.init(num_cpus=max(1, math.ceil(slots * plan.bundle.get("CPU", 1.0))), include_dashboard=False,
                  object_store_memory=spec.cluster.object_store_memory_mb * 2**20,
