@@ -348,6 +348,17 @@ def test_checkpoint_enabled_false_writes_no_checkpoint_not_even_the_last(tmp_pat
     assert history(client, run_id) == [1, 2]  # the metrics still reach MLflow, step by step
 
 
+def test_a_stopped_slurm_job_without_checkpoints_does_not_say_one_was_saved(tmp_path):
+    from grpo_launcher.launch.sbatch import render
+
+    for enabled, flag in (("true", "CHECKPOINTS=1"), ("false", "CHECKPOINTS=0")):
+        spec = load_spec(["cluster=local_slurm", f"output_root={tmp_path}", f"checkpoint.enabled={enabled}"])
+        assert flag in render(spec, make_plan(spec)).splitlines()
+    body = (Path(__file__).parents[1] / "src/grpo_launcher/launch/job.sh").read_text()
+    assert '[ "$CHECKPOINTS" -eq 1 ] || SAVED="no checkpoint (checkpoint.enabled=false)' in body
+    assert "checkpoint saved;" not in body.replace('SAVED="checkpoint saved"', "")
+
+
 # ------------------------------------------------------------------ export's dtype
 
 

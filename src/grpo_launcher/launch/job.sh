@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The body of every grpo-launcher sbatch script (launch/sbatch.py prepends the #SBATCH header and the
 # values block: RUN_DIR PY RAY_TMP NODE_PORT_STRIDE JOB_PORT_STRIDE JOB_PORT_SLOTS JOIN_TIMEOUT REQUEUE_ENABLED
-# CONTAINER PASS_ENV PLAN_NODES TOTAL_GPUS RAY_CPUS RAY_GPUS OBJECT_STORE PORT_* REQUEUE_CODE USR1_KILLED HUNG_CODE;
+# CHECKPOINTS CONTAINER PASS_ENV PLAN_NODES TOTAL_GPUS RAY_CPUS RAY_GPUS OBJECT_STORE PORT_* REQUEUE_CODE USR1_KILLED HUNG_CODE;
 # the exit codes are exit_codes.ExitCode's).
 # Static text: `shellcheck -x src/grpo_launcher/launch/job.sh` reads it as it is; no value is ever pasted in.
 # shellcheck disable=SC2154,SC2317  # the values block defines the settings; functions run from traps
@@ -89,12 +89,14 @@ fail() {  # fail EXIT_CODE MESSAGE
   stop_all
   exit "$1"
 }
+SAVED="checkpoint saved"  # checkpoint.enabled=false: nothing is written, a resubmission starts again at step 0
+[ "$CHECKPOINTS" -eq 1 ] || SAVED="no checkpoint (checkpoint.enabled=false): it starts again at step 0"
 requeue() {
   REQUEUING=1
   trap - TERM USR1
   if [ "$REQUEUE_ENABLED" -ne 1 ]; then
-    status STOPPED --exit-code 0 --message "checkpoint saved; cluster.requeue=false: resubmit the same run to resume"
-    say "checkpoint saved; not requeued (cluster.requeue=false): resubmit the same run to resume"
+    status STOPPED --exit-code 0 --message "$SAVED; cluster.requeue=false: resubmit the same run to resume"
+    say "$SAVED; not requeued (cluster.requeue=false): resubmit the same run to resume"
     stop_all; exit 0
   fi
   status REQUEUED --message "$1"
@@ -315,7 +317,7 @@ say "driver exited $rc"
 timeout 120 "${HELPER[@]}" -m grpo_launcher.launch.ray_wait --placement "$LOG/placement-$SLURM_JOB_ID.json" \
   --node-names "${NODES[@]}" || say "WARNING: could not record where the actors ran"
 if [ "$rc" -eq "$REQUEUE_CODE" ] || { [ -n "$USR1_AT" ] && [ "$rc" -eq "$USR1_KILLED" ]; }; then
-  requeue "checkpoint saved on signal (driver exit $rc)"
+  requeue "$SAVED on signal (driver exit $rc)"
 fi
 trap - TERM USR1
 stop_all

@@ -2,7 +2,7 @@
 output in RUN_DIR/logs/driver-local.log (appended per launch, also shown on the terminal), so that
 `launch.py status|logs RUN` find them.
 
-States: RUNNING while the process lives; then COMPLETED (exit 0), STOPPED (a signal; checkpoint saved),
+States: RUNNING while the process lives; then COMPLETED (exit 0), STOPPED (a signal; checkpoint saved where enabled),
 HUNG (exit 4: a wait passed its deadline), FAILED. A RUNNING record whose pid is gone reads as FAILED ("the process died").
 """
 
@@ -140,5 +140,6 @@ def cancel_local(info: dict, timeout: float) -> int:
     from .status import write_status
 
     write_status(Path(info["run_dir"]), "CANCELLED", message=f"cancelled with launch.py cancel (SIGTERM to pid {pid})")
-    print(f"stopped local run '{info['name']}' (pid {pid}, SIGTERM: checkpoint saved)")
+    print(f"stopped local run '{info['name']}' (pid {pid}, SIGTERM: it stopped after its step, with a "
+          "checkpoint unless checkpoint.enabled=false)")
     return 0

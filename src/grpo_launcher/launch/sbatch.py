@@ -154,7 +154,8 @@ def render(spec: RunSpec, plan: Plan) -> str:
     q = shlex.quote
     ints = {
         "NODE_PORT_STRIDE": c.node_port_stride, "JOB_PORT_STRIDE": c.job_port_stride, "JOB_PORT_SLOTS": JOB_PORT_SLOTS,
-        "JOIN_TIMEOUT": c.ray_join_timeout_s, "REQUEUE_ENABLED": 1 if c.requeue else 0, "PLAN_NODES": plan.nodes,
+        "JOIN_TIMEOUT": c.ray_join_timeout_s, "REQUEUE_ENABLED": 1 if c.requeue else 0,
+        "CHECKPOINTS": 1 if spec.checkpoint.enabled else 0, "PLAN_NODES": plan.nodes,
         "TOTAL_GPUS": plan.world_size if plan.use_gpus else 0, "RAY_CPUS": ray_cpus(spec), "RAY_GPUS": c.gpus_per_node,
         "OBJECT_STORE": int(c.object_store_memory_mb) * 2**20,
         "REQUEUE_CODE": ExitCode.REQUEUE, "USR1_KILLED": ExitCode.USR1_KILLED,  # exit_codes.py: the one list

@@ -229,8 +229,9 @@ class Trainer:
                 self.save(step, metrics)
             if stopping and not last:
                 progress.close()
-                print(f"grpo-launcher: stopped after step {step} ({self.stop.reason or 'must_save_by'}); "
-                      "checkpoint saved", flush=True)
+                saved = "checkpoint saved" if s.checkpoint.enabled else "no checkpoint (checkpoint.enabled=false)"
+                print(f"grpo-launcher: stopped after step {step} ({self.stop.reason or 'must_save_by'}); {saved}",
+                      flush=True)
                 st.finish("KILLED")
                 return ExitCode.REQUEUE if self.stop.requeue or self.deadline else self.stop.exit_code
         progress.close()
