@@ -4,16 +4,25 @@
 #   bash scripts/gpu-kit.sh [OUT_DIR]          (make gpu-kit)
 # On the node: python3 -m pip install --no-index --no-deps --target /tmp/site OUT_DIR/*.whl
 #              export PYTHONPATH=/tmp/site:$PWD/src     then: python3 launch.py cluster.gpus_per_node=1 ...
+# Every kit carries Hydra's submitit launcher plugin (+ submitit) and the nemotron_h Mamba-2 kernels: mamba-ssm
+# (an sdist only) built here as a pure-Python wheel WITHOUT its CUDA extension (MAMBA_SKIP_CUDA_BUILD=TRUE, local
+# version +nocuda; BUILD_PYTHON, default .venv/bin/python, must have torch: setup.py imports it), with its one
+# import of that extension made optional (scripts/gpu_kit.py patch-mamba): its Triton kernels (chunk scan, state
+# update, gated RMSNorm) import and run, selective_scan_fn (Mamba-1) raises. causal-conv1d is not in the kit (a
+# CUDA build on the node; without it transformers' NemotronH runs a torch conv1d, models/nemotron_h.py).
 #
 # rollout=vllm on such a node (its image: torch 2.11, which vLLM 0.25.0 pins exactly):
-#   VLLM=0.25.0 SPLIT_MIB=58 bash scripts/gpu-kit.sh [OUT_DIR]
-# adds vLLM's CUDA wheel, slimmed to what a dense model on Hopper needs (FlashAttention 2, the MoE kernels, the Rust
-# frontend and two unused third-party kernel trees removed: 250 -> 99 MB), and the ~45 small packages vLLM imports
+#   VLLM=0.25.0 SPLIT_MIB=56 bash scripts/gpu-kit.sh [OUT_DIR]
+# adds vLLM's CUDA wheel, slimmed to what a model on Hopper needs (FlashAttention 2, the Rust frontend and two
+# unused third-party kernel trees removed; its MoE library vllm/_moe_C_stable_libtorch.abi3.so is KEPT: MoE
+# models, nemotron_h among them, need its grouped_topk / topk kernels), and the ~45 small packages vLLM imports
 # that such an image lacks (llguidance 1.6.1: the 1.7 it pins is not on the index; it is only imported, for
 # structured output), then packs everything into one tar split into SPLIT_MIB parts (a size limit per transfer):
 #   OUT_DIR/parts/kit.tar.NN + OUT_DIR/parts/SHA256SUMS
 # On the node, after the parts arrived (all of them: checked):
 #   bash scripts/gpu-kit.sh install OUT_DIR/parts [/tmp/site]
+# and what is there (vLLM + its MoE library, mamba-ssm's kernels, causal-conv1d, flash-attn, TE, the plugin):
+#   bash scripts/gpu-kit.sh check [/tmp/site]
 set -euo pipefail
 if [ "${1:-}" = install ]; then
   parts=$2 site=${3:-/tmp/site}
@@ -26,6 +35,11 @@ if [ "${1:-}" = install ]; then
   echo "installed into $site: export PYTHONPATH=$site:\$PWD/src"
   exit 0
 fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [ "${1:-}" = check ]; then
+  site=${2:-/tmp/site}
+  PYTHONPATH="$site:$root/src${PYTHONPATH:+:$PYTHONPATH}" exec python3 "$root/scripts/gpu_kit.py" check
+fi
 out=${1:-.gpu-kit/whl}
 pyv=${PYV:-3.12}
 packages=(ray==2.60.0 liger-kernel==0.8.5 hydra-core==1.3.8 omegaconf==2.3.1 megatron-core==0.19.2
@@ -37,17 +51,34 @@ plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platfo
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyv" --implementation cp \
           "${plat[@]}" -d "$@"; }
 mkdir -p "$out"
+mamba_kit() {  # mamba-ssm without its CUDA extension (patched, see the header), einops, Hydra's submitit plugin
+  local tmp py=${BUILD_PYTHON:-$root/.venv/bin/python}
+  tmp=$(mktemp -d)
+  export MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE  # FORCE: no guessed prebuilt wheel from GitHub
+  "$py" -m pip download -q --no-deps --no-binary=:all: --no-build-isolation -d "$tmp" \
+    "mamba-ssm==${MAMBA_SSM:-2.3.2.post1}"
+  # built from the file: pip checks a requirement's version against the built one, and the local label differs
+  MAMBA_LOCAL_VERSION=nocuda "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$tmp" "$tmp"/mamba_ssm-*.tar.gz
+  rm "$tmp"/mamba_ssm-*.tar.gz
+  python3 -m pip install -q wheel
+  (cd "$tmp" && python3 -m wheel unpack mamba_ssm-*.whl >/dev/null && rm mamba_ssm-*.whl)
+  python3 "$root/scripts/gpu_kit.py" patch-mamba "$(ls -d "$tmp"/mamba_ssm-*/)"
+  python3 -m wheel pack "$(ls -d "$tmp"/mamba_ssm-*/)" -d "$out" >/dev/null
+  rm -rf "$tmp"
+  get "$out" einops hydra-submitit-launcher==1.2.0 submitit==1.5.4
+}
 if [ -n "${VLLM:-}" ]; then
   # Ray slimmed (Java, RLlib, Serve, Tune, Data, LLM, dashboard source maps): the kit must fit a few transfers
   bash "$(dirname "$0")/../../shared/tools/offline-wheels.sh" "$out" 60 2>/dev/null \
     || { get "$out" "${packages[@]}"; python3 -m pip wheel -q --no-deps -w "$out" antlr4-python3-runtime==4.9.3; }
+  mamba_kit
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   get "$tmp" "vllm==$VLLM"
   python3 -m pip install -q wheel
   (cd "$tmp" && python3 -m wheel unpack vllm-*.whl >/dev/null && rm vllm-*.whl)
   d=$(ls -d "$tmp"/vllm-*/)
-  rm -rf "$d"vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so "$d"vllm/_moe_C_stable_libtorch.abi3.so "$d"vllm/vllm-rs \
+  rm -rf "$d"vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so "$d"vllm/vllm-rs \
          "$d"vllm/third_party/deep_gemm "$d"vllm/third_party/fmha_sm100
   python3 -m wheel pack "$d" -d "$out" >/dev/null
   # what vLLM imports for the offline engine, AsyncLLM and its OpenAI server, missing from a torch image
@@ -65,5 +96,6 @@ if [ -n "${VLLM:-}" ]; then
 else
   get "$out" "${packages[@]}"
   python3 -m pip wheel -q --no-deps -w "$out" antlr4-python3-runtime==4.9.3  # published as an sdist only
+  mamba_kit
 fi
 du -sh "$out"

@@ -3,15 +3,20 @@
 The layer kinds follow Nano's hybrid pattern (Mamba-2 `M`, MoE `E`, attention `*`), cut to model.num_layers;
 the MoE layers route top-k of model.num_experts sigmoid-scored experts plus one shared expert of twice the
 expert width (Nano: 1856 / 3712); the Mamba-2 mixer has expand 2, Nano's 8 groups where the width allows.
-transformers' pure-torch path runs it (no mamba-ssm, no causal-conv1d).
+transformers' pure-torch path runs it on CPU; on GPUs mamba-ssm's Triton kernels when they import (`mamba_path`).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
+from pathlib import Path
 from typing import Any
 
+from ..logit_heads import read_text_config
 from ..spec.model_dir import model_facts
-from ..spec.schema import ModelSpec
+from ..spec.schema import ModelSpec, RunSpec, TrainBackend
 
 # NVIDIA-Nemotron-3-Nano-30B-A3B's hybrid_override_pattern: 23 Mamba-2, 23 MoE, 6 attention layers
 NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
@@ -25,6 +30,20 @@ def layer_pattern(num_layers: int) -> str:
 
 def layer_kinds(num_layers: int) -> list[str]:
     return [KINDS[c] for c in layer_pattern(num_layers)]
+
+
+def moe_layers(spec: ModelSpec) -> bool:
+    """The model has MoE layers: num_experts > 0 and, for nemotron_h, an `E` in its layer pattern (config.json's
+    hybrid_override_pattern or layers_block_type; the one built here for model.path=null)."""
+    if spec.num_experts <= 0:
+        return False
+    if spec.family != "nemotron_h":
+        return True
+    if spec.path is None:
+        return "E" in layer_pattern(spec.num_layers)
+    cfg = read_text_config(spec.path) or {}
+    layers = cfg.get("hybrid_override_pattern") or cfg.get("layers_block_type")
+    return layers is None or any(kind in ("E", "moe") for kind in layers)
 
 
 def nemotron_h_config(spec: ModelSpec, vocab_size: int, eos_token_id: int, pad_token_id: int) -> dict[str, Any]:
@@ -65,3 +84,98 @@ def memory_layout(spec: ModelSpec) -> dict[str, Any]:
                 gated=False, shared_ffn=cfg["moe_shared_expert_intermediate_size"], head_dim=cfg["head_dim"],
                 mamba_heads=cfg["mamba_num_heads"], mamba_head_dim=cfg["mamba_head_dim"], groups=cfg["n_groups"],
                 state=cfg["ssm_state_size"], conv=cfg["conv_kernel"])
+
+
+# transformers 5.17-5.19's modeling_nemotron_h.py: each Mamba-2 function below is bound ONCE, when that module is
+# imported (integrations/hub_kernels.py use_kernel_func_from_hub_with_fallback): the package's kernel when
+# `import <package>` and the attribute lookup succeed, else the function's torch reference (the one
+# `inspect.unwrap` returns). No device, version or train-mode check there. The mixer's forward then calls, in
+# train mode without a cache, mamba2_split_conv1d_scan_combined first (its torch reference returns None: fall
+# through), else causal_conv1d_fn + mamba2_chunk_scan; generating, causal_conv1d_update + selective_state_update.
+MAMBA_FUNCTIONS = {  # modeling_nemotron_h name -> (package, the kernel's module path inside it)
+    "causal_conv1d_fn": ("causal_conv1d", "causal_conv1d_fn"),
+    "causal_conv1d_update": ("causal_conv1d", "causal_conv1d_update"),
+    "mamba2_split_conv1d_scan_combined": ("mamba_ssm", "ops.triton.ssd_combined.mamba_split_conv1d_scan_combined"),
+    "mamba2_selective_state_update": ("mamba_ssm", "ops.triton.selective_state_update.selective_state_update"),
+    "mamba2_chunk_scan": ("mamba_ssm", "ops.triton.ssd_combined.mamba_chunk_scan_combined"),
+}
+# mamba-ssm's fused split-conv1d-scan calls causal-conv1d's own functions, which it binds to None when
+# causal-conv1d does not import: with mamba-ssm alone, train mode would fail inside it ('NoneType' is not callable)
+FUSED = "mamba2_split_conv1d_scan_combined"
+
+
+def mamba_kernels(mamba_ssm: bool, causal_conv1d: bool, on_cuda: bool) -> dict[str, bool]:
+    """modeling_nemotron_h function -> True where the torch backend runs the package's kernel (`bind_mamba_kernels`
+    makes it so), False where the torch reference: kernels on CUDA only, the fused path only with both packages."""
+    have = {"mamba_ssm": mamba_ssm and on_cuda, "causal_conv1d": causal_conv1d and on_cuda}
+    kernels = {name: have[package] for name, (package, _) in MAMBA_FUNCTIONS.items()}
+    kernels[FUSED] = have["mamba_ssm"] and have["causal_conv1d"]
+    return kernels
+
+
+def mamba_path(mamba_ssm: bool, causal_conv1d: bool, on_cuda: bool) -> str:
+    """Which Mamba-2 path the torch backend runs nemotron_h on, in words (the plan prints it)."""
+    k = mamba_kernels(mamba_ssm, causal_conv1d, on_cuda)
+    if not on_cuda:
+        return "pure torch (CPU: transformers' reference Mamba-2; no Triton kernel runs on CPU tensors)"
+    conv = "causal-conv1d's conv1d" if k["causal_conv1d_fn"] else "torch conv1d (causal-conv1d absent)"
+    if not k["mamba2_chunk_scan"]:
+        return f"pure torch scan (mamba-ssm does not import: ~20x the step time, ~6x the peak), {conv}"
+    fused = "; training: the fused split-conv1d-scan" if k[FUSED] else "; training: unfused (needs causal-conv1d)"
+    return f"mamba-ssm Triton kernels (chunk scan, state update), {conv}{fused}"
+
+
+def mamba_packages() -> tuple[bool, bool]:
+    """(mamba-ssm, causal-conv1d) would import in this interpreter, judged from files (pre-flight imports neither):
+    mamba-ssm with triton and einops, and its CUDA extension or the GPU kit's optional import of it
+    (scripts/gpu_kit.py); causal-conv1d with its CUDA extension."""
+    def found(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+
+    spec = importlib.util.find_spec("mamba_ssm")
+    interface = Path(spec.origin).parent / "ops" / "selective_scan_interface.py" if spec and spec.origin else None
+    kit_build = interface is not None and interface.is_file() and "grpo-launcher gpu-kit" in interface.read_text()
+    mamba = spec is not None and found("triton") and found("einops") and (found("selective_scan_cuda") or kit_build)
+    return mamba, found("causal_conv1d") and found("causal_conv1d_cuda")
+
+
+def plan_line(s: RunSpec) -> str:
+    """The plan's line for nemotron_h on the torch backend: the Mamba-2 path its workers will run; "" otherwise."""
+    if s.model.family != "nemotron_h" or s.train.backend != TrainBackend.torch:
+        return ""
+    c = s.cluster
+    if c.python or c.container_image:
+        path = "the node's packages decide (cluster.python / container_image): mamba-ssm's Triton kernels where it " \
+               "imports on GPUs, else pure torch"
+    else:
+        path = mamba_path(*mamba_packages(), on_cuda=c.gpus_per_node > 0)
+        path += " (judged from this interpreter's packages)" if c.gpus_per_node > 0 else ""
+    return f"Mamba-2 path         : {path}"
+
+
+def _imports(package: str, path: str) -> bool:
+    """What transformers' decorator found: the package imports and the kernel is at `path` inside it."""
+    try:
+        obj: Any = importlib.import_module(package)
+        for part in path.split("."):
+            obj = getattr(obj, part, None) or importlib.import_module(f"{obj.__name__}.{part}")
+        return callable(obj)
+    except Exception:  # as the decorator: any failure means the torch reference
+        return False
+
+
+def bind_mamba_kernels(model: Any, on_cuda: bool) -> str:
+    """For a NemotronH model, rebind modeling_nemotron_h's Mamba-2 functions that transformers bound to a kernel
+    where the torch backend must not run it (CPU; the fused path without causal-conv1d) to their torch
+    references, and return the path in words; "" for other models. Process-wide, as transformers' own binding."""
+    if getattr(getattr(model, "config", None), "model_type", None) != "nemotron_h":
+        return ""
+    from transformers.models.nemotron_h import modeling_nemotron_h as modeling
+
+    packages = {p: _imports(p, MAMBA_FUNCTIONS[f][1]) for f, p in (("mamba2_chunk_scan", "mamba_ssm"),
+                                                                  ("causal_conv1d_fn", "causal_conv1d"))}
+    wanted = mamba_kernels(packages["mamba_ssm"], packages["causal_conv1d"], on_cuda)
+    for name, kernel in wanted.items():
+        if packages[MAMBA_FUNCTIONS[name][0]] and not kernel:  # transformers bound the kernel: its torch reference
+            setattr(modeling, name, inspect.unwrap(getattr(modeling, name)))
+    return mamba_path(packages["mamba_ssm"], packages["causal_conv1d"], on_cuda)

@@ -8,10 +8,12 @@ from importlib.util import find_spec
 from typing import Iterator
 
 from ..logit_heads import logit_transform, read_text_config, unreproduced_keys
+from ..models.nemotron_h import moe_layers
 from ..plan import rollouts_per_step, train_devices
 from ..spec.errors import Violation
 from ..spec.rules import V, build_gap, rule
 from ..spec.schema import RunSpec, TrainBackend
+from ..spec.versions import vllm_moe_gap_for
 from .fused import FAMILIES as LIGER
 from .megatron_families import CPU_SHIM_ENV, FAMILIES
 
@@ -216,6 +218,14 @@ def policy_gaps(s: RunSpec) -> Iterator[Violation]:
             what = "Liger's fused kernels (Triton)" if liger else "megatron-core's fused kernels"
             yield build_gap(("train.fused_kernels",), f"{what} need {', '.join(missing)}",
                             "set train.fused_kernels=null (on where they apply) or false")
+
+
+@rule("probe", name="build_implements_run")
+def vllm_moe_library(s: RunSpec) -> Iterator[Violation]:
+    """rollout=vllm on GPUs, a model with MoE layers, and a CUDA vLLM without its MoE library (spec/versions.py)."""
+    gap = vllm_moe_gap_for(s, moe_layers(s.model))
+    if gap is not None:
+        yield build_gap(*gap)
 
 
 def packing_gaps(s: RunSpec) -> Iterator[Violation]:

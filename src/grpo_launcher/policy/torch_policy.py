@@ -23,6 +23,7 @@ from . import fsdp, fused
 from ..algos import (LossInputs, entropy_from_logits, linear_logprobs, local_denominator, spec_policy_loss,
                      token_logprobs)
 from ..logit_heads import HeadChoice, LogitTransform, head_for
+from ..models.nemotron_h import bind_mamba_kernels
 from ..rollout.hf import engine_dtype
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch, response_logits
@@ -45,6 +46,10 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         self.offload = spec.train.cpu_offload and self.device.type == "cuda"
         self.sharded = world > 1 or self.offload
         self.model = fsdp.load_model(self.model_dir, self.device, sharded=self.sharded)  # sharded: on meta
+        # nemotron_h: the Mamba-2 kernels this device runs (none on CPU; unfused without causal-conv1d)
+        self.mamba_path = bind_mamba_kernels(self.model, on_cuda=self.device.type == "cuda")
+        if self.mamba_path and rank == 0:
+            print(f"grpo-launcher: Mamba-2 path: {self.mamba_path}", flush=True)
         if spec.train.moe.freeze_router and spec.model.num_experts:
             fsdp.freeze_routers(self.model)
         if fused.wanted(spec.train.fused_kernels, spec.model.family, self.device):

