@@ -41,7 +41,7 @@ test-fast: $(VENV)/.installed  ## only the quick tests (no Ray, vLLM or Slurm)
 test-gpu:  ## the gpu tier, on a GPU node whose Python has torch+transformers (wheels: make gpu-kit)
 	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} python3 -m pytest -m gpu tests/test_gpu.py $(PYTEST_ARGS)
 
-gpu-kit:  ## wheels an offline GPU node lacks (Ray, Hydra, megatron-core; py3.12) into .gpu-kit/whl
+gpu-kit:  ## wheels an offline GPU node lacks (Ray, Hydra + submitit plugin, megatron-core, mamba-ssm; py3.12) into .gpu-kit/whl
 	bash scripts/gpu-kit.sh .gpu-kit/whl
 
 gym: .gym/.installed  ## NeMo Gym's own venv for env=nemo_gym (its CPython >= 3.13.14 is built once per machine into ~/.cache/grpo-launcher: ~7 min)
