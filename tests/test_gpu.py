@@ -316,3 +316,45 @@ def test_megatron_fused_kernels_match_unfused_in_bf16(tmp_path):
     d_fused, d_unfused = ((x - ref)[mask].abs().mean() for x in (fused_lp, unfused))
     print(f"|fused - fp32| mean {d_fused:.2e}; |unfused - fp32| mean {d_unfused:.2e}")
     assert d_fused < 1.1 * d_unfused
+
+
+def _mamba_ssm_imports() -> bool:
+    try:
+        import mamba_ssm.ops.triton.ssd_combined  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _mamba_ssm_imports(), reason="needs mamba-ssm's Triton kernels (scripts/gpu-kit.sh)")
+def test_nemotron_h_kernel_path_matches_pure_torch_in_train_mode(monkeypatch):
+    """nemotron_h on the torch backend's GPU path (models/nemotron_h.py bind_mamba_kernels: mamba-ssm's Triton
+    kernels, the fused train path only with causal-conv1d) gives the pure-torch path's loss and gradients, fp32."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+    from transformers.models.nemotron_h import modeling_nemotron_h as modeling
+
+    from grpo_launcher.models import nemotron_h as nh
+    from nemotron_tiny import CONFIG
+
+    for name in nh.MAMBA_FUNCTIONS:  # the rebinding is process-wide: restored after the test
+        monkeypatch.setattr(modeling, name, getattr(modeling, name))
+    torch.manual_seed(0)
+    model = NemotronHForCausalLM(NemotronHConfig(**{**CONFIG, "chunk_size": 16})).cuda().train()
+    ids = torch.randint(3, 500, (2, 40), device="cuda")
+
+    def loss_and_grads():
+        model.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    path = nh.bind_mamba_kernels(model, on_cuda=True)
+    assert path.startswith("mamba-ssm Triton kernels"), path
+    kernel_loss, kernel_grads = loss_and_grads()
+    assert nh.bind_mamba_kernels(model, on_cuda=False).startswith("pure torch")  # every function: torch reference
+    torch_loss, torch_grads = loss_and_grads()
+    print(f"{path}: loss {kernel_loss:.6f} vs pure torch {torch_loss:.6f}")
+    assert abs(kernel_loss - torch_loss) < 1e-3  # Triton's dots may run in TF32
+    worst = max(((kernel_grads[n] - g).norm() / g.norm().clamp_min(1e-12)).item() for n, g in torch_grads.items())
+    print(f"largest relative gradient difference: {worst:.2e}")
+    assert worst < 1e-2
