@@ -7,7 +7,7 @@ Each row in a fresh process (benchmarks/memory_gpu.py's child: load_spec, the re
 step, then one measured logprob pass + update after torch.cuda.reset_peak_memory_stats()). The 1.21B Llama shape
 (memory_gpu.py's "1b"), bf16 with fp32 master weights, 64 rows of 2048 tokens (1024 prompt + 1024 response),
 micro-batch 4, logprob batch 64: the configuration whose logprob phase held 27 GiB of whole logits. The predicted
-column is spec/memory.py's logprobs phase (and its logits term) for the same spec.
+column is preflight/memory_estimate.py's logprobs phase (and its logits term) for the same spec.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> int:
     from gpu_step import matmul_peak
 
     from grpo_launcher.spec.compose import compose, to_spec
-    from grpo_launcher.spec.memory import estimate
+    from grpo_launcher.preflight.memory_estimate import estimate
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
                CUDA_DEVICE_MAX_CONNECTIONS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Calibrate the memory pre-flight (spec/memory.py): predicted vs measured GPU memory of one policy update.
+"""Calibrate the memory pre-flight (preflight/memory_estimate.py): predicted vs measured GPU memory of one update.
 
     python benchmarks/memory_gpu.py --out $OUT/memory.md            # 1 GPU (H200): the configurations below
     python benchmarks/memory_gpu.py --cpu-smoke --out /tmp/m.md      # CPU, tiny shape: the same code path
@@ -11,8 +11,8 @@ of 2 micro-batches (rows of `seq` tokens: half prompt, half response) it runs: l
 (so that the optimizer states exist), then — after torch.cuda.reset_peak_memory_stats() — logprobs and ONE
 update. Measured: torch.cuda.max_memory_allocated / max_memory_reserved over that step, and the memory
 used on the device outside PyTorch's pool (CUDA context, NCCL) = (total − free) − reserved. Predicted:
-spec.memory.estimate(spec) for the same spec (the policy's allocated peak over its phases, and × the
-allocator slack for reserved). A row passes when predicted is within 15 % of measured and never under it
+preflight.memory_estimate.estimate(spec) for the same spec (the policy's allocated peak over its phases, and ×
+the allocator slack for reserved). A row passes when predicted is within 15 % of measured and never under it
 by more than 5 %.
 
 The model is a random Llama-shaped HF checkpoint (1.21 B: 24 layers, hidden 2048, 16 / 4 heads, FFN 5632,
@@ -216,7 +216,7 @@ def predict(overrides: list[str], device_gib: float | None) -> dict:
     from dataclasses import replace
 
     from grpo_launcher.spec.compose import compose, to_spec
-    from grpo_launcher.spec.memory import CUDA_CONTEXT_GIB, estimate
+    from grpo_launcher.preflight.memory_estimate import CUDA_CONTEXT_GIB, estimate
 
     spec = to_spec(compose(overrides))
     spec = replace(spec, cluster=replace(spec.cluster, gpu_memory_gib=device_gib))
@@ -263,7 +263,7 @@ def cpu_table(rows: list[dict]) -> str:
     """CPU smoke: the memory above the resident state (activations, work, logits), profiler vs prediction."""
     lines = ["CPU check (fp32 torch / bf16-or-fp32 megatron as the spec says; the CPU workers keep no GPU-layout "
              "optimizer, so only the dynamic part compares): peak allocated above the resident state during "
-             "logprobs + one update, torch.profiler memory events vs spec/memory.py.", "",
+             "logprobs + one update, torch.profiler memory events vs preflight/memory_estimate.py.", "",
              "| # | backend | micro | seq | ref | predicted dynamic MiB | measured dynamic MiB | err |",
              "|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows, 1):
@@ -298,7 +298,7 @@ def logprob_table(shape: str, model_dir: Path, gpu: bool, env: dict, timeout: in
         ov = overrides_for(shape, str(model_dir), "torch", mb, seq, False, False, gpu, lb=lb, chunk=chunk)
         res = run_child({"overrides": ov, "model_dir": str(model_dir), "gpu": gpu}, env, timeout)
         from grpo_launcher.spec.compose import compose, to_spec
-        from grpo_launcher.spec.memory import estimate
+        from grpo_launcher.preflight.memory_estimate import estimate
 
         e = estimate(to_spec(compose(ov)))
         pred, logits = e.phases["logprobs"], e.policy["logprob logits"].bytes / 2**30
@@ -350,7 +350,8 @@ def main() -> int:
         rows = [{"backend": b, "micro": mb, "seq": seq, "ckpt": ck, "ref": rf,
                  "predicted": predict(overrides_for(shape, "/nonexistent", b, mb, seq, ck, rf, gpu), None),
                  "error": "not run"} for b, mb, seq, ck, rf in configs]
-        text = table(rows, f"Predicted only (spec/memory.py), model {shape}: run without --predict-only to measure.")
+        text = table(rows, f"Predicted only (preflight/memory_estimate.py), model {shape}: run without --predict-only "
+                           "to measure.")
         print(text)
         if args.out:
             Path(args.out).write_text(text + "\n")

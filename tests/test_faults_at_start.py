@@ -66,7 +66,7 @@ def test_a_header_claiming_4_eib_is_a_config_error(tmp_path, launch_here):
 
 
 def test_offsets_past_the_end_and_missing_shards_are_named(tmp_path):
-    from grpo_launcher.spec.safetensors_check import header_problem, missing_shards
+    from grpo_launcher.preflight.safetensors_check import header_problem, missing_shards
 
     f = tmp_path / "x.safetensors"
     header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()

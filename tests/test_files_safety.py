@@ -228,7 +228,7 @@ SEVEN = ["train.lr=3e-6", "grpo.num_prompts_per_step=32", "rollout.max_new_token
 def test_a_long_override_set_gets_a_short_readable_name_not_a_refusal(launch_here, tmp_path):
     """The issue's everyday case: model.path=DIR plus seven overrides, after the default name's run finished: the
     derived name used to pass 200 characters and safe_names refused the launch (exit 2, about a leading '.')."""
-    from grpo_launcher.spec.rules import SAFE_NAME
+    from grpo_launcher.preflight.paths import SAFE_NAME
 
     root = tmp_path / "out"
     shutil.copytree(FINISHED, root / "tiny-grpo")
@@ -289,9 +289,9 @@ def test_tests_never_see_the_checkouts_outputs(tmp_path, monkeypatch, runs_outsi
 
 def test_the_estimate_matches_what_the_torch_worker_saves(tmp_path):
     """A real TorchPolicyWorker's checkpoint (after an optimizer step, so that AdamW holds its m and v) against
-    spec/disk.py's bytes: weights and optimizer state each within 2 %."""
+    preflight/disk.py's bytes: weights and optimizer state each within 2 %."""
     from grpo_launcher.policy.torch_policy import TorchPolicyWorker
-    from grpo_launcher.spec.disk import checkpoint_bytes
+    from grpo_launcher.preflight.disk import checkpoint_bytes
 
     spec = load_spec([f"output_root={tmp_path}", "logging.mlflow=false"])
     tok = build_tokenizer()

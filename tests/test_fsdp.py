@@ -213,8 +213,8 @@ def _gaps(overrides):
     """{first key: message} of what this build cannot run, as a real launch of the composed spec is refused."""
     from dataclasses import replace
 
+    from grpo_launcher.preflight.validate import validate
     from grpo_launcher.spec.compose import compose, to_spec
-    from grpo_launcher.spec.rules import validate
 
     spec = replace(to_spec(compose(overrides)), dry_run=False)
     return {v.keys[0]: v.message for v in validate(spec) if v.rule == "build_implements_run"}
@@ -252,7 +252,7 @@ def test_nanov3_on_torch_is_refused_for_memory_only_with_the_fsdp_figures():
     assert "logits 6.2" in v.message  # chunked output layer: 12 B × V 131072 × 4096 tok + saved hidden; no CP
     short = [*NANO_TORCH, "rollout.max_new_tokens=4096", "rollout.max_model_len=8192",
              "train.max_total_sequence_length=8192"]
-    from grpo_launcher.spec import memory as mem
+    from grpo_launcher.preflight import memory_estimate as mem
 
     e = mem.estimate(load_spec(short))  # 8192-token sequences: FSDP2 over 256 H100s fits, with the engines
     assert e.fits and e.peak_gib < 79.6 and e.policy["weights"].gib < 0.5

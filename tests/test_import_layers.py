@@ -1,7 +1,8 @@
-"""Imports flow one way: launch → train → policy/rollout/envs/gym → algos/spec/tracking → package level → the
-spec's vocabulary (spec/schema.py, spec/errors.py). Every import in src/grpo_launcher (module level and
-inside functions, read with ast) may name its own layer or one below; ALLOWED lists the few that go up, each with
-its reason (a stale entry fails too, so the list only shrinks)."""
+"""Imports flow one way: launch → train/preflight → policy/rollout/envs/gym → algos/spec/tracking → package level
+→ the vocabulary (spec/schema.py, spec/errors.py, and preflight/registry.py, through which every room registers its
+rules). Every import in src/grpo_launcher (module level and inside functions, read with ast) may name its own layer
+or one below; ALLOWED lists the few that go up, each with its reason (a stale entry fails too, so the list only
+shrinks)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,18 @@ SRC = ROOT / "src"
 PKG = "grpo_launcher"
 
 # the lower the number, the lower the layer; a module imports its own layer or lower
-LAYERS = {"launch": 5, "train": 4, "policy": 3, "rollout": 3, "envs": 3, "gym": 3,
+LAYERS = {"launch": 5, "train": 4, "preflight": 4, "policy": 3, "rollout": 3, "envs": 3, "gym": 3,
           "algos": 2, "spec": 2, "tracking": 2, "models": 2, "checkpoint": 1}
 PACKAGE_LEVEL = 1  # batch.py, plan.py, secrets.py, runfiles.py, exit_codes.py, ...; checkpoint/ is a run-dir store
-VOCABULARY = {"spec.schema", "spec.errors"}  # what every layer is typed against: layer 0
+VOCABULARY = {"spec.schema", "spec.errors", "preflight.registry"}  # what every layer is typed and ruled by: layer 0
 
 ALLOWED = {
     ("gym.env", "train.gym_loop"): "the env names its loop's rollout source (rollout_source), imported only when asked",
     ("gym.probe", "train.setup"): "a diagnostic script (python -m grpo_launcher.gym.probe) builds the model as the "
                                   "driver does",
     ("runfiles", "spec.compose"): "load_spec_file reads spec.yaml back through the spec's own composition",
+    ("spec.compose", "preflight.validate"): "load_spec validates the spec it composed (imported inside checked_spec: "
+                                            "compose is also the job's reader of spec.yaml)",
     ("spec.resolve", "envs.preflight"): "env.max_prompt_tokens=0 resolves from the env room's one read of the data",
     ("tracking.records", "envs.base"): "type annotation only (TYPE_CHECKING)",
     ("tracking.report", "envs.prompting"): "the run's prompting record comes from the env's prompt builder",
@@ -106,19 +109,23 @@ def test_imports_flow_one_way():
 
 def test_the_walk_sees_lazy_relative_imports():
     """An import inside a function, relative, is found and resolved; the layers order as the docstring says."""
-    names = {t for _, t in imported(SRC / PKG / "spec" / "rules.py")}
-    assert f"{PKG}.finished" in names and f"{PKG}.spec.memory" in names  # both inside rule functions
-    assert layer(f"{PKG}.launch.preflight") > layer(f"{PKG}.spec.rules") > layer(f"{PKG}.plan") > \
-        layer(f"{PKG}.spec.schema")
+    names = {t for _, t in imported(SRC / PKG / "spec" / "compose.py")}
+    assert f"{PKG}.spec.resolve" in names and f"{PKG}.preflight.validate" in names  # both inside checked_spec
+    assert layer(f"{PKG}.launch.preflight") > layer(f"{PKG}.preflight.validate") > layer(f"{PKG}.envs.rules") > \
+        layer(f"{PKG}.plan") > layer(f"{PKG}.spec.schema") == layer(f"{PKG}.preflight.registry")
 
 
-def test_room_rules_register_with_spec_from_below():
-    """A room's rules (ROOM/rules.py) import spec's registry, never the reverse: validate() finds them by file."""
-    from grpo_launcher.spec.rules import registered
+def test_room_rules_are_listed_where_the_import_graph_shows_them():
+    """Every ROOM/rules.py is imported by preflight/validate.py and listed in its RULE_MODULES (no file is found by
+    a glob); every module that registers a rule is listed; the rooms register through preflight/registry.py, which
+    imports only the vocabulary."""
+    from grpo_launcher.preflight.validate import RULE_MODULES, registered
 
-    rooms = {p.parent.name for p in (SRC / PKG).glob("*/rules.py")} - {"spec"}
-    assert rooms and rooms <= {r.check.__module__.split(".")[1] for r in registered().values()}
-    assert not [t for _, t in imported(SRC / PKG / "spec" / "rules.py") if layer(t) > layer(f"{PKG}.spec.rules")]
+    listed = {m.__name__ for m in RULE_MODULES}
+    rooms = {f"{PKG}.{p.parent.name}.rules" for p in (SRC / PKG).glob("*/rules.py")}
+    assert rooms and rooms <= listed <= {t for _, t in imported(SRC / PKG / "preflight" / "validate.py")}
+    assert {r.check.__module__ for r in registered().values()} == listed
+    assert not [t for _, t in imported(SRC / PKG / "preflight" / "registry.py") if layer(t) > 0]
 
 
 # Import cycles among launch/'s modules (imports inside functions counted): none but these, each with its reason.

@@ -200,12 +200,12 @@ def _violations(*overrides: str) -> set[str]:
 
 
 def test_memory_counts_megatron_chunked_logits_over_response_tokens():
-    """spec/memory.py, megatron: the output layer's chunks run over the response tokens only (the worker picks
+    """preflight/memory_estimate.py, megatron: the output layer's chunks run over the response tokens only (the worker picks
     their hidden states first), so the logits term is one chunk + the saved hidden states, not 6·V·L + 16·V·T;
     TP=2: chunks of the rank's V/2 vocabulary rows."""
     from dataclasses import replace
 
-    from grpo_launcher.spec import memory as mem
+    from grpo_launcher.preflight import memory_estimate as mem
     from grpo_launcher.spec.schema import ModelSpec, Precision, RunSpec, TrainBackend, TrainSpec
 
     llama = ModelSpec(name="llama1b", family="llama", num_layers=24, hidden_size=2048, num_attention_heads=16,

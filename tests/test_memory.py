@@ -1,4 +1,4 @@
-"""Memory pre-flight (spec/memory.py): the formulas on hand-computed cases; refusal and acceptance of plans."""
+"""Memory pre-flight (preflight/memory_*.py): the formulas on hand-computed cases; refusal and acceptance of plans."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from grpo_launcher.spec import memory as mem
+from grpo_launcher.preflight import memory_estimate as mem
+from grpo_launcher.preflight import memory_report
+from grpo_launcher.preflight import memory_shapes as shapes
 from grpo_launcher.spec.compose import compose, load_spec, to_spec
 from grpo_launcher.spec.errors import ConfigError
 from grpo_launcher.spec.schema import ModelSpec, Precision, RunSpec, TrainBackend, TrainSpec
@@ -27,8 +29,8 @@ def spec_of(overrides: list[str]) -> RunSpec:
 
 
 def test_param_count_llama_1b_matches_the_hf_model():
-    a = mem.arch_of(RunSpec(model=LLAMA_1B))
-    pc = mem.param_counts(a)
+    a = shapes.arch_of(RunSpec(model=LLAMA_1B))
+    pc = shapes.param_counts(a)
     # per layer: q 2048² + k, v 2·2048·512 + o 2048² + norm 2048 = 10,487,808; MLP 3·2048·5632 + 2048 = 34,605,056
     assert (pc.attention, pc.mlp) == (10_487_808, 34_605_056)
     # 24 layers + embedding and output 2·32000·2048 + final norm 2048 = the HF LlamaForCausalLM's numel
@@ -36,8 +38,8 @@ def test_param_count_llama_1b_matches_the_hf_model():
 
 
 def test_param_count_tiny_qwen2_with_qkv_bias():
-    a = mem.arch_of(RunSpec())  # tiny: 2 layers, h 128, 4 heads / 2 KV (head_dim 32), FFN 256, vocab 512
-    pc = mem.param_counts(a)
+    a = shapes.arch_of(RunSpec())  # tiny: 2 layers, h 128, 4 heads / 2 KV (head_dim 32), FFN 256, vocab 512
+    pc = shapes.param_counts(a)
     attn = 128 * 128 + 2 * 128 * 64 + 128 * 128 + 128 + (128 + 2 * 64)  # + q/k/v biases
     mlp = 3 * 128 * 256 + 128
     assert (pc.attention, pc.mlp) == (attn, mlp) == (49_536, 98_432)
@@ -54,7 +56,7 @@ def test_megatron_bytes_per_param_follow_megatrons_table():
     assert p["weights"].bytes == 2 * n and p["grads"].bytes == 4 * n and p["optimizer"].bytes == 12 * n
     e = mem.estimate(replace(base, cluster=gpu, train=replace(base.train, distributed_optimizer=True)))
     assert e.policy["optimizer"].bytes == pytest.approx(12 * n / 8)  # d = DP·CP = 8
-    assert e.phases["generate"] == pytest.approx((6 + 12 / 8) * n / mem.GIB)
+    assert e.phases["generate"] == pytest.approx((6 + 12 / 8) * n / shapes.GIB)
 
 
 def test_torch_backend_bytes_per_param():
@@ -83,16 +85,16 @@ def test_torch_backend_shards_with_fsdp2_over_dp():
     assert p["fsdp gradient buffers"].bytes == (2 + 4) * layer
     assert p["refit gather"].bytes == 2 * 32000 * 2048  # one tensor at a time: the largest, the embedding, bf16
     e = mem.estimate(s)
-    assert e.phases["refit"] == pytest.approx((20 * n / 8 + 2 * 32000 * 2048) / mem.GIB)  # resident 20 B / 8
+    assert e.phases["refit"] == pytest.approx((20 * n / 8 + 2 * 32000 * 2048) / shapes.GIB)  # resident 20 B / 8
     assert e.host["checkpoint gather (node 0)"].bytes == 12 * n  # full-state save: fp32 weights + m, v on rank 0
 
 
 def test_activation_bytes_per_token_per_layer():
-    a = mem.arch_of(RunSpec(model=LLAMA_1B))
+    a = shapes.arch_of(RunSpec(model=LLAMA_1B))
     h, q, kv, f = 2048, 2048, 512, 5632
 
     def per_layer(tp: int, sp: bool) -> float:
-        k = mem.layer_activation_bytes(a, "megatron", 2, False, mem.Layout(tp, 1, 1, 1, 1, sp, 8))
+        k = shapes.layer_activation_bytes(a, "megatron", 2, False, shapes.Layout(tp, 1, 1, 1, 1, sp, 8))
         return k["attention"] + k["mlp"]
 
     # megatron bf16: two norms 2·(4h + 3·2·h) (fp32 upcast, normalised, the next linear's input), attention
@@ -102,7 +104,7 @@ def test_activation_bytes_per_token_per_layer():
     assert per_layer(2, False) == 2 * 10 * h + (2 * (3 * q + 3 * kv) + 10 * f) / 2 == 76_800  # norms replicated
     assert per_layer(2, True) == full / 2  # Korthikanti eq. 5: SP splits the rest too
     # torch (HF, fp32 residual, bf16 autocast): norms 2·8h, casts 6h + 4h, SDPA 2·(2q + 2kv), SwiGLU 8f
-    k = mem.layer_activation_bytes(a, "torch", 2, True, mem.Layout(1, 1, 1, 1, 1, False, 1))
+    k = shapes.layer_activation_bytes(a, "torch", 2, True, shapes.Layout(1, 1, 1, 1, 1, False, 1))
     assert k["attention"] + k["mlp"] == 30 * h + 4 * kv + 8 * f == 108_544
 
 
@@ -158,11 +160,11 @@ def test_chunked_output_layer_replaces_the_logits_term():
 
 
 def test_kv_cache_bytes_per_token():
-    a = mem.arch_of(load_spec(["model=llama3_1_8b", "rollout.max_new_tokens=16", "cluster=slurm",
+    a = shapes.arch_of(load_spec(["model=llama3_1_8b", "rollout.max_new_tokens=16", "cluster=slurm",
                                "dry_run=true"]))
-    assert mem.kv_bytes_per_token(a, 1, 2) == 2 * 32 * 8 * 128 * 2 == 131_072  # Llama 3 8B: 128 KiB/token
-    assert mem.kv_bytes_per_token(a, 4, 2) == 131_072 / 4
-    assert mem.kv_bytes_per_token(a, 16, 2) == 2 * 32 * 1 * 128 * 2  # TP > KV heads: replicated, ≥ 1 per rank
+    assert shapes.kv_bytes_per_token(a, 1, 2) == 2 * 32 * 8 * 128 * 2 == 131_072  # Llama 3 8B: 128 KiB/token
+    assert shapes.kv_bytes_per_token(a, 4, 2) == 131_072 / 4
+    assert shapes.kv_bytes_per_token(a, 16, 2) == 2 * 32 * 1 * 128 * 2  # TP > KV heads: replicated, ≥ 1 per rank
 
 
 def test_phases_peak_and_summary_line():
@@ -179,7 +181,7 @@ def test_phases_peak_and_summary_line():
                                                  + e.rollout_gib + ctx)
     assert e.totals["train"] == pytest.approx(e.policy_reserved_gib + e.asleep_gib + ctx)
     assert e.peak_phase == "generate" and e.peak_gib == max(e.totals.values())
-    line = mem.summary_line(e)
+    line = memory_report.summary_line(e)
     assert line.startswith("memory per GPU: policy ") and "of 79.6 GiB (" in line and e.fits
     assert "(3.0 asleep through logprobs + update)" in line and line.endswith("in the generate phase")
 
@@ -237,7 +239,7 @@ def test_nanov3_32_nodes_fits_and_2_nodes_is_refused_with_the_arithmetic():
 
 def test_unknown_gpu_memory_skips_the_check_with_a_warning():
     spec = load_spec([*NANOV3, "cluster.nodes=2", "cluster.gpu_memory_gib=null"])  # no refusal
-    text = mem.report(spec)
+    text = memory_report.report(spec)
     assert "check skipped" in text.splitlines()[0] and "warning: cluster.gpu_memory_gib is null" in text
 
 
@@ -253,9 +255,9 @@ def test_h200_budget_and_torch_backend_refusal():
     # the policy holds its optimizer step's memory through the next rollout (benchmarks/results/memory.md)
     assert "generate phase" in v.message and "optimizer step temp" in v.message and "cluster.nodes=4 → peak" in v.fix
     spec = load_spec(over)  # 8 GPUs: fits, (4 + 4 + 8) B / 8 resident + the step's 4 B / 8
-    n = mem.param_counts(mem.arch_of(spec)).total(mem.arch_of(spec))
+    n = shapes.param_counts(shapes.arch_of(spec)).total(shapes.arch_of(spec))
     e = mem.estimate(spec)
-    assert e.fits and e.phases["optimizer step"] == pytest.approx(20 * n / 8 / mem.GIB)
+    assert e.fits and e.phases["optimizer step"] == pytest.approx(20 * n / 8 / shapes.GIB)
     # megatron without the distributed optimizer on an H200: the optimizer step's peak is refused ...
     mega = [*over, "train.backend=megatron", "cluster.gpu_memory_gib=140.4"]
     with pytest.raises(ConfigError) as info:
@@ -279,7 +281,8 @@ def test_engine_budget_too_small_for_one_sequence():
 
 def test_cpu_runs_have_no_gpu_budget():
     spec = load_spec([])
-    assert mem.violations(spec) == [] and mem.report(spec) == "memory per GPU: CPU run (no GPU budget)"
+    assert memory_report.violations(spec) == []
+    assert memory_report.report(spec) == "memory per GPU: CPU run (no GPU budget)"
 
 
 def test_cli_dry_run_prints_the_line_and_refuses_2_nodes():
@@ -301,7 +304,7 @@ def test_cpu_offload_moves_the_shards_to_the_host():
            "train.logprob_batch_size=1", "train.global_batch_size=128"]
     assert not mem.estimate(spec_of(one)).fits
     e = mem.estimate(spec_of([*one, "train.cpu_offload=true"]))
-    n = mem.param_counts(mem.arch_of(spec_of(one))).total(mem.arch_of(spec_of(one)))
+    n = shapes.param_counts(shapes.arch_of(spec_of(one))).total(shapes.arch_of(spec_of(one)))
     assert e.fits and [e.policy[k].bytes for k in ("weights", "grads", "optimizer", "optimizer step temp")] == [0] * 4
     assert e.phases["generate"] == 0 and e.peak_phase == "train"
     root, layer = 2 * 128256 * 4096 + 4096, e.policy["fsdp gradient buffers"].bytes / 10  # (2 + 4 + 4) B × layer

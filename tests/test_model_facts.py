@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_launcher.spec import memory as mem
+from grpo_launcher.preflight import memory_shapes as mem
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.errors import ConfigError
 from grpo_launcher.spec.model_dir import model_facts

@@ -92,7 +92,7 @@ def test_exit_codes_agree_with_the_job_script_and_the_driver() -> None:
 
 def test_metric_names_are_the_one_list() -> None:
     """Names spelled elsewhere (the skipped-step counter, checkpoint.metric's choices) are in tracking/metric_names."""
-    from grpo_launcher.spec.rules import KNOWN_METRICS
+    from grpo_launcher.preflight.training import KNOWN_METRICS
     from grpo_launcher.tracking import metric_names
 
     assert set(KNOWN_METRICS) <= metric_names.METRICS
@@ -110,7 +110,7 @@ def test_the_plan_is_the_one_source_of_batch_shape(overrides: list[str]) -> None
     """The driver and the workers read the batch split from the Plan; rules check it with the same functions."""
     from grpo_launcher import plan as P
     from grpo_launcher.spec.compose import load_spec
-    from grpo_launcher.spec.rules import validate
+    from grpo_launcher.preflight.validate import validate
 
     spec = load_spec(overrides)
     assert validate(spec) == []

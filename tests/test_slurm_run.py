@@ -38,7 +38,7 @@ from grpo_launcher.launch.sbatch import render
 from grpo_launcher.launch.status import read_status, slurm_env
 from grpo_launcher.plan import make_plan
 from grpo_launcher.spec.compose import load_spec
-from grpo_launcher.spec.rules import validate
+from grpo_launcher.preflight.validate import validate
 
 from helpers import ROOT, wait_until
 

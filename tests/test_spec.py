@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from grpo_launcher.plan import make_plan, parse_duration
+from grpo_launcher.preflight.registry import V, Rule
+from grpo_launcher.preflight.validate import registered, rule_names, validate
 from grpo_launcher.spec.compose import CONF_DIR, load_spec, spec_to_yaml
 from grpo_launcher.spec.errors import ConfigError
-from grpo_launcher.spec.rules import rule_names
 from grpo_launcher.spec.schema import RunSpec
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "nanov3_slurm.yaml"
@@ -114,7 +115,7 @@ def test_per_backend_without_a_value_for_the_backend_names_the_key(tmp_path):
     assert v.keys == ("train.tensor_parallel_size",) and "no value for train.backend=torch" in v.message
 
 
-# (overrides, rule, key that must be named). Every rule (spec/rules.py and each ROOM/rules.py) appears at least once.
+# (overrides, rule, key that must be named). Every rule (preflight/*.py and each ROOM/rules.py) appears at least once.
 FAILING = [
     (["grpo.max_steps=0"], "positive_sizes", "grpo.max_steps"),
     (["cluster=slurm", "cluster.cpus_per_worker=0"], "positive_sizes", "cluster.cpus_per_worker"),
@@ -369,14 +370,12 @@ def test_bad_shapes_of_overrides_are_config_errors(override, rule, key):
 
 
 def test_validator_survives_a_crashing_rule(monkeypatch):
-    from grpo_launcher.spec import rules
-
     def broken(spec):
         raise TypeError("boom")
 
     spec = load_spec([])
-    monkeypatch.setitem(rules.registered(), "broken", rules.Rule("broken", "pure", broken))
-    (v,) = [v for v in rules.validate(spec) if v.rule == "broken"]
+    monkeypatch.setitem(registered(), "broken", Rule("broken", "pure", broken))
+    (v,) = [v for v in validate(spec) if v.rule == "broken"]
     assert "TypeError: boom" in v.message
 
 
@@ -385,18 +384,15 @@ def test_a_dry_run_skips_the_probes_in_validate_only(monkeypatch):
     import dataclasses
     import inspect
 
-    from grpo_launcher.spec import rules
-
     def asks_this_machine(spec):
-        yield rules.V("asks_this_machine", "cluster.kind", "asked", "none")
+        yield V("asks_this_machine", "cluster.kind", "asked", "none")
 
     spec = load_spec(["dry_run=true"])
-    monkeypatch.setitem(rules.registered(), "asks_this_machine", rules.Rule("asks_this_machine", "probe",
-                                                                            asks_this_machine))
-    assert "asks_this_machine" not in {v.rule for v in rules.validate(spec)}
-    assert "asks_this_machine" in {v.rule for v in rules.validate(dataclasses.replace(spec, dry_run=False))}
-    assert {r.kind for r in rules.registered().values()} == {"pure", "probe"}
-    assert not [name for name, r in rules.registered().items() if ".dry_run" in inspect.getsource(r.check)]
+    monkeypatch.setitem(registered(), "asks_this_machine", Rule("asks_this_machine", "probe", asks_this_machine))
+    assert "asks_this_machine" not in {v.rule for v in validate(spec)}
+    assert "asks_this_machine" in {v.rule for v in validate(dataclasses.replace(spec, dry_run=False))}
+    assert {r.kind for r in registered().values()} == {"pure", "probe"}
+    assert not [name for name, r in registered().items() if ".dry_run" in inspect.getsource(r.check)]
 
 
 def test_spec_roundtrip_detects_what_the_job_would_read_differently():
@@ -474,12 +470,11 @@ def test_broken_model_dirs_are_named(tmp_path, breakage, needle):
 @pytest.mark.parametrize("installed", [False, True])
 def test_nemo_gym_refused_for_a_real_launch_unless_installed(monkeypatch, installed):
     from grpo_launcher.gym import rules as gym_rules
-    from grpo_launcher.spec import rules
 
     monkeypatch.setattr(gym_rules, "gym_available", lambda: installed)
     spec = load_spec(["+recipe=nanov3", "cluster=slurm", "dry_run=true"])
     real = __import__("dataclasses").replace(spec, dry_run=False)
-    gym = [v for v in rules.validate(real) if v.rule == "build_implements_run" and "env.name" in v.keys]
+    gym = [v for v in validate(real) if v.rule == "build_implements_run" and "env.name" in v.keys]
     assert bool(gym) != installed
 
 

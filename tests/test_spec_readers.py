@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_launcher.spec import rules, schema
+from grpo_launcher.preflight.validate import registered
+from grpo_launcher.spec import schema
 from grpo_launcher.spec.schema import RunSpec
 
 SRC = Path(schema.__file__).resolve().parents[1]  # src/grpo_launcher
@@ -107,10 +108,10 @@ class Readers(ast.NodeVisitor):
 
 
 def readers() -> dict[str, list[str]]:
-    """{dotted key: [files outside spec/ that read it]}."""
+    """{dotted key: [files outside spec/ and preflight/ that read it]}."""
     out: dict[str, list[str]] = {}
     for path in sorted(SRC.rglob("*.py")):
-        if "spec" in path.relative_to(SRC).parts[:1] or path.name == "rules.py":  # ROOM/rules.py: pre-flight
+        if path.relative_to(SRC).parts[0] in ("spec", "preflight") or path.name == "rules.py":  # ROOM/rules.py too
             continue
         rel = path.relative_to(SRC).parts
         # envs take their section as `spec` (Env(env_spec, seed=...)): there `spec` is the EnvSpec
@@ -156,9 +157,9 @@ def test_every_schema_key_has_a_reader_or_a_tested_reason():
 def test_preflight_only_keys_are_read_by_their_rule(key, rule):
     from test_spec import FAILING
 
-    checks = [r.check for r in rules.registered().values() if r.name == rule]
+    checks = [r.check for r in registered().values() if r.name == rule]
     assert checks, f"no rule {rule}"
-    source = "".join(inspect.getsource(inspect.getmodule(check)) for check in checks)  # spec/ or ROOM/rules.py
+    source = "".join(inspect.getsource(inspect.getmodule(check)) for check in checks)  # preflight/ or ROOM/rules.py
     assert key.rsplit(".", 1)[-1] in source, f"rule {rule} does not read {key}"
     assert any(r == rule for _, r, _ in FAILING), f"no failing config for {rule}"
 

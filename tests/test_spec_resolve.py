@@ -13,7 +13,7 @@ from grpo_launcher.launch.preflight import preflight
 from grpo_launcher.launch.sbatch import render
 from grpo_launcher.spec import resolve
 from grpo_launcher.spec.compose import load_spec
-from grpo_launcher.spec.rules import validate
+from grpo_launcher.preflight.validate import validate
 
 HTTP = ["rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true"]
 

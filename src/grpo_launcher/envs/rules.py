@@ -1,11 +1,11 @@
-"""The env room's pre-flight rule (registered with spec/rules.py, whose validate() imports this module)."""
+"""The env room's pre-flight rule (preflight/validate.py lists this module in RULE_MODULES)."""
 
 from __future__ import annotations
 
 from typing import Iterator
 
 from ..spec.errors import Violation
-from ..spec.rules import rule
+from ..preflight.registry import rule
 from ..spec.schema import RunSpec
 
 

@@ -1,11 +1,11 @@
-"""The Gym room's pre-flight rules (registered with spec/rules.py, whose validate() imports this module)."""
+"""The Gym room's pre-flight rules (preflight/validate.py lists this module in RULE_MODULES)."""
 
 from __future__ import annotations
 
 from typing import Iterator
 
 from ..spec.errors import Violation
-from ..spec.rules import V, build_gap, rule
+from ..preflight.registry import V, build_gap, rule
 from ..spec.schema import EnvName, RolloutBackend, RunSpec
 
 
@@ -62,7 +62,7 @@ def gym_available() -> bool:
 
 @rule("probe", name="build_implements_run")
 def gym_installed(s: RunSpec) -> Iterator[Violation]:
-    """env=nemo_gym needs NeMo Gym installed (spec/rules.py build_implements_run: what this build cannot run)."""
+    """env=nemo_gym needs NeMo Gym installed (preflight/values.py build_implements_run: what this build cannot run)."""
     if s.env.name == EnvName.nemo_gym and not gym_available():
         yield build_gap(("env.name",), "env=nemo_gym needs NeMo Gym and its resource servers, which this build does not "
                         "have installed", "use env=toy|math|dataset, or install NeMo Gym (scripts/gym-install.sh)")

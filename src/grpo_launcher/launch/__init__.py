@@ -36,15 +36,15 @@ def execute(launch: Launch) -> int:
     if not spec.dry_run and busy(launch):  # refused before its plan is printed (the executors' lock still decides)
         return ExitCode.FAILED
     print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
-    from ..spec.disk import report as disk_report  # imported here, as the memory report below
+    from ..preflight.disk import report as disk_report  # imported here, as the memory report below
 
     from ..models.nemotron_h import plan_line as mamba_line
 
     if mamba_line(spec):  # nemotron_h on the torch backend: which Mamba-2 kernels its workers will run
         print(mamba_line(spec), flush=True)
-    print(disk_report(spec), flush=True)  # one checkpoint's bytes, the peak on disk, the room (spec/disk.py)
+    print(disk_report(spec), flush=True)  # one checkpoint's bytes, the peak on disk, the room (preflight/disk.py)
     if plan.use_gpus:  # the memory pre-flight's budget per GPU and per node
-        from ..spec.memory import report  # imported here: see TYPE_CHECKING above
+        from ..preflight.memory_report import report  # imported here: see TYPE_CHECKING above
 
         print(report(spec), flush=True)
     return EXECUTORS[spec.cluster.kind](launch)

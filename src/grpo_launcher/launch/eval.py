@@ -129,7 +129,7 @@ def default_out(t: Target) -> Path:
 
 
 def _checked(spec: RunSpec) -> RunSpec:
-    from ..spec.rules import validate
+    from ..preflight.validate import validate
 
     spec = dataclasses.replace(spec, dry_run=False)
     if spec.cluster.kind.value != "local":

@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 
 from ..finished import last_checkpoint_step
 from ..plan import Plan, make_plan
+from ..preflight.validate import validate
 from ..spec.compose import ConfigSource, _override_key, checked_spec, compose_all, roundtrip_problems
 from ..spec.errors import ConfigError, Violation
-from ..spec.rules import validate
 from ..spec.schema import ClusterKind, Resume, RunSpec
 from . import rundir
 from .names import derived_name

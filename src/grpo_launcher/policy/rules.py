@@ -1,5 +1,5 @@
 """The policy room's pre-flight rules: the torch and megatron backends' layouts and shapes, and what this build's
-workers cannot run (registered with spec/rules.py, whose validate() imports this module)."""
+workers cannot run (preflight/validate.py lists this module in RULE_MODULES)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ..logit_heads import logit_transform, read_text_config, unreproduced_keys
 from ..models.nemotron_h import moe_layers
 from ..plan import rollouts_per_step, train_devices
 from ..spec.errors import Violation
-from ..spec.rules import V, build_gap, rule
+from ..preflight.registry import V, build_gap, rule
 from ..spec.schema import RunSpec, TrainBackend
 from ..spec.versions import vllm_moe_gap_for
 from .fused import FAMILIES as LIGER
@@ -190,7 +190,7 @@ def _hybrid_kernels(family: str) -> str:
 
 @rule("probe", name="build_implements_run")
 def policy_gaps(s: RunSpec) -> Iterator[Violation]:
-    """What this build's policy backends cannot run (spec/rules.py build_implements_run)."""
+    """What this build's policy backends cannot run (preflight/values.py build_implements_run)."""
     m, moe = s.model, s.train.moe
     if s.train.backend == TrainBackend.megatron:
         if m.family not in FAMILIES:

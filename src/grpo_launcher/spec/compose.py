@@ -275,9 +275,10 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
                  launch: bool = False) -> RunSpec:
     """A composed config → the resolved (spec/resolve.py, every fill-in once) and validated RunSpec, or ONE
     ConfigError. `launch`: a launch's pre-flight, which also draws the run's own values (resolve's HTTP key)."""
-    # imported here: resolve pulls in the rules and the env room, and compose is also the job's reader of spec.yaml
+    # imported here: resolve and validate pull in the rules and every room's, and compose is also the job's reader
+    # of spec.yaml
     from .resolve import resolve
-    from .rules import validate
+    from ..preflight.validate import validate
 
     spec, problems = to_spec(cfg), list(known_problems)
     spec, model_problems = resolve(spec, cli_keys, launch=launch)
@@ -289,11 +290,19 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
     return spec
 
 
+def leaf_values(obj: Any, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted key, value) of every leaf field of a spec section."""
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from leaf_values(value, f"{key}.")
+        else:
+            yield key, value
+
+
 def roundtrip_problems(spec: RunSpec, read_back: Optional[Any] = None) -> list[Violation]:
     """The spec the job reads back must be this spec: reload it (read_back(spec), default: its YAML text, in memory)
     and compare, key by key."""
-    from .rules import leaf_values
-
     try:
         back = read_back(spec) if read_back else to_spec(OmegaConf.create(spec_to_yaml(spec)))
     except ConfigError as err:

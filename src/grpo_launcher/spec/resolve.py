@@ -1,6 +1,6 @@
 """Every derived default and fill-in of the RunSpec, once, in this order, before validation.
 
-    1. async placement   grpo.async_grpo.enabled alone: devices of their own for the engines   spec/rules.py
+    1. async placement   grpo.async_grpo.enabled alone: devices of their own for the engines   here
     2. model facts       model.path's config.json → model.* (architecture, name)                spec/model_dir.py
     3. prompt budget     env.max_prompt_tokens=0 → the data's longest prompt                    envs/preflight.py
   and, for a launch (pre-flight: what this launch fixes for its job, from this shell, cwd and moment):
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 
 from ..envs.preflight import resolve_prompt_budget
+from ..plan import world_size
 from ..secrets import with_http_api_key
 from ..tracking.store import with_mlflow_env
 from .errors import Violation
 from .model_dir import resolve_model
-from .rules import async_placement
 from .schema import ClusterKind, RunSpec
 
 Fill = Callable[[RunSpec, frozenset[str]], tuple[RunSpec, list[Violation]]]
@@ -34,6 +34,27 @@ class Step(NamedTuple):
     name: str
     fill: Fill
     launch_only: bool = False  # this launch's value (its shell's variables, its cwd, a secret drawn now)
+
+
+def async_placement(s: RunSpec, cli_keys: Iterable[str]) -> RunSpec:
+    """grpo.async_grpo.enabled without cluster.rollout_devices: the engines get devices of their own, said on stdout
+    (the plan's placement line shows them): half the job's devices (whole engines of rollout.tensor_parallel_size),
+    or, on a one-slot CPU run, one more CPU worker slot. A one-GPU job (or stated values) is the rule's to refuse."""
+    keys = set(cli_keys)
+    if not s.grpo.async_grpo.enabled or s.cluster.rollout_devices or "cluster.rollout_devices" in keys:
+        return s
+    world, tp, c = world_size(s), s.rollout.tensor_parallel_size, s.cluster
+    if world >= 2 * tp:
+        picked = dataclasses.replace(c, rollout_devices=max(tp, world // 2 // tp * tp))
+        said = f"cluster.rollout_devices={picked.rollout_devices}"
+    elif c.gpus_per_node == 0 and c.nodes == 1 and tp == 1 and "cluster.cpu_workers_per_node" not in keys:
+        picked = dataclasses.replace(c, rollout_devices=1, cpu_workers_per_node=c.cpu_workers_per_node + 1)
+        said = f"cluster.rollout_devices=1 cluster.cpu_workers_per_node={picked.cpu_workers_per_node}"
+    else:
+        return s
+    print(f"grpo-launcher: grpo.async_grpo.enabled: the rollout engines get devices of their own: {said} (set "
+          "cluster.rollout_devices to choose)", flush=True)
+    return dataclasses.replace(s, cluster=picked)
 
 
 def absolute_output_root(spec: RunSpec) -> RunSpec:

@@ -1,4 +1,4 @@
-"""The tracking room's pre-flight rule (registered with spec/rules.py, whose validate() imports this module)."""
+"""The tracking room's pre-flight rule (preflight/validate.py lists this module in RULE_MODULES)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..spec.errors import Violation
-from ..spec.rules import V, rule
+from ..preflight.registry import V, rule
 from ..spec.schema import ClusterKind, RunSpec
 from .store import SQLITE, URI_ENV, store_problem, store_uri
 

@@ -21,7 +21,7 @@ from ..envs.prompting import split_prompts
 from ..envs.rewards import keep_first_error, reward_metrics
 from ..exit_codes import ExitCode
 from ..plan import Plan, make_plan, parse_duration
-from ..spec import memory
+from ..preflight import memory_estimate as memory
 from ..spec.schema import LossSpec, RunSpec
 from ..tracking import metric_names as M
 from ..tracking.gpu_memory import GpuPeak

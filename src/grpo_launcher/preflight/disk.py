@@ -1,5 +1,5 @@
 """Disk a run's checkpoints take, from the model's parameter count and dtypes, as the workers save them; and the probe
-that refuses a launch whose output_root lacks the room (rule `checkpoint_disk_room` in spec/rules.py).
+that refuses a launch whose output_root lacks the room (rule `checkpoint_disk_room` in preflight/budgets.py).
 
 One checkpoint (checkpoint/manager.py layout; what a resume reads back to continue exactly):
     torch     policy/model.safetensors: the fp32 master weights (4 B/param; the worker trains in fp32, bf16 is
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from .errors import Violation
-from .memory import GIB, arch_of, layout_of, param_counts, rank_params
-from .schema import Precision, RunSpec, TrainBackend
+from ..spec.errors import Violation
+from .memory_shapes import GIB, arch_of, layout_of, param_counts, rank_params
+from ..spec.schema import Precision, RunSpec, TrainBackend
 
 TOKENIZER_BYTES_PER_ENTRY = 160  # tokenizer.json (+ vocab/merges): Qwen2.5's 152k entries ~7 MB, Gemma's 256k ~34 MB
 

@@ -15,8 +15,8 @@ import struct
 from pathlib import Path
 from typing import Iterator, Optional
 
-from .errors import Violation
-from .schema import RunSpec
+from ..spec.errors import Violation
+from ..spec.schema import RunSpec
 
 MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers (MAX_HEADER_SIZE)
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,

@@ -1,16 +1,13 @@
 """Memory pre-flight: what each GPU (and each node's host RAM) of the plan holds, phase by phase.
 
 Pure functions of a validated RunSpec: nothing is imported from torch, nothing is allocated. The dry run
-prints `report(spec)`; the rule `gpu_memory_fits` (spec/rules.py) turns `violations(spec)` into a config
-error when the peak exceeds `cluster.gpu_memory_gib`. Every figure below is bytes unless it says GiB.
+prints `report(spec)` (preflight/memory_report.py), whose `violations(spec)` the rule `gpu_memory_fits`
+(preflight/budgets.py) reports when the peak exceeds `cluster.gpu_memory_gib`. Every figure below is bytes
+unless it says GiB.
 
 Formulas and their sources
 --------------------------
-Parameters per rank (Megatron-LM layouts, Shoeybi et al. 2019, arXiv:1909.08053; Narayanan et al. 2021,
-arXiv:2104.04473): dense weights are split over TP and over the PP stages (the embedding sits on the first
-stage, the output layer on the last; with PP = 1 one rank holds both); routed-expert weights over
-EP·ETP and the PP stages. The layer shapes are counted matrix by matrix (`param_counts`); the 1.21 B Llama
-shape of the calibration gives exactly 1,213,302,784 (= the HF model's count).
+Parameters per rank and activations per token: preflight/memory_shapes.py (its docstring).
 
 Weights, gradients, optimizer (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, §3: mixed-precision Adam
 holds 2 + 2 + K·Ψ bytes with K = 12: fp32 master copy, momentum and variance; ZeRO stage 1 splits the K part
@@ -33,21 +30,6 @@ over data parallelism). What *this* project's workers hold:
       packed IPC buffer (rollout/vllm_compat.py, ≤ 1 GiB): a "refit" phase of its own.
   reference model (loss.kl_coef > 0): one more copy of the weights (megatron: model dtype; torch: fp32,
       sharded like the policy with DP > 1).
-
-Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-arXiv:2205.05198, §4): count the tensors each layer saves for its backward, per token. Their GPT layer
-gives s·b·h·(34 + 5·a·s/h) bytes; our layers differ (no dropout masks, SwiGLU, GQA, RMSNorm, and SDPA/flash
-attention, which never stores the a·s² score matrices: Dao et al. 2022, arXiv:2205.14135), so
-`layer_activation_bytes` counts our code's tensors the same way. The per-token coefficients were checked
-tensor by tensor with torch.autograd.graph.saved_tensors_hooks on both workers' models (CPU build, bf16
-autocast / bf16 megatron; per layer and token: torch 30h + 4kv + 8f, megatron 20h + 6q + 6kv + 10f; for the
-1.21 B Llama shape 108,544 B and 112,640 B). TP divides the tensors between the
-column- and row-parallel linears; the norms' and the residual's tensors are divided only with sequence
-parallelism (their eq. 4 vs eq. 5). CP divides the tokens. Full recomputation keeps only each layer's input
-(2·s·b·h bytes per layer, their §5) plus one layer re-materialised during its backward. With PP the first
-stage keeps up to PP micro-batches in flight (1F1B): L/PP layers × PP micro-batches = L layers' worth.
-Working space: one layer's activations again (the gradients of the layer being back-propagated; two with
-recomputation).
 
 Logits (the GRPO peak at long sequences and large vocabularies): the output layer makes [tokens, V/TP]
 in the compute dtype; the response positions are gathered and divided by the temperature, then
@@ -95,14 +77,27 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .errors import Violation
-from .model_dir import model_facts
-from .schema import Precision, RolloutBackend, RunSpec, TrainBackend
-
-GIB = 2**30
+from ..plan import devices_per_node, engine_max_model_len, engine_sleeps, make_plan
+from ..spec.errors import Violation
+from ..spec.schema import Precision, RolloutBackend, RunSpec, TrainBackend
+from .memory_shapes import (
+    GIB,
+    Arch,
+    ParamCounts,
+    arch_of,
+    dtype_bytes,
+    gib,
+    kv_bytes_per_token,
+    largest_tensor,
+    layer_activation_bytes,
+    layout_of,
+    per_layer_list,
+    param_counts,
+    rank_params,
+)
 
 # Constants the calibration may adjust (benchmarks/results/memory.md says how they were checked).
 ALLOCATOR_SLACK = 0.16  # reserved = allocated + this × the phase's transient part (caching-allocator fragmentation)
@@ -123,15 +118,6 @@ HOST_PROCESS_GIB = 2.0  # resident footprint of one GPU process (CUDA/torch/libr
 LOGITS_COEF = {"megatron": lambda a: (3 * a, 16 if a == 2 else 20),
                "torch": lambda a: (2 * a, 2 * a + 6)}
 
-# Hybrid layer layouts the ModelSpec does not carry. Nemotron 3 Nano 30B-A3B (from its published HF config:
-# hybrid_override_pattern of 23 Mamba-2, 23 MoE and 6 GQA layers of head_dim 128; 128 routed experts top-6
-# plus one shared expert of 3712; squared-ReLU experts; Mamba-2 with 64 heads × 64, 8 groups, state 128,
-# conv 4). Not read from model.path: figures for this family are extrapolated.
-HYBRID_LAYOUTS: dict[tuple[str, int], dict] = {
-    ("nemotron_h", 52): dict(attention=6, mlp=0, moe=23, mamba=23, gated=False, shared_ffn=3712, head_dim=128,
-                             mamba_heads=64, mamba_head_dim=64, groups=8, state=128, conv=4),
-}
-
 
 RESIDENT = ("weights", "grads", "optimizer", "reference")
 FSDP_PARTS = ("fsdp gathered weights", "fsdp gradient buffers")  # torch with FSDP2 (DP > 1) only
@@ -142,233 +128,6 @@ PHASE_PARTS = {  # what the policy holds in each phase (the engine: `engine_gib`
     "optimizer step": (*RESIDENT, "optimizer step temp"),
     "refit": (*RESIDENT, "refit gather"),  # torch with FSDP2 only
 }
-
-
-def dtype_bytes(p: Precision) -> int:
-    return 2 if p == Precision.bfloat16 else 4
-
-
-def gib(x: float) -> float:
-    return x / GIB
-
-
-# ------------------------------------------------------------------------------------- shapes
-
-
-@dataclass(frozen=True)
-class Arch:
-    """The layer inventory of a model: how many layers of each kind, and their dimensions."""
-
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    attention: int  # layers with self-attention
-    mlp: int  # layers with a dense MLP
-    moe: int  # layers with routed experts
-    mamba: int  # Mamba-2 layers
-    experts: int = 0
-    top_k: int = 0
-    gated: bool = True  # SwiGLU (3 matrices) vs a plain 2-matrix MLP (squared ReLU)
-    shared_ffn: int = 0
-    qkv_bias: bool = False
-    mamba_heads: int = 0
-    mamba_head_dim: int = 0
-    groups: int = 0
-    state: int = 0
-    conv: int = 0
-    hybrid: bool = False  # the layout came from HYBRID_LAYOUTS (extrapolated)
-    tied: bool = False  # output layer shares the embedding
-
-    @property
-    def layers(self) -> int:
-        return self.attention + self.mlp + self.moe + self.mamba if self.hybrid else max(self.attention, 1)
-
-    @property
-    def q_dim(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def d_inner(self) -> int:
-        return self.mamba_heads * self.mamba_head_dim
-
-
-def arch_of(spec: RunSpec) -> Arch:
-    m = spec.model
-    f = model_facts(m)  # head_dim: config.json's when set (Qwen3, Gemma), as the rules read it
-    base = dict(hidden=m.hidden_size, heads=f.heads, kv_heads=f.kv_heads, head_dim=f.head_dim,
-                ffn=m.ffn_hidden_size, vocab=m.vocab_size, experts=m.num_experts, top_k=m.moe_top_k,
-                qkv_bias=m.family == "qwen2", tied=f.tied)
-    hybrid = HYBRID_LAYOUTS.get((m.family, m.num_layers))
-    if m.family == "nemotron_h" and m.path is None:  # built here: models/nemotron_h.py's layout, exactly
-        from ..models.nemotron_h import memory_layout
-
-        hybrid = memory_layout(m)
-    if hybrid:
-        return Arch(**{**base, **hybrid}, hybrid=True)
-    if m.num_experts:
-        return Arch(**base, attention=m.num_layers, mlp=0, moe=m.num_layers, mamba=0)
-    return Arch(**base, attention=m.num_layers, mlp=m.num_layers, moe=0, mamba=0)
-
-
-@dataclass(frozen=True)
-class ParamCounts:
-    attention: int  # one attention block (incl. its norm)
-    mlp: int  # one dense MLP block (incl. its norm)
-    moe_dense: int  # one MoE block's non-expert part: router, shared expert, norm
-    moe_experts: int  # one MoE block's routed experts
-    mamba: int  # one Mamba-2 block (incl. its norm)
-    embedding: int
-    output: int  # the output layer (0 when tied to the embedding)
-    final_norm: int
-
-    def layers_dense(self, a: Arch) -> int:
-        return a.attention * self.attention + a.mlp * self.mlp + a.moe * self.moe_dense + a.mamba * self.mamba
-
-    def experts(self, a: Arch) -> int:
-        return a.moe * self.moe_experts
-
-    def total(self, a: Arch) -> int:
-        return self.layers_dense(a) + self.experts(a) + self.embedding + self.output + self.final_norm
-
-    def largest_layer(self, a: Arch) -> int:
-        """The parameters of the largest decoder layer (FSDP2's unit; hybrids: one block of each kind)."""
-        moe = self.moe_dense + self.moe_experts
-        if a.hybrid:
-            return max(self.attention if a.attention else 0, self.mlp if a.mlp else 0, moe if a.moe else 0,
-                       self.mamba if a.mamba else 0)
-        return self.attention + (moe if a.moe else self.mlp)
-
-
-def param_counts(a: Arch) -> ParamCounts:
-    h, q, kv = a.hidden, a.q_dim, a.kv_dim
-    attn = h * q + 2 * h * kv + q * h + h + ((q + 2 * kv) if a.qkv_bias else 0)
-    mats = 3 if a.gated else 2
-    mlp = mats * h * a.ffn + h
-    moe_dense = a.experts * h + (mats * h * a.shared_ffn if a.shared_ffn else 0) + h
-    moe_experts = a.experts * mats * h * a.ffn
-    di, gn = a.d_inner, a.groups * a.state
-    mamba = (h * (2 * di + 2 * gn + a.mamba_heads) + (di + 2 * gn) * (a.conv + 1) + 3 * a.mamba_heads + di
-             + di * h + h) if a.mamba else 0
-    return ParamCounts(attn, mlp, moe_dense, moe_experts, mamba, a.vocab * h, 0 if a.tied else a.vocab * h, h)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The policy's parallel layout as the worker runs it (torch: data parallel only)."""
-
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    etp: int
-    sp: bool
-    world: int
-
-    @property
-    def dp(self) -> int:  # dense data parallel (the plan's policy DP size)
-        return max(self.world // (self.tp * self.pp * self.cp), 1)
-
-    @property
-    def expert_dp(self) -> int:
-        return max(self.world // (self.ep * self.etp * self.pp), 1)
-
-
-def layout_of(spec: RunSpec) -> Layout:
-    from ..plan import train_devices, world_size
-
-    t = spec.train
-    if t.backend == TrainBackend.torch:  # one policy rank per training device (FSDP2 over them when > 1)
-        return Layout(1, 1, 1, 1, 1, False, max(train_devices(spec), 1))
-    return Layout(t.tensor_parallel_size, t.pipeline_parallel_size, t.context_parallel_size,
-                  t.expert_parallel_size, t.expert_tensor_parallel_size, t.sequence_parallel, world_size(spec))
-
-
-def rank_params(a: Arch, pc: ParamCounts, lay: Layout) -> tuple[float, float]:
-    """(dense, expert) parameters held by the most loaded rank (the first/last PP stage)."""
-    edge = pc.embedding + pc.output + pc.final_norm if lay.pp == 1 else max(pc.embedding, pc.output + pc.final_norm)
-    dense = (pc.layers_dense(a) / lay.pp + edge) / lay.tp
-    experts = pc.experts(a) / lay.pp / (lay.ep * lay.etp)
-    return dense, experts
-
-
-# ------------------------------------------------------------------------------------- activations
-
-
-def _chunked_logits(add: Callable[[str, float, str], None], a: Arch, v: float, act: int, chunk: int, tokens: float,
-                    lp_tokens: float) -> None:
-    """The chunked output layer (train.logprob_chunk_tokens, algos/linear_logprobs.py) over `tokens` positions: the
-    torch worker's from the shortest prompt's end (counted as every token), megatron's the response tokens' (V: the
-    rank's vocabulary rows, V/TP; the hidden states whole on each TP rank). One chunk's logits at a time. Update: the backward's chunk (the compute-dtype GEMM output, fp32
-    logits, the fp32 gradient and its compute-dtype copy: (2a + 8)·V per token) + the saved compute-dtype hidden
-    states and fp32 per-token stats; the logprob pass: the forward's chunk (GEMM output, fp32 logits and softmax:
-    (a + 8)·V per token)."""
-    c, lp_c = min(chunk, tokens), min(chunk, lp_tokens)
-    add("logits", (2 * act + 8) * v * c + (act * a.hidden + 16) * tokens,
-        f"chunked: {2 * act + 8}·V × {c:.0f} tok (train.logprob_chunk_tokens={chunk}) + saved hidden")
-    add("logprob logits", (act + 8) * v * lp_c + (act * a.hidden + 16) * lp_tokens,
-        f"chunked, forward only: {act + 8}·V × {lp_c:.0f} tok + hidden")
-
-
-def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay: Layout) -> dict[str, float]:
-    """Bytes per token that one layer of each kind saves for its backward, on one rank.
-
-    act: bytes of the compute dtype (2 bf16, 4 fp32). Returned per layer kind: 'attention', 'mlp', 'moe',
-    'mamba' (each includes its pre-norm). TP divides the parallel-linear tensors; the norm/residual tensors
-    only with SP. See the module docstring for the derivation.
-    """
-    h, q, kv, f = a.hidden, a.q_dim, a.kv_dim, a.ffn
-    tp, etp = lay.tp, lay.etp
-    rep = tp if lay.sp else 1  # sequence parallelism splits the replicated (norm/residual) part too
-    if backend == "torch":
-        # HF Llama/Qwen2 on fp32 weights: fp32 residual stream; RMSNorm saves its input and the normalised
-        # tensor (4h + 4h); under autocast every linear casts its fp32 input to bf16 separately (q/k/v: 3 casts,
-        # gate/up: 2; without autocast the norm's fp32 output is saved once); RoPE's outputs are cast again for
-        # SDPA, which saves q, k, v and its output (o_proj's input is that output, no copy); SwiGLU saves
-        # gate, silu(gate), up and their product. Counted with saved-tensor hooks on CPU (the module docstring).
-        norm = 8 * h
-        attn = norm + (3 * 2 * h if autocast else 4 * h) + act * (2 * q + 2 * kv)
-        mlp = norm + (2 * 2 * h if autocast else 4 * h) + 4 * act * f
-        moe_routed = a.top_k * (2 * act * h + 5 * act * f) if a.experts else 0
-        moe = norm + a.experts * 4 * 3 + moe_routed
-        return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": 0.0}
-    # megatron-core local spec: torch RMSNorm in bf16 saves 4h + 2·2h, and the next linear its output (2h);
-    # the fused QKV output (kept alive by the V view), RoPE'd q and k, the SDPA output (linear_proj's input is
-    # a view of it); fc1's fused gate|up output, silu(gate), one more f-sized tensor and the product (fc2's
-    # input): 5 tensors of f. Counted with saved-tensor hooks on the CPU build (the module docstring).
-    norm = (4 * h + 3 * act * h) / rep
-    attn = norm + act * (3 * q + 3 * kv) / tp
-    act_f = 5 * act if a.gated else 4 * act  # bytes per ffn unit: SwiGLU 5 tensors, squared ReLU 4
-    mlp = norm + act_f * f / tp
-    # MoE: router logits/probs in fp32 (3 tensors of E), every routed copy of a token (top-k) saves its
-    # permuted input, the expert's ffn tensors (split over ETP) and the output the combine weights.
-    routed = a.top_k * (2 * act * h + act_f * f / etp) if a.experts else 0
-    shared = act_f * a.shared_ffn / tp if a.shared_ffn else 0
-    moe = norm + 3 * 4 * a.experts + routed + shared
-    di, gn, mh = a.d_inner, a.groups * a.state, a.mamba_heads
-    # Mamba-2 (extrapolated): in_proj output, conv output, the SSD scan's x/B/C/dt and output, the gated
-    # RMSNorm (fp32) and out_proj's input.
-    mamba = (norm + (act * (2 * di + 2 * gn + mh) * 2 + act * (di + 2 * gn) + 8 * di + 2 * act * di) / tp
-             if a.mamba else 0.0)
-    return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": mamba}
-
-
-def per_layer_list(a: Arch, per_kind: dict[str, float]) -> list[float]:
-    """Bytes per token of each layer (a decoder layer = attention + its MLP/MoE; hybrids: one block each)."""
-    if a.hybrid:
-        return ([per_kind["attention"]] * a.attention + [per_kind["mlp"]] * a.mlp + [per_kind["moe"]] * a.moe
-                + [per_kind["mamba"]] * a.mamba)
-    ffn = per_kind["moe"] if a.moe else per_kind["mlp"]
-    return [per_kind["attention"] + ffn] * a.layers
-
-
-# ------------------------------------------------------------------------------------- the estimate
 
 
 @dataclass(frozen=True)
@@ -412,6 +171,21 @@ class Estimate:
 
 def _fmt_params(n: float) -> str:
     return f"{n / 1e9:.3g}e9" if n >= 1e8 else f"{n / 1e6:.3g}e6"
+
+
+def _chunked_logits(add: Callable[[str, float, str], None], a: Arch, v: float, act: int, chunk: int, tokens: float,
+                    lp_tokens: float) -> None:
+    """The chunked output layer (train.logprob_chunk_tokens, algos/linear_logprobs.py) over `tokens` positions: the
+    torch worker's from the shortest prompt's end (counted as every token), megatron's the response tokens' (V: the
+    rank's vocabulary rows, V/TP; the hidden states whole on each TP rank). One chunk's logits at a time. Update: the backward's chunk (the compute-dtype GEMM output, fp32
+    logits, the fp32 gradient and its compute-dtype copy: (2a + 8)·V per token) + the saved compute-dtype hidden
+    states and fp32 per-token stats; the logprob pass: the forward's chunk (GEMM output, fp32 logits and softmax:
+    (a + 8)·V per token)."""
+    c, lp_c = min(chunk, tokens), min(chunk, lp_tokens)
+    add("logits", (2 * act + 8) * v * c + (act * a.hidden + 16) * tokens,
+        f"chunked: {2 * act + 8}·V × {c:.0f} tok (train.logprob_chunk_tokens={chunk}) + saved hidden")
+    add("logprob logits", (act + 8) * v * lp_c + (act * a.hidden + 16) * lp_tokens,
+        f"chunked, forward only: {act + 8}·V × {lp_c:.0f} tok + hidden")
 
 
 def policy_estimate(spec: RunSpec, est: Estimate) -> None:
@@ -581,19 +355,6 @@ def _torch_fsdp(spec: RunSpec, est: Estimate, a: Arch, pc: ParamCounts, n: float
     return gpu * 4 * n / dp
 
 
-def largest_tensor(a: Arch) -> int:
-    """Elements of the model's largest single tensor: the embedding / output layer, an MLP matrix, a Mamba
-    in_proj, or one MoE layer's routed experts (transformers stores them as one 3-D tensor)."""
-    mamba_in = a.hidden * (2 * a.d_inner + 2 * a.groups * a.state + a.mamba_heads) if a.mamba else 0
-    return max(a.vocab * a.hidden, a.hidden * a.ffn, a.experts * a.ffn * a.hidden, mamba_in)
-
-
-def kv_bytes_per_token(a: Arch, tp: int, dtype: int) -> float:
-    """vLLM KV cache bytes per token on one GPU of an engine (KV heads replicated when TP > heads)."""
-    kv_heads = max(1, math.ceil(a.kv_heads / tp))
-    return 2 * a.attention * kv_heads * a.head_dim * dtype
-
-
 def sleep_residue(spec: RunSpec) -> float:
     """GiB a vLLM engine keeps on each of its GPUs asleep at level 2 (the module doc): its CUDA context, its NCCL
     communicators when the engine spans GPUs, its CUDA graphs unless eager."""
@@ -603,8 +364,6 @@ def sleep_residue(spec: RunSpec) -> float:
 
 
 def rollout_estimate(spec: RunSpec, est: Estimate) -> None:
-    from ..plan import engine_max_model_len, engine_sleeps, make_plan
-
     r, m = spec.rollout, spec.model
     a = arch_of(spec)
     total = param_counts(a).total(a)
@@ -655,8 +414,6 @@ def rollout_estimate(spec: RunSpec, est: Estimate) -> None:
 
 
 def host_estimate(spec: RunSpec, est: Estimate) -> None:
-    from ..plan import devices_per_node
-
     a = arch_of(spec)
     total = param_counts(a).total(a)
     per_node = devices_per_node(spec)
@@ -734,176 +491,3 @@ def engine_gib(est: Estimate, phase: str) -> float:
     if est.asleep_gib is None or phase == "generate":
         return est.rollout_gib
     return est.asleep_gib + (est.engine_weights_gib if phase == "refit" else 0.0)
-
-
-# ------------------------------------------------------------------------------------- report
-
-
-def summary_line(est: Estimate) -> str:
-    if not est.use_gpus:
-        return "memory per GPU: CPU run (no GPU budget)"
-    asleep = "" if est.asleep_gib is None else f" ({est.asleep_gib:.1f} asleep through logprobs + update)"
-    head = (f"memory per GPU: policy {est.policy_reserved_gib:.1f} GiB, rollout {est.rollout_gib:.1f} GiB{asleep}, "
-            f"peak {est.peak_gib:.1f} GiB")
-    if est.device_gib is None:
-        return head + f" in the {est.peak_phase} phase (cluster.gpu_memory_gib unknown: check skipped)"
-    return head + f" of {est.device_gib:g} GiB ({100 * est.peak_gib / est.device_gib:.0f} %) in the {est.peak_phase} phase"
-
-
-def report(spec: RunSpec, est: Optional[Estimate] = None) -> str:
-    """The dry run's memory section: the one-line budget, the table, host RAM, notes."""
-    est = est or estimate(spec)
-    lines = [summary_line(est)]
-    if not est.use_gpus:
-        return lines[0]
-    lines.append(f"  {'per GPU':<30}{'GiB':>8}  how")
-    for it in est.policy.values():
-        lines.append(f"  {'policy ' + it.name:<30}{it.gib:>8.2f}  {it.how}")
-    for it in est.rollout.values():
-        lines.append(f"  {'rollout ' + it.name:<30}{it.gib:>8.2f}  {it.how}")
-    if est.asleep_gib is not None:
-        lines.append(f"  {'rollout asleep':<30}{est.asleep_gib:>8.2f}  vLLM sleep level 2 through logprobs + update: "
-                     "weights + KV freed; its CUDA context, NCCL (TP > 1), CUDA graphs stay")
-    lines.append(f"  {'CUDA contexts + NCCL':<30}{est.context_gib:>8.2f}  outside torch's counters")
-    phases = " | ".join(f"{k} {v:.1f}" for k, v in est.phases.items())
-    lines.append(f"  policy phases (allocated GiB): {phases}; peak phase: {est.policy_phase} "
-                 f"(reserved ≈ + {ALLOCATOR_SLACK:g} × its transient part)")
-    totals = " | ".join(f"{k} {v:.1f}" for k, v in est.totals.items())
-    lines.append(f"  per GPU by phase (policy reserved + rollout + contexts, GiB): {totals}")
-    if est.kv and est.kv.get("available") is not None and est.device_gib is not None:
-        k = est.kv
-        fit = k["available"] / k["one_seq"] if k["one_seq"] else 0
-        lines.append(f"  KV cache: {gib(k['available']):.1f} GiB = {fit:.0f} sequences of {k['max_model_len']} tokens "
-                     f"(the step sends {k['seqs']:.0f} per engine)")
-    host = ", ".join(f"{i.name} {i.gib:.1f}" for i in est.host.values())
-    lines.append(f"host RAM per node: ~{est.host_gib:.0f} GiB at peak ({host} GiB)")
-    if est.device_gib is None:
-        lines.append("warning: cluster.gpu_memory_gib is null (unknown GPU): the memory check is skipped; "
-                     "set it (H100 79.6, H200 140.4) to check the plan")
-    lines += [f"note: {n}" for n in dict.fromkeys(est.notes)]
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------------- the rule
-
-
-def _sane(spec: RunSpec) -> bool:
-    """Sizes the estimate can be evaluated on (other rules report the rest)."""
-    from ..plan import rollout_model_parallel, train_model_parallel, world_size
-
-    t = spec.train
-    sizes = (t.micro_batch_size, t.logprob_batch_size, t.global_batch_size, t.tensor_parallel_size,
-             t.pipeline_parallel_size, t.context_parallel_size, t.expert_parallel_size,
-             t.expert_tensor_parallel_size, spec.rollout.tensor_parallel_size, spec.rollout.pipeline_parallel_size,
-             spec.cluster.nodes, spec.model.num_attention_heads, spec.model.num_layers)
-    if min(sizes) < 1 or spec.model.hidden_size % spec.model.num_attention_heads:
-        return False
-    world = world_size(spec)
-    return world % train_model_parallel(spec) == 0 and world % rollout_model_parallel(spec) == 0
-
-
-def _with(spec: RunSpec, section: str, **changes) -> RunSpec:
-    return replace(spec, **{section: replace(getattr(spec, section), **changes)})
-
-
-def _fixes(spec: RunSpec, est: Estimate) -> list[str]:
-    """Cheapest first: each change that makes the plan fit, with its new peak."""
-    from ..plan import rollout_devices
-
-    t, r, c = spec.train, spec.rollout, spec.cluster
-    g = est.device_gib
-    out: list[str] = []
-
-    def attempt(label: str, s: RunSpec) -> bool:
-        if not _sane(s):
-            return False
-        e = estimate(s)
-        if e.peak_gib <= g:
-            out.append(f"{label} → peak {e.peak_gib:.1f} GiB ({100 * e.peak_gib / g:.0f} %)")
-            return True
-        return False
-
-    if est.policy_phase == "train" and t.micro_batch_size > 1:
-        mb = t.micro_batch_size // 2
-        while mb >= 1 and not attempt(f"train.micro_batch_size={mb}", _with(spec, "train", micro_batch_size=mb)):
-            mb //= 2
-    if est.policy_phase == "logprobs" and t.logprob_batch_size > 1:
-        lb = t.logprob_batch_size // 2
-        while lb >= 1 and not attempt(f"train.logprob_batch_size={lb}",
-                                      _with(spec, "train", logprob_batch_size=lb)):
-            lb //= 2
-    if not t.activation_checkpointing:
-        attempt("train.activation_checkpointing=true", _with(spec, "train", activation_checkpointing=True))
-    if t.backend == TrainBackend.megatron and not t.distributed_optimizer and layout_of(spec).dp > 1:
-        attempt("train.distributed_optimizer=true", _with(spec, "train", distributed_optimizer=True))
-    if r.backend == RolloutBackend.vllm and est.asleep_gib is None and not rollout_devices(spec):
-        attempt("rollout.sleep_mode=true", _with(spec, "rollout", sleep_mode=True))
-    if r.backend == RolloutBackend.vllm and g:
-        over = est.peak_gib - g
-        u = math.floor((r.gpu_memory_utilization - over / g) * 100) / 100
-        if u > 0:
-            s = _with(spec, "rollout", gpu_memory_utilization=u)
-            e = estimate(s)
-            if e.kv.get("available", 0) >= e.kv.get("one_seq", 0) and e.peak_gib <= g:
-                out.append(f"rollout.gpu_memory_utilization={u:.2f} → peak {e.peak_gib:.1f} GiB "
-                           f"(KV {gib(e.kv['available']):.1f} GiB = "
-                           f"{e.kv['available'] / e.kv['one_seq']:.0f} sequences of {e.kv['max_model_len']})")
-    if t.backend == TrainBackend.megatron:
-        tp = t.tensor_parallel_size * 2
-        while tp <= max(c.gpus_per_node, 1) and not attempt(f"train.tensor_parallel_size={tp}",
-                                                            _with(spec, "train", tensor_parallel_size=tp)):
-            tp *= 2
-    for k in (2, 4, 8, 16, 32, 64):
-        if attempt(f"cluster.nodes={c.nodes * k}", _with(spec, "cluster", nodes=c.nodes * k)):
-            break
-    return out
-
-
-def violations(spec: RunSpec) -> list[Violation]:
-    """A config error when the peak per GPU exceeds cluster.gpu_memory_gib (skipped when unknown or CPU)."""
-    c = spec.cluster
-    if c.gpus_per_node < 1 or c.gpu_memory_gib is None or not _sane(spec):
-        return []
-    if c.gpu_memory_gib <= 0:
-        return [Violation("gpu_memory_fits", ("cluster.gpu_memory_gib",), f"must be > 0 or null, got "
-                          f"{c.gpu_memory_gib}", "set the GPU's memory in GiB (H100 79.6, H200 140.4) or null")]
-    est = estimate(spec)
-    out: list[Violation] = []
-    r = spec.rollout
-    if r.backend == RolloutBackend.vllm and est.kv and est.kv["available"] < est.kv["one_seq"]:
-        out.append(Violation(
-            "gpu_memory_fits", ("rollout.gpu_memory_utilization", "rollout.max_model_len",
-                                "rollout.tensor_parallel_size"),
-            f"the engine's budget {r.gpu_memory_utilization:g} × {c.gpu_memory_gib:g} GiB = "
-            f"{r.gpu_memory_utilization * c.gpu_memory_gib:.1f} GiB − weights {est.rollout['engine weights'].gib:.1f}"
-            f" − activations {est.rollout['engine activations'].gib:.1f} leaves {gib(est.kv['available']):.1f} GiB "
-            f"of KV cache; one {est.kv['max_model_len']}-token sequence needs {gib(est.kv['one_seq']):.2f} GiB "
-            "(vLLM refuses to start)",
-            "raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size, or lower rollout.max_model_len"))
-    if est.peak_gib > c.gpu_memory_gib:
-        p = est.policy
-        parts = ", ".join(f"{k} {p[k].gib:.1f}" for k in PHASE_PARTS[est.peak_phase] if k in p)
-        fixes = _fixes(spec, est)
-        t = spec.train
-        keys: tuple[str, ...] = ("cluster.gpu_memory_gib", "train.micro_batch_size", "train.max_total_sequence_length",
-                                 "rollout.gpu_memory_utilization", "train.tensor_parallel_size", "cluster.nodes")
-        if not t.activation_checkpointing:
-            keys = (*keys, "train.activation_checkpointing")
-        if t.backend == TrainBackend.torch:  # data parallel only: no TP to raise
-            keys = tuple(k for k in keys if k != "train.tensor_parallel_size")
-        if r.backend == RolloutBackend.vllm:
-            keys = (*keys, "rollout.sleep_mode")
-        phase = est.peak_phase
-        asleep = " (asleep)" if est.asleep_gib is not None and phase != "generate" else ""
-        out.append(Violation(
-            "gpu_memory_fits", keys,
-            f"peak per GPU {est.peak_gib:.1f} GiB > {c.gpu_memory_gib:g} GiB "
-            f"({100 * est.peak_gib / c.gpu_memory_gib:.0f} %) in the {phase} phase: policy "
-            f"{phase_reserved(est, phase):.1f} ({parts}; + allocator slack) + rollout "
-            f"{engine_gib(est, phase):.1f}{asleep} + CUDA contexts {est.context_gib:.1f}",
-            ("cheapest: " + "; or ".join(fixes)) if fixes else
-            "no single change found: lower the sequence length or raise several of the keys above"
-            + ("; the torch backend has no context parallelism (train.backend=megatron has)"
-               if t.backend == TrainBackend.torch else "")))
-    return out
-

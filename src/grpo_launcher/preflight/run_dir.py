@@ -1,0 +1,55 @@
+"""The run directory: it can be made, its run has not finished, and its checkpoints fit this spec."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+from ..checkpoint.manager import incompatibilities, load_meta
+from ..finished import finished_problem, last_checkpoint_step
+from ..spec.errors import Violation
+from ..spec.schema import Resume, RunSpec
+from .registry import V, rule
+
+
+@rule("probe")
+def output_root_writable(s: RunSpec) -> Iterator[Violation]:
+    """The run directory can be made: the nearest existing part of OUTPUT_ROOT/NAME is a directory this user may
+    write (nothing is created here); else the launcher would fail making RUN_DIR after the plan."""
+    path = Path(s.output_root).expanduser().absolute() / s.name
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    problem = ("is not a directory" if not path.is_dir() else
+               None if os.access(path, os.W_OK | os.X_OK) else "is not writable by this user")
+    if problem:
+        yield V("output_root_writable", "output_root", f"{path} {problem}: the run directory cannot be made there",
+                "set output_root to a directory you can write (it is created if missing)")
+
+
+@rule("probe")
+def run_name_not_finished(s: RunSpec) -> Iterator[Violation]:
+    """Re-launching a finished run's name would train nothing (and overwrite its summary): refused."""
+    problem = finished_problem(s)
+    if problem:
+        yield V("run_name_not_finished", ("name", "checkpoint.resume", "grpo.max_steps"), *problem)
+
+
+@rule("probe")
+def run_name_checkpoints_compatible(s: RunSpec) -> Iterator[Violation]:
+    """Resuming a run name whose newest checkpoint was written by another model, parallelism or env would be
+    refused by the job after it had built a model and rewritten spec.yaml: refused here, nothing touched."""
+    run_dir = Path(s.output_root).resolve() / s.name
+    step = None if s.checkpoint.resume != Resume.auto else last_checkpoint_step(run_dir)
+    if step is None:
+        return
+    try:
+        meta = load_meta(run_dir / "checkpoints" / f"step_{step:06d}")
+    except (OSError, ValueError):  # unreadable: the job's resume verifies it and falls back to an older one
+        return
+    diffs = incompatibilities(meta, s) if "compat" in meta or "spec" in meta else []  # the job's own check
+    if diffs:
+        keys = tuple(dict.fromkeys(d.split(":")[0] for d in diffs))
+        yield V("run_name_checkpoints_compatible", (*keys, "checkpoint.resume"),
+                f"run '{s.name}' has checkpoints (step {step}) from an incompatible spec (checkpoint → this run): "
+                + "; ".join(diffs), "checkpoint.resume=fresh (moves its checkpoints aside), or a new name=...")

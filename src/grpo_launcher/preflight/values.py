@@ -1,0 +1,115 @@
+"""Every leaf value can travel to the job and back; and what this build runs (backends, versions, trackers)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+from enum import Enum
+from typing import Any, Iterator
+
+from ..spec.compose import leaf_values
+from ..spec.errors import Violation
+from ..spec.schema import RunSpec
+from ..spec.versions import untested
+from .registry import V, build_gap, rule
+
+INT_LIMIT = 2**31 - 1  # every count, size, port and seed of the schema fits (torch, Ray and Slurm take int32)
+MAX_TEXT = 4096
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def value_problem(value: object) -> str | None:
+    """Why a single value cannot travel to the job and back (spec.yaml, sbatch, Ray), or None."""
+    if value is None or isinstance(value, (bool, Enum)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"must be a finite number, got {value}"
+    if isinstance(value, int):
+        return None if abs(value) <= INT_LIMIT else f"{str(value)[:12]}... ({len(str(value))} digits) is out of range"
+    if isinstance(value, str):
+        if CONTROL_CHARS.search(value):
+            return f"{value[:40]!r} holds a line break or control character"
+        if "${" in value:
+            return f"{value[:40]!r} holds '${{': the job would resolve it as an interpolation when it reads spec.yaml"
+        return None if len(value) <= MAX_TEXT else f"is {len(value)} characters long (at most {MAX_TEXT})"
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            if isinstance(item, (list, tuple, dict)):
+                return f"items must be plain values, got a nested {type(item).__name__}"
+            why = value_problem(item)
+            if why:
+                return f"item {why}"
+        return None
+    return f"unexpected value of type {type(value).__name__}"
+
+
+@rule("pure")
+def field_values(s: RunSpec) -> Iterator[Violation]:
+    """Every leaf value: finite floats, int32-sized integers, one-line text without `${`, flat lists."""
+    for key, value in leaf_values(s):
+        why = value_problem(value)
+        if why:
+            yield V("field_values", key, why, f"set {key} to a plain, finite, one-line value")
+
+
+@rule("pure", name="field_values")
+def list_keys_hold_lists(s: RunSpec) -> Iterator[Violation]:
+    """A list key holds a list: an interpolation of a scalar into one (cluster.container_mounts=${train.lr}) passes
+    OmegaConf's merge unchecked, and the job's reload of spec.yaml would refuse it on the node."""
+    for key, value in non_lists(s):
+        yield V("field_values", key, f"is a list key but holds the {type(value).__name__} {str(value)[:40]!r} "
+                "(an interpolation of a single value?)", f"set {key} to a list: {key}=[a,b] (or [${{...}}])")
+
+
+def non_lists(obj: Any, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted key, value) of every list-typed field whose value is not a list."""
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from non_lists(value, f"{key}.")
+        elif str(f.type).startswith(("list[", "tuple[")) and not isinstance(value, (list, tuple)):
+            yield key, value
+
+
+@rule("probe")
+def build_implements_run(s: RunSpec) -> Iterator[Violation]:
+    """Backend × family × layout × env this build cannot run: refused before anything is started or submitted
+    (a dry run still plans and renders, so recipes for other builds stay inspectable). The rooms check their own
+    parts under this name (policy/rules.py, gym/rules.py)."""
+    m = s.model
+    for package, why in untested(s):
+        yield build_gap(("cluster.untested_versions",), f"{why} (this interpreter's, which the run uses)",
+                        f"install a tested {package} (src/grpo_launcher/spec/versions.py), or set "
+                        "cluster.untested_versions=true")
+    builds = (m.family == "qwen2" and not m.num_experts) or (m.family == "nemotron_h" and m.num_experts > 0)
+    if m.path is None and (not builds or m.tie_word_embeddings):
+        yield build_gap(("model.path", "model.family", "model.num_experts", "model.tie_word_embeddings"),
+                        f"model.path=null builds an untied dense Qwen2 or MoE nemotron_h model here (models/), not "
+                        f"family={m.family}, num_experts={m.num_experts}, tie_word_embeddings={m.tie_word_embeddings}",
+                        "set model.path to an HF checkpoint directory of that architecture")
+
+
+@rule("pure")
+def trackers_installed(s: RunSpec) -> Iterator[Violation]:
+    """logging.wandb and logging.tensorboard need their packages (dependencies of this package); the W&B project
+    (WANDB_PROJECT, else logging.experiment) must be a name wandb's own settings accept."""
+    if s.logging.wandb and importlib.util.find_spec("wandb") is None:
+        yield V("trackers_installed", "logging.wandb", "the `wandb` package is not installed",
+                "pip install wandb (a dependency of this package: reinstall it), or logging.wandb=false")
+    elif s.logging.wandb:
+        import wandb
+        from wandb.errors import UsageError
+
+        project = os.environ.get("WANDB_PROJECT") or s.logging.experiment
+        try:
+            wandb.Settings(project=project)
+        except UsageError as exc:
+            key = "WANDB_PROJECT" if os.environ.get("WANDB_PROJECT") else "logging.experiment"
+            yield V("trackers_installed", ("logging.wandb", key), f"W&B refuses the project from {key}: {exc}",
+                    f"set {key} to a W&B project name (no / \\ # ? % :, at most 128 characters)")
+    if s.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        yield V("trackers_installed", "logging.tensorboard", "the `tensorboard` package is not installed",
+                "pip install tensorboard (a dependency of this package: reinstall it), or logging.tensorboard=false")
