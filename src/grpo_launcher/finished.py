@@ -23,8 +23,8 @@ def last_checkpoint_step(run_dir: Path) -> Optional[int]:
 
 
 def finished_problem(spec: RunSpec) -> Optional[tuple[str, str]]:
-    """(message, fix) when resuming this run name would have nothing to train, else None (a probe: spec/rules.py
-    run_name_not_finished, which a dry run skips)."""
+    """(message, fix) when resuming this run name would have nothing to train, else None (a probe:
+    preflight/run_dir.py run_name_not_finished, which a dry run skips)."""
     from .spec.schema import Resume
 
     if spec.checkpoint.resume != Resume.auto:

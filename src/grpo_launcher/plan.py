@@ -3,7 +3,7 @@
 The sbatch header, the Ray bring-up, the placement groups, the worker counts, the workers' engine context
 and the driver's batch split (prompts, groups, minibatches, row shards) all read this; nothing else
 recomputes world sizes, engine counts or batch shapes. The functions below take a spec that may not be
-valid yet: spec/rules.py checks the shapes with them before a Plan is made.
+valid yet: the rules (preflight/) check the shapes with them before a Plan is made.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def rollouts_per_step(spec: RunSpec) -> int:
 
 def engine_sleeps(spec: RunSpec) -> bool:
     """rollout.sleep_mode=true: vLLM engines that share their GPUs with the policy sleep at level 2 (weights and
-    KV cache freed: the refit rewrites every weight anyway) while the logprob and update phases run. rules.py
-    refuses it elsewhere (CPU engines have no sleep mode; engines on devices of their own free nothing useful)."""
+    KV cache freed: the refit rewrites every weight anyway) while the logprob and update phases run.
+    preflight/engines.py refuses it elsewhere (CPU engines have no sleep mode; engines on devices of their own free
+    nothing useful)."""
     return (spec.rollout.sleep_mode and spec.rollout.backend == RolloutBackend.vllm
             and spec.cluster.gpus_per_node > 0 and not rollout_devices(spec))
 

@@ -11,9 +11,9 @@ import hashlib
 import re
 from typing import Sequence
 
-MAX_DERIVED = 80  # well under spec/rules.py MAX_NAME (200): readable in `launch.py status`, squeue, MLflow
+MAX_DERIVED = 80  # well under preflight/paths.py MAX_NAME (200): readable in `launch.py status`, squeue, MLflow
 HASH_CHARS = 8
-UNSAFE = re.compile(r"[^A-Za-z0-9_.+=,@-]")  # spec/rules.py SAFE_NAME's complement
+UNSAFE = re.compile(r"[^A-Za-z0-9_.+=,@-]")  # preflight/paths.py SAFE_NAME's complement
 
 
 def readable(override: str) -> str:

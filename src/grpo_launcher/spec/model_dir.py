@@ -107,7 +107,8 @@ def architecture(cfg: dict) -> tuple[dict[str, Any], list[str]]:
 @dataclasses.dataclass(frozen=True)
 class ModelFacts:
     """The attention shape as transformers builds it from config.json: what every rule and the memory model read
-    (spec/rules.py heads_divide and the vLLM KV rule, spec/memory.py arch_of, the builders in models/)."""
+    (preflight/sizes.py heads_divide, preflight/engines.py's vLLM KV rule, preflight/memory_shapes.py arch_of, the
+    builders in models/)."""
 
     head_dim: int  # config.json head_dim (model.head_dim), else hidden_size // num_attention_heads
     heads: int

@@ -319,7 +319,7 @@ class ClusterSpec:
     wait: bool = False  # slurm: block until the job ends, streaming the driver log
     node_gpus: Optional[int] = None  # GPUs a node of this cluster has (set by its profile); null = unknown
     # memory of one GPU in GiB as torch reports it (set by the profile; figures per GPU model:
-    # benchmarks/results/environments.md); null = unknown: the memory pre-flight (spec/memory.py) then prints
+    # benchmarks/results/environments.md); null = unknown: the memory pre-flight (preflight/memory_*.py) then prints
     # its estimate but skips the check, with a warning
     gpu_memory_gib: Optional[float] = None
 

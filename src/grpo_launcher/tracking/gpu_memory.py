@@ -1,4 +1,4 @@
-"""The run's measured whole-GPU peak next to the memory pre-flight's prediction (spec/memory.py).
+"""The run's measured whole-GPU peak next to the memory pre-flight's prediction (preflight/memory_estimate.py).
 
 `nvidia-smi` samples the used memory of the driver node's GPUs every 200 ms for the whole run: every process on
 the card (policy workers, vLLM engines, CUDA contexts, NCCL), as the prediction counts it. The run's summary.json

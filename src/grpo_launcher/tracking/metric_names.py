@@ -1,6 +1,6 @@
 """The names of the metrics a run logs (MLflow, the per-step line, summary.json): one list.
 
-The driver (train/driver.py) and the policy workers produce them; checkpoint.metric (spec/rules.py), the
+The driver (train/driver.py) and the policy workers produce them; checkpoint.metric (preflight/training.py), the
 Optuna objective (hydra.sweeper.objective, checked at the sweep's pre-flight: launch/sweep.py) and the
 curve (tracking/plot.py) name them. tests/test_sweeps.py checks a real run's summary.json against this list.
 """
