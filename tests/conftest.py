@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import ray  # noqa: F401  Ray reads its auth mode at import: here, once, so every Ray in this process agrees (none)
 
 from helpers import ROOT, share_models, wait_until  # noqa: F401  (wait_until: `from conftest import wait_until` still works)
 
@@ -54,13 +53,16 @@ def runs_outside_the_checkout(monkeypatch, tmp_path_factory) -> Path:
 
 @pytest.fixture(autouse=True)
 def environment_put_back():
-    """Every test ends with the process environment it started with: a launch run in this process sets Ray's auth
-    variables for its run (launch/local.py puts them back; this holds the tests to it if one is missed)."""
+    """Every test ends with the process environment it started with, and Ray (where imported) reading it again. A
+    launch in this process must put its Ray variables back itself (launch/local.py ray_environment): held here.
+    RAY_AUTH_MODE is not asserted: ray.init sets it for the process when it starts a local cluster."""
+    from grpo_launcher.launch.local import ray_rereads_auth
+
     before = dict(os.environ)
     yield
-    from grpo_launcher.launch.local import RUN_ENV
-
-    leaked = {k for k in RUN_ENV if os.environ.get(k) != before.get(k)}
+    leaked = {k for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", "RAY_enable_metrics_collection")
+              if os.environ.get(k) != before.get(k)}
     os.environ.clear()
     os.environ.update(before)
+    ray_rereads_auth()
     assert not leaked, f"a run left its Ray variables set: {sorted(leaked)}"

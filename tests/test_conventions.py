@@ -285,26 +285,24 @@ def test_cluster_ray_joins_an_existing_cluster_with_its_token_and_leaves_it_runn
         head.wait(timeout=60)
 
 
-def test_a_local_runs_ray_token_is_private_and_one_per_process(tmp_path):
-    """Ray reads its auth mode at import and caches the token at first use: every run of a process (an in-process
-    sweep's points) gets the same 0600 token in its own run dir, drawn before Ray is imported; a process whose Ray
-    was imported without token auth is left without it (this test process: conftest imports Ray)."""
+def test_a_local_runs_ray_token_is_private_fresh_and_read_by_ray_again(tmp_path):
+    """Each local run of a process (an in-process sweep's points) gets a fresh 0600 token in its own run dir, and a
+    Ray imported before it reads the new one: Ray reads its auth mode at import and caches the token at first use."""
     import subprocess
 
-    from grpo_launcher.launch.local import private_ray_token
-
     code = ("import os, sys; from types import SimpleNamespace as N; from pathlib import Path\n"
-            "from grpo_launcher.launch.local import private_ray_token\n"
+            "import ray; from ray._raylet import AuthenticationTokenLoader as L\n"
+            "from ray._private.authentication.authentication_utils import is_token_auth_enabled\n"
+            "from grpo_launcher.launch.local import private_ray_token, ray_rereads_auth\n"
             "tokens = []\n"
             "for name in ('a', 'b'):\n"
-            "    d = Path(sys.argv[1]) / name; d.mkdir(); private_ray_token(N(run_dir=d))\n"
-            "    assert os.environ['RAY_AUTH_MODE'] == 'token' and os.environ['RAY_AUTH_TOKEN_PATH'] == str(d / '.ray_auth_token')\n"
-            "    tokens.append((d / '.ray_auth_token').read_text()); assert (d / '.ray_auth_token').stat().st_mode & 0o077 == 0\n"
-            "    import ray  # noqa: the run imports Ray with its token set, then puts the variables back\n"
-            "    del os.environ['RAY_AUTH_MODE'], os.environ['RAY_AUTH_TOKEN_PATH']\n"
-            "assert tokens[0] == tokens[1] and len(tokens[0]) == 64, tokens\n")
+            "    d = Path(sys.argv[1]) / name; d.mkdir(); private_ray_token(N(run_dir=d)); f = d / '.ray_auth_token'\n"
+            "    assert os.environ['RAY_AUTH_TOKEN_PATH'] == str(f) and f.stat().st_mode & 0o077 == 0\n"
+            "    assert is_token_auth_enabled() and L.instance().get_raw_token() == f.read_text()\n"
+            "    tokens.append(f.read_text())\n"
+            "    del os.environ['RAY_AUTH_MODE'], os.environ['RAY_AUTH_TOKEN_PATH']; ray_rereads_auth()\n"
+            "    assert not is_token_auth_enabled()\n"
+            "assert tokens[0] != tokens[1] and all(len(t) == 64 for t in tokens), tokens\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    private_ray_token(SimpleNamespace(run_dir=tmp_path))  # here Ray was imported without token auth
-    assert "RAY_AUTH_MODE" not in os.environ and not (tmp_path / ".ray_auth_token").exists()

@@ -146,14 +146,10 @@ def run_workers(t: Target, work: Any) -> Any:
     """Bring up the run's Ray workers (policy, engines, env) on this machine, load the checkpoint, push the weights
     to the engines, and call work(trainer); the workers are stopped whatever happens."""
     from ..plan import make_plan
-    from .local import join_existing_cluster, private_ray_token
+    from .local import ray_environment
 
     t.out_dir.mkdir(parents=True, exist_ok=True)
     plan = dataclasses.replace(make_plan(t.spec), run_dir=t.out_dir)  # phase.json, prompting.json: not the run's
-    if t.spec.cluster.ray_address:  # a cluster=ray run: its cluster again
-        join_existing_cluster(t.spec.cluster.ray_address)
-    else:
-        private_ray_token(plan)  # as a local run: its own token file (0600); before Ray is imported, which reads it
     from ..envs import make_env
     from ..train.driver import Trainer
     from ..train.loop_state import LoopState, StopRequest
@@ -165,7 +161,7 @@ def run_workers(t: Target, work: Any) -> Any:
     spec = t.spec
     env = make_env(spec)
     model_dir = prepare_model(spec, plan, env)
-    with ray_session(spec, plan):
+    with ray_environment(spec, plan), ray_session(spec, plan):  # its own Ray token, as a local run
         workers = create_workers(spec, plan, str(model_dir))
         try:
             workers.ready()

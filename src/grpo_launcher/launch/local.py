@@ -1,20 +1,21 @@
 """cluster=local: run the GRPO driver in this process, against a Ray instance it starts here.
 
 The run dir is locked for this process (a second launch of the run is refused, naming it); Ray's auth
-token is a 0600 file in the run dir."""
+token is a fresh 0600 file in the run dir."""
 
 from __future__ import annotations
 
-import functools
 import os
 import secrets
 import sys
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..secrets import write_private
 from ..spec.errors import ConfigError, Violation
+from ..spec.schema import RunSpec
 from . import rundir
 from .local_status import recorded
 
@@ -35,37 +36,59 @@ def run_local(launch: Launch) -> int:
         print(f"error: run '{spec.name}' is already in use by {holder} (run dir {plan.run_dir}); "
               f"wait for it, cancel it, or pick another name=", file=sys.stderr)
         return ExitCode.FAILED
-    saved = {k: os.environ.get(k) for k in RUN_ENV}  # this run's Ray variables, put back when it ends
     try:
         rundir.prepare(spec, plan)
+        with ray_environment(spec, plan):
+            from ..train.driver import run  # torch and Ray: imported by a run, never by pre-flight
+
+            with recorded(spec, plan) as rec:  # status.json + logs/driver-local.log: `launch.py status|logs` find it
+                try:
+                    rec["rc"] = run(spec, plan)
+                except ConnectionError as exc:  # ray.init's, joining cluster=ray (an auth failure ends the same way)
+                    if not spec.cluster.ray_address:
+                        raise
+                    rec["rc"] = refuse_connection(spec.cluster.ray_address, exc)
+            return rec["rc"]
+    finally:
+        rundir.release_run_lock(plan.run_dir)
+
+
+# Set for a run's own Ray (join_existing_cluster, private_ray_token, the metrics listener; ray.init sets
+# RAY_AUTH_MODE itself): none of them outlives the run, or an in-process sweep's next point would join with the last
+# point's token.
+RUN_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_enable_metrics_collection")
+
+
+@contextmanager
+def ray_environment(spec: RunSpec, plan: Plan) -> Iterator[None]:
+    """The Ray variables of one run in this process (a local run, eval/generate), put back when it ends."""
+    saved = {k: os.environ.get(k) for k in RUN_ENV}
+    try:
         if spec.cluster.ray_address:
             join_existing_cluster(spec.cluster.ray_address)
         else:
             private_ray_token(plan)
         # no Ray Prometheus listener: it binds every interface without auth (the run's metrics go to MLflow)
         os.environ.setdefault("RAY_enable_metrics_collection", "0")
-        from ..train.driver import run  # torch and Ray: imported by a run, never by pre-flight
-
-        with recorded(spec, plan) as rec:  # status.json + logs/driver-local.log: `launch.py status|logs` find it
-            try:
-                rec["rc"] = run(spec, plan)
-            except ConnectionError as exc:  # ray.init's, joining cluster=ray (an auth failure ends the same way)
-                if not spec.cluster.ray_address:
-                    raise
-                rec["rc"] = refuse_connection(spec.cluster.ray_address, exc)
-        return rec["rc"]
+        yield
     finally:
-        rundir.release_run_lock(plan.run_dir)
         for key, value in saved.items():  # the next run of an in-process sweep starts from the user's
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        ray_rereads_auth()
 
 
-# Set by a local run for its own Ray (join_existing_cluster, private_ray_token, the metrics listener): none of them
-# outlives the run, or an in-process sweep's next point would join with the last point's token and no auth mode.
-RUN_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_enable_metrics_collection")
+def ray_rereads_auth() -> None:
+    """Ray reads RAY_AUTH_MODE when it is imported and caches its token at first use; where this process imported
+    it already, both are read again from the environment now (what ray.init does when it turns token auth on)."""
+    if "ray" not in sys.modules:
+        return
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def join_existing_cluster(address: str) -> None:
@@ -77,6 +100,7 @@ def join_existing_cluster(address: str) -> None:
         os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token"))
     if token and "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = "token"
+    ray_rereads_auth()
     print(f"grpo-launcher: joining the Ray cluster at {address} (auth: {os.environ.get('RAY_AUTH_MODE', 'none')}); "
           "it is not started or stopped by this run", flush=True)
 
@@ -91,28 +115,11 @@ def refuse_connection(address: str, exc: BaseException) -> int:
 
 
 def private_ray_token(plan: Plan) -> None:
-    """The local Ray cluster's auth token in RUN_DIR/.ray_auth_token (0600), not Ray's default ~/.ray/auth_token
-    (written 0644 by Ray). An explicitly configured token/mode is left alone.
-
-    Ray fixes its auth mode when it is imported and caches the token at first use, for the life of the process: so
-    the token is one per process (every run of an in-process sweep writes the same one into its own run dir), and a
-    process that imported Ray without token auth (a notebook, a test session) keeps running its local Ray without."""
+    """The local Ray cluster's auth token: a fresh one per run in RUN_DIR/.ray_auth_token (0600), not Ray's
+    default ~/.ray/auth_token (written 0644 by Ray). An explicitly configured token/mode is left alone."""
     if any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")):
         return
-    if "ray" in sys.modules and not _token_auth_fixed_on():
-        return
     path = plan.run_dir / ".ray_auth_token"
-    write_private(path, _process_token())
+    write_private(path, secrets.token_hex(32))
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(path))
-
-
-@functools.cache
-def _process_token() -> str:
-    return secrets.token_hex(32)
-
-
-def _token_auth_fixed_on() -> bool:
-    """Ray's auth mode in this process, as it read it when it was imported."""
-    from ray._private.authentication.authentication_utils import is_token_auth_enabled
-
-    return bool(is_token_auth_enabled())
+    ray_rereads_auth()
