@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The issue-40 measurements on one GPU node, as run there (benchmarks/results/nemotron_gpu.md):
+#   bash benchmarks/gpu_jobs/nemotron.sh install PARTS_DIR     # the GPU kit (scripts/gpu-kit.sh) into /tmp/site
+#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry kernels gate hf1b vllm1b tiny ...
+# Each run step writes the run's metrics summary and nvidia-smi's whole-GPU peak to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests
+GPU=(cluster.gpus_per_node=1 train.precision=bfloat16 cluster.gpu_memory_gib=140.4 logging.mlflow=false)
+TESTS=$(dirname "$(find tests -name test_gpu.py | head -1)")
+
+summary() {  # RUN_DIR: per-step means over steps 2.. of the phases, logprob gap, reward first/last
+  python3 - "$1" <<'PY'
+import json, sys, statistics as st
+rows = {}
+for line in open(sys.argv[1] + "/metrics.jsonl"):
+    r = json.loads(line); rows[r["step"]] = r
+rows = [rows[k] for k in sorted(rows)]
+later = rows[1:] or rows
+mean = lambda k: st.mean(r.get(k, float("nan")) for r in later)
+print(f"steps {len(rows)}; step-1 {rows[0]['time/step_s']:.2f} s; later mean: step {mean('time/step_s'):.3f} s, "
+      f"rollout {mean('time/rollout_s'):.3f}, update {mean('time/update_s'):.3f}, refit {mean('time/refit_ms'):.1f} ms; "
+      f"logprob |d| max {max(r['train/gen_vs_policy_logprob_absdiff'] for r in rows):.4f}; "
+      f"reward first-10 {st.mean(r['train/reward_mean'] for r in rows[:10]):.3f} "
+      f"last-10 {st.mean(r['train/reward_mean'] for r in rows[-10:]):.3f}")
+PY
+}
+
+run() {  # NAME ARGS...: launch.py with nvidia-smi sampling the whole GPU every 200 ms
+  local name=$1; shift
+  rm -rf /tmp/o
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$OUT/$name.smi" &
+  local smi=$!
+  /usr/bin/time -f "wall %e s" timeout 500 python3 launch.py output_root=/tmp/o name="$name" "$@" \
+    > "$OUT/$name.log" 2>&1
+  echo "$name: exit $?"
+  kill "$smi"
+  tail -1 "$OUT/$name.log"
+  echo "$name: whole-GPU peak $(sort -n "$OUT/$name.smi" | tail -1) MiB"
+  grep -m3 -E "Mamba-2 path|peak|memory per GPU" "$OUT/$name.log"
+  [ -f "/tmp/o/$name/metrics.jsonl" ] && summary "/tmp/o/$name"
+  cp "/tmp/o/$name/summary.json" "$OUT/$name.summary.json" 2>/dev/null
+  rm -rf /tmp/o
+}
+
+step() {
+  case $1 in
+    dry)
+      for r in hf vllm; do
+        python3 launch.py model=nemotron_h_1b rollout=$r "${GPU[@]}" dry_run=true > "$OUT/dry_1b_$r.txt" 2>&1
+        echo "dry $r: exit $?"; grep -E "Mamba-2 path|peak|per GPU" "$OUT/dry_1b_$r.txt" | head -8
+      done ;;
+    kernels) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k nemotron_h 2>&1 | tail -8 ;;
+    gate)  # vLLM without its MoE library: refused at pre-flight, naming it
+      lib=$(ls /tmp/site/vllm/_moe_C*.so)
+      mv "$lib" /tmp/moe.so
+      python3 launch.py model=nemotron_h_tiny rollout=vllm "${GPU[@]}" dry_run=true > "$OUT/gate.txt" 2>&1
+      echo "gate: exit $? (2 expected)"; grep -A3 "config error" "$OUT/gate.txt" | head -6
+      mv /tmp/moe.so "$lib" ;;
+    hf1b) run nh1b-hf model=nemotron_h_1b "${GPU[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
+    vllm1b) run nh1b-vllm model=nemotron_h_1b rollout=vllm "${GPU[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
+    tiny) run nhtiny-vllm model=nemotron_h_tiny rollout=vllm "${GPU[@]}" grpo.max_steps=150 checkpoint.enabled=false ;;
+    *) echo "unknown step $1"; return 2 ;;
+  esac
+}
+
+if [ "${1:-}" = install ]; then
+  bash scripts/gpu-kit.sh install "$2" /tmp/site && bash scripts/gpu-kit.sh check /tmp/site
+  exit
+fi
+mkdir -p "$OUT"
+for s in "$@"; do echo "== $s $(date -u +%T)"; step "$s"; done
