@@ -51,6 +51,7 @@ plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platfo
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyv" --implementation cp \
           "${plat[@]}" -d "$@"; }
 mkdir -p "$out"
+rm -f "$out"/*.whl  # a rebuild starts empty: a wheel left from an earlier build (a second ray) would ride along
 mamba_kit() {  # mamba-ssm without its CUDA extension (patched, see the header), einops, Hydra's submitit plugin
   local tmp py=${BUILD_PYTHON:-$root/.venv/bin/python}
   tmp=$(mktemp -d)
