@@ -1,4 +1,5 @@
-"""HF ↔ megatron-core weight mapping for Llama / Qwen2 / Qwen3 (dense) and Qwen3-MoE, local layer spec.
+"""HF ↔ megatron-core weight mapping for Llama / Qwen2 / Qwen3 (dense), Qwen3-MoE and NemotronH (hybrid Mamba-2 /
+attention / MoE, megatron-core's Mamba/hybrid model), local layer specs.
 
 Our own mapping (megatron-bridge is not installable reliably here: ../shared/reference/feasibility-megatron.md).
 Three forms of the weights:
@@ -22,7 +23,19 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .megatron_families import FAMILIES
+from .megatron_families import FAMILIES, hybrid_pattern, hybrid_refusals
+
+
+@dataclass(frozen=True)
+class MambaShape:
+    """A NemotronH Mamba-2 mixer's sizes (TransformerConfig's mamba_* fields and the mixer's own arguments)."""
+
+    heads: int
+    head_dim: int
+    groups: int
+    state: int
+    conv_kernel: int
+    chunk_size: int
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,13 @@ class Arch:
     moe_top_k: int = 0
     moe_norm_topk_prob: bool = False
     rope_scaling_factor: Optional[float] = None  # llama3-style scaling (megatron's rope_scaling)
+    # nemotron_h (hybrid): the layer pattern in megatron's symbols (M Mamba-2, E MoE, * attention), the Mamba sizes,
+    # and its MoE's sigmoid router (expert-score correction bias, scaled top-k) with one shared expert
+    pattern: str = ""
+    mamba: Optional[MambaShape] = None
+    moe_score: str = "softmax"
+    moe_scaling_factor: Optional[float] = None
+    shared_ffn_hidden_size: int = 0
 
 
 def arch_from_hf_config(cfg) -> Arch:
@@ -56,6 +76,8 @@ def arch_from_hf_config(cfg) -> Arch:
     family = c.get("model_type")
     if family not in FAMILIES:
         raise NotImplementedError(f"train.backend=megatron maps {FAMILIES}, not model_type={family!r}")
+    if family == "nemotron_h":
+        return hybrid_arch(c)
     heads = c["num_attention_heads"]
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
@@ -265,71 +287,142 @@ def load_local(model: torch.nn.Module, full: dict[str, Tensor], *, tp_rank: int,
             if tuple(w.shape) != tuple(p.shape):
                 raise ValueError(f"{g}: converted shape {tuple(w.shape)} ≠ megatron's {tuple(p.shape)}")
             p.copy_(w)
+        for name, b in mapped_buffers(model).items():
+            g = local_to_global(name, layer_offset, expert_offset)
+            if g not in full:
+                raise KeyError(f"no weight for the buffer {name} (global {g})")
+            b.copy_(full[g])
 
 
-# ------------------------------------------------------------------------------ nemotron_h, on paper
-# HF NemotronH (transformers 5 module names) ↔ megatron-core's MambaModel built from mamba_stack_spec (its TE spec:
-# a layer's pre-norm is fused into its first linear as `layer_norm_weight`, except the MoE layer's own
-# pre_mlp_layernorm; grouped-GEMM experts hold `weight{e}`). Checked against megatron-core's source in
-# tests/test_megatron.py; not run: MambaModel needs mamba-ssm and Transformer Engine (pre-flight says so).
+# buffers that hold weights of the HF model (NemotronH's router score-correction bias: megatron's expert_bias)
+MAPPED_BUFFERS = re.compile(r"\.router\.expert_bias$")
+
+
+def mapped_buffers(model: torch.nn.Module) -> dict[str, Tensor]:
+    return {n: b for n, b in model.named_buffers() if MAPPED_BUFFERS.search(n)}
+
+
+# ------------------------------------------------------------------------------ nemotron_h (hybrid)
+# HF NemotronH (transformers 5 module names) ↔ megatron-core's Mamba/hybrid model built from the local layer spec of
+# policy/megatron_hybrid.py: every pre-norm its own module (`norm`, `input_layernorm`, `pre_mlp_layernorm`), experts
+# one MLP each (`local_experts.{e}`). Checkpoint files name the modules `backbone.*` and hold one tensor per expert.
 
 HYBRID_TOP = (("embedding.word_embeddings.weight", "model.embeddings.weight"),
               ("decoder.final_norm.weight", "model.norm_f.weight"))
-HYBRID_LAYER = {  # layer kind -> (megatron suffix, HF suffix) copied as they are
-    "mamba": (("mixer.in_proj.layer_norm_weight", "norm.weight"), ("mixer.in_proj.weight", "mixer.in_proj.weight"),
-              ("mixer.conv1d.weight", "mixer.conv1d.weight"), ("mixer.conv1d.bias", "mixer.conv1d.bias"),
-              ("mixer.A_log", "mixer.A_log"), ("mixer.D", "mixer.D"), ("mixer.dt_bias", "mixer.dt_bias"),
-              ("mixer.norm.weight", "mixer.norm.weight"), ("mixer.out_proj.weight", "mixer.out_proj.weight")),
-    "attention": (("self_attention.linear_qkv.layer_norm_weight", "norm.weight"),
-                  ("self_attention.linear_proj.weight", "mixer.o_proj.weight")),
-    "moe": (("pre_mlp_layernorm.weight", "norm.weight"), ("mlp.router.weight", "mixer.gate.weight"),
-            ("mlp.router.expert_bias", "mixer.gate.e_score_correction_bias"),
-            ("mlp.shared_experts.linear_fc1.weight", "mixer.shared_experts.up_proj.weight"),
-            ("mlp.shared_experts.linear_fc2.weight", "mixer.shared_experts.down_proj.weight")),
+HYBRID_LAYER = {  # layer symbol -> (megatron suffix, HF suffix) copied as they are
+    "M": (("norm.weight", "norm.weight"), ("mixer.in_proj.weight", "mixer.in_proj.weight"),
+          ("mixer.conv1d.weight", "mixer.conv1d.weight"), ("mixer.conv1d.bias", "mixer.conv1d.bias"),
+          ("mixer.A_log", "mixer.A_log"), ("mixer.D", "mixer.D"), ("mixer.dt_bias", "mixer.dt_bias"),
+          ("mixer.norm.weight", "mixer.norm.weight"), ("mixer.out_proj.weight", "mixer.out_proj.weight")),
+    "*": (("input_layernorm.weight", "norm.weight"), ("self_attention.linear_proj.weight", "mixer.o_proj.weight")),
+    "E": (("pre_mlp_layernorm.weight", "norm.weight"), ("mlp.router.weight", "mixer.gate.weight"),
+          ("mlp.router.expert_bias", "mixer.gate.e_score_correction_bias"),
+          ("mlp.shared_experts.linear_fc1.weight", "mixer.shared_experts.up_proj.weight"),
+          ("mlp.shared_experts.linear_fc2.weight", "mixer.shared_experts.down_proj.weight")),
 }
+_DISK_EXPERT = re.compile(r"^(model\.layers\.\d+\.mixer\.experts)\.(\d+)\.(up_proj|down_proj)\.weight$")
 
 
-def hybrid_kinds(cfg: dict) -> list[str]:
-    """The layer kinds of an HF NemotronH config (dict): mamba | moe | attention (| mlp)."""
-    pattern = cfg.get("hybrid_override_pattern")
-    if pattern:
-        return [{"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}[c] for c in pattern]
-    names = {"linear_attention": "mamba", "full_attention": "attention"}
-    return [names.get(k, k) for k in cfg["layers_block_type"]]
+def hybrid_arch(c: dict) -> Arch:
+    """An HF NemotronH config dict → Arch; refuses what the local spec cannot reproduce (megatron_families)."""
+    refusals = hybrid_refusals(c)
+    if refusals:
+        raise NotImplementedError("nemotron_h on train.backend=megatron: " + "; ".join(refusals))
+    pattern = hybrid_pattern(c)
+    heads, moe = c["num_attention_heads"], "E" in pattern
+    return Arch(
+        family="nemotron_h", num_layers=len(pattern), hidden_size=c["hidden_size"], num_heads=heads,
+        num_kv_heads=c.get("num_key_value_heads") or heads, head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+        ffn_hidden_size=c["intermediate_size"], vocab_size=c["vocab_size"],
+        max_position_embeddings=c["max_position_embeddings"], norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
+        rope_theta=0.0, qkv_bias=False, qk_norm=False, tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+        num_experts=c["n_routed_experts"] if moe else 0, moe_ffn_hidden_size=c["moe_intermediate_size"] if moe else 0,
+        moe_top_k=c["num_experts_per_tok"] if moe else 0, moe_norm_topk_prob=True, pattern=pattern,
+        mamba=MambaShape(c["mamba_num_heads"], c["mamba_head_dim"], c["n_groups"], c["ssm_state_size"],
+                         c["conv_kernel"], c["chunk_size"]),
+        moe_score="sigmoid", moe_scaling_factor=float(c.get("routed_scaling_factor", 1.0)),
+        shared_ffn_hidden_size=c["moe_shared_expert_intermediate_size"] if moe else 0)
 
 
-def hybrid_hf_to_full(hf: dict[str, Tensor], kinds: list[str], a: Arch) -> dict[str, Tensor]:
-    """NemotronH HF state dict → MambaModel full-form names (global layer indices, unsharded); no arithmetic
-    but the attention's q/k/v interleave (as for GPT layers). `a` gives the head counts and the tying."""
+def hybrid_from_disk(d: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A NemotronH checkpoint's tensors (backbone.*, one tensor per expert) → the in-memory names (model.*, the
+    experts' up_proj / down_proj stacked [E, ...]); in-memory names pass through."""
+    out: dict[str, Tensor] = {}
+    experts: dict[tuple[str, str], dict[int, Tensor]] = {}
+    for k, v in d.items():
+        k = "model." + k.removeprefix("backbone.") if k.startswith("backbone.") else k
+        m = _DISK_EXPERT.match(k)
+        if m:
+            experts.setdefault((m[1], m[3]), {})[int(m[2])] = v
+        else:
+            out[k] = v
+    for (prefix, proj), by_e in experts.items():
+        out[f"{prefix}.{proj}"] = torch.stack([by_e[e] for e in range(len(by_e))])
+    return out
+
+
+def hybrid_to_disk(hf: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Inverse of hybrid_from_disk: the layout transformers' save_pretrained writes (vLLM and from_pretrained read)."""
+    out: dict[str, Tensor] = {}
+    for k, v in hf.items():
+        disk = "backbone." + k.removeprefix("model.") if k.startswith("model.") else k
+        if k.endswith(("mixer.experts.up_proj", "mixer.experts.down_proj")):
+            prefix, proj = disk.rsplit(".", 1)
+            for e, w in enumerate(v):
+                out[f"{prefix}.{e}.{proj}.weight"] = w.clone()  # its own storage: safetensors refuses shared ones
+        else:
+            out[disk] = v
+    return out
+
+
+def hybrid_hf_to_full(hf: dict[str, Tensor], a: Arch) -> dict[str, Tensor]:
+    """NemotronH HF weights (in-memory or checkpoint names) → full-form megatron names (global layer and expert
+    indices, unsharded); no arithmetic but the attention's q/k/v interleave (as for GPT layers)."""
+    hf = hybrid_from_disk(hf)
     out = {m: hf[h] for m, h in HYBRID_TOP}
     if not a.tie_embeddings:
         out["output_layer.weight"] = hf["lm_head.weight"]
-    for i, kind in enumerate(kinds):
+    for i, kind in enumerate(a.pattern):
         h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         out.update({m + ms: hf[h + hs] for ms, hs in HYBRID_LAYER[kind]})
-        if kind == "attention":
+        if kind == "*":
             out[m + "self_attention.linear_qkv.weight"] = _qkv_fuse(
                 hf[h + "mixer.q_proj.weight"], hf[h + "mixer.k_proj.weight"], hf[h + "mixer.v_proj.weight"], a)
-        if kind == "moe":  # squared-ReLU experts: no gate half, fc1 = up_proj [E, f, h], fc2 = down_proj [E, h, f]
+        if kind == "E":  # squared-ReLU experts: no gate half, fc1 = up_proj[e] [f, h], fc2 = down_proj[e] [h, f]
+            ex = m + "mlp.experts.local_experts.{}.linear_fc{}.weight"
             for e, (up, down) in enumerate(zip(hf[h + "mixer.experts.up_proj"], hf[h + "mixer.experts.down_proj"])):
-                out[m + f"mlp.experts.linear_fc1.weight{e}"], out[m + f"mlp.experts.linear_fc2.weight{e}"] = up, down
-        if kind == "mlp":
-            raise NotImplementedError("nemotron_h dense MLP layers ('-') are not mapped")
+                out[ex.format(e, 1)], out[ex.format(e, 2)] = up, down
     return out
 
 
-def hybrid_full_to_hf(full: dict[str, Tensor], kinds: list[str], a: Arch) -> dict[str, Tensor]:
-    """Inverse of hybrid_hf_to_full (bit-exact)."""
+def hybrid_full_to_hf(full: dict[str, Tensor], a: Arch, *, per_expert: bool = False) -> dict[str, Tensor]:
+    """Inverse of hybrid_hf_to_full (bit-exact): the in-memory names (refit), or with per_expert the checkpoint's."""
     out = {h: full[m] for m, h in HYBRID_TOP}
     out["lm_head.weight"] = full["embedding.word_embeddings.weight" if a.tie_embeddings else "output_layer.weight"]
-    for i, kind in enumerate(kinds):
+    for i, kind in enumerate(a.pattern):
         h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         out.update({h + hs: full[m + ms] for ms, hs in HYBRID_LAYER[kind]})
-        if kind == "attention":
+        if kind == "*":
             q, k, v = _qkv_split(full[m + "self_attention.linear_qkv.weight"], a)
             out[h + "mixer.q_proj.weight"], out[h + "mixer.k_proj.weight"], out[h + "mixer.v_proj.weight"] = q, k, v
-        if kind == "moe":
-            for hs, ms in (("up_proj", "linear_fc1"), ("down_proj", "linear_fc2")):
-                out[h + f"mixer.experts.{hs}"] = torch.stack(
-                    [full[m + f"mlp.experts.{ms}.weight{e}"] for e in range(a.num_experts)])
-    return out
+        if kind == "E":
+            ex = m + "mlp.experts.local_experts.{}.linear_fc{}.weight"
+            for proj, fc in (("up_proj", 1), ("down_proj", 2)):
+                out[h + f"mixer.experts.{proj}"] = torch.stack([full[ex.format(e, fc)] for e in range(a.num_experts)])
+    return hybrid_to_disk(out) if per_expert else out
+
+
+# ------------------------------------------------------------------------------ any family
+
+
+def to_full(hf: dict[str, Tensor], a: Arch) -> dict[str, Tensor]:
+    """HF weights (a state dict, or a checkpoint's tensors) → full-form megatron names, for the arch's family."""
+    return hybrid_hf_to_full(hf, a) if a.mamba is not None else hf_to_full(hf, a)
+
+
+def to_hf(full: dict[str, Tensor], a: Arch, *, per_expert: bool = False) -> dict[str, Tensor]:
+    """Full-form megatron weights → HF names: the in-memory state dict (refit), or with per_expert the checkpoint
+    files' layout."""
+    if a.mamba is not None:
+        return hybrid_full_to_hf(full, a, per_expert=per_expert)
+    return full_to_hf(full, a, per_expert=per_expert)

@@ -6,7 +6,10 @@ megatron-core hard-codes CUDA in a few places that a CPU forward/backward reache
 (../shared/reference/feasibility-megatron.md §1.2):
   * ``torch.cuda.current_device()`` for RoPE frequencies and the attention scratch buffer;
   * the tensor-parallel RNG tracker (``get_cuda_rng_tracker().fork()``) needs CUDA RNG states;
-  * 0.16.1 only: ``moe_utils.te_general_gemm`` is undefined without Transformer Engine.
+  * 0.16.1 only: ``moe_utils.te_general_gemm`` is undefined without Transformer Engine;
+  * the Mamba mixer (model.family=nemotron_h) calls mamba-ssm's Triton chunk scan and gated RMSNorm, which run on
+    CUDA tensors only: they are bound to mamba-ssm's own pure-torch references (``ssd_chunk_scan_combined_ref``,
+    ``rms_norm_ref``). The mixer still needs mamba-ssm importable (without its CUDA extension: the GPU kit's build).
 
 Hooks: ``install()`` before any model is built, ``after_parallel_init()`` after
 ``parallel_state.initialize_model_parallel``.
@@ -31,7 +34,45 @@ def install() -> None:
             moe_utils.te_general_gemm = None
     except ImportError:
         pass
+    _mamba_references()
     _installed = True
+
+
+def _mamba_references() -> None:
+    try:
+        from megatron.core.ssm import mamba_mixer
+    except ImportError:
+        return
+    if not mamba_mixer.HAVE_MAMBA_SSM:
+        return  # the mixer refuses to build (pre-flight names mamba-ssm)
+    mamba_mixer.mamba_chunk_scan_combined = chunk_scan_reference
+    mamba_mixer.ExtendedRMSNorm.forward = _gated_norm_reference
+
+
+def chunk_scan_reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False,
+                         return_final_states=False, initial_states=None, seq_idx=None, **_):
+    """mamba_chunk_scan_combined's arguments → mamba-ssm's torch reference of it (no states in or out: training and
+    logprobs only). The reference wants whole chunks: the sequence is zero-padded at its end (causal: the padding
+    changes no earlier output) and the output cut back."""
+    import torch.nn.functional as F
+    from mamba_ssm.ops.triton.ssd_combined import ssd_chunk_scan_combined_ref
+
+    if return_final_states or initial_states is not None or seq_idx is not None:
+        raise NotImplementedError("the CPU Mamba reference has no state passing or packing")
+    L, pad = x.shape[1], -x.shape[1] % chunk_size
+    if pad:
+        x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
+        z = None if z is None else F.pad(z, (0, 0, 0, 0, 0, pad))
+        dt = F.pad(dt, (0, 0, 0, pad))
+    out = ssd_chunk_scan_combined_ref(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
+    return out[:, :L]
+
+
+def _gated_norm_reference(self, x, z=None):
+    from mamba_ssm.ops.triton.layernorm_gated import rms_norm_ref
+
+    return rms_norm_ref(x, self.weight, self.bias, z=z, eps=self.eps, group_size=self.group_size,
+                        norm_before_gate=self.norm_before_gate)
 
 
 def after_parallel_init() -> None:

@@ -3,4 +3,43 @@
 from __future__ import annotations
 
 CPU_SHIM_ENV = "GRPO_MEGATRON_CPU_SHIM"  # 1: megatron-core on CPU through policy/megatron_cpu.py (tests only)
-FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")  # HF model_type values megatron_convert maps
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "nemotron_h")  # HF model_type values megatron_convert maps
+
+# nemotron_h's layer kinds: HF NemotronH's pattern symbols / layers_block_type names -> megatron's pattern symbols
+HYBRID_SYMBOLS = {"M": "M", "E": "E", "*": "*", "-": "-", "mamba": "M", "linear_attention": "M", "moe": "E",
+                  "attention": "*", "full_attention": "*", "mlp": "-"}
+MAMBA_NORM_EPS = 1e-5  # megatron-core's Mamba mixer builds its gated RMSNorm with eps=1e-5, whatever the config says
+
+
+def hybrid_pattern(cfg: dict) -> str:
+    """An HF NemotronH config (dict) -> its layer pattern in megatron's symbols: M Mamba-2, E MoE, * attention,
+    - dense MLP (hybrid_override_pattern, or layers_block_type / layer_types)."""
+    layers = cfg.get("hybrid_override_pattern") or cfg.get("layers_block_type") or cfg.get("layer_types") or ""
+    return "".join(HYBRID_SYMBOLS[k] for k in layers)
+
+
+def hybrid_refusals(cfg: dict) -> list[str]:
+    """What megatron-core's hybrid model with our local layer spec cannot reproduce of an HF NemotronH config
+    (each a sentence; [] when the model maps exactly)."""
+    pattern, out = hybrid_pattern(cfg), []
+    if "-" in pattern:
+        out.append("dense MLP layers ('-' in the pattern) are not mapped")
+    if cfg.get("num_nextn_predict_layers"):
+        out.append("multi-token-prediction layers (num_nextn_predict_layers) are not mapped")
+    if cfg.get("moe_latent_size") is not None:
+        out.append("MoE latent projections (moe_latent_size) are not mapped")
+    if (cfg.get("n_group") or 1) > 1:
+        out.append(f"group-limited routing (n_group={cfg['n_group']}): HF and megatron score the groups differently")
+    top_k, norm = cfg.get("num_experts_per_tok", 2), bool(cfg.get("norm_topk_prob", True))
+    if "E" in pattern and (top_k > 1) != norm:  # megatron's sigmoid router renormalises exactly when top-k > 1
+        out.append(f"norm_topk_prob={str(norm).lower()} with top-{top_k}: megatron's sigmoid router renormalises the "
+                   "top-k weights exactly when k > 1")
+    acts = (cfg.get("mlp_hidden_act", "relu2"), cfg.get("mamba_hidden_act", "silu"))
+    if acts != ("relu2", "silu"):
+        out.append(f"activations {acts}: megatron's Mamba mixer is silu and the experts here squared ReLU")
+    biases = [k for k in ("use_bias", "mlp_bias", "attention_bias", "mamba_proj_bias") if cfg.get(k)]
+    if biases or not cfg.get("use_conv_bias", True):
+        out.append(f"linear biases ({', '.join(biases) or 'use_conv_bias=false'}) differ from megatron's Mamba layers")
+    if "M" in pattern and float(cfg.get("layer_norm_epsilon", MAMBA_NORM_EPS)) != MAMBA_NORM_EPS:
+        out.append(f"layer_norm_epsilon={cfg['layer_norm_epsilon']}: megatron's Mamba gated norm uses {MAMBA_NORM_EPS}")
+    return out

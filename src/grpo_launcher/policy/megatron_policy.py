@@ -1,4 +1,5 @@
-"""train.backend=megatron: a megatron-core GPTModel (local layer spec, no Transformer Engine) per rank.
+"""train.backend=megatron: a megatron-core GPTModel (local layer spec, no Transformer Engine) per rank; for
+model.family=nemotron_h its hybrid Mamba model (policy/megatron_hybrid.py, local spec too).
 
 Same interface and the same math as TorchPolicyWorker (policy/__init__.py): losses use GLOBAL
 denominators and gradients are SUMmed over data parallelism, so any TP/EP/DP layout gives the DP=1 update.
@@ -95,7 +96,7 @@ def sdpa_attention_class():
 
 
 def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool, fused: bool = False,
-                       dispatcher: Optional[str] = None):
+                       dispatcher: Optional[str] = None, mamba_mem_eff: bool = False):
     """Arch + train.* → megatron-core TransformerConfig (no TE kernels). fused: megatron-core's fusions that need
     neither Transformer Engine nor Apex, its torch.compile'd SwiGLU (the backward recomputes the activation from
     the saved input) and residual add; its RoPE fusion needs TE, its persistent norm and masked-softmax kernels
@@ -125,6 +126,12 @@ def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool, fuse
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     if arch.num_experts:
         kw.update(moe_kwargs(arch, spec, dispatcher))
+    if arch.mamba is not None:
+        from . import megatron_hybrid
+
+        kw.update(megatron_hybrid.config_kwargs(arch, mem_eff=mamba_mem_eff))
+        if arch.num_experts:
+            kw.update(megatron_hybrid.moe_kwargs(arch))
     return TransformerConfig(**kw)
 
 
@@ -142,27 +149,40 @@ def moe_kwargs(arch: mc.Arch, spec: RunSpec, dispatcher: Optional[str] = None) -
         moe_token_dispatcher_type=dispatcher or m.token_dispatcher, moe_grouped_gemm=False, moe_permute_fusion=False)
 
 
-def build_gpt(arch: mc.Arch, spec: RunSpec, *, pre_process: bool = True, post_process: bool = True,
-              use_cpu_init: bool = True, fused: bool = False, dispatcher: Optional[str] = None):
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+def build_model(arch: mc.Arch, spec: RunSpec, *, pre_process: bool = True, post_process: bool = True,
+                use_cpu_init: bool = True, fused: bool = False, dispatcher: Optional[str] = None,
+                mamba_mem_eff: bool = False):
+    """The rank's megatron-core model: GPTModel, or for nemotron_h the hybrid Mamba model (megatron_hybrid.py)."""
+    cfg = transformer_config(arch, spec, use_cpu_init=use_cpu_init, fused=fused, dispatcher=dispatcher,
+                             mamba_mem_eff=mamba_mem_eff)
+    core = sdpa_attention_class() if spec.train.core_attention == "sdpa" else None
+    if arch.mamba is not None:
+        from .megatron_hybrid import build_hybrid
 
-    cfg = transformer_config(arch, spec, use_cpu_init=use_cpu_init, fused=fused, dispatcher=dispatcher)
-    layer_spec = get_gpt_layer_local_spec(num_experts=arch.num_experts or None, moe_grouped_gemm=False,
-                                          qk_layernorm=arch.qk_norm, normalization="RMSNorm")
-    if spec.train.core_attention == "sdpa":
-        layer_spec.submodules.self_attention.submodules.core_attention = sdpa_attention_class()
-    model = GPTModel(
-        config=cfg, transformer_layer_spec=layer_spec, vocab_size=arch.vocab_size,
-        max_sequence_length=arch.max_position_embeddings, pre_process=pre_process, post_process=post_process,
-        share_embeddings_and_output_weights=arch.tie_embeddings, position_embedding_type="rope",
-        rotary_base=arch.rope_theta, rope_scaling=arch.rope_scaling_factor is not None,
-        rope_scaling_factor=arch.rope_scaling_factor or 8.0)
+        model = build_hybrid(arch, cfg, pre_process=pre_process, post_process=post_process, core_attention=core)
+    else:
+        model = build_gpt(arch, cfg, pre_process=pre_process, post_process=post_process, core_attention=core)
     if spec.train.moe.freeze_router:
         for name, p in model.named_parameters():
             if ".router." in name:
                 p.requires_grad_(False)
     return model
+
+
+def build_gpt(arch: mc.Arch, cfg, *, pre_process: bool, post_process: bool, core_attention: Optional[type]):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    layer_spec = get_gpt_layer_local_spec(num_experts=arch.num_experts or None, moe_grouped_gemm=False,
+                                          qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    if core_attention is not None:
+        layer_spec.submodules.self_attention.submodules.core_attention = core_attention
+    return GPTModel(
+        config=cfg, transformer_layer_spec=layer_spec, vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings, pre_process=pre_process, post_process=post_process,
+        share_embeddings_and_output_weights=arch.tie_embeddings, position_embedding_type="rope",
+        rotary_base=arch.rope_theta, rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor or 8.0)
 
 
 def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -243,7 +263,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         self.layer_offset = 0
         self.expert_offset = self.ep_rank * (self.arch.num_experts // self.ep_size) if self.arch.num_experts else 0
 
-        full = mc.hf_to_full(load_hf_weights(self.model_dir), self.arch)
+        full = mc.to_full(load_hf_weights(self.model_dir), self.arch)
         self.model = self._build_and_load(full)
         self.ref = None
         if self.spec.loss.kl_coef > 0:
@@ -255,7 +275,13 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
     def _build_and_load(self, full: dict[str, torch.Tensor]):
         # train.fused_kernels: null = on with CUDA (megatron-core's own fusions, no Liger); always off on CPU
         fused = self.cuda and self.spec.train.fused_kernels is not False
-        model = build_gpt(self.arch, self.spec, use_cpu_init=not self.cuda, fused=fused, dispatcher=self.dispatcher)
+        mem_eff = False
+        if self.arch.mamba is not None and self.cuda:  # fused split-conv1d-scan where causal-conv1d imports
+            from .megatron_hybrid import mem_eff_path_available
+
+            mem_eff = mem_eff_path_available()
+        model = build_model(self.arch, self.spec, use_cpu_init=not self.cuda, fused=fused, dispatcher=self.dispatcher,
+                            mamba_mem_eff=mem_eff)
         mc.load_local(model, full, tp_rank=self.tp_rank, tp_size=self.tp_size,
                       layer_offset=self.layer_offset, expert_offset=self.expert_offset,
                       tie=self.arch.tie_embeddings)
@@ -504,9 +530,9 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
 
     # ------------------------------------------------------------------ weights
     def _megatron_params(self) -> dict[str, torch.Tensor]:
-        """This rank's parameters under full-form (global) names, TP-sharded."""
-        return {mc.local_to_global(n, self.layer_offset, self.expert_offset): p.detach()
-                for n, p in self.model.named_parameters()}
+        """This rank's parameters (and the buffers that are HF weights) under full-form (global) names, TP-sharded."""
+        named = {**dict(self.model.named_parameters()), **mc.mapped_buffers(self.model)}
+        return {mc.local_to_global(n, self.layer_offset, self.expert_offset): p.detach() for n, p in named.items()}
 
     def full_state(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """Full-form megatron weights, gathered over TP and EP (collective). CPU tensors unless on_device."""
@@ -537,18 +563,18 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         Collective when the model is sharded (TP/EP > 1): every rank must call it (see the driver diff).
         """
         full = self.full_state()
-        return mc.full_to_hf(full, self.arch) if self.rank == 0 else {}
+        return mc.to_hf(full, self.arch) if self.rank == 0 else {}
 
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """HF-named full weights on this device, on every rank (collective): the hybrid engine's refit."""
-        return mc.full_to_hf(self.full_state(on_device=True), self.arch)
+        return mc.to_hf(self.full_state(on_device=True), self.arch)
 
     def save(self, directory: str) -> None:
         """Every rank: its optimizer state; rank 0: HF weights (policy/model.safetensors + config)."""
         from safetensors.torch import save_file
 
         path = Path(directory)
-        hf = mc.full_to_hf(self.full_state(), self.arch, per_expert=True)  # collective; checkpoint layout
+        hf = mc.to_hf(self.full_state(), self.arch, per_expert=True)  # collective; checkpoint layout
         if self.rank == 0:
             (path / "policy").mkdir(parents=True, exist_ok=True)
             seen: dict[int, str] = {}
@@ -575,7 +601,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
 
     def load(self, directory: str) -> None:
         path = Path(directory)
-        full = mc.hf_to_full(load_hf_weights(path / "policy"), self.arch)
+        full = mc.to_full(load_hf_weights(path / "policy"), self.arch)
         module = self.model.module if self.megatron_opt else self.model
         mc.load_local(module, full, tp_rank=self.tp_rank, tp_size=self.tp_size, layer_offset=self.layer_offset,
                       expert_offset=self.expert_offset, tie=self.arch.tie_embeddings)

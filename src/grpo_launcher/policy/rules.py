@@ -8,14 +8,14 @@ from importlib.util import find_spec
 from typing import Iterator
 
 from ..logit_heads import logit_transform, read_text_config, unreproduced_keys
-from ..models.nemotron_h import moe_layers
+from ..models.nemotron_h import mamba_packages, moe_layers, nemotron_h_config
 from ..plan import rollouts_per_step, train_devices
 from ..spec.errors import Violation
 from ..preflight.registry import V, build_gap, rule
 from ..spec.schema import RunSpec, TrainBackend
 from ..spec.versions import vllm_moe_gap_for
 from .fused import FAMILIES as LIGER
-from .megatron_families import CPU_SHIM_ENV, FAMILIES
+from .megatron_families import CPU_SHIM_ENV, FAMILIES, hybrid_refusals
 
 
 @rule("pure")
@@ -177,15 +177,44 @@ def megatron_shapes(s: RunSpec) -> Iterator[Violation]:
                 f"use multiples of {world}")
 
 
-def _hybrid_kernels(family: str) -> str:
-    """What the megatron path for nemotron_h lacks: a worker (its names are mapped), mamba-ssm / TE where absent."""
-    if family != "nemotron_h":
-        return ""
-    absent = [name for name, mod in (("mamba-ssm", "mamba_ssm"), ("Transformer Engine", "transformer_engine"))
-              if find_spec(mod) is None]
-    need = f"; its Mamba layers also need {' and '.join(absent)}, not installed here" if absent else ""
-    return ("; only its weight names are mapped, on paper (policy/megatron_convert.py hybrid_*): no worker "
-            f"builds megatron-core's MambaModel{need}")
+def _hybrid_config(s: RunSpec) -> tuple[dict, str]:
+    """(the NemotronH config megatron would map, the key naming it): model.path's config.json, or for model.path=null
+    the one models/nemotron_h.py builds."""
+    read = read_text_config(s.model.path)
+    if read is not None:
+        return read, "model.path"
+    return nemotron_h_config(s.model, s.model.vocab_size, 2, 0), "model.family"
+
+
+def _hybrid_gaps(s: RunSpec) -> Iterator[Violation]:
+    """nemotron_h on megatron runs megatron-core's hybrid model from a local (Transformer-Engine-free) layer spec
+    (policy/megatron_hybrid.py): what that spec and our weight mapping cannot reproduce, and mamba-ssm where absent."""
+    t, m = s.train, s.model
+    if m.family != "nemotron_h":
+        return
+    cfg, key = _hybrid_config(s)
+    for what in hybrid_refusals(cfg):
+        yield build_gap((key, "train.backend"), f"nemotron_h on the megatron backend: {what}",
+                        "use train.backend=torch (transformers' NemotronH runs it as it is)")
+    if t.tensor_parallel_size > 1:
+        yield build_gap(("train.tensor_parallel_size", "model.family"),
+                        f"nemotron_h on the megatron backend runs a local layer spec without Transformer Engine: TP="
+                        f"{t.tensor_parallel_size} is not built (its MoE layers would need sequence parallelism, which "
+                        "needs Transformer Engine's spec, and its Mamba projections' TP shards are not mapped)",
+                        "set train.tensor_parallel_size=1 (train.expert_parallel_size spreads the experts)")
+    yield from _mamba_ssm_gap(s)
+
+
+def _mamba_ssm_gap(s: RunSpec) -> Iterator[Violation]:
+    """megatron-core's Mamba mixer refuses to build without mamba-ssm (GPUs: its Triton kernels; CPU tests: its torch
+    references). Judged from this interpreter's files, unless the node's packages decide (cluster.python / image)."""
+    c = s.cluster
+    if c.python or c.container_image or mamba_packages()[0]:
+        return
+    yield build_gap(("train.backend", "model.family"), "megatron-core's Mamba mixer (nemotron_h on the megatron "
+                    "backend) needs mamba-ssm with triton and einops, and mamba-ssm does not import here",
+                    "install the GPU kit's mamba-ssm (scripts/gpu-kit.sh builds it without its CUDA extension), or "
+                    "use train.backend=torch")
 
 
 @rule("probe", name="build_implements_run")
@@ -195,8 +224,9 @@ def policy_gaps(s: RunSpec) -> Iterator[Violation]:
     if s.train.backend == TrainBackend.megatron:
         if m.family not in FAMILIES:
             yield build_gap(("model.family", "train.backend"), f"the megatron backend has no mapping for model.family="
-                            f"{m.family} (it maps {', '.join(FAMILIES)}){_hybrid_kernels(m.family)}",
-                            "use train.backend=torch (any transformers causal LM, nemotron_h included)")
+                            f"{m.family} (it maps {', '.join(FAMILIES)})",
+                            "use train.backend=torch (any transformers causal LM)")
+        yield from _hybrid_gaps(s)
         if s.cluster.gpus_per_node == 0 and not os.environ.get(CPU_SHIM_ENV):
             yield build_gap(("train.backend", "cluster.gpus_per_node"), "megatron-core hard-codes CUDA: the megatron "
                             f"backend needs GPUs (on CPU only this repo's tests run it, with {CPU_SHIM_ENV}=1)",
