@@ -77,13 +77,14 @@ def build_model(spec: ModelSpec, tokenizer: Any, seed: int, device: str = "cpu")
 
 
 def memory_layout(spec: ModelSpec) -> dict[str, Any]:
-    """The layer counts and Mamba / expert sizes of the model built here, as spec/memory.py's HYBRID_LAYOUTS."""
+    """The layer counts and Mamba / expert sizes of the model built here, as preflight/memory_shapes.py's
+    HYBRID_LAYOUTS."""
     cfg = nemotron_h_config(spec, spec.vocab_size, 2, 0)
     kinds = layer_kinds(spec.num_layers)
     return dict(attention=kinds.count("attention"), mlp=0, moe=kinds.count("moe"), mamba=kinds.count("mamba"),
                 gated=False, shared_ffn=cfg["moe_shared_expert_intermediate_size"], head_dim=cfg["head_dim"],
                 mamba_heads=cfg["mamba_num_heads"], mamba_head_dim=cfg["mamba_head_dim"], groups=cfg["n_groups"],
-                state=cfg["ssm_state_size"], conv=cfg["conv_kernel"])
+                state=cfg["ssm_state_size"], conv=cfg["conv_kernel"], chunk=cfg["chunk_size"])
 
 
 # transformers 5.17-5.19's modeling_nemotron_h.py: each Mamba-2 function below is bound ONCE, when that module is
@@ -139,17 +140,32 @@ def mamba_packages() -> tuple[bool, bool]:
     return mamba, found("causal_conv1d") and found("causal_conv1d_cuda")
 
 
+def planned_packages(s: RunSpec) -> tuple[bool, bool] | None:
+    """(mamba-ssm, causal-conv1d) as the run's workers will find them, judged from this interpreter's packages (the
+    plan's line and the memory model read the same); None where the node's packages decide (cluster.python /
+    container_image: another interpreter)."""
+    c = s.cluster
+    return None if c.python or c.container_image else mamba_packages()
+
+
+def mamba_train_path(mamba_ssm: bool, causal_conv1d: bool, on_cuda: bool) -> str:
+    """The code that trains a Mamba-2 mixer, as preflight/memory_shapes.py's MAMBA_PATHS names it: "fused"
+    (mamba_split_conv1d_scan_combined), "kernels" (the Triton chunk scan, torch conv1d) or "torch"."""
+    k = mamba_kernels(mamba_ssm, causal_conv1d, on_cuda)
+    return "fused" if k[FUSED] else "kernels" if k["mamba2_chunk_scan"] else "torch"
+
+
 def plan_line(s: RunSpec) -> str:
     """The plan's line for nemotron_h on the torch backend: the Mamba-2 path its workers will run; "" otherwise."""
     if s.model.family != "nemotron_h" or s.train.backend != TrainBackend.torch:
         return ""
-    c = s.cluster
-    if c.python or c.container_image:
+    packages = planned_packages(s)
+    if packages is None:
         path = "the node's packages decide (cluster.python / container_image): mamba-ssm's Triton kernels where it " \
                "imports on GPUs, else pure torch"
     else:
-        path = mamba_path(*mamba_packages(), on_cuda=c.gpus_per_node > 0)
-        path += " (judged from this interpreter's packages)" if c.gpus_per_node > 0 else ""
+        path = mamba_path(*packages, on_cuda=s.cluster.gpus_per_node > 0)
+        path += " (judged from this interpreter's packages)" if s.cluster.gpus_per_node > 0 else ""
     return f"Mamba-2 path         : {path}"
 
 

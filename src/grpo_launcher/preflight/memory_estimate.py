@@ -80,6 +80,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ..models.nemotron_h import mamba_train_path, planned_packages
 from ..plan import devices_per_node, engine_max_model_len, engine_sleeps, make_plan
 from ..spec.errors import Violation
 from ..spec.schema import Precision, RolloutBackend, RunSpec, TrainBackend
@@ -94,6 +95,9 @@ from .memory_shapes import (
     largest_tensor,
     layer_activation_bytes,
     layout_of,
+    mamba_dims,
+    mamba_fixed_bytes,
+    mamba_work_bytes,
     per_layer_list,
     param_counts,
     rank_params,
@@ -188,8 +192,9 @@ def _chunked_logits(add: Callable[[str, float, str], None], a: Arch, v: float, a
         f"chunked, forward only: {act + 8}·V × {lp_c:.0f} tok + hidden")
 
 
-def policy_estimate(spec: RunSpec, est: Estimate) -> None:
-    """Fill est.policy / est.phases for one policy rank (the most loaded one)."""
+def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -> None:
+    """Fill est.policy / est.phases for one policy rank (the most loaded one); `mamba`: the torch backend's Mamba-2
+    path (memory_shapes.MAMBA_PATHS) instead of the planned one (`mamba_path_of`)."""
     t, lo = spec.train, spec.loss
     backend = t.backend.value
     a, lay = arch_of(spec), layout_of(spec)
@@ -244,7 +249,8 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
     seq, resp = t.max_total_sequence_length, spec.rollout.max_new_tokens
     tokens = t.micro_batch_size * seq / lay.cp
     rtokens = t.micro_batch_size * resp / lay.cp
-    per_kind = layer_activation_bytes(a, backend, act, autocast, lay)
+    mamba = mamba or (mamba_path_of(spec)[0] if a.mamba and backend == "torch" else "torch")
+    per_kind = layer_activation_bytes(a, backend, act, autocast, lay, mamba=mamba, seq=seq)
     layers = per_layer_list(a, per_kind)
     stage = layers[: max(1, math.ceil(len(layers) / lay.pp))]
     rows = t.global_batch_size // max(lay.dp, 1)
@@ -255,16 +261,21 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
         final = 8 * a.hidden + (2 if autocast else 4) * a.hidden + 2 * 4 * a.head_dim
     else:
         final = (4 * a.hidden + 3 * act * a.hidden) / rep + 4 * a.head_dim
+    # the torch backend's Mamba-2 blocks: their transient peak while one runs (memory_shapes.mamba_work_bytes)
+    ssm_work = mamba_work_bytes(a, mamba, seq, act) / seq if backend == "torch" and a.mamba else 0.0
     if ckpt:
         stored = len(stage) * res * a.hidden / rep * tokens * in_flight
         how = f"{len(stage)} layers × {res}·h B (layer inputs, full recompute) × {tokens:.0f} tok"
-        work = 2 * max(stage) * tokens
+        work = max(2 * max(stage), per_kind["mamba"] + ssm_work) * tokens
     else:
         stored = sum(stage) * tokens * in_flight
         how = f"{sum(stage) / len(stage) / 1024:.1f} KiB/tok/layer × {len(stage)} layers × {tokens:.0f} tok"
-        work = max(stage) * tokens
+        work = max(max(stage), ssm_work) * tokens
     if in_flight > 1:
         how += f" × {in_flight} micro-batches in flight (1F1B)"
+    if backend == "torch" and a.mamba:
+        how += f" (Mamba-2 on the {mamba} path: {per_kind['mamba'] / 1024:.1f} KiB/tok each)"
+        stored += a.mamba * mamba_fixed_bytes(a, mamba, autocast)
     add("activations", stored + final * tokens, how)
     add("activation work", work, "one layer re-materialised/back-propagated" if ckpt else "one layer's gradients")
     v = a.vocab / lay.tp
@@ -302,14 +313,30 @@ def policy_estimate(spec: RunSpec, est: Estimate) -> None:
             "the published one, not read from model.path"
         est.notes.append(f"extrapolated: the {spec.model.family} layer layout ({a.mamba} Mamba / {a.moe} MoE / "
                          f"{a.attention} attention) is {where}; Mamba/MoE activations are counted, not measured")
-        est.notes.append("without mamba-ssm on the nodes, transformers' pure-torch Mamba-2 scan holds temporaries not "
-                         "counted here (nemotron_h_1b on an H200: ~57 GiB by nvidia-smi vs 21 predicted; "
-                         "benchmarks/results/nemotron_gpu.md)")
+        if backend == "torch":
+            known = mamba_path_of(spec)[1]
+            est.notes.append(f"Mamba-2 counted on the {MAMBA_WORDS[mamba]} path" + (
+                " (judged from this interpreter's packages, as the plan's Mamba-2 line)" if known else
+                " (the node's packages decide: counted as the pure-torch path, the largest)"))
         if spec.train.sequence_packing:
             est.notes.append("packed: the Mamba layers run on the sequences as padded groups (policy/packing.py), "
                              "up to 2x their tokens; counted as the packed rows")
     if backend == "megatron" and (lay.pp > 1 or lay.cp > 1 or lay.sp or a.experts):
         est.notes.append("extrapolated: PP/CP/SP/MoE activation terms (calibrated on dense TP=1 only)")
+
+
+MAMBA_WORDS = {"torch": "pure-torch (transformers' reference scan, chunk-padded)",
+               "kernels": "mamba-ssm Triton chunk-scan (torch conv1d)", "fused": "mamba-ssm fused split-conv1d-scan"}
+
+
+def mamba_path_of(spec: RunSpec) -> tuple[str, bool]:
+    """(the torch backend's Mamba-2 train path as memory_shapes.MAMBA_PATHS names it, whether it is known here):
+    models/nemotron_h.py's choice from the packages the plan's Mamba-2 line reads; the pure-torch path where the node
+    decides (the largest)."""
+    packages = planned_packages(spec)
+    if packages is None:
+        return "torch", False
+    return mamba_train_path(*packages, on_cuda=spec.cluster.gpus_per_node > 0), True
 
 
 def fsdp_sharded(spec: RunSpec) -> bool:
@@ -409,6 +436,10 @@ def rollout_estimate(spec: RunSpec, est: Estimate) -> None:
         it["KV cache"] = Item("KV cache", seqs * mml * per_tok, f"{seqs:.0f} seq × {mml} tok × "
                               f"{per_tok / 1024:.1f} KiB (generate's dynamic cache)")
         it["sampling logits"] = Item("sampling logits", 3 * 4 * seqs * a.vocab, "fp32 logits/probs of one step")
+        if a.mamba:  # generate's cache: per sequence and Mamba-2 layer the SSM state [h, p, n] and conv state [cd, K]
+            m = mamba_dims(a)
+            it["Mamba states"] = Item("Mamba states", seqs * a.mamba * (m.d * m.n + m.cd * a.conv) * db,
+                                      f"{seqs:.0f} seq × {a.mamba} layers × (SSM [h, p, n] + conv [cd, K]) × {db} B")
         est.rollout_gib = gib(sum(i.bytes for i in it.values())) * (1 + ALLOCATOR_SLACK)
         est.context_gib += CUDA_CONTEXT_GIB  # its own process
 
@@ -458,11 +489,12 @@ def host_estimate(spec: RunSpec, est: Estimate) -> None:
                                                    "checkpoint gather (node 0)") if k in it))
 
 
-def estimate(spec: RunSpec) -> Estimate:
-    """The per-GPU budget of the plan's most loaded rank, every phase, and host RAM per node."""
+def estimate(spec: RunSpec, mamba: Optional[str] = None) -> Estimate:
+    """The per-GPU budget of the plan's most loaded rank, every phase, and host RAM per node (`mamba`: count the torch
+    backend's Mamba-2 layers on that path, memory_shapes.MAMBA_PATHS, instead of the planned one)."""
     c = spec.cluster
     est = Estimate(device_gib=c.gpu_memory_gib, use_gpus=c.gpus_per_node > 0)
-    policy_estimate(spec, est)
+    policy_estimate(spec, est, mamba)
     rollout_estimate(spec, est)
     host_estimate(spec, est)
     if est.use_gpus:

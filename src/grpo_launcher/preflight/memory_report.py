@@ -11,7 +11,8 @@ from typing import Optional
 from ..plan import rollout_devices, rollout_model_parallel, train_model_parallel, world_size
 from ..spec.errors import Violation
 from ..spec.schema import RolloutBackend, RunSpec, TrainBackend
-from .memory_estimate import ALLOCATOR_SLACK, PHASE_PARTS, Estimate, engine_gib, estimate, phase_reserved
+from .memory_estimate import (ALLOCATOR_SLACK, PHASE_PARTS, Estimate, engine_gib, estimate, mamba_path_of,
+                              phase_reserved)
 from .memory_shapes import gib, layout_of
 
 
@@ -120,6 +121,11 @@ def _fixes(spec: RunSpec, est: Estimate) -> list[str]:
                 out.append(f"rollout.gpu_memory_utilization={u:.2f} → peak {e.peak_gib:.1f} GiB "
                            f"(KV {gib(e.kv['available']):.1f} GiB = "
                            f"{e.kv['available'] / e.kv['one_seq']:.0f} sequences of {e.kv['max_model_len']})")
+    if t.backend == TrainBackend.torch and spec.model.family == "nemotron_h" and mamba_path_of(spec)[0] == "torch":
+        e = estimate(spec, mamba="kernels")  # the Mamba-2 layers on mamba-ssm's Triton scan (torch conv1d)
+        if e.peak_gib <= g:
+            out.append(f"mamba-ssm where the policy runs (scripts/gpu-kit.sh; its Triton chunk scan instead of "
+                       f"transformers' pure-torch Mamba-2) → peak {e.peak_gib:.1f} GiB ({100 * e.peak_gib / g:.0f} %)")
     if t.backend == TrainBackend.megatron:
         tp = t.tensor_parallel_size * 2
         while tp <= max(c.gpus_per_node, 1) and not attempt(f"train.tensor_parallel_size={tp}",

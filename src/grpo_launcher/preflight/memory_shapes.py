@@ -8,6 +8,9 @@ stage, the output layer on the last; with PP = 1 one rank holds both); routed-ex
 EP·ETP and the PP stages. The layer shapes are counted matrix by matrix (`param_counts`); the 1.21 B Llama
 shape of the calibration gives exactly 1,213,302,784 (= the HF model's count).
 
+Mamba-2 layers (nemotron_h) on the torch backend: counted on the path its workers will run (`MAMBA_PATHS`, chosen as
+models/nemotron_h.py binds the kernels), the pure-torch reference's chunk-padded scan temporaries included.
+
 Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 arXiv:2205.05198, §4): count the tensors each layer saves for its backward, per token. Their GPT layer
 gives s·b·h·(34 + 5·a·s/h) bytes; our layers differ (no dropout masks, SwiGLU, GQA, RMSNorm, and SDPA/flash
@@ -39,10 +42,10 @@ GIB = 2**30
 # Hybrid layer layouts the ModelSpec does not carry. Nemotron 3 Nano 30B-A3B (from its published HF config:
 # hybrid_override_pattern of 23 Mamba-2, 23 MoE and 6 GQA layers of head_dim 128; 128 routed experts top-6
 # plus one shared expert of 3712; squared-ReLU experts; Mamba-2 with 64 heads × 64, 8 groups, state 128,
-# conv 4). Not read from model.path: figures for this family are extrapolated.
+# conv 4, chunk 128 (NemotronHConfig's default)). Not read from model.path: figures for this family are extrapolated.
 HYBRID_LAYOUTS: dict[tuple[str, int], dict] = {
     ("nemotron_h", 52): dict(attention=6, mlp=0, moe=23, mamba=23, gated=False, shared_ffn=3712, head_dim=128,
-                             mamba_heads=64, mamba_head_dim=64, groups=8, state=128, conv=4),
+                             mamba_heads=64, mamba_head_dim=64, groups=8, state=128, conv=4, chunk=128),
 }
 
 
@@ -81,6 +84,7 @@ class Arch:
     groups: int = 0
     state: int = 0
     conv: int = 0
+    chunk: int = 0  # the Mamba-2 scan's chunk length
     hybrid: bool = False  # the layout came from HYBRID_LAYOUTS (extrapolated)
     tied: bool = False  # output layer shares the embedding
 
@@ -196,12 +200,14 @@ def rank_params(a: Arch, pc: ParamCounts, lay: Layout) -> tuple[float, float]:
     return dense, experts
 
 
-def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay: Layout) -> dict[str, float]:
+def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay: Layout, mamba: str = "torch",
+                           seq: int = 0) -> dict[str, float]:
     """Bytes per token that one layer of each kind saves for its backward, on one rank.
 
     act: bytes of the compute dtype (2 bf16, 4 fp32). Returned per layer kind: 'attention', 'mlp', 'moe',
     'mamba' (each includes its pre-norm). TP divides the parallel-linear tensors; the norm/residual tensors
-    only with SP. See the module docstring (Activations) for the derivation.
+    only with SP. See the module docstring (Activations) for the derivation. The torch backend's Mamba-2 layers:
+    `mamba_saved_bytes` on the path `mamba` (MAMBA_PATHS) for rows of `seq` tokens.
     """
     h, q, kv, f = a.hidden, a.q_dim, a.kv_dim, a.ffn
     tp, etp = lay.tp, lay.etp
@@ -217,7 +223,8 @@ def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay:
         mlp = norm + (2 * 2 * h if autocast else 4 * h) + 4 * act * f
         moe_routed = a.top_k * (2 * act * h + 5 * act * f) if a.experts else 0
         moe = norm + a.experts * 4 * 3 + moe_routed
-        return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": 0.0}
+        ssm = mamba_saved_bytes(a, mamba, seq, act) / seq if a.mamba and seq else 0.0
+        return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": ssm}
     # megatron-core local spec: torch RMSNorm in bf16 saves 4h + 2·2h, and the next linear its output (2h);
     # the fused QKV output (kept alive by the V view), RoPE'd q and k, the SDPA output (linear_proj's input is
     # a view of it); fc1's fused gate|up output, silu(gate), one more f-sized tensor and the product (fc2's
@@ -259,3 +266,114 @@ def kv_bytes_per_token(a: Arch, tp: int, dtype: int) -> float:
     """vLLM KV cache bytes per token on one GPU of an engine (KV heads replicated when TP > heads)."""
     kv_heads = max(1, math.ceil(a.kv_heads / tp))
     return 2 * a.attention * kv_heads * a.head_dim * dtype
+
+
+# ------------------------------------------------------------------ the torch backend's Mamba-2 layers
+# Which code runs a NemotronH Mamba-2 mixer in training (models/nemotron_h.py bind_mamba_kernels / mamba_train_path):
+#   "torch":   transformers' references (modeling_nemotron_h.py: torch conv1d, mamba2_chunk_scan's einsums);
+#   "kernels": mamba-ssm's Triton chunk scan (mamba_chunk_scan_combined), torch conv1d, the mixer's gated RMSNorm;
+#   "fused":   mamba-ssm's mamba_split_conv1d_scan_combined (conv, scan, gated norm and out_proj in one autograd
+#              Function; needs causal-conv1d).
+# Counted tensor by tensor from that code (transformers 5.19, mamba-ssm 2.3.2), per row of s tokens, under bf16
+# autocast (linear / conv / bmm outputs in `act` bytes, the fp32 casts and the scan's own arithmetic in 4); fp32
+# runs are counted with act = 4 (an upper bound: some casts are then no-ops). The pure-torch count is checked against
+# what autograd saves (tests/unit/test_memory.py) and the profiler's peaks on the CPU build; the kernel paths need a
+# GPU (benchmarks/nemotron_memory.py; benchmarks/results/memory.md, "Mamba-2 layers").
+MAMBA_PATHS = ("torch", "kernels", "fused")
+
+
+@dataclass(frozen=True)
+class MambaDims:
+    h: int  # heads
+    p: int  # head dim
+    n: int  # state size
+    g: int  # groups
+    d: int  # inner width h·p
+    gn: int  # g·n: B (and C) width
+    cd: int  # conv width d + 2·gn (x, B, C)
+    proj: int  # in_proj's output d (gate) + cd + h (dt)
+
+
+def mamba_dims(a: Arch) -> MambaDims:
+    h, p, n, g = a.mamba_heads, a.mamba_head_dim, a.state, a.groups
+    d, gn = h * p, g * n
+    return MambaDims(h, p, n, g, d, gn, d + 2 * gn, 2 * d + 2 * gn + h)
+
+
+def mamba_common_bytes(a: Arch, s: int, act: int) -> float:
+    """Bytes one row of s tokens saves in a Mamba-2 block on every path, before the mixer's own work: the block's
+    fp32 RMSNorm (its input and output [s, H], rsqrt [s, 1]), in_proj's input cast [s, H] and the padding mask
+    ([s, 1] int64, apply_mask_to_padding_states)."""
+    return s * (8 * a.hidden + 4 + act * a.hidden + 8)
+
+
+def mamba_torch_scan_bytes(a: Arch, s: int, act: int) -> float:
+    """Bytes mamba2_chunk_scan (the pure-torch reference) saves for one row of s tokens. It pads the row to whole
+    chunks: S = c·Q tokens (Q = the chunk length). Shapes per row, b = 1; h heads × p, n state, c chunks."""
+    m, Q = mamba_dims(a), a.chunk
+    c = -(-s // Q)
+    S = c * Q
+    real = s * (2 * act * m.h  # dt + dt_bias: softplus' and clamp's inputs [s, h]
+                + 8 * m.h  # dt.float() twice [s, h] (x·dt, A·dt)
+                + 4 * m.d)  # x.float() [s, h, p] (x·dt)
+    padded = S * (8 * m.d  # the scan's fp32 output [S, h, p] (the gated norm keeps it) and D's padded x
+                  + 4 * m.h * m.n  # B repeated to h heads and padded [c, Q, h, n] (B·decay)
+                  + 4 * m.h * Q  # L = exp(segment_sum(A)) [h, c, Q, Q]
+                  + 2 * act * m.h * Q  # G = C·B [c, Q, Q, h] and M = G·L cast for its einsum
+                  + 4 * act * m.h * m.n  # bmm operands [c·h, Q, n]: C and B (G), B·decay (states), C (C·states)
+                  + 3 * act * m.d  # bmm operands [c·h, Q, p]: x (Y_diag), x (states); C·states [c, Q, h, p]
+                  + 8 * m.h)  # decay_states, state_decay_out [h, c, Q]
+    # chunk states [c + 1, h, p, n] in act bytes: the inter-chunk einsum's operand and the states C·states reads
+    # (a view of new_states [c + 1, ...] when c = 1, a copy of its c chunks otherwise); decay_chunk [h, c+1, c+1]
+    states = act * m.h * m.p * m.n * ((c + 1) + (c + 1 if c == 1 else c)) + (4 + act) * m.h * (c + 1) ** 2
+    return real + padded + states
+
+
+def mamba_saved_bytes(a: Arch, path: str, s: int, act: int) -> float:
+    """Bytes one Mamba-2 block (norm + mixer) saves for its backward per row of s tokens on `path`."""
+    m = mamba_dims(a)
+    common = mamba_common_bytes(a, s, act)
+    conv = act * m.cd * s + act * m.cd * (s + a.conv - 1)  # torch conv1d: its input cast [cd, s]; its output
+    # [cd, s + K - 1] (silu's input is a view of it)
+    out_proj = act * m.d * s  # out_proj's input cast [s, d]
+    if path == "torch":
+        # gated RMSNorm on the scan's fp32 output: gate.float(), silu(gate), x·silu(gate), the normalised
+        # output [s, d]; rsqrt per group [s, g]
+        norm = s * (16 * m.d + 4 * m.g)
+        return common + conv + mamba_torch_scan_bytes(a, s, act) + norm + out_proj
+    S = -(-s // a.chunk) * a.chunk
+    if path == "kernels":
+        # mamba_chunk_scan_combined keeps its output [s, h, p], x, B, C (views of the masked conv output [s, cd])
+        # and dt (a view of in_proj's output [s, proj]), dA_cumsum [h, c, Q] fp32; the gated norm on a bf16
+        # output adds its fp32 copy and a cast of the normalised output
+        scan = s * (act * m.d + act * m.cd + act * m.proj) + 4 * m.h * S
+        norm = s * (16 * m.d + act * m.d + 4 * m.g)
+        return common + conv + scan + norm + out_proj
+    if path == "fused":
+        # MambaSplitConv1dScanCombinedFn keeps in_proj's output [s, proj], the scan output [s, d] and the
+        # norm's rstd [s, g]; conv, norm and out_proj are recomputed in its backward
+        return common + s * (act * m.proj + act * m.d + 4 * m.g)
+    raise ValueError(f"unknown Mamba-2 path {path!r} (one of {MAMBA_PATHS})")
+
+
+def mamba_work_bytes(a: Arch, path: str, s: int, act: int) -> float:
+    """The transient peak beyond what a Mamba-2 block saves, per row of s tokens, while it runs forward or
+    backward. torch: half of one block's saved tensors again (its einsums' fp32 operand copies and the gradients of
+    the chunk tensors; the CPU build's profiler, benchmarks/results/memory.md);
+    kernels / fused: the gradients of the saved tensors, plus the chunk states and their gradients
+    [c, h, p, n] fp32 and C·Bᵀ [c, g, Q, Q] fp32 that the Triton backward recomputes (fused: also the
+    recomputed conv output, its gradient and in_proj's gradient [s, cd + cd + proj])."""
+    saved = mamba_saved_bytes(a, path, s, act)
+    if path == "torch":
+        return saved / 2
+    m, Q = mamba_dims(a), a.chunk
+    S = -(-s // Q) * Q
+    triton = S * (8 * m.h * m.p * m.n / Q + 4 * m.g * Q)
+    fused = act * s * (2 * m.cd + m.proj + m.d) if path == "fused" else 0
+    return saved + triton + fused
+
+
+def mamba_fixed_bytes(a: Arch, path: str, autocast: bool) -> float:
+    """Bytes per Mamba-2 block and micro-batch that do not scale with tokens: the fused path casts out_proj's
+    weight to the autocast dtype itself and keeps the copy for its backward [H, d]."""
+    return 2 * a.hidden * mamba_dims(a).d if path == "fused" and autocast else 0.0

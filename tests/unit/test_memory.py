@@ -11,6 +11,7 @@ from grpo_launcher.preflight import memory_report
 from grpo_launcher.preflight import memory_shapes as shapes
 from grpo_launcher.spec.compose import compose, load_spec, to_spec
 from grpo_launcher.spec.errors import ConfigError
+from grpo_launcher.spec.resolve import resolve
 from grpo_launcher.spec.schema import ModelSpec, Precision, RunSpec, TrainBackend, TrainSpec
 from helpers import launch
 
@@ -134,6 +135,78 @@ def test_torch_activation_checkpointing_keeps_layer_inputs():
         assert e.policy["activation work"].bytes == 2 * 108_544 * tokens
 
 
+# a Mamba-2 block small enough to count by hand: hidden 8, 2 heads × 4 (d 8), state 3, 1 group (B, C: 3 wide;
+# conv width cd = 8 + 2·3 = 14; in_proj out 8 + 14 + 2 = 24), conv 4, chunk 4; rows of s = 6 tokens (c = 2 chunks,
+# padded to S = 8), bf16 autocast (act 2)
+SMALL_MAMBA = shapes.Arch(hidden=8, heads=1, kv_heads=1, head_dim=8, ffn=8, vocab=16, attention=0, mlp=0, moe=0,
+                          mamba=1, mamba_heads=2, mamba_head_dim=4, groups=1, state=3, conv=4, chunk=4, hybrid=True)
+
+
+def test_mamba_saved_bytes_by_hand_on_each_path():
+    a, s = SMALL_MAMBA, 6
+    common = s * (8 * 8 + 4 + 2 * 8 + 8)  # block norm in/out + rsqrt, in_proj's input cast, the int64 mask: 552
+    conv = 2 * 14 * s + 2 * 14 * (s + 3)  # conv input cast [cd, s], its output [cd, s + K - 1]: 420
+    out_proj = 2 * 8 * s  # 96
+    real = s * (2 * 2 * 2 + 8 * 2 + 4 * 8)  # softplus/clamp inputs, two fp32 dt casts, x.float(): 336
+    # per padded token: 8d + 4hn + 4hQ + 2·2·hQ + 4·2·hn + 3·2·d + 8h = 64 + 24 + 32 + 32 + 48 + 48 + 16 = 264
+    padded = 8 * 264
+    states = 2 * 2 * 4 * 3 * (3 + 2) + (4 + 2) * 2 * 3 ** 2  # chunk states [c + 1 and c, h, p, n], decay_chunk: 348
+    torch_norm = s * (16 * 8 + 4 * 1)  # gated RMSNorm on the fp32 scan output: 792
+    assert shapes.mamba_saved_bytes(a, "torch", s, 2) == common + conv + real + padded + states + torch_norm + \
+        out_proj == 4656
+    scan = s * 2 * (8 + 14 + 24) + 4 * 2 * 8  # output, x/B/C storage, in_proj's output (dt); dA_cumsum [h, c, Q]
+    assert shapes.mamba_saved_bytes(a, "kernels", s, 2) == common + conv + scan + s * (16 * 8 + 2 * 8 + 4) + \
+        out_proj == 2572
+    assert shapes.mamba_saved_bytes(a, "fused", s, 2) == common + s * (2 * 24 + 2 * 8 + 4 * 1) == 960
+    assert shapes.mamba_work_bytes(a, "torch", s, 2) == 4656 / 2  # half of one block again
+    # kernels: + chunk states and their gradient [c, h, p, n] fp32, C·Bᵀ [c, g, Q, Q] fp32 over S tokens
+    assert shapes.mamba_work_bytes(a, "kernels", s, 2) == 2572 + 8 * (8 * 2 * 4 * 3 / 4 + 4 * 1 * 4)
+    assert shapes.mamba_fixed_bytes(a, "fused", True) == 2 * 8 * 8 and shapes.mamba_fixed_bytes(a, "kernels", True) == 0
+
+
+def _saved_storages(fn) -> dict[int, int]:
+    """{storage pointer: bytes} of every tensor autograd saves while fn() runs."""
+    import torch
+
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return seen
+
+
+@pytest.mark.parametrize("seq", [16, 64, 100, 300])
+def test_mamba_torch_path_counts_what_transformers_saves(seq):
+    """mamba_saved_bytes("torch") against what autograd keeps for transformers' NemotronH Mamba-2 block at
+    nemotron_h_1b's width (the pure-torch path this CPU runs) under bf16 autocast: rows padded to 1, 2, 5 chunks and
+    a full one, within 0.5 % (the parameters and autocast's cached weight casts, the same in two forwards, left out)."""
+    import torch
+    from transformers import NemotronHConfig
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHBlock
+
+    from grpo_launcher.models.nemotron_h import nemotron_h_config
+
+    spec = load_spec(["model=nemotron_h_1b", "model.num_layers=1"])  # Nano's pattern starts with a Mamba-2 layer
+    block = NemotronHBlock(NemotronHConfig(**nemotron_h_config(spec.model, 512, 2, 0)), 0)
+    mask = torch.ones(2, seq, dtype=torch.long)
+    mask[0, seq // 2:] = 0  # right padding: the mixer multiplies by the mask
+    outs = []  # the first forward's graph kept alive: its storages cannot be reused by the second
+
+    def forward() -> None:  # a fresh input (the block's norm saves it) and mask each time
+        x = torch.randn(2, seq, spec.model.hidden_size, requires_grad=True)
+        outs.append(block(x, attention_mask=mask.clone()))
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = _saved_storages(forward)
+        second = _saved_storages(forward)
+    measured = sum(n for k, n in second.items() if k not in first)
+    assert measured == pytest.approx(2 * shapes.mamba_saved_bytes(shapes.arch_of(spec), "torch", seq, 2), rel=0.005)
+
+
 def test_logits_peak_vocab_times_tokens():
     s = RunSpec(model=LLAMA_1B, train=TrainSpec(backend=TrainBackend.megatron, precision=Precision.bfloat16,
                                                 micro_batch_size=1, max_total_sequence_length=4096,
@@ -213,14 +286,21 @@ def test_sleep_residue_and_the_refit_phase_with_fsdp2():
     assert e.engine_weights_gib == pytest.approx(31.6e9 * 2 / 4 / 2**30, rel=0.01)  # bf16 / engine TP 4
 
 
-def test_nanov3_on_torch_fits_an_h100_with_the_engines_asleep():
-    """The recipe's own command on the torch backend (FSDP2 over 256 GPUs, TP/PP/CP/EP resolved to 1): accepted, its
-    train phase (policy + the engine's residue) under an H100's 79.6 GiB; awake engines would not fit."""
-    spec = load_spec([*NANOV3, "train.backend=torch"])
-    e = mem.estimate(spec)
+def test_nanov3_on_torch_fits_an_h100_on_mamba_kernels_with_the_engines_asleep():
+    """The recipe's own command on the torch backend (FSDP2 over 256 GPUs, TP/PP/CP/EP resolved to 1), its Mamba-2
+    layers on mamba-ssm's Triton scan: the train phase (policy + the engine's residue) under an H100's 79.6 GiB; awake
+    engines would not fit. transformers' pure-torch Mamba-2 on 49k-token rows does not: without mamba-ssm the plan
+    is refused, and the fix names it."""
+    spec, _ = resolve(to_spec(compose([*NANOV3, "train.backend=torch"])), [])
+    e = mem.estimate(spec, mamba="kernels")
     assert e.fits and e.peak_phase == "train" and 60 < e.peak_gib < 79.6
     assert e.totals["generate"] < e.peak_gib  # the shards (1.8 GiB) + the engine's budget
-    assert mem.estimate(replace(spec, rollout=replace(spec.rollout, sleep_mode=False))).peak_gib > 79.6
+    awake = replace(spec, rollout=replace(spec.rollout, sleep_mode=False))
+    assert mem.estimate(awake, mamba="kernels").peak_gib > 79.6
+    assert mem.estimate(spec, mamba="torch").peak_gib > 79.6
+    if mem.mamba_path_of(spec) == ("torch", True):  # this interpreter has no mamba-ssm: the plan counts pure torch
+        (v,) = [v for v in memory_report.violations(spec) if v.rule == "gpu_memory_fits"]
+        assert "mamba-ssm where the policy runs" in v.fix and f"peak {e.peak_gib:.1f} GiB" in v.fix
 
 
 # ------------------------------------------------------------------ refusal and acceptance
