@@ -29,17 +29,17 @@ lint: $(VENV)/.installed  ## ruff over the repo, shellcheck over every .sh, mypy
 lint-ratchet: $(VENV)/.installed  ## after typing a module: rewrite .ci/mypy-ratchet.txt from mypy's counts
 	$(PY) .ci/mypy_ratchet.py --update
 
-test:  ## what CI runs: lint, the unit tier, one real end-to-end run per component (tests/README.md; scripts/test.sh)
+test:  ## what CI runs: lint, tests/unit, tests/integration (one real end-to-end run per component; tests/README.md)
 	PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test.sh
 
-test-all:  ## every test without a GPU: make test's + the fault matrices, convergence runs, second runs (~1 h)
-	MARKS="not gpu" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test.sh
+test-all:  ## every test without a GPU: make test's + tests/extended and the extended cases beside the real runs (~1 h)
+	TIERS="tests/unit tests/integration tests/extended" MARKS="" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test.sh
 
-test-fast: $(VENV)/.installed  ## only the quick tests (no Ray, vLLM or Slurm)
-	$(PY) -m pytest -m "not slow and not slurm and not gpu" $(PYTEST_ARGS)
+test-fast: $(VENV)/.installed  ## only the quick tests, tests/unit (no Ray, vLLM or Slurm)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-gpu:  ## the gpu tier, on a GPU node whose Python has torch+transformers (wheels: make gpu-kit)
-	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} python3 -m pytest -m gpu tests/test_gpu.py $(PYTEST_ARGS)
+test-gpu:  ## tests/gpu, on a GPU node whose Python has torch+transformers (wheels: make gpu-kit)
+	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} python3 -m pytest tests/gpu $(PYTEST_ARGS)
 
 gpu-kit:  ## wheels an offline GPU node lacks (Ray, Hydra + submitit plugin, megatron-core, mamba-ssm; py3.12) into .gpu-kit/whl
 	bash scripts/gpu-kit.sh .gpu-kit/whl

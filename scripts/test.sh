@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# make test (what CI runs) and make test-all: lint, then the tests of one tier (tests/README.md).
+# make test (what CI runs) and make test-all: lint, then the tests of the tier folders (tests/README.md).
 # NeMo Gym's one-time build (make gym: CPython from source, ~7 min on 2 cores, then ~1.4 GB of wheels) runs niced
 # in the background beside the venv, lint and every test that does not need Gym; the `gym` tests run last.
 #
-#   MARKS        the tier: "not gpu and not extended" (make test, the default) or "not gpu" (make test-all)
+#   TIERS        the folders: "tests/unit tests/integration" (make test, the default), + tests/extended (make test-all)
+#   MARKS        a marker expression over them: "not extended" (make test, the default: the extended cases beside the
+#                real runs in tests/integration), "" (make test-all: all of them)
 #   PYTEST_ARGS  more pytest arguments (the Makefile passes --durations=30)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-MARKS="${MARKS:-not gpu and not extended}"
+read -r -a TIERS <<< "${TIERS:-tests/unit tests/integration}"
+MARKS="${MARKS-not extended}"
 read -r -a ARGS <<< "${PYTEST_ARGS:-}"
 PY=.venv/bin/python
 GYM_LOG=.cache/gym-install.log
@@ -27,8 +30,9 @@ fi
 t0=$SECONDS
 make -s .venv/.installed lint slurm-up
 echo "test: venv, lint and Slurm ready after $((SECONDS - t0)) s"
+marks() { if [[ -n "$MARKS" ]]; then echo "($MARKS) and $1"; else echo "$1"; fi; }
 rc=0
-"$PY" -m pytest -m "($MARKS) and not gym" "${ARGS[@]}" || rc=$?
+"$PY" -m pytest "${TIERS[@]}" -m "$(marks "not gym")" "${ARGS[@]}" || rc=$?
 if [[ -n "$gym_pid" ]]; then
   echo "test: waiting for NeMo Gym's build ($((SECONDS - t0)) s so far)"
   if ! wait "$gym_pid"; then
@@ -39,6 +43,6 @@ if [[ -n "$gym_pid" ]]; then
   fi
   gym_pid=""
 fi
-"$PY" -m pytest -m "($MARKS) and gym" "${ARGS[@]}" || rc=$?
+"$PY" -m pytest "${TIERS[@]}" -m "$(marks gym)" "${ARGS[@]}" || rc=$?
 echo "test: done in $((SECONDS - t0)) s (exit $rc)"
 exit "$rc"

@@ -2,7 +2,7 @@
 
 The driver (train/) holds Ray handles, so it calls these methods as ``actor.method.remote(...)``; the
 classes behind the handles are found by the registries (policy/, rollout/, envs/) and satisfy these
-protocols structurally (nothing subclasses them). tests/test_registries.py checks every registered class
+protocols structurally (nothing subclasses them). tests/unit/test_registries.py checks every registered class
 against its protocol. The user-facing env interface (prompts and a scorer) is `envs.base.Env`.
 
     policy worker  (policy/torch_policy.py, policy/megatron_policy.py; one per device): PolicyWorker

@@ -4,7 +4,7 @@ config.json as transformers reads it, and which logprob head the policy uses for
 The chunked head (train.logprob_chunk_tokens > 0, algos/linear_logprobs.py) computes each chunk's logits from the
 hidden states itself, so it must apply the same post-processing: Gemma-2/3's `final_logit_softcapping`
 (cap·tanh(z/cap)), Granite's `logits_scaling` (z / s), Cohere's `logit_scale` (z·s), ... (FAMILY_LOGITS, checked
-against transformers' own modeling code by tests/test_families.py). A family this module does not know but whose
+against transformers' own modeling code by tests/unit/test_families.py). A family this module does not know but whose
 config.json holds a key that looks like such a post-processing (SUSPECT) gets whole logits from the model's own
 forward: slower, never wrong. Light (no torch): pre-flight and the plan read it; the torch worker applies it.
 """

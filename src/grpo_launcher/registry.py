@@ -1,7 +1,7 @@
 """Registries map the schema's Enum members (what configs say) to "module:Class" paths, imported only when used.
 
 The schema's Enums are str Enums, so a plain name ("torch") finds its member's entry too.
-tests/test_registries.py checks that every Enum member has an implementation and every entry a member.
+tests/unit/test_registries.py checks that every Enum member has an implementation and every entry a member.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def stop_token_ids(model_dir: str | Path, tokenizer: Any = None) -> tuple[int, .
 
 def describe(model_path: Optional[str]) -> str:
     """The plan's line: the stop set as the checkpoint's files declare it, read as JSON (a dry run imports no
-    transformers; tests/test_stop_tokens.py checks it against `stop_token_ids`), or where it will be read."""
+    transformers; tests/unit/test_stop_tokens.py checks it against `stop_token_ids`), or where it will be read."""
     if model_path is None:
         return f"the tiny model's EOS, built at start-up ({ORIGIN})"
     path = Path(model_path)

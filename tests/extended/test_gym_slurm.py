@@ -22,10 +22,9 @@ import pytest
 from grpo_launcher.gym.install import find_install
 from grpo_launcher.launch.status import read_status, slurm_env
 
-from helpers import MODEL_CACHE, wait_until  # noqa: E402
-from test_nemo_gym import GYM  # noqa: E402  (the tiny Gym setup: math + a tool-calling env)
+from helpers import MODEL_CACHE, ROOT, wait_until  # noqa: E402
+from unit.test_nemo_gym import GYM  # noqa: E402  (the tiny Gym setup: math + a tool-calling env)
 
-ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 LIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED")
 

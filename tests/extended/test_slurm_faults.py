@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from grpo_launcher.launch.status import read_status
-from test_slurm_run import (HAVE_SLURM, PY, ROOT, cluster, jobs, job_state, launch_py, mlflow_steps,  # noqa: F401
+from integration.test_slurm_run import (HAVE_SLURM, PY, ROOT, cluster, jobs, job_state, launch_py, mlflow_steps,  # noqa: F401
                             release_requeued, root, sh, slurm_env, submit, wait_until)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.extended,  # make test: test_slurm_run.py's requeue
@@ -142,7 +142,7 @@ def test_percent_in_output_root_job_logs_where_expected(cluster, jobs, tmp_path)
     """A `%` in the run dir: sbatch/srun would expand it (%j, %x...) and write the logs nowhere to be found."""
     root = tmp_path / "pct%j%x"
     root.mkdir()
-    from test_slurm_run import MODEL_CACHE
+    from helpers import MODEL_CACHE
 
     (root / ".models").symlink_to(MODEL_CACHE)
     job, _, _ = submit(root, jobs, "h12-pct", "grpo.max_steps=2", *ARGS[1:4])

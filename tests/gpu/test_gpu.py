@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-ROOT = Path(__file__).resolve().parents[1]
 # 10 layers x hidden 1024 (16 heads of 64, 4 KV heads), FFN 2816: 113M parameters
 MODEL = ["model.num_layers=10", "model.hidden_size=1024", "model.num_attention_heads=16", "model.num_kv_heads=4",
          "model.ffn_hidden_size=2816", "model.warm_start_steps=150"]

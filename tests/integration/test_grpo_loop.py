@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import check_train_data_record, policy_ranks, share_models, tiny_model, wait_until
+from helpers import ROOT, check_train_data_record, policy_ranks, share_models, tiny_model, wait_until
 
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.batch import Generation, collate, shard_rows
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def launch(tmp_path: Path, *overrides: str, **popen) -> subprocess.Popen:

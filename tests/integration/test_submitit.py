@@ -21,57 +21,10 @@ import pytest
 
 from grpo_launcher.launch.status import read_status
 from helpers import LAUNCH_PY, launch, share_models, tiny_model, wait_until
-from test_sweeps import runs_of
-from test_slurm_run import HAVE_SLURM, cluster, job_state, jobs, sh  # noqa: F401  (module fixtures)
+from integration.test_sweeps import runs_of
+from integration.test_slurm_run import HAVE_SLURM, cluster, job_state, jobs, sh  # noqa: F401  (module fixtures)
 
 SHORT = ["grpo.max_steps=1", "grpo.val_period=1", "checkpoint.save_period=1"]
-OURS = "python launch.py cluster=slurm cluster.nodes=N -m KEY=a,b"
-
-
-# ------------------------------------------------------------------ refusals and the dry run (no job submitted)
-
-
-@pytest.mark.parametrize("args, key", [
-    (["hydra/launcher=submitit_slurm", "cluster=slurm", "cluster.nodes=2"], "cluster"),
-    (["hydra/launcher=submitit_slurm", "hydra.launcher.nodes=2"], "hydra.launcher.nodes"),
-    (["hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2"], "hydra.launcher.tasks_per_node"),
-])
-def test_multi_node_points_are_refused_with_a_pointer_to_our_sweep(launch_here, tmp_path, args, key):
-    r = launch_here(tmp_path, "-m", *args, "grpo.max_steps=1,2", "dry_run=true", "output_root=out")
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.startswith("config error: sweep not launched, no point was started"), r.stderr
-    assert r.stderr.count(f"  - {key}: ") == 2 and OURS in r.stderr and "[rule: submitit_single_node]" in r.stderr
-    assert "Traceback" not in r.stderr
-    assert [p.name for p in (tmp_path / "out").iterdir()] == ["multirun"]  # Hydra's multirun.yaml, no run, no MLflow
-
-
-def test_a_point_with_cluster_slurm_is_refused(launch_here, tmp_path):
-    r = launch_here(tmp_path, "-m", "hydra/launcher=submitit_slurm", "cluster=slurm", "grpo.max_steps=1,2",
-                    "dry_run=true", "output_root=out")
-    assert r.returncode == 2 and "the run inside it would submit another" in r.stderr, r.stderr
-    assert "drop cluster=slurm" in r.stderr and OURS in r.stderr
-
-
-def test_gpus_are_the_jobs_not_this_machines(launch_here, tmp_path):
-    """On a login node without GPUs: the job must ask Slurm for the run's GPUs (the node's are checked in the job)."""
-    r = launch_here(tmp_path, "-m", "hydra/launcher=submitit_slurm", "cluster.gpus_per_node=1", "grpo.max_steps=1,2",
-                    "output_root=out")
-    assert r.returncode == 2 and r.stderr.count("  - hydra.launcher.gpus_per_node, cluster.gpus_per_node: ") == 2
-    assert "fix: hydra.launcher.gpus_per_node=1" in r.stderr and "local_gpus_present" not in r.stderr, r.stderr
-
-
-def test_without_m_the_launcher_is_refused(launch_here, tmp_path):
-    r = launch_here(tmp_path, "hydra/launcher=submitit_local", "dry_run=true", "output_root=out")
-    assert r.returncode == 2 and "without -m" in r.stderr and "[rule: hydra_launcher]" in r.stderr, r.stderr
-    assert "python launch.py -m hydra/launcher=submitit_local KEY=a,b" in r.stderr
-
-
-def test_dry_run_prints_every_plan_and_submits_nothing(launch_here, tmp_path):
-    r = launch_here(tmp_path, "-m", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug",
-                    "grpo.max_steps=1,2", "dry_run=true", "output_root=out")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.count("dry run: nothing started") == 2 and "tiny-grpo_grpo.max_steps=2" in r.stdout
-    assert not list((tmp_path / "out").glob("multirun/*/.submitit"))
 
 
 # ------------------------------------------------------------------ for real

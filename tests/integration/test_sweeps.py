@@ -11,8 +11,7 @@ import pytest
 from grpo_launcher.tracking import metric_names
 
 from helpers import launch, share_models, tiny_model
-
-SHORT = ["grpo.max_steps=1", "grpo.val_period=1", "checkpoint.save_period=1"]
+from unit.test_sweeps import SHORT
 
 
 def runs_of(tmp_path: Path):
@@ -20,40 +19,6 @@ def runs_of(tmp_path: Path):
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     return client.search_runs([e.experiment_id for e in client.search_experiments()])
-
-
-def test_64_point_dry_run_prints_64_plans(tmp_path):
-    p = launch("-m", "grpo.seed=range(0,64)", "cluster=slurm", "dry_run=true", f"output_root={tmp_path}")
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.count("#SBATCH --nodes=1") == 64
-    assert len({line for line in p.stdout.splitlines() if line.startswith("run dir")}) == 64
-
-
-def test_bad_point_stops_the_sweep_before_anything_runs(tmp_path):
-    p = launch("-m", "train.global_batch_size=128,100", f"output_root={tmp_path}", *SHORT)
-    assert p.returncode == 2 and "train.global_batch_size=100" in p.stderr and "Traceback" not in p.stderr
-    assert "sweep not launched" in p.stderr and not (tmp_path / "mlflow.db").exists()
-
-
-@pytest.mark.parametrize("sweep,key", [
-    ("model=tiny,nope", "model"),  # a point that does not compose: was exit 1 with Hydra's error
-    ("train.lr=1e-4,inf", "train.lr"),
-    ("name=a,..", "name"),
-    ("model=nope", "model"),  # the sweep's base does not compose
-])
-def test_every_point_failure_is_a_config_error(tmp_path, sweep, key):
-    p = launch("-m", sweep, "grpo.seed=1,2", "dry_run=true", f"output_root={tmp_path}")
-    assert p.returncode == 2 and p.stderr.startswith("config error"), p.stderr[-2000:]
-    assert f"  - {key}" in p.stderr and "Traceback" not in p.stdout + p.stderr
-
-
-def test_an_objective_no_run_logs_is_a_config_error(tmp_path):
-    """A typo in the Optuna objective fails pre-flight (exit 2, key named), not every trial after it ran."""
-    p = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.objective=val/reward_men", "train.lr=choice(1e-4,3e-4)",
-               f"output_root={tmp_path}", *SHORT)
-    assert p.returncode == 2 and p.stderr.startswith("config error"), p.stderr[-2000:]
-    assert "  - hydra.sweeper.objective: 'val/reward_men' is not a metric" in p.stderr and "val/reward_mean" in p.stderr
-    assert "Traceback" not in p.stdout + p.stderr and not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow
@@ -141,22 +106,3 @@ def test_2x2_slurm_sweep_submits_four_jobs_without_waiting(tmp_path):
         subprocess.run(["scancel", *jobs], capture_output=True)
     children = [r for r in runs_of(tmp_path) if r.data.tags.get("mlflow.parentRunId")]
     assert len(children) == 4 and len({c.data.tags["mlflow.parentRunId"] for c in children}) == 1
-
-
-def test_sweep_points_share_the_reward_probe(tmp_path, monkeypatch):
-    """A sweep's points that differ only in train.lr / loss keys probe each reward function once (issue 41), and
-    every point still gets the same verdict as the unshared path."""
-    from grpo_launcher.envs import preflight as P
-    from grpo_launcher.spec.compose import compose, to_spec
-
-    data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{n}", "answer": f"{n}"[::-1]}) + "\n" for n in (12, 345, 6789)))
-    probed = []
-    real = P._reward_verdict
-    monkeypatch.setattr(P, "_reward_verdict", lambda *a: probed.append(a[1].ref) or real(*a))
-    base = ["env=dataset", f"env.train_path={data}", f"env.val_path={data}", "env.max_prompt_tokens=64",
-            "train.max_total_sequence_length=80", f"output_root={tmp_path}"]
-    verdicts = [list(P.check_env(to_spec(compose([*base, f"train.lr={lr}", f"loss.clip_high={c}"]))))
-                for lr in ("1e-6", "2e-6") for c in ("0.2", "0.28")]
-    assert len(probed) == len(set(probed)) >= 1, probed
-    assert all(v == verdicts[0] for v in verdicts)

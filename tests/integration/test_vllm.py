@@ -24,7 +24,6 @@ import pytest
 import torch
 
 from grpo_launcher.spec.compose import load_spec
-from grpo_launcher.spec.errors import ConfigError
 from grpo_launcher.batch import collate
 from helpers import ROOT, share_models, tiny_model
 
@@ -35,54 +34,6 @@ SPEC_B = [*BASE, "rollout.max_new_tokens=3", "rollout.temperature=0.7", "rollout
 LOGPROB_TOL = 1e-4  # float32; measured max |Δ| ≈ 1e-6 (benchmarks/results/vllm_rollout.md)
 SHORT = ["1234>", "9876>", "5550>", "3141>"]
 LONG = "".join(str((7 * i * i + 3 * i) % 10) for i in range(190)) + ">"  # 191 tokens: > one 128-token KV block
-
-
-# ---------------------------------------------------------------- pre-flight rules (fast)
-
-def _rules(overrides: list[str]) -> set[str]:
-    try:
-        load_spec(overrides)
-    except ConfigError as err:
-        return {v.rule for v in err.violations}
-    return set()
-
-
-def test_rule_http_server_needs_async_engine():
-    assert "vllm_only_switches" in _rules(["rollout=vllm", "rollout.expose_http_server=true"])
-    assert _rules(["rollout=vllm", "rollout.expose_http_server=true", "rollout.async_engine=true"]) == set()
-
-
-def test_rule_engine_length_and_kv_cache():
-    assert "vllm_engine_memory_and_length" in _rules(["rollout=vllm", "rollout.kv_cache_memory_mb=0"])
-    assert "vllm_engine_memory_and_length" in _rules(
-        ["rollout=vllm", "rollout.max_model_len=2048", "model.max_position_embeddings=1024"])
-    # 1 KiB/token (2 layers · 2 KV heads · 32 dims · fp32 · K and V): 1024 tokens need 1 MiB
-    assert _rules(["rollout=vllm", "rollout.max_model_len=1024", "rollout.kv_cache_memory_mb=1"]) == set()
-    assert "vllm_engine_memory_and_length" in _rules(
-        ["rollout=vllm", "rollout.max_model_len=1024", "rollout.kv_cache_memory_mb=1", "model.num_layers=4"])
-
-
-def test_cuda_ipc_handles_cross_the_async_engines_msgpack_channel_as_plain_values():
-    """The async engine's refit (issue 27, found on the H200): vLLM's msgpack channel to its EngineCore refuses
-    torch's rebuild_cuda_tensor args (classes, a dtype). Encoded, they cross vLLM's own encoder and come back
-    equal; a tagged name outside the allowlist is refused, never imported."""
-    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
-
-    from grpo_launcher.rollout.vllm_compat import decode_ipc_handles, encode_ipc_handles
-
-    # rebuild_cuda_tensor's args as torch's reduce_tensor gives them for a CUDA tensor (handles are bytes)
-    args = (torch.Tensor, torch.Size([4, 2]), (2, 1), 0, torch.UntypedStorage, torch.bfloat16, 0, b"\0h", 64, 0,
-            False, b"rc", 8, b"ev", True)
-    info = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[4, 2]], "tensor_sizes": [16],
-            "packed": True, "ipc_handles": {"GPU-0": args}}
-    with pytest.raises(TypeError):
-        MsgpackEncoder().encode(info)
-    for handles in ({"GPU-0": args}, [{"GPU-0": args}]):
-        wire = MsgpackDecoder().decode(MsgpackEncoder().encode(encode_ipc_handles({**info, "ipc_handles": handles})))
-        assert decode_ipc_handles(wire)["ipc_handles"] == handles
-    for bad in ({"__torch_class__": "subprocess.Popen"}, {"__torch_dtype__": "load"}):
-        with pytest.raises((KeyError, TypeError)):
-            decode_ipc_handles({"ipc_handles": {"GPU-0": [bad]}})
 
 
 # ---------------------------------------------------------------- engines in Ray actors (slow)
@@ -376,21 +327,3 @@ def test_http_completion_during_a_run(tmp_path, model_dir):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the run we started and its Ray processes
             proc.wait()
-
-
-def test_an_api_key_that_starts_with_a_dash_reaches_the_http_server_intact():
-    """A per-run key is random: token_urlsafe started with "-" one run in 64, and vLLM's parser then read it as an
-    option (`--api-key: expected at least one argument`, the HTTP server never started). Now: hex keys, and one
-    `--api-key=KEY` word for a user's own key."""
-    pytest.importorskip("vllm")
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    from grpo_launcher.rollout.vllm import api_key_args
-    from grpo_launcher.secrets import with_http_api_key
-
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "m", *api_key_args("-Xy_z")])
-    assert args.api_key == ["-Xy_z"] or args.api_key == "-Xy_z"
-    spec = load_spec(["rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true"])
-    key = with_http_api_key(spec).rollout.http_api_key
-    assert re.fullmatch(r"[0-9a-f]{64}", key)

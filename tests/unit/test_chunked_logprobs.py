@@ -13,7 +13,7 @@ from grpo_launcher.algos import entropy_from_logits, linear_logprobs, token_logp
 from grpo_launcher.logit_heads import LogitTransform
 from grpo_launcher.policy.torch_policy import LogprobHead, TorchPolicyWorker
 from grpo_launcher.spec.compose import load_spec
-from test_hybrid import SMALL, rollout_batch, setup
+from unit.test_hybrid import SMALL, rollout_batch, setup
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 64])

@@ -16,7 +16,6 @@ import multiprocessing
 import os
 import pickle
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -28,11 +27,8 @@ from grpo_launcher.checkpoint import CheckpointManager, CheckpointRefused, verif
 from grpo_launcher.checkpoint.manager import MANIFEST, META
 from grpo_launcher.spec.schema import CheckpointSpec, RunSpec
 
-from helpers import ROOT, share_models, wait_until
 
 PY = sys.executable
-
-
 
 
 # ------------------------------------------------------------------ checkpoint integrity
@@ -278,112 +274,6 @@ def test_dead_holder_is_taken_over_and_release_is_by_owner(tmp_path):
     assert (run_dir / LOCK).stat().st_mode & 0o777 == 0o600
     assert not release_run_lock(run_dir, job_id="123")  # not that job's lock
     assert release_run_lock(run_dir) and not (run_dir / LOCK).exists()
-
-
-# ------------------------------------------------------------------ kill at every phase boundary of a save
-
-MINI_LOOP = r"""
-import sys
-from pathlib import Path
-from grpo_launcher.plan import make_plan
-from grpo_launcher.spec.compose import load_spec
-from grpo_launcher.train.setup import resume_or_start
-
-spec = load_spec(sys.argv[1:])
-plan = make_plan(spec)
-plan.run_dir.mkdir(parents=True, exist_ok=True)
-state = resume_or_start(spec, plan)
-for step in range(state.step + 1, spec.grpo.max_steps + 1):
-    state.log(step, {"train/x": float(step), "train/y": 2.0 * step})
-    if step % spec.checkpoint.save_period == 0 or step == spec.grpo.max_steps:
-        state.save_checkpoint(step, lambda d: (d / "policy.bin").write_bytes(b"w" * 64), {"train/x": float(step)})
-state.finish("FINISHED")
-print("done at", state.step)
-"""
-PHASES = ["after:payload", "after:meta", "after:manifest", "after:fsync", "after:rename", "after:prune",
-          "after:commit"]
-
-
-def mlflow_steps(uri: str, name: str, key: str) -> list[int]:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("h12-faults")
-    runs = client.search_runs([exp.experiment_id], filter_string=f"attributes.run_name = '{name}'")
-    assert len(runs) == 1, [r.info.run_id for r in runs]
-    return sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, key))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("phase", [p if p == "after:rename" else pytest.param(p, marks=pytest.mark.extended)
-                                   for p in PHASES])  # make test: the phase whose checkpoint is in place, unfinished
-def test_kill_at_every_save_phase_then_resume_logs_each_step_once(tmp_path, phase):
-    name = f"h12-kill-{phase.split(':')[1]}"
-    args = [f"output_root={tmp_path}", f"name={name}", "grpo.max_steps=6", "checkpoint.save_period=2", "grpo.val_period=2",
-            "logging.experiment=h12-faults", "logging.progress=false"]
-    env = dict(os.environ, GRPO_FAULT_AT=f"{phase}@4")
-    first = subprocess.run([PY, "-c", MINI_LOOP, *args], env=env, capture_output=True, text=True, timeout=300)
-    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
-    env.pop("GRPO_FAULT_AT")
-    second = subprocess.run([PY, "-c", MINI_LOOP, *args], env=env, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0 and "done at 6" in second.stdout, second.stderr[-2000:]
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    for key in ("train/x", "train/y"):
-        assert mlflow_steps(uri, name, key) == [1, 2, 3, 4, 5, 6], (phase, key, second.stdout)
-    resumed_from = re.search(r"resuming from step_(\d+)", second.stdout)
-    visible = phase in ("after:rename", "after:prune", "after:commit")  # step 4's checkpoint was in place
-    assert resumed_from and int(resumed_from.group(1)) == (4 if visible else 2), second.stdout
-    if phase in ("after:rename", "after:prune"):
-        assert "replayed" in second.stdout  # its metrics came from the checkpoint, not from a second run
-
-
-# ------------------------------------------------------------------ the real driver, real signals
-
-
-def run_cmd(tmp_path: Path, name: str, steps: int, *extra: str) -> list[str]:
-    share_models(tmp_path)
-    return [PY, "-u", str(ROOT / "launch.py"), f"output_root={tmp_path}", f"name={name}", f"grpo.max_steps={steps}",
-            "checkpoint.save_period=1000", "grpo.val_period=0", "grpo.val_at_end=false", "checkpoint.metric=train/reward_mean",
-            "logging.experiment=h12-faults", "logging.progress=true", *extra]
-
-
-@pytest.mark.slow
-@pytest.mark.extended  # make test: test_golden_run.py stops a run with SIGTERM (launch.py cancel) and resumes it
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGUSR1, 3)],
-                         ids=["SIGTERM", "SIGINT", "SIGUSR1"])
-def test_driver_signal_after_ray_init_saves_and_exits_with_its_code(tmp_path, sig, code):
-    name = f"h12-sig-{sig.name.lower()}"
-    log = tmp_path / "run.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(run_cmd(tmp_path, name, 40), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True)
-    try:
-        m = wait_until(lambda: re.search(r"^step (\d+)/40", log.read_text(), re.M) or proc.poll() is not None,
-                       900, "the first step")  # Ray start-up on a loaded 2-core machine: minutes
-        assert proc.poll() is None, log.read_text()[-3000:]
-        proc.send_signal(sig)  # the driver's pid only (Ray's processes are not signalled)
-        rc = proc.wait(timeout=600)
-        text = log.read_text()
-        assert rc == code, text[-3000:]
-        stopped = int(re.search(rf"stopped after step (\d+) \({sig.name}\); checkpoint saved", text).group(1))
-        assert stopped >= int(m.group(1)) and stopped < 40
-        ckpts = sorted(p.name for p in (tmp_path / name / "checkpoints").iterdir())
-        assert ckpts == [f"step_{stopped:06d}"], ckpts
-        assert verify_checkpoint(tmp_path / name / "checkpoints" / ckpts[0]) is None
-        summary = json.loads((tmp_path / name / "summary.json").read_text())
-        assert summary["status"] == "KILLED" and summary["step"] == stopped
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    # the resumed run (fewer steps left) starts at stopped + 1, and MLflow has each step once
-    total = stopped + 2
-    again = subprocess.run(run_cmd(tmp_path, name, total), capture_output=True, text=True, cwd=ROOT, timeout=1200,
-                           start_new_session=True)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"resuming from step_{stopped:06d}" in again.stdout
-    steps = mlflow_steps(f"sqlite:///{tmp_path / 'mlflow.db'}", name, "train/reward_mean")
-    assert steps == list(range(1, total + 1))
 
 
 # ------------------------------------------------------------------ the sweep's MLflow parent run

@@ -95,7 +95,7 @@ def test_subcommands_still_work(tmp_path):
 
 
 def test_model_path_dir_is_enough(tmp_path):
-    from test_spec import write_model_dir
+    from unit.test_spec import write_model_dir
 
     d = write_model_dir(tmp_path / "my-model")
     ok = launch(f"model.path={d}", "dry_run=true", "--cfg", "job")

@@ -10,7 +10,7 @@ from grpo_launcher.batch import Generation, collate
 from grpo_launcher.policy.packing import mamba_groups, next_fit_rows, pack, packed_slices, unpack
 from grpo_launcher.policy.torch_policy import TorchPolicyWorker
 from grpo_launcher.spec.compose import load_spec
-from test_hybrid import SMALL, rollout_batch, setup
+from unit.test_hybrid import SMALL, rollout_batch, setup
 
 
 def test_next_fit_keeps_order_and_fills_rows():

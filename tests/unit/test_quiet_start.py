@@ -7,12 +7,10 @@ import json
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 from grpo_launcher.spec.schema import LoggingSpec, RunSpec
 from grpo_launcher.tracking.mlflow_tracker import CHART_VIEW_ID, CHART_VIEW_TAG, HEADLINE_METRICS, Tracker
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def test_env_worker_module_imports_no_torch():

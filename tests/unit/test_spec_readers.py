@@ -123,7 +123,7 @@ def readers() -> dict[str, list[str]]:
 
 
 # Keys read only by pre-flight, on purpose: {key: rule that reads it}. The rule must exist, name the key, and have a
-# failing case in tests/test_spec.py.
+# failing case in tests/unit/test_spec.py.
 PREFLIGHT_ONLY = {
     "dry_run": "build_implements_run",  # also read by the executors (launch/); kept here for the refusal rule
     "cluster.requires_account": "slurm_fields",  # a cluster profile's declaration: its Slurm needs --account
@@ -155,7 +155,7 @@ def test_every_schema_key_has_a_reader_or_a_tested_reason():
 
 @pytest.mark.parametrize("key,rule", sorted(PREFLIGHT_ONLY.items()))
 def test_preflight_only_keys_are_read_by_their_rule(key, rule):
-    from test_spec import FAILING
+    from unit.test_spec import FAILING
 
     checks = [r.check for r in registered().values() if r.name == rule]
     assert checks, f"no rule {rule}"
@@ -166,10 +166,10 @@ def test_preflight_only_keys_are_read_by_their_rule(key, rule):
 
 @pytest.mark.parametrize("key", sorted(PENDING))
 def test_pending_keys_are_validated_and_not_yet_read(key):
-    from test_spec import FAILING
+    from unit.test_spec import FAILING
 
     assert key not in readers(), f"{key} is read now: move it out of PENDING"
-    assert any(key in keys for _, _, keys in FAILING), f"{key} has no failing config in tests/test_spec.py"
+    assert any(key in keys for _, _, keys in FAILING), f"{key} has no failing config in tests/unit/test_spec.py"
 
 
 @pytest.mark.parametrize("key", sorted(LABELS))

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,9 +22,8 @@ import torch
 from grpo_launcher.batch import collate
 from grpo_launcher.plan import make_plan
 from grpo_launcher.rollout.hf import HFEngine, _one
-from grpo_launcher.spec.schema import RolloutBackend, RunSpec
+from grpo_launcher.spec.schema import RunSpec
 from grpo_launcher.stop_tokens import describe, stop_token_ids
-from helpers import ROOT
 
 MAX_NEW = 12
 PROMPT = "reverse 1234>"
@@ -169,23 +165,6 @@ def test_the_cuda_path_generate_takes_nothing_else_from_generation_config(checkp
     assert engine.model.generation_config.repetition_penalty == 1.5  # the model's own, put back (export saves it)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("compiled", [False, True])
-def test_hf_engine_on_cuda_stops_where_generate_stops(checkpoints, compiled):
-    """The CUDA engine (transformers' generate; rollout.hf_compile: static cache + torch.compile) in fp32."""
-    from transformers import AutoModelForCausalLM
-
-    spec = dataclasses.replace(GREEDY, rollout=dataclasses.replace(GREEDY.rollout, hf_compile=compiled))
-    for style in ("qwen3", "gemma_it"):
-        d, prompt, turn_end = checkpoints[style]
-        ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
-            max_new_tokens=MAX_NEW)[0, len(prompt):].tolist()
-        gens = HFEngine(spec, str(d), torch.device("cuda", 0)).generate([prompt], 2, seed=1)
-        assert [g.response_ids for g in gens] == [ref, ref] and ref[-1] == turn_end, (style, gens, ref)
-
-
 @pytest.mark.parametrize("style", sorted(STYLES))
 def test_stop_set_is_tokenizer_eos_and_generation_config(checkpoints, style):
     """stop_token_ids: the tokenizer's EOS first, then the generation config's ids (int or list), once each; the
@@ -220,44 +199,3 @@ def test_the_plan_prints_the_stop_tokens(checkpoints):
     line = next(x for x in make_plan(spec).summary().splitlines() if x.startswith("stop tokens"))
     assert f"{turn_end} '<end_of_turn>'" in line and "'<eos>'" in line, line
     assert "at start-up" in make_plan(RunSpec()).summary()  # the tiny model: built when the run starts
-
-
-VLLM_ENGINES = """
-import json, pickle, sys
-from safetensors.torch import load_file
-from grpo_launcher.rollout.vllm import VLLMRolloutWorker
-
-spec = pickle.loads(open(sys.argv[1], "rb").read())
-for d, prompt in json.loads(sys.argv[2]):
-    w = VLLMRolloutWorker(spec, d, max_model_len=128)
-    w.update_weights(load_file(d + "/model.safetensors"))  # dummy weights until the refit, as the driver does
-    g = w.generate([prompt], 1, 0)[0]
-    print("RESULT", json.dumps([d, g.response_ids, g.truncated, w.stop_ids]), flush=True)
-    w.shutdown()
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.extended
-def test_vllm_stops_at_the_same_token(checkpoints, tmp_path):
-    """rollout=vllm (the CPU build, in a process of its own; one engine per style in turn) ends each sample where
-    rollout=hf does, on the generation config's end-of-turn token, with the same explicit stop set."""
-    import pickle
-
-    from grpo_launcher.train.workers import WORKER_ENV
-
-    styles = ["qwen3", "llama3", "gemma_it", "phi3"]
-    spec = dataclasses.replace(GREEDY, rollout=dataclasses.replace(GREEDY.rollout, backend=RolloutBackend.vllm))
-    (tmp_path / "spec.pkl").write_bytes(pickle.dumps(spec))
-    todo = [[str(checkpoints[s][0]), checkpoints[s][1]] for s in styles]
-    env = {**os.environ, **WORKER_ENV, "PYTHONPATH": str(ROOT / "src")}
-    run = subprocess.run([sys.executable, "-c", VLLM_ENGINES, str(tmp_path / "spec.pkl"), json.dumps(todo)],
-                         capture_output=True, text=True, timeout=900, env=env)
-    got = {d: rest for d, *rest in (json.loads(x[7:]) for x in run.stdout.splitlines() if x.startswith("RESULT "))}
-    assert len(got) == len(styles), run.stdout[-2000:] + run.stderr[-3000:]
-    for style in styles:
-        d, prompt, turn_end = checkpoints[style]
-        hf = HFEngine(GREEDY, str(d), torch.device("cpu")).generate([prompt], 1, seed=0)[0].response_ids
-        ids, truncated, stops = got[str(d)]
-        assert ids == hf and ids[-1] == turn_end and not truncated, (style, ids, hf)
-        assert stops == list(stop_token_ids(d)), style

@@ -130,7 +130,7 @@ def no_std_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) ->
 
 
 # The registries are keyed by the schema's Enums (loss.advantage, loss.aggregation, loss.kl_estimator); they are
-# str Enums, so a plain name ("group_norm") finds its member too. tests/test_registries.py: one entry per member.
+# str Enums, so a plain name ("group_norm") finds its member too. tests/unit/test_registries.py: one entry per member.
 ADVANTAGE_ESTIMATORS: dict[Advantage, Callable[..., Tensor]] = {
     Advantage.group_norm: group_norm_advantages,
     Advantage.leave_one_out: leave_one_out_advantages,

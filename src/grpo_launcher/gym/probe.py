@@ -1,4 +1,4 @@
-"""Real-component checks of the Gym path, outside the loop (tests/test_nemo_gym.py runs this; so can you):
+"""Real-component checks of the Gym path, outside the loop (tests/integration/test_nemo_gym.py runs this; so can you):
 
     .venv/bin/python -m grpo_launcher.gym.probe OUT.json [--kill-server]
 

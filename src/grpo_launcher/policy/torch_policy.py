@@ -4,7 +4,7 @@ One instance per DP rank. With more than one rank the model is sharded with FSDP
 gradients and AdamW state split over the ranks, bf16 compute for train.precision=bfloat16 on GPUs); one rank
 keeps the plain module (nothing to shard). Losses are normalised by GLOBAL denominators (tokens or sequences
 of the whole minibatch, computed by the driver) and gradients are reduce-scattered with SUM, so an update over
-W ranks equals the 1-rank update on the same batch (tests/test_grpo_loop.py, tests/test_fsdp.py check this).
+W ranks equals the 1-rank update on the same batch (tests/integration/test_grpo_loop.py, tests/integration/test_fsdp.py check this).
 """
 
 from __future__ import annotations

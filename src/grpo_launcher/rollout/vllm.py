@@ -12,7 +12,7 @@ Two engine modes, one contract (`generate` / `update_weights` / `shutdown`, as r
   The refit crosses the process boundary as safetensors bytes (CPU) or as CUDA IPC handles made of plain
   values (GPU), loaded by `WeightRefitExtension` in the engine's worker(s).
 
-Facts this relies on (shared/reference/feasibility-vllm-cpu.md, re-checked by tests/test_vllm.py):
+Facts this relies on (shared/reference/feasibility-vllm-cpu.md, re-checked by tests/integration/test_vllm.py):
 the KV cache is always sized explicitly (`kv_cache_memory_bytes` on CPU: vLLM would otherwise take ~92 % of
 RAM); a refit is `reload_weights` with the HF-named state dict + `reset_prefix_cache` (stale KV otherwise);
 the engine starts with dummy weights because the driver refits before the first rollout.

@@ -1,5 +1,5 @@
 """What differs between the vLLM releases rollout=vllm runs on, in one place (the rest of rollout/vllm.py is
-the same on each). Tested: the CPU build 0.32 (tests/test_vllm.py) and the CUDA build 0.25 (tests/test_gpu.py;
+the same on each). Tested: the CPU build 0.32 (tests/integration/test_vllm.py) and the CUDA build 0.25 (tests/gpu/test_gpu.py;
 the machine: benchmarks/results/environments.md).
 
 | | 0.25 (CUDA) | 0.32 (CPU) |

@@ -2,7 +2,7 @@
 
 The driver (train/driver.py) and the policy workers produce them; checkpoint.metric (preflight/training.py), the
 Optuna objective (hydra.sweeper.objective, checked at the sweep's pre-flight: launch/sweep.py) and the
-curve (tracking/plot.py) name them. tests/test_sweeps.py checks a real run's summary.json against this list.
+curve (tracking/plot.py) name them. tests/integration/test_sweeps.py checks a real run's summary.json against this list.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The extended tier: marked extended, run by make test-all only. tests/README.md."""

@@ -1,0 +1,1 @@
+"""The gpu tier: CUDA only (make test-gpu). tests/README.md."""
