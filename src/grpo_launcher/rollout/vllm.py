@@ -13,8 +13,9 @@ Two engine modes, one contract (`generate` / `update_weights` / `shutdown`, as r
   values (GPU), loaded by `WeightRefitExtension` in the engine's worker(s).
 
 Facts this relies on (shared/reference/feasibility-vllm-cpu.md, re-checked by tests/integration/test_vllm.py):
-the KV cache is always sized explicitly (`kv_cache_memory_bytes` on CPU: vLLM would otherwise take ~92 % of
-RAM); a refit is `reload_weights` with the HF-named state dict + `reset_prefix_cache` (stale KV otherwise);
+the KV cache is always sized explicitly (`kv_cache_bytes`: vLLM would otherwise size it from the memory it finds
+free at start-up: ~92 % of RAM on CPU, and on a GPU shared with the policy whatever the policy worker had not yet
+allocated); a refit is `reload_weights` with the HF-named state dict + `reset_prefix_cache` (stale KV otherwise);
 the engine starts with dummy weights because the driver refits before the first rollout.
 
 Async GRPO with grpo.async_grpo.in_flight_weight_updates=true (`stage_weights`, beside a generate call): the
@@ -75,6 +76,13 @@ class WeightRefitExtension:
         """One packed buffer of CUDA IPC handles, sent as plain values by the async engine's client."""
         self.update_weights(vllm_compat.decode_ipc_handles(update_info))  # type: ignore[attr-defined]
 
+    def grpo_kv_cache_bytes(self) -> int:
+        """Bytes of the KV cache this worker allocated (its model runner's cache tensors; layers that share a
+        tensor counted once)."""
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in self.model_runner.kv_caches if t is not None}  # type: ignore[attr-defined]
+        return sum(storages.values())
+
 
 class VLLMRolloutWorker(VersionedEngine):
     def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1, max_model_len: Optional[int] = None):
@@ -104,6 +112,7 @@ class VLLMRolloutWorker(VersionedEngine):
         self.last_refit_ms = 0.0
         self._asleep: set[str] = set()  # the sleep-mode memory tags freed and not yet woken ("weights", "kv_cache")
         kwargs = self._engine_kwargs()  # `threads` is not used: vLLM's CPU backend binds its own OpenMP threads
+        self.kv_cache_asked = kwargs["kv_cache_memory_bytes"]
         try:
             if r.async_engine or r.expose_http_server:  # rules.py: the server needs the async engine
                 self._loop = asyncio.new_event_loop()
@@ -140,9 +149,11 @@ class VLLMRolloutWorker(VersionedEngine):
             # the seed PR's fix: a served engine needs its tokenizer (chat templates, text prompts, detokenize)
             skip_tokenizer_init=not r.expose_http_server, disable_log_stats=True)
         if current_platform.is_cpu():
-            kw["kv_cache_memory_bytes"] = r.kv_cache_memory_mb * 2**20  # never let vLLM size it from free RAM
-        else:
+            kw["kv_cache_memory_bytes"] = kv_cache_bytes(s, None)  # never let vLLM size it from free RAM
+        else:  # vLLM still checks at start that gpu_memory_utilization × the GPU is free; the KV size is ours
             kw["gpu_memory_utilization"] = r.gpu_memory_utilization
+            total_gib = current_platform.get_device_total_memory(0) / 2**30  # NVML: no CUDA context here
+            kw["kv_cache_memory_bytes"] = kv_cache_bytes(s, total_gib, kw["dtype"])
             if self.ipc_refit:
                 kw.update(vllm_compat.ipc_engine_kwargs())  # the refit: vLLM's weight transfer, CUDA IPC
             kw["enable_sleep_mode"] = engine_sleeps(s)  # its memory in vLLM's cumem pools (sleep/wake_up)
@@ -397,6 +408,17 @@ class VLLMRolloutWorker(VersionedEngine):
             raise RuntimeError("the vLLM engine has errored (its EngineCore process died)")
         return True
 
+    def kv_cache_bytes(self) -> dict[str, int]:
+        """The KV cache per device: "asked" (what the engine was given, `kv_cache_bytes`) and "allocated" (what its
+        first worker holds: whole blocks, so at most the asked size)."""
+        if self.llm is not None:
+            (allocated, *_) = self.llm.collective_rpc("grpo_kv_cache_bytes")
+        else:
+            engine = self.engine
+            assert engine is not None  # the async engine: self.llm is None
+            (allocated, *_) = self._call(engine.collective_rpc("grpo_kv_cache_bytes"))
+        return {"asked": self.kv_cache_asked, "allocated": int(allocated)}
+
     def http_url(self) -> Optional[str]:
         """Base URL of this engine's OpenAI-compatible API (".../v1"), or None when it is not exposed."""
         return self._url
@@ -457,6 +479,36 @@ class VLLMRolloutWorker(VersionedEngine):
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+
+def kv_cache_bytes(spec: RunSpec, device_gib: Optional[float], dtype: Optional[str] = None) -> int:
+    """The KV cache of one engine per device, in bytes; `device_gib` None: a CPU engine.
+
+    Always given to vLLM (`kv_cache_memory_bytes`), never left to its profiling, which sizes the cache from the
+    device memory free while it profiles: on a GPU shared with a policy worker that allocates at the same time
+    (megatron's init_distributed) the engine got 29.75 GiB of its 42.1 GiB budget, by start-up timing
+    (benchmarks/results/memory.md). CPU: rollout.kv_cache_memory_mb. GPU: the memory model's budget
+    (preflight/memory_estimate.py: rollout.gpu_memory_utilization × cluster.gpu_memory_gib, less the engine's
+    weights and activation reserve), the engine's weights counted in the dtype it runs (`dtype`, e.g. bf16 for a
+    float32 model trained in bfloat16), so that the engine holds the budget pre-flight counts; over the device's
+    total memory where cluster.gpu_memory_gib is unset or larger."""
+    if device_gib is None:
+        return spec.rollout.kv_cache_memory_mb * 2**20
+    from dataclasses import replace
+
+    from ..preflight.memory_estimate import estimate
+    from ..spec.schema import Precision
+
+    declared = spec.cluster.gpu_memory_gib
+    gib = device_gib if declared is None else min(declared, device_gib)
+    model = replace(spec.model, dtype=Precision(dtype)) if dtype else spec.model
+    kv = estimate(replace(spec, model=model, cluster=replace(spec.cluster, gpu_memory_gib=gib))).kv
+    if kv["available"] < kv["one_seq"]:
+        raise ValueError(
+            f"rollout.gpu_memory_utilization={spec.rollout.gpu_memory_utilization:g} of {gib:.1f} GiB leaves "
+            f"{kv['available'] / 2**30:.2f} GiB of KV cache after the engine's weights and activations; one "
+            f"{kv['max_model_len']}-token sequence (rollout.max_model_len) needs {kv['one_seq'] / 2**30:.2f} GiB")
+    return int(kv["available"])
 
 
 def _quiet_server(config):
