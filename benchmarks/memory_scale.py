@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-QWEN = {  # Qwen2.5 shapes (tied embeddings, as the published 1.5B and 3B are)
+QWEN = {  # Qwen2.5 shapes, untied: model.path=null builds untied models (the rows in memory.md were run so)
     "0.1b": dict(num_layers=12, hidden_size=768, num_attention_heads=12, num_kv_heads=2, ffn_hidden_size=2048,
                  vocab_size=32000),
     "1.5b": dict(num_layers=28, hidden_size=1536, num_attention_heads=12, num_kv_heads=2, ffn_hidden_size=8960,
@@ -61,7 +61,7 @@ def overrides(row: str, out: Path, steps: int) -> list[str]:
     data = out / f"prompts_{plen}.jsonl"
     write_prompts(data, 4 * prompts, plen)
     return [f"name=mem-{row}", f"output_root={out}", "checkpoint.resume=fresh", "checkpoint.enabled=false",
-            "rollout=vllm", *(f"model.{k}={v}" for k, v in QWEN[shape].items()), "model.tie_word_embeddings=true",
+            "rollout=vllm", *(f"model.{k}={v}" for k, v in QWEN[shape].items()),
             "model.max_position_embeddings=4096", "model.warm_start_steps=0",
             "env=math", f"env.train_path={data}", f"env.val_path={data}", f"env.max_prompt_tokens={plen}",
             f"rollout.max_new_tokens={new}", f"train.max_total_sequence_length={plen + new}",
