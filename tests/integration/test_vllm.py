@@ -215,6 +215,13 @@ class TestEngines:
             ray.get(b.update_weights_ipc.remote(bad), timeout=120)
         assert len(ray.get(b.generate.remote([[5, 6, 7]], 1, 0))) == 1  # the engine serves on
 
+    def test_engines_hold_the_kv_cache_they_were_given(self, engines):
+        """vLLM never sizes the cache itself (rollout/vllm.py kv_cache_bytes): both engine kinds allocate what they
+        were given, rollout.kv_cache_memory_mb on CPU (64 MiB: 512 blocks of 2 layers × 64 KiB, none left over)."""
+        ray, a, b = engines
+        for size in ray.get([a.kv_cache_bytes.remote(), b.kv_cache_bytes.remote()], timeout=120):
+            assert size == {"asked": 64 * 2**20, "allocated": 64 * 2**20}
+
     def test_shutdown_stops_the_engine_processes(self, engines):
         ray, _, b = engines
         info = ray.get(b.info.remote())
