@@ -147,6 +147,62 @@ class TestMambaPath:
                                      on_cuda=True) == ""
 
 
+class TestSeqIdxConv:
+    """The torch conv1d that runs beside mamba-ssm's Triton scan when causal-conv1d is absent takes packed rows'
+    seq_idx as causal-conv1d's kernel does (policy/packing.py passes it): CPU-checkable, unlike the scan."""
+
+    @staticmethod
+    def _reference():
+        from transformers.models.nemotron_h import modeling_nemotron_h as modeling
+
+        return modeling.causal_conv1d_fn
+
+    @pytest.mark.parametrize("autocast", [False, True])
+    def test_each_sequence_of_a_packed_row_is_convolved_on_its_own(self, autocast):
+        import torch
+
+        ref = self._reference()
+        conv = nh.seq_idx_conv1d(ref)
+        g = torch.Generator().manual_seed(0)
+        lengths = [[5, 1, 7, 3], [16]]  # row 0: four sequences (one of a single token), row 1: one
+        x, w, b = torch.randn(2, 6, 16, generator=g), torch.randn(6, 4, generator=g), torch.randn(6, generator=g)
+        seq_idx = torch.tensor([[i for i, n in enumerate(row) for _ in range(n)] for row in lengths], dtype=torch.int32)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            got = conv(x, w, b, activation="silu", seq_idx=seq_idx)
+            want = torch.zeros_like(got)
+            for r, row in enumerate(lengths):
+                start = 0
+                for n in row:  # the conv of the sequence alone
+                    want[r, :, start:start + n] = ref(x[r:r + 1, :, start:start + n], w, b, activation="silu")[0]
+                    start += n
+            assert torch.equal(conv(x, w, b, activation="silu"), ref(x, w, b, activation="silu"))  # no seq_idx: same
+        tol = 2e-2 if autocast else 1e-6  # bf16: F.conv1d's and the taps' own rounding
+        assert torch.allclose(got, want, atol=tol, rtol=tol)
+        assert not torch.allclose(ref(x, w, b, activation="silu")[0, :, 5:8], want[0, :, 5:8], atol=1e-3)
+
+    def test_bound_beside_the_triton_scan_only_and_restored(self, monkeypatch):
+        """bind_mamba_kernels puts it in place where mamba-ssm's scan runs without causal-conv1d (as on the node),
+        and gives the original back for the CPU. (mamba-ssm is absent here: its import check is stood in for.)"""
+        from transformers.models.nemotron_h import modeling_nemotron_h as modeling
+
+        from nemotron_tiny import CONFIG
+        from transformers import NemotronHConfig, NemotronHForCausalLM
+
+        original = modeling.causal_conv1d_fn
+        for name in nh.MAMBA_FUNCTIONS:  # the rebinding is process-wide: restored after the test
+            monkeypatch.setattr(modeling, name, getattr(modeling, name))
+        monkeypatch.setattr(nh, "_imports", lambda package, path: package == "mamba_ssm")
+        model = NemotronHForCausalLM(NemotronHConfig(**CONFIG))
+        assert nh.bind_mamba_kernels(model, on_cuda=True).startswith("mamba-ssm Triton kernels")
+        assert modeling.causal_conv1d_fn.seq_idx_aware and modeling.causal_conv1d_fn.__wrapped__ is original
+        assert nh.varlen_mamba()
+        nh.bind_mamba_kernels(model, on_cuda=True)  # again: not wrapped twice
+        assert modeling.causal_conv1d_fn.__wrapped__ is original
+        monkeypatch.setattr(nh, "_imports", lambda package, path: False)
+        nh.bind_mamba_kernels(model, on_cuda=False)
+        assert modeling.causal_conv1d_fn is original and not nh.varlen_mamba()
+
+
 class TestPlanLine:
     def test_nemotron_h_on_the_torch_backend_only(self):
         spec = load_spec(["model=nemotron_h_tiny"])

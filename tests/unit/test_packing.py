@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_launcher.batch import Generation, collate
-from grpo_launcher.policy.packing import mamba_groups, next_fit_rows, pack, packed_slices, unpack
+from grpo_launcher.policy.packing import mamba_groups, next_fit_rows, pack, packed_slices, sequence_index, unpack
 from grpo_launcher.policy.torch_policy import TorchPolicyWorker
 from grpo_launcher.spec.compose import load_spec
 from unit.test_hybrid import SMALL, rollout_batch, setup
@@ -31,6 +31,13 @@ def test_pack_lays_out_positions_targets_and_the_way_back():
     nxt = torch.cat([p.input_ids[:, 1:], p.input_ids[:, :1]], 1)[..., None]  # [R, C, 1]
     got = unpack(nxt, p)[..., 0]
     assert torch.equal(torch.where(b.response_mask.bool(), got, 0), b.response_ids)
+    # the Mamba layers' seq_idx where the kernels take it (the trailing padding: its row's last sequence)
+    assert sequence_index(p.position_ids).tolist() == [[0] * 8, [0, 0, 0, 0, 1, 1, 1, 1]]
+    assert sequence_index(p.position_ids).dtype == torch.int32
+    # on the CPU (transformers' torch scan takes no seq_idx): per-sequence groups, longest first, each ≤ one row
+    m = pack(b, capacity=8, mamba=True).segments
+    assert m.seq_idx is None
+    assert [index[mask].tolist() for index, mask in m.groups] == [[0, 1, 2, 3, 4], [8, 9, 10, 11, 12, 13, 14]]
 
 
 @pytest.fixture(scope="module")

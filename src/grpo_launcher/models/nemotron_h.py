@@ -180,10 +180,16 @@ def _imports(package: str, path: str) -> bool:
         return False
 
 
+# what bind_mamba_kernels last bound, process-wide as the binding itself: modeling_nemotron_h name -> kernel runs
+BOUND: dict[str, bool] = {}
+
+
 def bind_mamba_kernels(model: Any, on_cuda: bool) -> str:
     """For a NemotronH model, rebind modeling_nemotron_h's Mamba-2 functions that transformers bound to a kernel
     where the torch backend must not run it (CPU; the fused path without causal-conv1d) to their torch
-    references, and return the path in words; "" for other models. Process-wide, as transformers' own binding."""
+    references, and return the path in words; "" for other models. Where mamba-ssm's chunk scan runs without
+    causal-conv1d, the torch conv1d becomes `seq_idx_conv1d` (packed rows pass seq_idx: policy/packing.py).
+    Process-wide, as transformers' own binding."""
     if getattr(getattr(model, "config", None), "model_type", None) != "nemotron_h":
         return ""
     from transformers.models.nemotron_h import modeling_nemotron_h as modeling
@@ -194,4 +200,51 @@ def bind_mamba_kernels(model: Any, on_cuda: bool) -> str:
     for name, kernel in wanted.items():
         if packages[MAMBA_FUNCTIONS[name][0]] and not kernel:  # transformers bound the kernel: its torch reference
             setattr(modeling, name, inspect.unwrap(getattr(modeling, name)))
+    aware = getattr(modeling.causal_conv1d_fn, "seq_idx_aware", False)
+    if wanted["mamba2_chunk_scan"] and not wanted["causal_conv1d_fn"] and not aware:  # torch conv1d + Triton scan
+        modeling.causal_conv1d_fn = seq_idx_conv1d(modeling.causal_conv1d_fn)
+    elif aware and not (wanted["mamba2_chunk_scan"] and not wanted["causal_conv1d_fn"]):
+        modeling.causal_conv1d_fn = modeling.causal_conv1d_fn.__wrapped__  # as it was before
+    BOUND.clear()
+    BOUND.update(wanted)
     return mamba_path(packages["mamba_ssm"], packages["causal_conv1d"], on_cuda)
+
+
+def varlen_mamba() -> bool:
+    """The Mamba-2 layers bound last (`BOUND`) honour `seq_idx` (packed rows as separate sequences): mamba-ssm's
+    chunk scan, with causal-conv1d's kernel, the fused path or `seq_idx_conv1d`. transformers' torch scan ignores
+    it (its reference takes no seq_idx): False there."""
+    return bool(BOUND.get("mamba2_chunk_scan"))
+
+
+def seq_idx_conv1d(reference: Any) -> Any:
+    """transformers' torch causal_conv1d_fn (`reference`), taking causal-conv1d's `seq_idx` [b, s] as its kernel
+    does: a position's depthwise causal conv reads only the earlier positions of its own sequence (K taps, the ones
+    before the sequence's start read as 0). Without seq_idx: the reference itself."""
+    import functools
+
+    import torch
+    import torch.nn.functional as F
+
+    @functools.wraps(reference)
+    def conv(hidden_states: Any, weight: Any, bias: Any = None, activation: Any = None, seq_idx: Any = None,
+             **kwargs: Any) -> Any:
+        if seq_idx is None:
+            return reference(hidden_states, weight, bias, activation=activation, **kwargs)
+        # hidden_states [b, d, s]; weight [d, K]; seq_idx [b, s]: tap k reads x[t - k] where seq_idx[t - k] = seq_idx[t]
+        dtype = torch.get_autocast_dtype(hidden_states.device.type) if torch.is_autocast_enabled(
+            hidden_states.device.type) else weight.dtype
+        x, w = hidden_states.to(dtype), weight.to(dtype)
+        K, s = w.shape[-1], x.shape[-1]
+        out = x * w[:, K - 1, None]
+        for k in range(1, K):
+            same = (F.pad(seq_idx, (k, 0), value=-1)[:, :s] == seq_idx)[:, None, :]  # [b, 1, s]
+            out = out + F.pad(x, (k, 0))[..., :s] * w[:, K - 1 - k, None] * same
+        if bias is not None:
+            out = out + bias.to(dtype)[:, None]
+        if activation is not None:
+            out = F.silu(out) if activation in ("silu", "swish") else getattr(F, activation)(out)
+        return out.to(hidden_states.dtype)
+
+    conv.seq_idx_aware = True  # type: ignore[attr-defined]
+    return conv

@@ -9,11 +9,14 @@ so the loss, its denominators and the driver see the unpacked batch. Next-fit in
 contiguous slice of the minibatch (the update's per-micro-batch outputs concatenate in batch order).
 
 Mamba-2 layers (model.family=nemotron_h) have no such mask: their recurrent state would run on from one
-sequence into the next, and transformers' pure-torch path takes no `seq_idx`. `segment_mamba_mixers` gives each
-Mamba mixer a forward that, given the `mamba_segments` keyword, runs on the sequences themselves, as right-padded
-batches of similar lengths (causal: a sequence's outputs never see its padding), and writes the outputs back in
-the packed layout. The attention and MoE layers keep the packed rows; only the Mamba layers pay for padding, at
-most as many tokens again as they hold, in groups of at most one row's tokens (`mamba_groups`).
+sequence into the next. `segment_mamba_mixers` gives each Mamba mixer a forward that takes the `mamba_segments`
+keyword (`MambaSegments`). Where mamba-ssm's kernels run (CUDA; models/nemotron_h.py varlen_mamba), the mixer runs
+on the packed rows with `seq_idx` [R, C], the sequence of each position: the Triton chunk scan (and causal-conv1d's
+conv, the fused path, or the torch conv1d made seq_idx-aware) restart the state at every sequence, true varlen.
+transformers' pure-torch scan takes no `seq_idx` (CPU, or no mamba-ssm): there the mixer runs on the sequences
+themselves, as right-padded batches of similar lengths (causal: a sequence's outputs never see its padding), and
+writes the outputs back in the packed layout; only the Mamba layers pay for padding, at most as many tokens again
+as they hold, in groups of at most one row's tokens (`mamba_groups`). The attention and MoE layers keep the rows.
 """
 
 from __future__ import annotations
@@ -33,9 +36,17 @@ class Packed:
     position_ids: Tensor  # [R, C] 0.. per sequence
     targets: Tensor  # [R, C] the next token where a response token is predicted, -1 elsewhere
     index: Tensor  # [B, T] flat position in R*C predicting response token j of sequence i (0 past its end)
-    # pack(mamba=True) only, per group: [S, L] flat position in R*C of token t of its sequence s (0 past its
-    # end), [S, L] True where that token exists
-    segments: tuple[tuple[Tensor, Tensor], ...]
+    segments: MambaSegments | None  # pack(mamba=True) only
+
+
+@dataclass(frozen=True)
+class MambaSegments:
+    """How the Mamba-2 mixers see the packed rows: `seq_idx` where the kernels take it, else padded groups."""
+
+    seq_idx: Tensor | None  # [R, C] int32: the sequence of each position along its row (`sequence_index`)
+    # per group: [S, L] flat position in R*C of token t of its sequence s (0 past its end), [S, L] True where that
+    # token exists; empty where seq_idx is set
+    groups: tuple[tuple[Tensor, Tensor], ...]
 
 
 def next_fit_rows(lengths: list[int], capacity: int) -> list[int]:
@@ -62,7 +73,7 @@ def packed_slices(lengths: list[int], capacity: int, rows_per_batch: int) -> lis
 
 def pack(b: TrainBatch, capacity: int, pad_id: int = 0, mamba: bool = False) -> Packed:
     """The batch's sequences in rows of `capacity` tokens (each sequence fits: capacity ≥ L); with `mamba`, also
-    the Mamba layers' per-sequence groups (`segments`; empty otherwise)."""
+    how the Mamba layers see them (`segments`: seq_idx where the bound kernels take it, else per-sequence groups)."""
     # b.input_ids: [B, L] right-padded; -> Packed with R rows of C = capacity
     lengths = b.attention_mask.sum(1).tolist()
     prompt = b.prompt_lens.tolist()
@@ -84,8 +95,21 @@ def pack(b: TrainBatch, capacity: int, pad_id: int = 0, mamba: bool = False) -> 
         index[i, :n - p] = r * C + start + p - 1 + torch.arange(n - p, device=dev)
         flat.append(r * C + start + torch.arange(n, device=dev))
         start += n
-    groups = tuple(_padded([flat[i] for i in g]) for g in mamba_groups(lengths, C)) if mamba else ()
-    return Packed(ids, pos, targets, index, groups)
+    return Packed(ids, pos, targets, index, _mamba_segments(pos, lengths, flat, C) if mamba else None)
+
+
+def _mamba_segments(pos: Tensor, lengths: list[int], flat: list[Tensor], capacity: int) -> MambaSegments:
+    from ..models.nemotron_h import varlen_mamba
+
+    if pos.device.type == "cuda" and varlen_mamba():
+        return MambaSegments(sequence_index(pos), ())
+    return MambaSegments(None, tuple(_padded([flat[i] for i in g]) for g in mamba_groups(lengths, capacity)))
+
+
+def sequence_index(pos: Tensor) -> Tensor:
+    """[R, C] position ids → [R, C] int32 seq_idx: the sequence of each position along its row, a new one where the
+    position restarts at 0 (a row's trailing padding keeps counting on: its last sequence's, inert as it is causal)."""
+    return torch.cumsum((pos == 0).int(), 1, dtype=torch.int32) - 1
 
 
 def mamba_groups(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -139,15 +163,17 @@ def _segmented(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
     if cls in _SEGMENTED:
         return _SEGMENTED[cls]
 
-    def forward(self: torch.nn.Module, hidden_states: Tensor, *args: Any, mamba_segments: Any = None,
+    def forward(self: torch.nn.Module, hidden_states: Tensor, *args: Any, mamba_segments: MambaSegments | None = None,
                 **kwargs: Any) -> Tensor:
         if mamba_segments is None:
             return cls.forward(self, hidden_states, *args, **kwargs)
-        kwargs.pop("attention_mask", None)  # each group brings its own
+        kwargs.pop("attention_mask", None)  # each group brings its own; the packed rows' padding is causal: inert
+        if mamba_segments.seq_idx is not None:  # the kernels restart the state at every sequence
+            return cls.forward(self, hidden_states, *args, seq_idx=mamba_segments.seq_idx, **kwargs)
         R, C, _ = hidden_states.shape  # [R, C, H] packed rows
         x = hidden_states.flatten(0, 1)
         at, ys = [], []
-        for index, mask in mamba_segments:  # [S, L] each
+        for index, mask in mamba_segments.groups:  # [S, L] each
             y = cls.forward(self, x[index], *args, attention_mask=mask, **kwargs)  # [S, L, H]
             at.append(index[mask])
             ys.append(y[mask])

@@ -318,7 +318,10 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
             est.notes.append(f"Mamba-2 counted on the {MAMBA_WORDS[mamba]} path" + (
                 " (judged from this interpreter's packages, as the plan's Mamba-2 line)" if known else
                 " (the node's packages decide: counted as the pure-torch path, the largest)"))
-        if spec.train.sequence_packing:
+        if spec.train.sequence_packing and mamba != "torch":
+            est.notes.append("packed: the Mamba layers take seq_idx on the packed rows (mamba-ssm's kernels, true "
+                             "varlen; policy/packing.py)")
+        elif spec.train.sequence_packing:
             est.notes.append("packed: the Mamba layers run on the sequences as padded groups (policy/packing.py), "
                              "up to 2x their tokens; counted as the packed rows")
     if backend == "megatron" and (lay.pp > 1 or lay.cp > 1 or lay.sp or a.experts):
