@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The issue-40 measurements on one GPU node, as run there (benchmarks/results/nemotron_gpu.md):
 #   bash benchmarks/gpu_jobs/nemotron.sh install PARTS_DIR     # the GPU kit (scripts/gpu-kit.sh) into /tmp/site
-#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry kernels gate hf1b vllm1b tiny ...
+#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry kernels pack block gate hf1b vllm1b tiny mem
 # Each run step writes the run's metrics summary and nvidia-smi's whole-GPU peak to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -51,6 +51,9 @@ step() {
         echo "dry $r: exit $?"; grep -E "Mamba-2 path|peak|per GPU" "$OUT/dry_1b_$r.txt" | head -8
       done ;;
     kernels) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k nemotron_h 2>&1 | tail -8 ;;
+    pack) python3 -m pytest -q -s -m gpu "$TESTS/test_nemotron_packing.py" 2>&1 | tail -8 ;;
+    block) python3 benchmarks/nemotron_memory.py --batch 32 --seq 16 64 300 2>&1 | tail -12 ;;
+    mem) python3 benchmarks/memory_scale.py --out "$OUT/ms" --only "${MEM_ROWS:-1.5b-megatron}" 2>&1 | tail -15 ;;
     gate)  # vLLM without its MoE library: refused at pre-flight, naming it
       lib=$(ls /tmp/site/vllm/_moe_C*.so)
       mv "$lib" /tmp/moe.so
