@@ -1,21 +1,24 @@
 """The one door from pre-flight to a run: `execute(launch)` runs a Launch (launch/preflight.py) with the executor of
 its cluster kind: `local` runs the driver here (joining an existing Ray cluster when cluster.ray_address is set,
 cluster=ray), `slurm` submits the job script pre-flight rendered. Single runs, reruns (launch/app.py), sweep points
-(launch/sweep.py) and the Hydra launchers (src/hydra_plugins/) all come through here."""
+(launch/sweep.py), the Hydra launchers (src/hydra_plugins/) and `launch.py eval|generate` (launch/eval.py: the run's
+workers without the loop) all come through here."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar, overload
 
 from ..exit_codes import ExitCode
 from ..spec.schema import ClusterKind
-from .local import run_local
+from .local import run_local, run_workers
 from .slurm import submit_slurm
 
 if TYPE_CHECKING:  # the package is imported first by `python -m grpo_launcher.launch.status` (job.sh, several times a
+    from ..train.driver import Trainer
     from .preflight import Launch  # job): it imports what executes, not pre-flight's rules and memory model
 
 EXECUTORS: dict[ClusterKind, Callable[[Launch], int]] = {ClusterKind.local: run_local, ClusterKind.slurm: submit_slurm}
+T = TypeVar("T")
 
 
 def busy(launch: Launch) -> bool:
@@ -31,7 +34,19 @@ def busy(launch: Launch) -> bool:
     return holder is not None
 
 
-def execute(launch: Launch) -> int:
+@overload
+def execute(launch: Launch) -> int: ...
+@overload
+def execute(launch: Launch, work: Callable[[Trainer], T]) -> T: ...
+
+
+def execute(launch: Launch, work: Optional[Callable[[Trainer], T]] = None) -> int | T:
+    """The one way to run a Launch: a run is said (its plan, disk and memory budget), then handed to the executor
+    of its cluster kind. With `work` (launch.py eval|generate): no run and nothing said; the run's workers come up on
+    this machine without the loop (eval's pre-flight admits cluster.kind=local only) and work(trainer)'s result is
+    returned."""
+    if work is not None:
+        return run_workers(launch, work)
     spec, plan = launch.spec, launch.plan
     if not spec.dry_run and busy(launch):  # refused before its plan is printed (the executors' lock still decides)
         return ExitCode.FAILED

@@ -22,13 +22,31 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
+from omegaconf import OmegaConf
+
+from ..envs.base import Prompt
+from ..envs.preflight import load_tokenizer
+from ..envs.prompting import PromptTooLong, prompt_lengths
 from ..exit_codes import ExitCode
+from ..export import ExportError, pick_checkpoint
+from ..plan import make_plan
+from ..preflight.validate import validate
+from ..runfiles import load_spec_file
+from ..spec.compose import _override_key, load_spec, spec_to_yaml, to_spec
 from ..spec.errors import ConfigError, Violation
 from ..spec.schema import RunSpec
+from . import execute
+from .preflight import Launch
+
+if TYPE_CHECKING:
+    from ..train.driver import Trainer
+
+T = TypeVar("T")
 
 # rules about launching a training run under this name: an eval of a finished run trains nothing and writes no checkpoint
 NOT_FOR_EVAL = {"run_name_not_finished", "run_name_checkpoints_compatible"}
@@ -40,6 +58,11 @@ class Target:
     checkpoint: Optional[Path]  # the run's checkpoint to load (None: the model dir's weights as they are)
     out_dir: Path  # where the metrics JSON and the workers' phase file go (never the run's own phase.json)
     data_label: Optional[str] = None  # another val set than the run's own: its name (in the metrics file's name)
+
+    def launch(self) -> Launch:
+        """What launch.execute runs: the spec, its plan writing into out_dir (phase.json, prompting.json: not the
+        run's), no job script (eval runs here)."""
+        return Launch(self.spec, dataclasses.replace(make_plan(self.spec), run_dir=self.out_dir), None)
 
 
 def parse(args: list[str], prog: str) -> argparse.Namespace:
@@ -80,12 +103,6 @@ def target(ns: argparse.Namespace) -> Target:
 
 
 def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Target:
-    from omegaconf import OmegaConf
-
-    from ..export import ExportError, pick_checkpoint
-    from ..runfiles import load_spec_file
-    from ..spec.compose import spec_to_yaml, to_spec
-
     try:
         ckpt = pick_checkpoint(run_dir, step, last=True)
     except ExportError as exc:
@@ -102,8 +119,6 @@ def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Tar
 
 
 def _model_target(model_dir: Path, overrides: list[str]) -> Target:
-    from ..spec.compose import _override_key, load_spec
-
     spec = load_spec([f"model.path={model_dir}", *overrides])  # ConfigError: every problem, keys named
     other = {"env", "env.name", "env.val_path"} & {_override_key(o) for o in overrides}
     return Target(_checked(spec), None, Path(spec.output_root).resolve() / "eval", data_label(spec) if other else None)
@@ -111,8 +126,6 @@ def _model_target(model_dir: Path, overrides: list[str]) -> Target:
 
 def data_label(spec: RunSpec) -> str:
     """A val set's name for a file name: the val file's stem, else the env's name."""
-    import re
-
     name = Path(spec.env.val_path).name.split(".")[0] if spec.env.val_path else _env_name(spec)
     return re.sub(r"[^A-Za-z0-9_+-]+", "_", name).strip("_") or "val"
 
@@ -129,8 +142,6 @@ def default_out(t: Target) -> Path:
 
 
 def _checked(spec: RunSpec) -> RunSpec:
-    from ..preflight.validate import validate
-
     spec = dataclasses.replace(spec, dry_run=False)
     if spec.cluster.kind.value != "local":
         raise ConfigError([Violation("eval_here", ("cluster.kind",), f"eval and generate run on this machine; the run "
@@ -142,37 +153,18 @@ def _checked(spec: RunSpec) -> RunSpec:
     return spec
 
 
-def run_workers(t: Target, work: Any) -> Any:
-    """Bring up the run's Ray workers (policy, engines, env) on this machine, load the checkpoint, push the weights
-    to the engines, and call work(trainer); the workers are stopped whatever happens."""
-    from ..plan import make_plan
-    from .local import ray_environment
+def run_workers(t: Target, work: Callable[[Trainer], T]) -> T:
+    """The target's Launch through the one door (launch.execute): the run's Ray workers on this machine, the
+    checkpoint loaded as a resume does and its weights pushed to the engines, then work(trainer); the workers are
+    stopped whatever happens."""
+    def loaded(trainer: Trainer) -> T:
+        w = trainer.w
+        if t.checkpoint is not None:
+            w.get("load", [p.load.remote(str(t.checkpoint)) for p in w.policy], w.policy)
+        trainer.refit()  # the engines take the loaded weights
+        return work(trainer)
 
-    t.out_dir.mkdir(parents=True, exist_ok=True)
-    plan = dataclasses.replace(make_plan(t.spec), run_dir=t.out_dir)  # phase.json, prompting.json: not the run's
-    from ..envs import make_env
-    from ..train.driver import Trainer
-    from ..train.loop_state import LoopState, StopRequest
-    from ..train.setup import prepare_model
-    from ..train.startup import quiet_libraries
-    from ..train.workers import create_workers, ray_session
-
-    quiet_libraries()
-    spec = t.spec
-    env = make_env(spec)
-    model_dir = prepare_model(spec, plan, env)
-    with ray_environment(spec, plan), ray_session(spec, plan):  # its own Ray token, as a local run
-        workers = create_workers(spec, plan, str(model_dir))
-        try:
-            workers.ready()
-            if t.checkpoint is not None:
-                workers.get("load", [p.load.remote(str(t.checkpoint)) for p in workers.policy], workers.policy)
-            state = LoopState(spec, plan, ckpt=None, tracker=None)
-            trainer = Trainer(spec, plan, env, workers, state, StopRequest(), model_dir)  # Ctrl-C: Python's
-            trainer.refit()  # the engines take the loaded weights
-            return work(trainer)
-        finally:
-            workers.shutdown()
+    return execute(t.launch(), loaded)
 
 
 def source_label(t: Target) -> str:
@@ -216,16 +208,12 @@ def generate_main(args: list[str]) -> int:
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
-    from ..envs.base import Prompt
-
     prompts = [Prompt(text=p, answer="", agent_ref="generate") for p in ns.prompt]
     print(f"grpo-launcher: sampling {ns.n} per prompt from {source_label(t)}", flush=True)
 
-    def sample(trainer: Any) -> list[str]:
+    def sample(trainer: Trainer) -> list[str]:
         gens = trainer.generate(prompts, ns.n, seed=ns.seed)
         return [trainer.tok.decode(g.response_ids, skip_special_tokens=True) for g in gens]
-
-    from ..envs.prompting import PromptTooLong
 
     try:
         texts = run_workers(t, sample)
@@ -243,10 +231,6 @@ def fit_prompt_budget(t: Target, prompts: list[str], overrides: list[str]) -> Ta
     """The prompts given, counted as the model gets them (chat template, system prompt): env.max_prompt_tokens grows
     to the longest, and train.max_total_sequence_length to hold it + rollout.max_new_tokens (said so). A budget set
     on the command line is kept: a prompt over it is a config error naming it."""
-    from ..envs.preflight import load_tokenizer
-    from ..envs.prompting import prompt_lengths
-    from ..spec.compose import _override_key
-
     spec = t.spec
     tok = load_tokenizer(spec)
     if tok is None:

@@ -1,4 +1,5 @@
-"""cluster=local: run the GRPO driver in this process, against a Ray instance it starts here.
+"""cluster=local: run the GRPO driver in this process, against a Ray instance it starts here (run_local); or, for
+`launch.py eval|generate`, the run's workers without the loop (run_workers).
 
 The run dir is locked for this process (a second launch of the run is refused, naming it); Ray's auth
 token is a fresh 0600 file in the run dir."""
@@ -9,7 +10,7 @@ import os
 import secrets
 import sys
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 
 from ..exit_codes import ExitCode
 from ..plan import Plan
@@ -20,7 +21,10 @@ from . import rundir
 from .local_status import recorded
 
 if TYPE_CHECKING:  # launch/__init__.py says why
+    from ..train.driver import Trainer
     from .preflight import Launch
+
+T = TypeVar("T")
 
 
 def run_local(launch: Launch) -> int:
@@ -51,6 +55,32 @@ def run_local(launch: Launch) -> int:
             return rec["rc"]
     finally:
         rundir.release_run_lock(plan.run_dir)
+
+
+def run_workers(launch: Launch, work: Callable[[Trainer], T]) -> T:
+    """`launch.py eval|generate`: the run's Ray workers (policy, engines, env) brought up on this machine, without
+    the loop, and work(trainer) called; the workers are stopped whatever happens. The plan's run dir is where the
+    command writes (phase.json, prompting.json), never the run's own."""
+    from ..envs import make_env  # torch and Ray: imported by a run, never by pre-flight
+    from ..train.driver import Trainer
+    from ..train.loop_state import LoopState, StopRequest
+    from ..train.setup import prepare_model
+    from ..train.startup import quiet_libraries
+    from ..train.workers import create_workers, ray_session
+
+    spec, plan = launch.spec, launch.plan
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    quiet_libraries()
+    env = make_env(spec)
+    model_dir = prepare_model(spec, plan, env)
+    with ray_environment(spec, plan), ray_session(spec, plan):  # its own Ray token, as a local run
+        workers = create_workers(spec, plan, str(model_dir))
+        try:
+            workers.ready()
+            state = LoopState(spec, plan, ckpt=None, tracker=None)
+            return work(Trainer(spec, plan, env, workers, state, StopRequest(), model_dir))  # Ctrl-C: Python's
+        finally:
+            workers.shutdown()
 
 
 # Set for a run's own Ray (join_existing_cluster, private_ray_token, the metrics listener; ray.init sets
