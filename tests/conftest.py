@@ -40,6 +40,12 @@ def launch_here(monkeypatch, capsys):
 
 
 
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory) -> Path:
+    """A module's own output_root for the runs and specs its tests build (one per test module)."""
+    return tmp_path_factory.mktemp("models")
+
+
 @pytest.fixture(autouse=True)
 def runs_outside_the_checkout(monkeypatch, tmp_path_factory) -> Path:
     """No test reads or writes the checkout's outputs/ (after `make demo` a finished tiny-grpo there would refuse the

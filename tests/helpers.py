@@ -1,11 +1,12 @@
-"""What the test files share: the repository root, `python launch.py` as a subprocess, waiting on a condition,
-the tiny model built once per machine.
+"""What the test files share: the repository root, `python launch.py` as a subprocess, waiting on a condition, a Slurm
+job's state, the tiny model built once per machine.
 
 Imported as `from helpers import ...` (pytest puts tests/ on sys.path; conftest.py re-exports them too)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -13,7 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
+from grpo_launcher.launch.status import slurm_env
+
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"  # data/, snapshots/ and the tier folders
 LAUNCH_PY = ROOT / "launch.py"
 # the tiny models every run of the suite shares: built once per machine (a minute of CPU each), not once per test
 MODEL_CACHE = Path(os.environ.get("GRPO_TEST_MODEL_CACHE", "/tmp/grpo-test-cache/models"))
@@ -25,6 +29,14 @@ def launch(*args: str, cwd: Optional[Path] = None, env: Optional[Mapping[str, st
     """`python launch.py ARGS` run to its end, output captured as text; `env` is added to this process's."""
     return subprocess.run([sys.executable, str(LAUNCH_PY), *args], capture_output=True, text=True, timeout=timeout,
                           cwd=cwd, env={**os.environ, **env} if env else None)
+
+
+def job_state(job: str) -> str:
+    """A Slurm job's state as `scontrol show job` gives it; UNKNOWN once slurmctld has purged it."""
+    proc = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60,
+                          env=slurm_env())
+    m = re.search(r"\bJobState=(\S+)", proc.stdout)
+    return m.group(1) if m else "UNKNOWN"
 
 
 def wait_until(pred: Callable[[], Any], timeout: float, what: str, poll: float = 0.3) -> Any:

@@ -22,7 +22,7 @@ import pytest
 from grpo_launcher.gym.install import find_install
 from grpo_launcher.launch.status import read_status, slurm_env
 
-from helpers import MODEL_CACHE, ROOT, wait_until  # noqa: E402
+from helpers import MODEL_CACHE, ROOT, job_state, wait_until  # noqa: E402
 from unit.test_nemo_gym import GYM  # noqa: E402  (the tiny Gym setup: math + a tool-calling env)
 
 PY = sys.executable
@@ -41,11 +41,6 @@ SLURM_GYM = ["cluster=local_slurm", "cluster.nodes=1", *GYM]
 
 def sh(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=slurm_env())
-
-
-def job_state(job: str) -> str:
-    m = re.search(r"JobState=(\S+)", sh(["scontrol", "show", "job", job]).stdout)
-    return m.group(1) if m else "UNKNOWN"
 
 
 def gym_processes(workdir: Path) -> list[int]:

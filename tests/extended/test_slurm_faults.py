@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from grpo_launcher.launch.status import read_status
-from integration.test_slurm_run import (HAVE_SLURM, PY, ROOT, cluster, jobs, job_state, launch_py, mlflow_steps,  # noqa: F401
-                            release_requeued, root, sh, slurm_env, submit, wait_until)
+from helpers import ROOT, job_state, wait_until
+from integration.test_slurm_run import (HAVE_SLURM, PY, cluster, jobs, launch_py, mlflow_steps,  # noqa: F401
+                            release_requeued, root, sh, slurm_env, submit)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.extended,  # make test: test_slurm_run.py's requeue
               pytest.mark.skipif(not HAVE_SLURM, reason="Slurm not installed: bash scripts/local-slurm.sh install")]

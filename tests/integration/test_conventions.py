@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import launch, share_models
+from helpers import ROOT, launch, share_models
 
 SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "train.global_batch_size=16",
          "train.micro_batch_size=8", "train.logprob_batch_size=16", "grpo.val_batch_size=8",
@@ -85,7 +85,7 @@ def test_cluster_ray_joins_an_existing_cluster_with_its_token_and_leaves_it_runn
         share_models(tmp_path / "out")
         user = {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_TOKEN_PATH": str(token)}  # no RAY_AUTH_MODE: we set it
         run_env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")} | user
-        r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "launch.py"), "cluster=ray", *SMALL,
+        r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "cluster=ray", *SMALL,
                             "output_root=out", "name=joined", "grpo.max_steps=2", "logging.mlflow=false"],
                            cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -99,7 +99,7 @@ def test_cluster_ray_joins_an_existing_cluster_with_its_token_and_leaves_it_runn
         assert cpus == 2.0 and states in ([], ["REMOVED"]), p.stdout  # what the run took is released
 
         bad = run_env | {"RAY_AUTH_TOKEN": "f" * 64}
-        r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "launch.py"), "cluster=ray", *SMALL,
+        r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "cluster=ray", *SMALL,
                             "output_root=out", "name=refused", "grpo.max_steps=1", "logging.mlflow=false"],
                            cwd=tmp_path, env=bad, capture_output=True, text=True, timeout=600)
         assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]

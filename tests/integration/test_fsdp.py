@@ -5,12 +5,11 @@ on the same batch is tests/integration/test_grpo_loop.py::test_two_worker_dp_upd
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import policy_ranks
+from helpers import ROOT, policy_ranks
 
 
 # ------------------------------------------------------------------ through launch.py (slow)
@@ -157,7 +156,7 @@ def test_the_readmes_scaled_down_recipe_runs_as_written(tmp_path):
 
     from helpers import launch, share_models
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     block = readme.split("The recipe scaled down to this machine", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     args = shlex.split(block.replace("\\\n", " "))
     assert args[:2] == ["python", "launch.py"] and "+recipe=nanov3" in args, args

@@ -17,6 +17,8 @@ import pytest
 
 from grpo_launcher.launch.status import slurm_env
 
+from helpers import job_state
+
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.skipif(
@@ -71,21 +73,12 @@ def _sbatch(args: list[str]) -> str:
     return job_id
 
 
-def _job_state(job_id: str) -> str:
-    proc = _run(["scontrol", "show", "job", "-o", job_id], check=False)
-    if proc.returncode != 0:
-        # Purged from slurmctld (MinJobAge=300 makes this unlikely within a test).
-        return "UNKNOWN"
-    m = re.search(r"\bJobState=(\S+)", proc.stdout)
-    return m.group(1) if m else "UNKNOWN"
-
-
 def _wait_state(job_id: str, wanted: set[str], timeout: float, poll: float = 0.5) -> str:
     """Poll until the job reaches one of `wanted` (or any terminal state); return it."""
     deadline = time.monotonic() + timeout
-    state = _job_state(job_id)
+    state = job_state(job_id)
     while time.monotonic() < deadline:
-        state = _job_state(job_id)
+        state = job_state(job_id)
         if state in wanted or state in TERMINAL_STATES:
             return state
         time.sleep(poll)
@@ -118,7 +111,7 @@ def test_two_node_job_runs_on_n1_and_n2(cluster: None, tmp_path: Path) -> None:
     try:
         state = _wait_state(job_id, {"COMPLETED"}, timeout=120)
     finally:
-        if _job_state(job_id) not in TERMINAL_STATES:
+        if job_state(job_id) not in TERMINAL_STATES:
             _cancel_quietly(job_id)
     text = out.read_text() if out.exists() else "(no output file)"
     assert state == "COMPLETED", f"job {job_id} ended {state}; output:\n{text}"
@@ -141,5 +134,5 @@ def test_scancel_ends_running_job(cluster: None, tmp_path: Path) -> None:
         assert state == "CANCELLED", f"job {job_id} ended {state}, expected CANCELLED"
         assert _run(["squeue", "-h", "-j", job_id, "-t", "RUNNING"], check=False).stdout.strip() == ""
     finally:
-        if _job_state(job_id) not in TERMINAL_STATES:
+        if job_state(job_id) not in TERMINAL_STATES:
             _cancel_quietly(job_id)

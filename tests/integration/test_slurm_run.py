@@ -34,7 +34,7 @@ from grpo_launcher.launch.sbatch import render
 from grpo_launcher.launch.status import read_status, slurm_env
 from grpo_launcher.plan import make_plan
 
-from helpers import ROOT, wait_until
+from helpers import ROOT, job_state, wait_until
 from unit.test_slurm_run import PAYLOADS, PY, base_spec, free_port_block, marker, records, with_payload
 from unit.test_slurm_run import root, stubs  # noqa: F401  (fixtures)
 
@@ -47,11 +47,6 @@ needs_slurm = [pytest.mark.slurm,
 
 def sh(args: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=kw.pop("env", slurm_env()), **kw)
-
-
-def job_state(job: str) -> str:
-    m = re.search(r"JobState=(\S+)", sh(["scontrol", "show", "job", job]).stdout)
-    return m.group(1) if m else "UNKNOWN"
 
 
 def launch_py(*args: str, env=None, timeout: float = 120) -> subprocess.CompletedProcess:

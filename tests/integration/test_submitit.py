@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from grpo_launcher.launch.status import read_status
-from helpers import LAUNCH_PY, launch, share_models, tiny_model, wait_until
+from helpers import LAUNCH_PY, job_state, launch, share_models, tiny_model, wait_until
 from integration.test_sweeps import runs_of
-from integration.test_slurm_run import HAVE_SLURM, cluster, job_state, jobs, sh  # noqa: F401  (module fixtures)
+from integration.test_slurm_run import HAVE_SLURM, cluster, jobs, sh  # noqa: F401  (module fixtures)
 
 SHORT = ["grpo.max_steps=1", "grpo.val_period=1", "checkpoint.save_period=1"]
 

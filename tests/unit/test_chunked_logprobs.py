@@ -77,11 +77,6 @@ def test_chunked_logprobs_pass_gradcheck_and_follow_autocast():
     assert (lp - want).abs().max() < 1e-6
 
 
-@pytest.fixture(scope="module")
-def model_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("models")
-
-
 @pytest.mark.parametrize("kl", [0.0, 0.05])
 def test_the_worker_with_a_chunked_head_equals_whole_logits(model_root, kl):
     """The separate logprob pass, the update's loss, grad norm and new weights (and the reference's KL) match."""

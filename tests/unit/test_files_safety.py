@@ -20,6 +20,8 @@ from grpo_launcher.plan import make_plan
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.train.setup import resume_or_start
 
+from helpers import ROOT, TESTS
+
 
 def make_run(root: Path, name: str = "ex", steps: tuple[int, ...] = (1,), *extra: str) -> Path:
     """A run dir as a finished run leaves it: spec.yaml, and a verified checkpoint per step (an untrained tiny model
@@ -220,7 +222,7 @@ def test_rerun_of_a_complete_spec_yaml_still_runs(launch_here, tmp_path):
 # ------------------------------------------------------------------ the derived run name
 
 
-FINISHED = Path(__file__).parent / "data" / "finished_run" / "tiny-grpo"  # a run of the default name at its end
+FINISHED = TESTS / "data" / "finished_run" / "tiny-grpo"  # a run of the default name at its end
 SEVEN = ["train.lr=3e-6", "grpo.num_prompts_per_step=32", "rollout.max_new_tokens=32", "loss.clip_high=0.28",
          "train.weight_decay=0.01", "grpo.val_period=5", "checkpoint.save_period=5"]
 
@@ -354,7 +356,7 @@ def test_a_stopped_slurm_job_without_checkpoints_does_not_say_one_was_saved(tmp_
     for enabled, flag in (("true", "CHECKPOINTS=1"), ("false", "CHECKPOINTS=0")):
         spec = load_spec(["cluster=local_slurm", f"output_root={tmp_path}", f"checkpoint.enabled={enabled}"])
         assert flag in render(spec, make_plan(spec)).splitlines()
-    body = (Path(__file__).parents[1] / "src/grpo_launcher/launch/job.sh").read_text()
+    body = (ROOT / "src/grpo_launcher/launch/job.sh").read_text()
     assert '[ "$CHECKPOINTS" -eq 1 ] || SAVED="no checkpoint (checkpoint.enabled=false)' in body
     assert "checkpoint saved;" not in body.replace('SAVED="checkpoint saved"', "")
 

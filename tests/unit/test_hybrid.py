@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from grpo_launcher.envs import make_env
@@ -14,11 +13,6 @@ from helpers import tiny_model
 
 SMALL = ["grpo.num_prompts_per_step=4", "train.global_batch_size=32", "train.micro_batch_size=8",
          "train.logprob_batch_size=32", "logging.mlflow=false"]
-
-
-@pytest.fixture(scope="module")
-def model_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("models")
 
 
 def setup(root):

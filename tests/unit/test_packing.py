@@ -40,11 +40,6 @@ def test_pack_lays_out_positions_targets_and_the_way_back():
     assert [index[mask].tolist() for index, mask in m.groups] == [[0, 1, 2, 3, 4], [8, 9, 10, 11, 12, 13, 14]]
 
 
-@pytest.fixture(scope="module")
-def model_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("models")
-
-
 @pytest.mark.parametrize("chunk", [4096, 0])
 def test_packed_update_equals_the_unpacked_one(model_root, chunk):
     """Same batch (lengths vary), packed into rows of 64 tokens vs right-padded: logprobs, loss, grad norm and

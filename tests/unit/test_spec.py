@@ -16,7 +16,9 @@ from grpo_launcher.spec.compose import CONF_DIR, load_spec, spec_to_yaml
 from grpo_launcher.spec.errors import ConfigError
 from grpo_launcher.spec.schema import RunSpec
 
-SNAPSHOT = Path(__file__).parent / "snapshots" / "nanov3_slurm.yaml"
+from helpers import TESTS
+
+SNAPSHOT = TESTS / "snapshots" / "nanov3_slurm.yaml"
 SLURM_OK = ["cluster=slurm", "dry_run=true"]
 
 
@@ -168,10 +170,10 @@ FAILING = [
     (["cluster.time=four hours"], "time_budget", "cluster.time"),
     (["name=a/b"], "safe_names", "name"),
     (["model.path=/nonexistent/model"], "local_paths_exist", "model.path"),
-    ([f"model.path={Path(__file__).parent / 'data' / 'truncated_weights'}"], "model_weights_readable", "model.path"),
+    ([f"model.path={TESTS / 'data' / 'truncated_weights'}"], "model_weights_readable", "model.path"),
     (["env=dataset", "env.prompt_key=question"], "env_data_and_code", "env.train_path"),
-    ([f"output_root={Path(__file__).parent / 'data' / 'finished_run'}"], "run_name_not_finished", "name"),
-    ([f"output_root={Path(__file__).parent / 'data' / 'incompatible_run'}"], "run_name_checkpoints_compatible",
+    ([f"output_root={TESTS / 'data' / 'finished_run'}"], "run_name_not_finished", "name"),
+    ([f"output_root={TESTS / 'data' / 'incompatible_run'}"], "run_name_checkpoints_compatible",
      "model.hidden_size"),
     (["cluster=slurm", "cluster.python=/x y"], "shell_values", "cluster.python"),
     (["cluster=slurm", "output_root=/tmp/a\\b"], "slurm_log_paths", "output_root"),
