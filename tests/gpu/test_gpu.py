@@ -3,7 +3,9 @@
 - `launch.py` end to end on the GPU for both backends, a ~113M-parameter model that learns the toy task;
 - torch and megatron logprobs agree on the same weights;
 - after an update, the refitted hybrid engine holds exactly the policy's weights (in its precision);
-- rollout=vllm (vLLM's CUDA build, when installed) learns the toy task through launch.py with both backends.
+- rollout=vllm (vLLM's CUDA build, when installed) learns the toy task through launch.py with both backends;
+- nemotron_h on the megatron backend (megatron-core's hybrid model, mamba-ssm's kernels): HF's logits on CUDA, and
+  through launch.py with rollout=vllm.
 """
 
 from __future__ import annotations
@@ -358,3 +360,87 @@ def test_nemotron_h_kernel_path_matches_pure_torch_in_train_mode(monkeypatch):
     worst = max(((kernel_grads[n] - g).norm() / g.norm().clamp_min(1e-12)).item() for n, g in torch_grads.items())
     print(f"largest relative gradient difference: {worst:.2e}")
     assert worst < 1e-2
+
+
+# ------------------------------------------------------------------------------ nemotron_h on the megatron backend
+
+
+@pytest.mark.skipif(not _mamba_ssm_imports(), reason="needs mamba-ssm's Triton kernels (scripts/gpu-kit.sh)")
+def test_megatron_nemotron_h_matches_hf_on_cuda(tmp_path, monkeypatch):
+    """nemotron_h on train.backend=megatron on the GPU: megatron-core's hybrid model (the local spec of
+    policy/megatron_hybrid.py; mamba-ssm's Triton chunk scan and gated norm, its fused path where causal-conv1d
+    imports) gives HF NemotronH's logits (transformers on mamba-ssm's kernels) on the same fp32 weights, its HF-named
+    export is those weights bit for bit, and after one update the hybrid engine holds the policy's weights."""
+    from megatron.core import parallel_state as ps
+    from transformers import AutoModelForCausalLM
+    from transformers.models.nemotron_h import modeling_nemotron_h as modeling
+
+    from grpo_launcher.models import nemotron_h as nh
+    from grpo_launcher.policy.megatron_policy import MegatronPolicyWorker
+    from grpo_launcher.spec.compose import load_spec
+    from integration.test_megatron import _batch as random_batch
+    from unit.test_megatron import _nemotron_h_dir
+
+    for name in nh.MAMBA_FUNCTIONS:  # bind_mamba_kernels rebinds process-wide: restored after the test
+        monkeypatch.setattr(modeling, name, getattr(modeling, name))
+    path = _nemotron_h_dir(tmp_path)  # router bias non-zero, routed scaling 2.5
+    spec = load_spec([f"output_root={tmp_path}", "model=nemotron_h_tiny",
+                      "train.backend=megatron", "cluster.gpus_per_node=1", "train.precision=float32",
+                      "logging.mlflow=false", "train.global_batch_size=32", "grpo.num_prompts_per_step=4",
+                      "train.logprob_batch_size=32", "train.micro_batch_size=8"])
+    w = MegatronPolicyWorker(spec, str(path), 0, 1)
+    w.init_distributed("127.0.0.1", _free_port())
+    try:
+        ids = torch.randint(3, 500, (2, 40), generator=torch.Generator().manual_seed(0)).cuda()
+        w.model.eval()
+        with torch.no_grad():
+            logits = w.model(ids, torch.arange(40, device="cuda")[None].expand(2, 40), None).float()
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+        hf_path = nh.bind_mamba_kernels(hf, on_cuda=True)
+        with torch.no_grad():
+            ref = hf(input_ids=ids).logits
+        d = (logits - ref).abs().max().item()
+        print(f"megatron vs HF nemotron_h on CUDA (HF: {hf_path}): max |logits d| {d:.2e}, "
+              f"mem_eff path {w.model.module.config.use_mamba_mem_eff_path}")
+        assert d < 2e-3  # the same Triton scan on both sides; TF32 may differ in the last bits
+        sd, want = w.state_dict(), hf.state_dict()
+        assert sd.keys() == want.keys() and all(torch.equal(sd[k], v.cpu()) for k, v in want.items())
+        batch = random_batch(8, 500)
+        lp, _ = w.logprobs(batch)
+        w.update([batch.with_(prev_logprobs=lp)], [float(batch.response_mask.sum())])
+        w.refit_engine()
+        policy, engine = w.hf_weights(), w.engine.model.state_dict()
+        assert max((policy[k].float() - v.float()).abs().max().item() for k, v in want.items() if k in policy) > 0
+        for k, v in policy.items():
+            assert torch.equal(engine[k], v.to(engine[k].dtype)), k
+    finally:
+        ps.destroy_model_parallel()  # the next megatron worker in this process initializes its own groups
+
+
+@pytest.mark.skipif(not (_has_vllm() and _mamba_ssm_imports()),
+                    reason="needs vLLM's CUDA build and mamba-ssm's Triton kernels (scripts/gpu-kit.sh)")
+def test_launch_nemotron_h_on_megatron_with_vllm_rollouts(tmp_path):
+    """`launch.py model=nemotron_h_tiny train.backend=megatron rollout=vllm` on one GPU (bf16): the run completes, the
+    vLLM engine (refit from megatron's HF-named weights over CUDA IPC) samples with the policy's distribution, and
+    the checkpoint megatron writes (NemotronH's file layout) loads in transformers."""
+    from transformers import AutoModelForCausalLM
+
+    steps = 30
+    cmd = [sys.executable, str(ROOT / "launch.py"), f"output_root={tmp_path}", "name=nh", "model=nemotron_h_tiny",
+           "train.backend=megatron", "rollout=vllm", "rollout.sleep_mode=true", "cluster.gpus_per_node=1",
+           "train.precision=bfloat16", "logging.mlflow=false", f"grpo.max_steps={steps}", "grpo.val_period=10",
+           "checkpoint.save_period=10"]
+    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    rows = metrics(tmp_path / "nh")
+    lp = [r["train/gen_vs_policy_logprob_absdiff"] for r in rows]
+    first = sum(r["train/reward_mean"] for r in rows[:10]) / 10
+    last = sum(r["train/reward_mean"] for r in rows[-10:]) / 10
+    step_s = sorted(r["time/step_s"] for r in rows)[len(rows) // 2]
+    print(f"nemotron_h_tiny megatron + vllm: reward {first:.3f} -> {last:.3f} over {steps} steps; step median "
+          f"{step_s:.2f} s; engine vs policy logprob |d| mean {sum(lp) / len(lp):.4f} max {max(lp):.4f}")
+    assert len(rows) == steps
+    assert max(lp) < 0.05  # the engine samples from the policy's distribution (bf16 engine vs fp32 master)
+    policy = sorted((tmp_path / "nh" / "checkpoints").glob("step_*/policy"))[-1]
+    _, info = AutoModelForCausalLM.from_pretrained(policy, output_loading_info=True)
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info

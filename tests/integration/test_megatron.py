@@ -2,7 +2,9 @@
 
 Fast tests need no megatron-core; the @slow ones import it (extra `megatron`) and start processes:
 TP=2 vs TP=1 vs the torch backend on one batch, EP=2 vs EP=1 on a tiny Qwen3-MoE, HF logits parity,
-and a 5-step GRPO run through launch.py.
+and a 5-step GRPO run through launch.py. nemotron_h (megatron-core's hybrid model) runs where mamba-ssm imports (the
+GPU kit's build; the shim binds its torch references on CPU): HF logits parity at EP=1 and EP=2, and one step equal
+to the torch backend's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 from helpers import ROOT, share_models
-from unit.test_megatron import SHIM, _hf_state, _tiny_hf, _tiny_qwen2
+from unit.test_megatron import SHIM, _hf_state, _nemotron_h_dir, _tiny_hf, _tiny_qwen2, needs_mamba_ssm
 
 
 # ------------------------------------------------------------------------------ worker on CPU (slow)
@@ -311,3 +313,70 @@ def test_vocab_parallel_linear_logprobs_equal_the_whole_vocabulary(tmp_path):
     (lp * torch.arange(11.0, dtype=torch.float64)).sum().backward()
     for got, want in ((res["lp"], lp), (res["ent"], ent), (res["h_grad"], hidden.grad), (res["w_grad"], weight.grad)):
         assert torch.allclose(got, want.detach(), atol=1e-12, rtol=0)
+
+
+# ------------------------------------------------------------------------------ nemotron_h (hybrid)
+
+
+@pytest.mark.slow
+@needs_mamba_ssm
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.extended)], ids=["ep1", "ep2"])
+def test_megatron_nemotron_h_logits_match_hf_and_export_is_exact(tmp_path, world):
+    """megatron-core's hybrid model (local spec; on CPU the mixer's kernels bound to mamba-ssm's torch references by
+    the shim) gives HF NemotronH's logits (transformers' pure-torch path) on the same weights, EP=1 and EP=2; its
+    HF-named export without an update is the loaded state dict, bit for bit."""
+    pytest.importorskip("megatron.core")
+    import torch.multiprocessing as mp
+    from transformers import AutoModelForCausalLM
+
+    from grpo_launcher.models.nemotron_h import bind_mamba_kernels
+    from grpo_launcher.spec.schema import MoESpec
+
+    path = _nemotron_h_dir(tmp_path)
+    spec = _megatron_spec(expert_parallel_size=world, moe=MoESpec(token_dispatcher="allgather"))
+    ids = torch.randint(0, 512, (2, 37), generator=torch.Generator().manual_seed(0))  # 37: not whole chunks of 16
+    out = tmp_path / "out.pt"
+    mp.start_processes(_logits_job, args=(world, spec, str(path), ids, str(out), _free_port()), nprocs=world,
+                       start_method="spawn", join=True)
+    res = torch.load(out, weights_only=False)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert bind_mamba_kernels(hf, on_cuda=False).startswith("pure torch")  # mamba-ssm imports: no Triton on CPU
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits
+    print(f"megatron vs HF nemotron_h logits: max |d| {(res['logits'] - ref).abs().max():.2e}")
+    assert torch.allclose(res["logits"], ref, atol=1e-5, rtol=0)
+    sd = hf.state_dict()
+    assert res["sd"].keys() == sd.keys() and all(torch.equal(res["sd"][k], v) for k, v in sd.items())
+
+
+@pytest.mark.slow
+@needs_mamba_ssm
+def test_megatron_nemotron_h_step_equals_the_torch_backend(tmp_path):
+    """One driver step (logprobs, a clipped GRPO update) of nemotron_h on megatron = the torch backend's: logprobs,
+    loss metrics, grad norm and the updated weights (through the Mamba, attention and MoE layers' backward)."""
+    pytest.importorskip("megatron.core")
+    from grpo_launcher.algos import local_denominator
+    from grpo_launcher.policy.torch_policy import TorchPolicyWorker
+    from grpo_launcher.spec.schema import MoESpec
+
+    path = _nemotron_h_dir(tmp_path)
+    batch = _batch(8, 512)
+    moe = MoESpec(token_dispatcher="allgather", load_balancing_type="none")
+    mg = _run(1, _megatron_spec(moe=moe), path, batch, tmp_path / "m.pt")
+    spec = _megatron_spec(moe=moe)
+    spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, backend="torch"))
+    tw = TorchPolicyWorker(spec, str(path), 0, 1)
+    prev, _ = tw.logprobs(batch)
+    noise = 0.3 * torch.randn(prev.shape, generator=torch.Generator().manual_seed(1))
+    b = batch.with_(prev_logprobs=prev + noise)
+    tm = tw.update([b], [local_denominator(spec.loss.aggregation.value, b.response_mask * b.sample_mask[:, None])])
+    tsd = tw.state_dict()
+    mask = batch.response_mask.bool()
+    assert torch.allclose(mg["prev"][mask], prev[mask], atol=1e-5, rtol=0)
+    for k in ("loss", "pg_loss", "clip_fraction", "entropy", "grad_norm"):
+        assert mg["metrics"][k] == pytest.approx(tm[k], rel=1e-4, abs=1e-6), k
+    assert mg["metrics"]["clip_fraction"] > 0
+    assert mg["sd"].keys() == tsd.keys()
+    worst = max((mg["sd"][k] - v).abs().max().item() for k, v in tsd.items())
+    print(f"nemotron_h megatron vs torch after one update: max |d weight| {worst:.2e}")
+    assert worst < 2e-5

@@ -266,9 +266,13 @@ _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 
 
+_CONV1D = re.compile(r"\.mixer\.conv1d_(weight|bias)$")  # megatron-core 0.19's Mamba mixer: conv1d_weight, no Conv1d
+
+
 def local_to_global(name: str, layer_offset: int, expert_offset: int) -> str:
-    """A rank's parameter name → the full-form name (global layer and expert indices)."""
-    name = name.removeprefix("module.")
+    """A rank's parameter name → the full-form name (global layer and expert indices; the Mamba conv as
+    megatron-core 0.16 and its own checkpoints name it, mixer.conv1d.weight)."""
+    name = _CONV1D.sub(r".mixer.conv1d.\1", name.removeprefix("module."))
     name = _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + layer_offset}.", name)
     return _EXPERT.sub(lambda m: f".local_experts.{int(m.group(1)) + expert_offset}.", name)
 

@@ -65,7 +65,7 @@ def chunk_scan_reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
         z = None if z is None else F.pad(z, (0, 0, 0, 0, 0, pad))
         dt = F.pad(dt, (0, 0, 0, pad))
     out = ssd_chunk_scan_combined_ref(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
-    return out[:, :L]
+    return out[:, :L].to(x.dtype)  # the kernel's output dtype (the reference promotes with the fp32 D)
 
 
 def _gated_norm_reference(self, x, z=None):

@@ -85,7 +85,8 @@ def local_stack_spec(arch: mc.Arch, core_attention: Optional[type] = None):
 
 
 def config_kwargs(arch: mc.Arch, mem_eff: bool) -> dict[str, Any]:
-    """TransformerConfig's fields for NemotronH's layers: Mamba-2 sizes, squared-ReLU non-gated experts.
+    """TransformerConfig's fields for NemotronH's layers: Mamba-2 sizes, squared-ReLU non-gated experts (megatron
+    fuses only gelu / swiglu with their bias: no bias-activation fusion, whatever train.fused_kernels says).
     mem_eff: megatron's fused split-conv1d-scan training path (needs causal-conv1d)."""
     from megatron.core.activations import squared_relu
 
@@ -93,7 +94,7 @@ def config_kwargs(arch: mc.Arch, mem_eff: bool) -> dict[str, Any]:
     assert m is not None
     return dict(is_hybrid_model=True, mamba_state_dim=m.state, mamba_head_dim=m.head_dim, mamba_num_groups=m.groups,
                 mamba_num_heads=m.heads, use_mamba_mem_eff_path=mem_eff, gated_linear_unit=False,
-                activation_func=squared_relu)
+                activation_func=squared_relu, bias_activation_fusion=False)
 
 
 def moe_kwargs(arch: mc.Arch) -> dict[str, Any]:
