@@ -6,16 +6,18 @@ workers without the loop) all come through here."""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar, overload
 
 from ..exit_codes import ExitCode
 from ..spec.schema import ClusterKind
 from .local import run_local, run_workers
+from .rundir import live_holder, read_lock
 from .slurm import submit_slurm
 
 if TYPE_CHECKING:  # the package is imported first by `python -m grpo_launcher.launch.status` (job.sh, several times a
-    from ..train.driver import Trainer
-    from .preflight import Launch  # job): it imports what executes, not pre-flight's rules and memory model
+    from ..train.driver import Trainer  # job): it imports what executes, not pre-flight's rules and memory model
+    from .preflight import Launch
 
 EXECUTORS: dict[ClusterKind, Callable[[Launch], int]] = {ClusterKind.local: run_local, ClusterKind.slurm: submit_slurm}
 T = TypeVar("T")
@@ -23,10 +25,6 @@ T = TypeVar("T")
 
 def busy(launch: Launch) -> bool:
     """The run dir is held by a live run or job: said in one line (the plan it would not run is not printed)."""
-    import sys
-
-    from .rundir import live_holder, read_lock
-
     holder = live_holder(read_lock(launch.plan.run_dir))
     if holder is not None:
         print(f"error: run '{launch.spec.name}' is already in use by {holder} (run dir {launch.plan.run_dir}); wait "
@@ -51,9 +49,8 @@ def execute(launch: Launch, work: Optional[Callable[[Trainer], T]] = None) -> in
     if not spec.dry_run and busy(launch):  # refused before its plan is printed (the executors' lock still decides)
         return ExitCode.FAILED
     print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
-    from ..preflight.disk import report as disk_report  # imported here, as the memory report below
-
-    from ..models.nemotron_h import plan_line as mamba_line
+    from ..models.nemotron_h import plan_line as mamba_line  # imported here: see TYPE_CHECKING above
+    from ..preflight.disk import report as disk_report  # (the same)
 
     if mamba_line(spec):  # nemotron_h on the torch backend: which Mamba-2 kernels its workers will run
         print(mamba_line(spec), flush=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..exit_codes import ExitCode
+from .local_status import cancel_local, describe_local, local_state
 from .status import (
     TERMINAL,
     effective_state,
@@ -94,8 +95,6 @@ def last_step(driver_log: Path) -> Optional[str]:
 def describe(run_dir: Path) -> dict:
     st = read_status(run_dir)
     if st.get("kind") == "local":  # cluster=local runs (launch/local_status.py)
-        from .local_status import describe_local
-
         return describe_local(run_dir, st)
     job = str(st.get("job_id", "")) or None
     sched = scheduler_job(job) if job else None
@@ -209,8 +208,6 @@ def ended(run_dir: Path) -> tuple[bool, dict]:
     if st.get("state") in TERMINAL:
         return True, st
     if st.get("kind") == "local":
-        from .local_status import local_state
-
         return local_state(st)[0] in TERMINAL, st
     job = st.get("job_id")
     state, _ = effective_state(st, scheduler_job(str(job)) if job else None)
@@ -291,8 +288,6 @@ def cancel(args: list[str]) -> int:
         return ExitCode.FAILED
     info = describe(run_dir)
     if info.get("kind") == "local":
-        from .local_status import cancel_local
-
         return cancel_local(info, a.timeout)
     job = info["job_id"]
     if not job or info["state"] in TERMINAL:

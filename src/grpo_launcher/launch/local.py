@@ -113,7 +113,7 @@ def ray_environment(spec: RunSpec, plan: Plan) -> Iterator[None]:
 def ray_rereads_auth() -> None:
     """Ray reads RAY_AUTH_MODE when it is imported and caches its token at first use; where this process imported
     it already, both are read again from the environment now (what ray.init does when it turns token auth on)."""
-    if "ray" not in sys.modules:  # Cython: no type stubs for the two names below
+    if "ray" not in sys.modules:  # only where Ray is loaded already (so imported here); Cython: no type stubs below
         return
     from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -54,7 +55,7 @@ def state_for(rc: int) -> str:
 @contextmanager
 def recorded(spec, plan) -> Iterator[dict]:
     """status.json + logs/driver-local.log around a local run; `rec["rc"]` = the run's exit code."""
-    from .status import write_status
+    from .status import write_status  # here: job.sh runs status with -m (rundir.py)
 
     logs = Path(plan.run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -108,7 +109,7 @@ def local_step(run_dir: Path, st: dict) -> Optional[str]:
 
 def describe_local(run_dir: Path, st: dict) -> dict:
     """cli.describe() for a local run: the same keys as a Slurm run's."""
-    from .status import phase_line, timing_line
+    from .status import phase_line, timing_line  # here: job.sh runs status with -m (rundir.py)
 
     state, note = local_state(st)
     step = local_step(run_dir, st)
@@ -122,9 +123,7 @@ def describe_local(run_dir: Path, st: dict) -> dict:
 
 def cancel_local(info: dict, timeout: float) -> int:
     """SIGTERM to a live local run (it saves a checkpoint and stops), then wait for its end."""
-    import signal
-
-    from .status import TERMINAL
+    from .status import TERMINAL  # here: job.sh runs status with -m (rundir.py)
 
     pid = info.get("pid")
     if info["state"] in TERMINAL or not isinstance(pid, int) or not pid_alive(pid):
@@ -137,7 +136,7 @@ def cancel_local(info: dict, timeout: float) -> int:
     if pid_alive(pid):
         print(f"warning: pid {pid} still running after {timeout:.0f}s", file=sys.stderr)
         return 1
-    from .status import write_status
+    from .status import write_status  # here: job.sh runs status with -m (rundir.py)
 
     write_status(Path(info["run_dir"]), "CANCELLED", message=f"cancelled with launch.py cancel (SIGTERM to pid {pid})")
     print(f"stopped local run '{info['name']}' (pid {pid}, SIGTERM: it stopped after its step, with a "

@@ -18,6 +18,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import ray
+from ray._private.state import state as ray_state
+
 
 def node_index(resources: dict) -> int | None:
     for key in resources:
@@ -27,8 +30,6 @@ def node_index(resources: dict) -> int | None:
 
 
 def joined(nodes: int, gpus: int, names: list[str] | None = None) -> tuple[bool, str]:
-    import ray
-
     alive = [n for n in ray.nodes() if n["Alive"]]
     have_gpus = sum(n["Resources"].get("GPU", 0) for n in alive)
     present = {node_index(n["Resources"]) for n in alive} - {None}
@@ -41,8 +42,6 @@ def joined(nodes: int, gpus: int, names: list[str] | None = None) -> tuple[bool,
 
 
 def connect(timeout: float) -> bool:
-    import ray
-
     address = os.environ.get("RAY_ADDRESS", "auto")
     deadline = time.monotonic() + timeout
     while True:  # the head may still be starting: connect with retries
@@ -57,8 +56,6 @@ def connect(timeout: float) -> bool:
 
 
 def wait_for_cluster(nodes: int, gpus: int, timeout: float, names: list[str] | None = None) -> bool:
-    import ray
-
     t0 = time.monotonic()
     if not connect(timeout):
         return False
@@ -78,16 +75,13 @@ def wait_for_cluster(nodes: int, gpus: int, timeout: float, names: list[str] | N
 
 def placement(names: list[str] | None = None) -> dict:
     """Every actor the run created (dead ones included: GCS keeps them) → the Slurm node it ran on."""
-    import ray
-    from ray._private.state import state
-
     node_of = {}
     for n in ray.nodes():
         i = node_index(n["Resources"])
         node_of[n["NodeID"]] = {"grpo_node": i, "slurm_node": names[i] if names and i is not None and i < len(names)
                                 else None, "ip": n.get("NodeManagerAddress")}
     actors = []
-    for actor_id, a in state.actor_table(None).items():
+    for actor_id, a in ray_state.actor_table(None).items():
         nid = (a.get("Address") or {}).get("NodeID")
         where = node_of.get(nid, {"grpo_node": None, "slurm_node": None, "ip": None})
         actors.append({"actor_id": actor_id, "class": a.get("ActorClassName"), "state": a.get("State"),
@@ -98,8 +92,6 @@ def placement(names: list[str] | None = None) -> dict:
 
 
 def write_placement(path: Path, names: list[str] | None) -> bool:
-    import ray
-
     if not connect(30):
         return False
     try:

@@ -8,20 +8,28 @@ What a run dir records about its code, packages and data (RUN_DIR/repro/) is tra
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ..spec.errors import Violation
+import yaml
+from omegaconf import OmegaConf
+
+from ..spec.compose import _override_key, spec_to_yaml
+from ..spec.errors import ConfigError, Violation
+from ..spec.model_dir import ARCH_KEYS
+from ..spec.schema import ModelSpec, RunSpec
 from ..tracking.repro import REPRO, git_state
+from .rundir import load_spec_file
 
 
 def rerun(args: list[str], single_run: Callable[..., int]) -> int:
     """`launch.py rerun RUN_DIR [key=value ...]`: the run's resolved spec again, as a new run, through the same door
     as a launch (single_run, app.py's: pre-flight, model.path's config.json, plan, execute)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="launch.py rerun", description=rerun.__doc__)
     ap.add_argument("run_dir", type=Path, help="a run directory (holding spec.yaml)")
     ap.add_argument("overrides", nargs="*", help="key=value changes (name=... picks the new run's name)")
@@ -33,8 +41,6 @@ def rerun(args: list[str], single_run: Callable[..., int]) -> int:
         return 2
     incomplete = spec_file_problems(spec_file)
     if incomplete:
-        from ..spec.errors import ConfigError
-
         print(ConfigError(incomplete).render(), file=sys.stderr)
         return 2
     _launch_dir(ns.run_dir / REPRO / "git.json")
@@ -46,12 +52,6 @@ def rerun(args: list[str], single_run: Callable[..., int]) -> int:
 def spec_file_problems(spec_file: Path) -> list[Violation]:
     """A run's spec.yaml must hold every section a launch writes (name, output_root, model, rollout, ...): one that is
     empty, cut short or not a mapping would rerun the defaults in their place. The missing ones are named."""
-    import dataclasses
-
-    import yaml
-
-    from ..spec.schema import RunSpec
-
     try:
         saved = yaml.safe_load(spec_file.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -72,13 +72,6 @@ def saved_config(spec_file: Path, overrides: list[str]) -> tuple[Any, list[Viola
     """The saved spec (secrets included) + overrides, as a config for pre-flight (launch/preflight.py), with a fresh
     run name unless name= is given. A new model.path drops the saved architecture (model.family, num_layers, ...):
     pre-flight reads it from that directory's config.json, as for a launch."""
-    from omegaconf import OmegaConf
-
-    from ..spec.compose import _override_key, spec_to_yaml
-    from ..spec.model_dir import ARCH_KEYS
-    from ..spec.schema import ModelSpec
-    from .rundir import load_spec_file
-
     base = load_spec_file(spec_file)
     cfg = OmegaConf.create(spec_to_yaml(base))
     bad = [o for o in overrides if "=" not in o]
@@ -99,8 +92,6 @@ def saved_config(spec_file: Path, overrides: list[str]) -> tuple[Any, list[Viola
 
 def _launch_dir(git_file: Path) -> None:
     """Work from the directory the run was launched in: its spec's relative paths are relative to it."""
-    import os
-
     try:
         then = json.loads(git_file.read_text()).get("cwd")
     except (OSError, ValueError):

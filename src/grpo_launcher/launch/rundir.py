@@ -103,7 +103,7 @@ def live_holder(lock: dict) -> Optional[str]:
 
 
 def _still_completing(job: str) -> bool:
-    from .status import slurm
+    from .status import slurm  # here: job.sh runs status with -m (above)
 
     proc = slurm(["squeue", "-h", "-j", job, "-o", "%T"])
     return proc.returncode == 0 and "COMPLETING" in proc.stdout

@@ -83,7 +83,7 @@ def _submit_locked(spec: RunSpec, plan: Plan, script: str) -> int:
           f"  slurm log  : {logs / f'slurm-{job_id}.out'}   python launch.py logs --slurm {spec.name}\n"
           f"  cancel     : python launch.py cancel {spec.name}", flush=True)
     if spec.cluster.wait:
-        from .cli import wait_for_job
+        from .cli import wait_for_job  # cli imports status: not at the top, as above
 
         return wait_for_job(plan.run_dir, job_id, t_command=T_COMMAND)
     return ExitCode.OK

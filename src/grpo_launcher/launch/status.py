@@ -17,13 +17,18 @@ of its own: the driver never races this one's writers; `phase_line` reads it for
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Optional
+
+from ..deadlines import read_phase
+from ..tracking.metric_names import TIME_STEP_S
 
 STATES = ("SUBMITTED", "RUNNING", "REQUEUED", "COMPLETED", "FAILED", "CANCELLED", "STOPPED", "HUNG")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "STOPPED", "HUNG")
@@ -42,8 +47,6 @@ def write_status(run_dir: Path, state: str, /, reset: bool = False, **fields: ob
         current = {"job_ids": current.get("job_ids", [])}
     event = fields.pop("event", None)
     if state == "HUNG" and not fields.get("message"):  # the driver's summary: which phase, which step
-        from ..deadlines import read_phase
-
         fields["message"] = read_phase(run_dir).get("hung")
     if fields.get("restarts") is not None:  # a new start: the previous start's phase times no longer apply
         current["events"] = {}
@@ -71,8 +74,6 @@ def write_status(run_dir: Path, state: str, /, reset: bool = False, **fields: ob
 
 
 def _free_mib(path: Path) -> str:
-    import shutil
-
     try:
         return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB free"
     except OSError:
@@ -91,8 +92,6 @@ def read_status(run_dir: Path) -> dict:
 
 def phase_line(run_dir: Path, st: dict, state: str) -> Optional[str]:
     """'update (step 12) for 3.4 s, deadline 300 s': what the driver of the current start waits for now."""
-    from ..deadlines import read_phase
-
     rec = read_phase(run_dir)
     since, started = rec.get("since"), (st.get("events") or {}).get("started", 0)
     if not isinstance(since, (int, float)) or since < started or state not in ("RUNNING", "HUNG"):
@@ -108,8 +107,6 @@ def timing_line(run_dir: Path, st: dict, state: str, step: Optional[str]) -> Opt
     """'elapsed 0:05:12 (this start); eta 0:01:40 (48 steps left at 2.08 s/step, the mean of the last 10)': the
     time since the latest start (status.json's events; to its end once ended), and for a live run the steps left
     (`step` 'N/M') at the recent step time (time/step_s of RUN_DIR/metrics.jsonl's last steps)."""
-    import datetime
-
     events = st.get("events") or {}
     started = events.get("started")
     if not isinstance(started, (int, float)):
@@ -140,8 +137,6 @@ def _epoch(text: object) -> Optional[float]:
 
 def recent_step_seconds(run_dir: Path, n: int = 10) -> list[float]:
     """time/step_s of the last n steps in RUN_DIR/metrics.jsonl (a resumed step: its last line)."""
-    from ..tracking.metric_names import TIME_STEP_S
-
     per_step: dict[int, float] = {}
     try:
         lines = (run_dir / "metrics.jsonl").read_text(errors="replace").splitlines()
@@ -236,7 +231,7 @@ def main() -> None:
     write_status(a.run_dir, a.state, job_id=a.job_id, exit_code=a.exit_code, message=a.message,
                  restarts=a.restarts, event=a.event)
     if a.state in TERMINAL and a.job_id:  # the job is done with its run dir: a new launch may take it
-        from .rundir import release_run_lock
+        from .rundir import release_run_lock  # rundir asks this module about Slurm: the cycle stays inside functions
 
         release_run_lock(a.run_dir, job_id=a.job_id)
 
