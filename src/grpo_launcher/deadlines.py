@@ -12,6 +12,9 @@ never be written; a slow one is, within a second).
 The driver (train/driver.run) turns a `Hung` into the report (`hang_report`): the phase, the actors (role,
 rank, node, pid), the last step and checkpoint, each stuck actor's stack (py-spy, when installed, run on the
 actor's own node by a Ray task pinned there), then exit 4.
+
+Ray is imported inside the functions that use it: launch/status.py (the job script's status writes, `launch.py
+status`) reads phase.json through `read_phase` here and imports no Ray.
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ class PhaseClock:
 
     def get(self, phase: str, refs: list, owners: Sequence[Any]) -> list:
         """ray.get(refs) within the phase's deadline; `owners[i]` is the actor computing refs[i]."""
-        import ray
+        import ray  # here: see the module docstring
 
         phase = self.prefix + phase
         limit = self.limit(phase)
@@ -179,7 +182,7 @@ class PhaseClock:
 
     def wait_all(self, phase: str, refs: list, owners: Sequence[Any]) -> None:
         """ray.wait for every ref (its value not fetched) within the phase's deadline."""
-        import ray
+        import ray  # here: see the module docstring
 
         limit = self.limit(phase)
         t0 = time.monotonic()
@@ -190,7 +193,7 @@ class PhaseClock:
         self.record(phase, time.monotonic() - t0)
 
     def hung(self, phase: str, refs: list, owners: Sequence[Any], waited: float) -> Hung:
-        import ray
+        import ray  # here: see the module docstring
 
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
         stuck = [owners[i] for i, r in enumerate(refs) if r in pending]
@@ -262,7 +265,7 @@ class EngineProbe:
                           "probing again next period", file=sys.stderr, flush=True)
 
     def probe(self, engines: list[Any]) -> None:
-        import ray
+        import ray  # here: see the module docstring
 
         refs = [e.ping.options(concurrency_group=HEALTH_GROUP).remote() for e in engines]
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.timeout)
@@ -297,7 +300,7 @@ class ActorInfo:
 
 def actor_info(handle: Any, role: str, rank: int) -> ActorInfo:
     """pid and node of an actor from Ray's GCS (the actor itself is not asked: it may be the stuck one)."""
-    import ray
+    import ray  # here: see the module docstring
     from ray._private.state import state
 
     pid = node = nid = None
@@ -316,7 +319,7 @@ def actor_info(handle: Any, role: str, rank: int) -> ActorInfo:
 def stack_on_node(actor: ActorInfo, timeout: float = 30.0) -> str:
     """The actor's stacks taken on its own node: stack_of in a Ray task pinned there (not soft: never another
     node's py-spy on a pid that is not there); here when its node is unknown or Ray is not up."""
-    import ray
+    import ray  # here: see the module docstring
 
     if actor.node_id is None or not ray.is_initialized():
         return stack_of(actor.pid, timeout)
@@ -347,8 +350,6 @@ def stack_of(pid: int | None, timeout: float = 30.0) -> str:
 
 
 def _beside_python(name: str) -> str | None:
-    import sys
-
     path = Path(sys.executable).parent / name
     return str(path) if path.exists() else None
 

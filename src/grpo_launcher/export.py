@@ -20,6 +20,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from .checkpoint import CheckpointManager
+from .checkpoint.manager import verify_checkpoint
+from .exit_codes import ExitCode
+from .runfiles import load_spec_file
+from .spec.errors import ConfigError, Violation
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
 MODEL_RECORD = "model.json"  # RUN_DIR/model.json: the HF directory the run loaded (tokenizer source)
@@ -37,9 +43,6 @@ class ExportError(Exception):
 
 
 def pick_checkpoint(run_dir: Path, step: Optional[int], last: bool) -> Path:
-    from .checkpoint import CheckpointManager
-    from .runfiles import load_spec_file
-
     spec = load_spec_file(run_dir / "spec.yaml")
     ckpt = CheckpointManager(run_dir / "checkpoints", spec)
     done = ckpt.complete()
@@ -65,8 +68,6 @@ def tokenizer_source(run_dir: Path, ckpt: Path) -> Path:
         model_dir = Path(json.loads(record.read_text())["model_dir"])
         if model_dir.is_dir():
             return model_dir
-    from .runfiles import load_spec_file
-
     spec = load_spec_file(run_dir / "spec.yaml")
     if spec.model.path and Path(spec.model.path).is_dir():
         return Path(spec.model.path)
@@ -99,7 +100,7 @@ def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: O
             cast_weights(tmp, dtype)
         src = tokenizer_source(run_dir, ckpt)
         if src != policy:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # here: launch.py imports this module (pre-flight stays light)
 
             AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
         _check_loads(tmp)
@@ -137,8 +138,6 @@ def check_out(out: Path, run_dir: Path) -> None:
 def verify(ckpt: Path) -> None:
     """The checkpoint's files against its manifest (sizes, sha256, nothing extra): a checkpoint that fails is not
     exported, and the message names the file."""
-    from .checkpoint.manager import verify_checkpoint
-
     problem = verify_checkpoint(ckpt, only="policy/")
     if problem:
         raise ExportError(f"checkpoint {ckpt} fails verification: {problem}; nothing was exported", key="--step")
@@ -157,7 +156,7 @@ def copy_regular_files(src: Path, dest: Path) -> None:
 def cast_weights(directory: Path, dtype: str) -> None:
     """Every *.safetensors in `directory` with its floating tensors in `dtype` (integer tensors as they are), one file
     at a time; config.json's dtype and a shard index's total size follow."""
-    import torch
+    import torch  # here: launch.py imports this module (pre-flight stays light)
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -195,7 +194,7 @@ def replace_dir(tmp: Path, out: Path) -> None:
 
 def _check_loads(path: Path) -> None:
     """What a user will do with it: AutoConfig + AutoTokenizer (weights are the HF save of the checkpoint)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer  # here: launch.py imports this module (pre-flight stays light)
 
     AutoConfig.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
@@ -221,9 +220,6 @@ def main(args: list[str]) -> int:
     try:
         out = export(run_dir, ns.step, ns.last, ns.out, ns.dtype)
     except ExportError as exc:  # bad input: exit 2 with a config error naming the argument, like a run's
-        from .exit_codes import ExitCode
-        from .spec.errors import ConfigError, Violation
-
         print(ConfigError([Violation("export_target", (exc.key,), str(exc), "pick a run dir and a step with a "
                                      "complete checkpoint (launch.py status RUN)")]).render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR

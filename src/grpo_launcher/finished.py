@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:
-    from .spec.schema import RunSpec
+from .spec.schema import Resume, RunSpec
 
 STEP_DIR = re.compile(r"step_(\d+)")
 
@@ -25,8 +24,6 @@ def last_checkpoint_step(run_dir: Path) -> Optional[int]:
 def finished_problem(spec: RunSpec) -> Optional[tuple[str, str]]:
     """(message, fix) when resuming this run name would have nothing to train, else None (a probe:
     preflight/run_dir.py run_name_not_finished, which a dry run skips)."""
-    from .spec.schema import Resume
-
     if spec.checkpoint.resume != Resume.auto:
         return None
     step = last_checkpoint_step(Path(spec.output_root).resolve() / spec.name)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from .logit_heads import head_for
+from .secrets import redact_value
 from .spec.schema import RolloutBackend, RunSpec
 from .stop_tokens import describe as describe_stop_tokens
 
@@ -164,8 +165,6 @@ class Plan:
         return self.train_devices if self.rollout_devices else 0
 
     def summary(self) -> str:
-        from .secrets import redact_value
-
         kind = "GPU" if self.use_gpus else "CPU slot"
         return "\n".join(
             [

@@ -12,7 +12,10 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from omegaconf import OmegaConf
+
 from .secrets import load_secrets
+from .spec.compose import _composition_violation, _unfreeze, to_spec
 from .spec.errors import ConfigError, Violation
 from .spec.schema import RunSpec
 
@@ -71,10 +74,6 @@ def free_space(folder: Path) -> str:
 def load_spec_file(path: Path) -> RunSpec:
     """The driver's entry: a saved, resolved spec (+ the run dir's secrets) → RunSpec (typed again). A value the
     schema refuses (spec.yaml edited by hand, cut short) is a ConfigError naming the key and the file."""
-    from omegaconf import OmegaConf
-
-    from .spec.compose import _composition_violation, _unfreeze, to_spec
-
     try:
         # the structured schema of a frozen dataclass is read-only: unfreeze it before merging the file in
         cfg = OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), OmegaConf.load(path))

@@ -9,10 +9,12 @@ Shared by the Plan, launch/, the driver and the tracker (launch/secrets.py re-ex
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 from pathlib import Path
+from secrets import token_hex  # the standard library's; hex: no "-" to be read as an option anywhere
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -96,9 +98,6 @@ def load_secrets(run_dir: Path) -> dict[str, Any]:
 
 def with_http_api_key(spec: RunSpec) -> RunSpec:
     """rollout.expose_http_server with http_api_key null: the spec with a fresh random key for this run."""
-    import dataclasses
-    from secrets import token_hex  # the standard library's; hex: no "-" to be read as an option anywhere
-
     r = spec.rollout
     if not r.expose_http_server or r.http_api_key is not None:
         return spec

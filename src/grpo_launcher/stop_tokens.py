@@ -21,7 +21,7 @@ ORIGIN = "tokenizer EOS ∪ generation_config eos_token_id"
 
 def stop_token_ids(model_dir: str | Path, tokenizer: Any = None) -> tuple[int, ...]:
     """The stop set of the checkpoint in `model_dir`, tokenizer EOS first (`tokenizer`: the one already loaded)."""
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig  # here: plan.py imports this module (pre-flight)
 
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)

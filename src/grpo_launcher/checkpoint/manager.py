@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from omegaconf import OmegaConf
+
+from ..secrets import is_secret_key, redact_value
 from ..spec.schema import RunSpec
 
 META = "meta.json"
@@ -103,7 +106,7 @@ def write_manifest(root: Path) -> dict:
 
 def pickle_is_safe(path: Path) -> Optional[str]:
     """None when a torch file loads with weights_only=True (tensors and plain containers only), else why not."""
-    import torch
+    import torch  # here: pre-flight and launch.py status import this module without torch
 
     try:
         torch.load(path, weights_only=True, map_location="cpu")
@@ -195,8 +198,6 @@ def disk_full_message(path: Path, exc: BaseException) -> Optional[str]:
 
 def spec_as_dict(spec: RunSpec) -> dict[str, Any]:
     """The spec as plain JSON-able containers (enums as their string values)."""
-    from omegaconf import OmegaConf
-
     tree = OmegaConf.to_container(OmegaConf.structured(spec), resolve=True, enum_to_str=True)
     assert isinstance(tree, dict)
     return tree
@@ -243,8 +244,6 @@ def incompatibilities(meta: dict[str, Any], spec: RunSpec) -> list[str]:
 def spec_changes(meta: dict[str, Any], spec: RunSpec) -> dict[str, tuple[Any, Any]]:
     """{dotted.key: (checkpoint's value, this spec's)} for every key a resume changes (compat keys are refused
     before this: what is left may change mid-run and is applied from the next step)."""
-    from ..secrets import is_secret_key, redact_value
-
     old, new = flatten(meta.get("spec", {})), flatten(spec_as_dict(spec))
     out = {}
     for key in sorted(set(old) | set(new)):

@@ -14,17 +14,17 @@ def plot_curves(series: dict[str, list[tuple[int, float]]], out: Path, title: st
     drawn = [(key, label) for key, label in CURVES if series.get(key)]
     if not drawn:
         return None
-    import matplotlib
+    import matplotlib  # here: heavy, and only an end of run draws
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg")
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     try:
         for key, label in drawn:
             steps, values = zip(*series[key])
             ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import MaxNLocator  # (the same)
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")

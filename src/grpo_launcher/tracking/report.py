@@ -4,13 +4,20 @@ clean stop when user code (a reward function, an Env class, a prompt) fails mid-
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
+from ..checkpoint import CheckpointManager
+from ..envs.prompting import prompting_record
 from ..exit_codes import ExitCode
+from ..export import MODEL_RECORD
 from ..plan import Plan
+from ..runfiles import write_atomic
+from ..secrets import redact_value
 from ..spec.schema import RunSpec
 from .plot import CURVES, plot_curves
+from .store import env_prefix
 from .wandb_log import wandb_row
 
 # a stop the run continues from (SIGTERM, Ctrl-C, a save-and-requeue): the block offers the resume command
@@ -24,10 +31,6 @@ def write_prompting(run_dir: Path, tokenizer, env, data_log=None, model_dir: Pat
     """How prompts are built (chat template, system prompt, an example): RUN_DIR/prompting.json, and beside
     the train-data log (train_data/prompting.json) when that is on. Also RUN_DIR/model.json: the HF directory
     the run loaded (where `launch.py export` finds the tokenizer)."""
-    from ..envs.prompting import prompting_record
-    from ..export import MODEL_RECORD
-    from ..runfiles import write_atomic
-
     if model_dir is not None:
         write_atomic(Path(run_dir) / MODEL_RECORD, json.dumps({"model_dir": str(Path(model_dir).resolve())}) + "\n")
 
@@ -77,10 +80,6 @@ def resume_command(spec: RunSpec, plan: Plan, argv: list[str] | None = None) -> 
     (a local run): that command again (the same overrides compose the same spec and run name), with the MLFLOW_*
     variables it used. Else (a Slurm job's driver, a sweep point, `launch.py rerun`): the run's own spec.yaml
     under the same name, `launch.py rerun RUN_DIR name=NAME`, which resumes it."""
-    import shlex
-
-    from .store import env_prefix
-
     argv = list(sys.argv if argv is None else argv)
     subcommand = len(argv) > 1 and "=" not in argv[1] and not argv[1].startswith("-")  # rerun, ...: bare words
     if argv and Path(argv[0]).name == "launch.py" and not {"-m", "--multirun"} & set(argv[1:]) and not subcommand:
@@ -90,9 +89,6 @@ def resume_command(spec: RunSpec, plan: Plan, argv: list[str] | None = None) -> 
 
 def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None, stopped: bool = False) -> str:
     """The end-of-run block; after a stop (exit 143/130/3) it offers the resume command instead of `rerun`."""
-    from ..checkpoint import CheckpointManager
-    from ..secrets import redact_value
-
     ckpt = CheckpointManager(plan.checkpoint_dir, spec)
     best, last = ckpt.best(), ckpt.latest()
     tracker = getattr(state, "tracker", None)
@@ -125,7 +121,7 @@ def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None, stop
 def chart_link(tracking_uri: str, experiment_id: str) -> str:
     """The experiment's chart view, reward and validation first (tracking/mlflow_tracker.py CHART_VIEW_ID): on an
     MLflow server its URL; on a local store the UI to start (make mlflow-ui's port) and the URL it serves."""
-    from .mlflow_tracker import chart_view_path
+    from .mlflow_tracker import chart_view_path  # here: it imports mlflow (logging.mlflow=false runs have none)
 
     route = chart_view_path(experiment_id)
     if tracking_uri.startswith(("http://", "https://")):

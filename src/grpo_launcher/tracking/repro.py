@@ -24,6 +24,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..envs.rewards import reward_refs
+from ..envs.usercode import is_file_ref, is_ref, split_ref
+from ..runfiles import write_atomic
+
 if TYPE_CHECKING:
     from ..plan import Plan
     from ..spec.schema import RunSpec
@@ -63,9 +67,6 @@ def pip_freeze() -> str:
 
 
 def user_files(spec: RunSpec) -> list[Path]:
-    from ..envs.rewards import reward_refs
-    from ..envs.usercode import is_file_ref, is_ref, split_ref
-
     refs = [ref for _, ref, _ in reward_refs(spec.env)] + ([spec.env.name] if is_ref(spec.env.name) else [])
     out = []
     for ref in refs:
@@ -107,8 +108,6 @@ def _file_info(f: Path) -> dict[str, Any]:
 def write_repro(spec: RunSpec, run_dir: Path, argv: Optional[list[str]] = None) -> Path:
     """Record the code, packages, user files and data of this launch under RUN_DIR/repro/ (the last launch's;
     earlier launches of a resumed run are listed in repro/launches.jsonl)."""
-    from ..runfiles import write_atomic
-
     out = Path(run_dir) / REPRO
     out.mkdir(parents=True, exist_ok=True)
     git = git_state()

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from ..secrets import redact_value
 from ..spec.errors import Violation
 from ..preflight.registry import V, rule
 from ..spec.schema import ClusterKind, RunSpec
@@ -27,8 +28,6 @@ def tracking_store_reachable(s: RunSpec) -> Iterator[Violation]:
     else:
         problem = store_problem(uri)
     if problem:
-        from ..secrets import redact_value
-
         keys = {"logging.tracking_uri": ("logging.tracking_uri",), URI_ENV: (URI_ENV, "logging.tracking_uri"),
                 "output_root": ("output_root", "logging.tracking_uri")}[source]
         yield V("tracking_store_reachable", keys, f"the MLflow store {redact_value(uri)} (from {source}) {problem}",

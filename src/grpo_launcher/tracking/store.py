@@ -15,12 +15,16 @@ as output_root is for a Slurm job.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
+import shlex
+import sqlite3
 from pathlib import Path
 from urllib.parse import urlsplit
 from typing import Iterable
 
+from ..secrets import redact_value
 from ..spec.schema import LoggingSpec, RunSpec
 
 URI_ENV = "MLFLOW_TRACKING_URI"
@@ -58,8 +62,6 @@ def with_mlflow_env(spec: RunSpec, cli_keys: Iterable[str] = ()) -> RunSpec:
 
 def tracking_line(spec: RunSpec, uri: str) -> str:
     """The start-up line: which store and experiment, and which setting chose each."""
-    from ..secrets import redact_value
-
     env_uri, env_exp = env_value(URI_ENV), env_value(EXPERIMENT_ENV)
     if spec.logging.tracking_uri is None:
         where = f"the output root's store ({URI_ENV} unset)"
@@ -80,10 +82,6 @@ def tracking_line(spec: RunSpec, uri: str) -> str:
 
 def env_prefix(spec: RunSpec) -> list[str]:
     """`NAME=value` for each MLFLOW_* variable this spec's logging keys came from (a relaunch must see them)."""
-    import shlex
-
-    from ..secrets import redact_value
-
     out = []
     uri, experiment = env_value(URI_ENV), env_value(EXPERIMENT_ENV)
     if uri and absolute_uri(uri) == spec.logging.tracking_uri:
@@ -163,8 +161,6 @@ def store_problem(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
 
 def store_locked(uri: str) -> bool:
     """A sqlite store another process holds a write lock on now (the run buffers its metrics until it frees)."""
-    import sqlite3
-
     if not uri.startswith(SQLITE) or not Path(uri[len(SQLITE):]).is_file():
         return False
     try:
@@ -189,8 +185,6 @@ def _not_a_caught_db_error(record: object) -> bool:
 def quiet_store_tracebacks() -> None:
     """MLflow logs a database error (a locked sqlite store: ~65 lines of traceback and SQL) before it raises it as
     an MlflowException, which the tracker reports in one line (its buffer's warning): drop that log record."""
-    import logging
-
     logger = logging.getLogger(STORE_LOGGER)
     if _not_a_caught_db_error not in logger.filters:
         logger.addFilter(_not_a_caught_db_error)

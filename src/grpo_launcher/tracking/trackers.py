@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..spec.schema import RunSpec
+from .tensorboard_log import TB_DIR, TensorBoardLog
+from .wandb_log import WandbLog
 
 
 class StepLog(Protocol):
@@ -26,12 +28,8 @@ def step_logs(spec: RunSpec, run_dir: Path) -> list[StepLog]:
     """The step logs the spec asks for, opened in the run dir (each reads back what it holds)."""
     logs: list[StepLog] = []
     if spec.logging.tensorboard:
-        from .tensorboard_log import TB_DIR, TensorBoardLog
-
         logs.append(TensorBoardLog(run_dir / TB_DIR))
     if spec.logging.wandb:
-        from .wandb_log import WandbLog
-
         logs.append(WandbLog(spec, run_dir))
     return logs
 

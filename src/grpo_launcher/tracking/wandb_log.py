@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
 
+from ..checkpoint.manager import spec_as_dict
 from ..spec.schema import RunSpec
 from .step_buffer import StepBuffer
 
@@ -72,7 +74,7 @@ def _chunks(path: Path) -> Iterator[bytes]:
 def read_history(wandb_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every logged metric in the run directories under wandb_dir (RUN_DIR/wandb): {key: [(step, value), ...]} in
     the order the starts wrote them; wandb's own `_step`, `_runtime`, `_timestamp` left out."""
-    from wandb.proto import wandb_internal_pb2 as pb
+    from wandb.proto import wandb_internal_pb2 as pb  # here: wandb is optional (logging.wandb)
 
     out: dict[str, list[tuple[int, float]]] = {}
     runs = [p for p in sorted(Path(wandb_dir).glob("*run-*")) if p.is_dir() and not p.is_symlink()]
@@ -115,10 +117,9 @@ class WandbLog(StepBuffer):
     """One run dir's W&B run: buffered metrics, logged on commit one step at a time, never a (key, step) twice."""
 
     def __init__(self, spec: RunSpec, run_dir: Path) -> None:
-        import wandb
+        import wandb  # here: optional (logging.wandb)
 
-        from ..checkpoint.manager import spec_as_dict
-        from .mlflow_tracker import flat_params
+        from .mlflow_tracker import flat_params  # here: it imports mlflow (logging.mlflow=false runs have none)
 
         self.dir = Path(run_dir) / WANDB_DIR
         self._logged = {(key, step) for key, points in read_history(self.dir).items() for step, _ in points}
@@ -152,8 +153,6 @@ class WandbLog(StepBuffer):
     def _wait_written(self, timeout_s: float = 30.0) -> None:
         """finish() can return before wandb's writer has every history record in the .wandb file; a resume
         right after (a requeue) reads the file to skip what is logged: wait, bounded, until it is all there."""
-        import time
-
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             written = {(k, s) for k, points in read_history(self.dir).items() for s, _ in points}
