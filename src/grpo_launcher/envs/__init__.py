@@ -7,6 +7,7 @@ implementing the Env protocol (envs/base.py), constructed as Class(env_spec, see
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 
@@ -14,7 +15,8 @@ from .base import Env, Prompt
 from .dataset import DatasetEnv
 from .math import MathEnv
 from .toy import ReverseDigitsEnv
-from .usercode import UserCodeError, is_ref, load_ref
+from .rewards import reward_refs
+from .usercode import UserCodeError, is_ref, load_ref, loaded_snapshot, pickle_by_value_if_local, seed_loaded
 from ..spec.schema import EnvName
 
 # keyed by the built-in env.name values (schema.EnvName, a str Enum); a program calling launch.main may add its own
@@ -35,8 +37,6 @@ def env_class(name: str) -> type:
     if name in ENVS:
         return ENVS[name]
     if name in LAZY_ENVS:
-        import importlib
-
         module, _, attr = LAZY_ENVS[name].partition(":")
         return ENVS.setdefault(name, getattr(importlib.import_module(module), attr))
     if name in PLANNED_ONLY:
@@ -59,9 +59,6 @@ class EnvFactory:
     the one that scores, never a fresh re-import of the package's registry."""
 
     def __init__(self, spec):
-        from .rewards import reward_refs
-        from .usercode import load_ref, loaded_snapshot, pickle_by_value_if_local
-
         self.cls, self.env_spec, self.seed = env_class(spec.env.name), spec.env, spec.grpo.seed
         refs = [ref for key, ref, _ in reward_refs(spec.env)]
         for key, ref, _ in reward_refs(spec.env):
@@ -71,8 +68,6 @@ class EnvFactory:
         pickle_by_value_if_local(self.cls, *self.loaded.values())
 
     def __call__(self) -> Env:
-        from .usercode import seed_loaded
-
         if os.getpid() != self.pid:  # in the env worker: use what the driver loaded
             seed_loaded(self.loaded)
         return self.cls(self.env_spec, seed=self.seed)

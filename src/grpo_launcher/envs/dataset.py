@@ -150,10 +150,10 @@ def _load_csv(p: Path, key: str) -> Table:
 
 
 def _load_columnar(p: Path, key: str) -> Table:
-    import datasets
+    import datasets  # here: heavy (pyarrow, pandas), and pre-flight imports this module
 
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # (the same)
 
         ds = datasets.Dataset(pq.read_table(p))
     except Exception as exc:  # noqa: BLE001 - a corrupt file: say which
@@ -162,7 +162,7 @@ def _load_columnar(p: Path, key: str) -> Table:
 
 
 def _load_saved(p: Path, key: str, split_for: str) -> Table:
-    import datasets
+    import datasets  # here: heavy (pyarrow, pandas), and pre-flight imports this module
 
     if not any((p / m).exists() for m in SAVED_DATASET_MARKERS):
         raise DataError(f"{key}: {p} is a directory but not one written by datasets' save_to_disk")

@@ -38,7 +38,7 @@ def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any
 
 def grade(gold: str, completion: str) -> bool:
     """math-verify's verdict for the completion against the gold answer text (no time bound of its own)."""
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # here: it imports sympy (seconds), and pre-flight imports this module
 
     target = gold_parsed(gold)
     if not target:
@@ -50,7 +50,7 @@ def grade(gold: str, completion: str) -> bool:
 def gold_parsed(gold: str) -> tuple:
     """The answer cell parsed as a grader parses a reference answer: a plain number or expression as it is
     (`1,000`, `1/2`, `.5`), LaTeX (`\\frac12`, `2\\pi`, `x^2`) as math; `1e3` as the number it means."""
-    from math_verify import parse
+    from math_verify import parse  # (the same)
 
     _quiet_timeout_warnings()
     text = gold.strip()
@@ -68,7 +68,7 @@ def gold_parsed(gold: str) -> tuple:
 
 def _quiet_timeout_warnings() -> None:
     """math-verify warns once that its timeouts are off and asks the caller to bound the call: ours does."""
-    from math_verify import grader, parser
+    from math_verify import grader, parser  # (the same)
 
     grader.TIMEOUT_WARNING_SHOWN = parser.TIMEOUT_WARNING_SHOWN = True
 

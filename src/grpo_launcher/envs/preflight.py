@@ -15,14 +15,21 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..models.tiny import build_tokenizer
 from ..spec.errors import Violation
 from ..spec.schema import ClusterKind, RunSpec
+from . import ENVS, PLANNED_ONLY, env_class
+from . import rewards as R
+from .dataset import DataError, DatasetEnv, answer_text, load_split
+from .prompting import prompt_lengths, templating_on
+from .toy import ReverseDigitsEnv
 from .usercode import (LIMIT_ENV, TimeLimitExceeded, UserCodeError, UserCodeTimeout, call_with_limit, describe,
                        is_file_ref, is_ref, load_ref, split_ref, user_code_limit_s)
 
@@ -86,9 +93,6 @@ def progress(what: Any, done: str) -> Iterator[None]:
 
 
 def _check_env(s: RunSpec) -> Iterator[Violation]:
-    from . import ENVS, PLANNED_ONLY, env_class
-    from .dataset import DatasetEnv
-
     e = s.env
     if e.name not in ENVS and e.name not in PLANNED_ONLY and not is_ref(e.name):
         yield V("env.name", f"env.name={e.name!r} is neither a built-in env nor a 'module:Class' reference",
@@ -132,8 +136,6 @@ def _check_constructor(cls: type, s: RunSpec) -> Iterator[Violation]:
 
 
 def _check_rewards_declared(s: RunSpec, cls: type) -> Iterator[Violation]:
-    from .toy import ReverseDigitsEnv
-
     e = s.env
     n = len(e.reward_fns)
     if e.reward_weights and len(e.reward_weights) != n:
@@ -146,9 +148,6 @@ def _check_rewards_declared(s: RunSpec, cls: type) -> Iterator[Violation]:
 
 
 def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
-    from . import rewards as R
-    from .dataset import DataError
-
     e = s.env
     fns: list = []
     default = [("env.reward_fn", cls.DEFAULT_REWARD, 1.0)] if cls.DEFAULT_REWARD else []
@@ -212,8 +211,6 @@ def _code_stat(ref: str) -> tuple:
 
 
 def _reward_verdict(s: RunSpec, r: Any, tables: dict, columns: list[str]) -> Iterator[Violation]:
-    from . import rewards as R
-
     problem = R.signature_problem(r.fn, columns)
     if problem:
         yield V(r.key, problem, "def fn(prompt, completion, **kwargs) -> float")
@@ -227,9 +224,6 @@ def _reward_verdict(s: RunSpec, r: Any, tables: dict, columns: list[str]) -> Ite
 def _probe_reward(s: RunSpec, r: Any, table: Any) -> Iterator[Violation]:
     """Call the reward function on the first rows, the answer as the completion: its return must be a finite float
     (an exception too is a config error unless env.reward_errors=zero)."""
-    from . import rewards as R
-    from .dataset import answer_text
-
     e = s.env
     for i in range(min(REWARD_PROBE_ROWS, len(table.rows))):
         row = table.rows[i]
@@ -260,9 +254,6 @@ def _check_answers_score(s: RunSpec, r: Any, tables: dict) -> Iterator[Violation
     """Call the reward on every row with the row's own answer as the completion (within ANSWER_CHECK_BUDGET_S);
     rows scored 0 can never be rewarded: one warning naming the first SHOWN_ROWS (file:line) and counting the rest.
     A call that does not return is a config error."""
-    from . import rewards as R
-    from .dataset import answer_text
-
     e, zero, checked = s.env, [], 0
     total = sum(len(t.rows) for t in tables.values())
     deadline = time.monotonic() + ANSWER_CHECK_BUDGET_S
@@ -311,8 +302,6 @@ def _short(value: str, n: int = 60) -> str:
 
 def read_split(e: Any, which: str) -> Any:
     """load_split, once per file version and keys (the prompt budget and the checks share it)."""
-    from .dataset import load_split
-
     path = getattr(e, f"{which}_path")
     key = (which, _stat(path), e.name, e.prompt_key, e.answer_key)
     if key not in _READ:
@@ -330,8 +319,6 @@ def read_split(e: Any, which: str) -> Any:
 
 def split_lengths(s: RunSpec, tok: Any, which: str, table: Any) -> list[int]:
     """Each prompt's token count as the model gets it (chat template, system prompt), once per file version."""
-    from .prompting import prompt_lengths
-
     e = s.env
     key = (which, _stat(getattr(e, f"{which}_path")), e.prompt_key, e.chat_template, e.system_prompt, s.model.path)
     if key not in _LENGTHS:
@@ -345,15 +332,11 @@ def split_lengths(s: RunSpec, tok: Any, which: str, table: Any) -> list[int]:
 def resolve_prompt_budget(s: RunSpec) -> tuple[RunSpec, list[Violation]]:
     """env.max_prompt_tokens=0 (env=dataset's default): the longest prompt of the train and val files as the model
     gets it. Problems with the files themselves are check_dataset's to name (the budget then stays 0)."""
-    from .dataset import DatasetEnv, DataError
-
     e = s.env
     if e.max_prompt_tokens != 0:
         return s, []
     fix = "set env.max_prompt_tokens to the longest prompt's token count"
     try:
-        from . import env_class
-
         dataset = issubclass(env_class(e.name), DatasetEnv)
     except Exception:  # noqa: BLE001 - an unknown env is check_env's to name
         return s, []
@@ -423,15 +406,11 @@ def _read_tokenizer(s: RunSpec) -> Any:
         if s.model.path:
             if not here(s, s.model.path):
                 return None
-            import os
-
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # pre-flight never waits on the network
             os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # here: pre-flight imports this module
 
             return AutoTokenizer.from_pretrained(s.model.path, local_files_only=True)
-        from ..models.tiny import build_tokenizer
-
         return build_tokenizer()
     except Exception:  # noqa: BLE001 - an unreadable tokenizer is the model rules' to report
         return None
@@ -439,8 +418,6 @@ def _read_tokenizer(s: RunSpec) -> Any:
 
 def check_prompts(s: RunSpec, tables: dict) -> Iterator[Violation]:
     """Chat template present when asked for; every prompt within env.max_prompt_tokens once templated."""
-    from .prompting import templating_on
-
     e = s.env
     tok = load_tokenizer(s)
     if tok is None:

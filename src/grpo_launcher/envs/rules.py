@@ -7,12 +7,11 @@ from typing import Iterator
 from ..spec.errors import Violation
 from ..preflight.registry import rule
 from ..spec.schema import RunSpec
+from .preflight import check_env
 
 
 @rule("pure")
 def env_data_and_code(s: RunSpec) -> Iterator[Violation]:
     """What the user brings to the env section: Env class, data files (keys, rows, lines), reward functions
     (importable, callable, signature), prompt lengths under the chat template. See envs/preflight.py."""
-    from .preflight import check_env
-
     yield from check_env(s)

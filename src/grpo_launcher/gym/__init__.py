@@ -12,16 +12,16 @@
 
 from __future__ import annotations
 
+from ..envs import env_class
+
 
 def register_env() -> None:
     """env.name=nemo_gym is in the env registry already (envs.LAZY_ENVS: GymEnv, imported on first use); this
     imports it now (kept for callers from before the registry entry)."""
-    from ..envs import env_class
-
     env_class("nemo_gym")
 
 
 def installed() -> bool:
-    from .install import installed as _installed
+    from .install import installed as _installed  # here: a broken gym/ must not stop pre-flight (gym/rules.py)
 
     return _installed()

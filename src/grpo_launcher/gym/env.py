@@ -12,7 +12,10 @@ import random
 from pathlib import Path
 from typing import Optional
 
+import jinja2
+
 from .samples import GymPrompt
+from .serving import CHATML
 
 DATA = Path(__file__).parent / "data"
 
@@ -110,9 +113,5 @@ class GymEnv:
 
 def render_chat(messages: list[dict]) -> str:
     """data/chatml.jinja as vLLM renders it (the template the tiny model's server gets)."""
-    import jinja2
-
-    from .serving import CHATML
-
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(CHATML.read_text()).render(messages=messages, add_generation_prompt=True)

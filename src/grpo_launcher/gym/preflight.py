@@ -10,9 +10,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from pathlib import Path
 from typing import Iterator, Optional
+
+import yaml
 
 from ..spec.schema import RunSpec
 from .install import GymInstall, find_install, missing_servers
@@ -32,8 +35,6 @@ def resolve_config(path: str, inst: Optional[GymInstall]) -> Optional[Path]:
 
 
 def config_blocks(paths: list[Path]) -> dict:
-    import yaml
-
     blocks: dict = {}
     for p in paths:
         data = yaml.safe_load(p.read_text()) or {}
@@ -140,8 +141,6 @@ def probe(s: RunSpec) -> Iterator[Problem]:
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
-
     if host in ("localhost", ""):
         return True
     try:

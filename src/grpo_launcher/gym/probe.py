@@ -22,6 +22,15 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import requests
+
+from ..plan import make_plan
+from ..spec.compose import load_spec
+from ..train.setup import prepare_model
+from . import register_env
+from .servers import GymError, GymServers, _pid_alive
+from .serving import CHATML
+
 if TYPE_CHECKING:  # the probe's module stays light (its heavy imports are in the functions that need them)
     from .samples import GymGeneration
 
@@ -31,8 +40,7 @@ CONFIGS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
 
 
 def tiny_spec(output_root: Path, new_tokens: int = 32, extra: tuple = ()):
-    from .env import DATA
-    from ..spec.compose import load_spec
+    from .env import DATA  # here: heavy (see TYPE_CHECKING above)
 
     return load_spec(["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true",
                       f"env.train_path={DATA / 'tiny_train.jsonl'}", f"env.val_path={DATA / 'tiny_val.jsonl'}",
@@ -44,11 +52,8 @@ def tiny_spec(output_root: Path, new_tokens: int = 32, extra: tuple = ()):
 
 def tiny_engine(spec):
     """(model_dir, worker, env): the tiny model (built once, cached under output_root/.models) served over HTTP."""
-    from . import register_env
-    from .env import GymEnv
-    from ..plan import make_plan
+    from .env import GymEnv  # here: heavy (see TYPE_CHECKING above)
     from ..rollout.vllm import VLLMRolloutWorker
-    from ..train.setup import prepare_model
 
     register_env()
     env = GymEnv(spec.env, seed=0)
@@ -56,7 +61,7 @@ def tiny_engine(spec):
     model_dir = prepare_model(spec, plan, env)
     worker = VLLMRolloutWorker(spec, str(model_dir), max_model_len=plan.max_model_len)
     try:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # here: heavy (see TYPE_CHECKING above)
 
         hf = AutoModelForCausalLM.from_pretrained(model_dir)
         worker.update_weights({k: v.detach() for k, v in hf.state_dict().items()})
@@ -68,7 +73,7 @@ def tiny_engine(spec):
 
 def policy_logprobs(model_dir, gens) -> list[list[float]]:
     """log p(token) under the HF model, for every response token of every sample (T = 1)."""
-    import torch
+    import torch  # here: heavy (see TYPE_CHECKING above)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -84,11 +89,9 @@ def policy_logprobs(model_dir, gens) -> list[list[float]]:
 
 
 def main(argv: list[str]) -> int:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # here: heavy (see TYPE_CHECKING above)
 
     from .rollouts import RolloutStats, run_rollouts, stamp_row
-    from .servers import GymError, GymServers
-    from .serving import CHATML
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped probe still stops Gym and the engine
     out_path = Path(argv[0])
@@ -112,8 +115,6 @@ def main(argv: list[str]) -> int:
         prompts = env.train
         rows = [stamp_row(p.row, 1.0, 1.0, spec.rollout.max_new_tokens) for p in prompts for _ in range(2)]
         stats = RolloutStats()
-        from ..plan import make_plan
-
         gens = run_rollouts(rows, agents, servers.check, stats=stats, max_model_len=make_plan(spec).max_model_len)
         tok = AutoTokenizer.from_pretrained(model_dir)
         stop = worker.stop_ids  # the checkpoint's stop set (stop_tokens.py), as the engine stops at it
@@ -178,8 +179,6 @@ def prefix_route_check(base_url: str, model: str, tok, template: str) -> dict:
     assistant turn does not survive detokenise + re-tokenise (it ends in a lone byte 0xff, invalid UTF-8: the text
     Gym sends back holds U+FFFD, three other bytes): with the prefix-token route the next prompt starts with
     exactly the engine's tokens; stock vLLM re-tokenises the text (what the reference doc measured: 0 of 6 kept)."""
-    import requests
-
     user = [{"role": "user", "content": "weather in oslo?"}]
     prompt = tok(tok.apply_chat_template(user, chat_template=template, add_generation_prompt=True, tokenize=False),
                  add_special_tokens=False)["input_ids"]
@@ -224,8 +223,6 @@ def token_row(g, sample: int, j: int, engine: float, policy: float) -> dict:
 
 
 def _left(servers) -> list[int]:
-    from .servers import _pid_alive
-
     pids = [servers.proc.pid, *(int(i["pid"]) for i in servers.instances if i.get("pid"))]
     return [p for p in pids if _pid_alive(p)]
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import aiohttp
+
 from .samples import GymGeneration, failed_generation, to_generation
 from .servers import GymError
 
@@ -57,8 +59,6 @@ def agent_name(row: dict) -> str:
 
 
 async def _post_run(session, url: str, row: dict, timeout_s: float) -> dict:
-    import aiohttp
-
     async with session.post(f"{url}/run", json=row, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
         body = await r.text()
         if r.status != 200:
@@ -71,8 +71,6 @@ async def _post_run(session, url: str, row: dict, timeout_s: float) -> dict:
 
 async def _run_all(rows: list[dict], agents: dict[str, str], check: Callable[[], None], timeout_s: float,
                    concurrency: int, max_model_len: Optional[int]) -> list[GymGeneration]:
-    import aiohttp
-
     sem = asyncio.Semaphore(concurrency)
     out: list[Optional[GymGeneration]] = [None] * len(rows)
     conn = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=False)

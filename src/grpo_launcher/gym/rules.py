@@ -35,7 +35,7 @@ def gym_needs_async_http_vllm(s: RunSpec) -> Iterator[Violation]:
 def gym_preflight(s: RunSpec) -> Iterator[Violation]:
     """env=nemo_gym: the Gym overrides and start timeout (gym/preflight.py check)."""
     if s.env.name == EnvName.nemo_gym:
-        from .preflight import check
+        from .preflight import check  # here: it imports install.py (gym_available below says why)
 
         for keys, message, fix in check(s):
             yield V("gym_preflight", keys, message, fix)
@@ -45,7 +45,7 @@ def gym_preflight(s: RunSpec) -> Iterator[Violation]:
 def gym_install_and_rows(s: RunSpec) -> Iterator[Violation]:
     """env=nemo_gym: Gym configs, servers installed, rows and one agent per agent_ref (gym/preflight.py probe)."""
     if s.env.name == EnvName.nemo_gym:
-        from .preflight import probe
+        from .preflight import probe  # (the same)
 
         for keys, message, fix in probe(s):
             yield V("gym_preflight", keys, message, fix)
@@ -54,7 +54,7 @@ def gym_install_and_rows(s: RunSpec) -> Iterator[Violation]:
 def gym_available() -> bool:
     """Can this build run env=nemo_gym? NeMo Gym's own venv (`make gym`; grpo_launcher/gym/install.py) is there."""
     try:
-        from .install import installed
+        from .install import installed  # here: the guard below
     except Exception:  # the gym package itself is broken: the run could not start either
         return False
     return installed()

@@ -13,16 +13,24 @@ runs in its own session (process group), so stopping it by its PID group reaches
 
 from __future__ import annotations
 
+import ctypes
 import os
+import random
+import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import requests
+import yaml
+
 from ..deadlines import ActorInfo, Hung, stack_of
+from ..runfiles import pid_alive
 from .install import GymInstall, find_install
 
 
@@ -56,8 +64,6 @@ class GymServerHung(Hung):
 
 def free_port(host: str = "127.0.0.1", low: int = 0, high: int = 0) -> int:
     """A port nobody holds now: the kernel's pick (low=0), or a random one in [low, high]."""
-    import random
-
     for _ in range(200 if low else 1):
         port = random.randint(low, high) if low else 0
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -91,8 +97,6 @@ def gym_config(config_paths: list[str], base_urls: list[str], model: str, api_ke
         "port_range_low": SERVER_PORTS[0],  # the servers' random ports (Gym picks them)
         "port_range_high": SERVER_PORTS[1],
     }
-    import yaml
-
     for item in overrides or []:  # env.gym_overrides: "a.b.c=value" (NeMo-RL's per-server overrides)
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -128,8 +132,6 @@ class GymServers:
         inst = inst or find_install()
         if inst is None:
             raise GymNotInstalled("NeMo Gym's environment is not installed: run `make gym` (scripts/gym-install.sh)")
-        import yaml
-
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         head_port = free_port(host, *HEAD_PORTS)
@@ -164,8 +166,6 @@ class GymServers:
         """Until the head's /readyz is 200 (every server and model endpoint up). On timeout, the error names
         the servers that did not answer; if `gym env start` exits first, the error carries its log's tail;
         `abort()` true (the run was asked to stop) ends the wait at once."""
-        import requests
-
         deadline = time.monotonic() + timeout_s
         port = self.head_url.rsplit(":", 1)[1]
         while True:
@@ -191,8 +191,6 @@ class GymServers:
         self.instances = self._server_instances()
 
     def _server_instances(self) -> list:
-        import requests
-
         try:
             data = requests.get(f"{self.head_url}/server_instances", timeout=10).json()
         except (requests.RequestException, ValueError):
@@ -201,8 +199,6 @@ class GymServers:
 
     def _not_up(self) -> list[str]:
         """Names of the servers (and model endpoints) that do not answer yet, for the timeout message."""
-        import requests
-
         try:
             requests.get(f"{self.head_url}/health", timeout=5)
         except requests.RequestException:
@@ -231,9 +227,6 @@ class GymServers:
     # ------------------------------------------------------------------ while running
     def resolved_config(self) -> dict:
         """The head's resolved global config (GET /global_config_dict_yaml: a JSON string of the YAML)."""
-        import requests
-        import yaml
-
         r = requests.get(f"{self.head_url}/global_config_dict_yaml", timeout=30)
         r.raise_for_status()
         text = r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
@@ -250,16 +243,12 @@ class GymServers:
         return out
 
     def policy_urls(self) -> list[str]:
-        import yaml
-
         urls = yaml.safe_load((self.workdir / "env.yaml").read_text()).get("policy_base_url") or []
         return [urls] if isinstance(urls, str) else list(urls)
 
     def watch(self, period_s: float, timeout_s: float) -> None:
         """Probe the servers from a daemon thread every period_s (off the rollouts' path): one that does not answer
         an HTTP GET within timeout_s is frozen, and the next check() raises GymServerHung naming it."""
-        import threading
-
         def run() -> None:
             while not self.stopped and self.frozen is None:
                 time.sleep(period_s)
@@ -271,8 +260,6 @@ class GymServers:
 
     def probe(self, timeout_s: float) -> Optional[GymServerHung]:
         """The first server (head included) that accepts a connection but gives no answer within timeout_s."""
-        import requests
-
         servers = [("head server", f"{self.head_url}/health", self.proc.pid),
                    *((f"{i.get('process_name') or i.get('name')} ({i.get('server_type')})", i.get("url"),
                       i.get("pid")) for i in self.instances if i.get("url"))]
@@ -342,8 +329,6 @@ class GymServers:
         if self._log is not None:
             self._log.close()
         if self.ray_tmp is not None:
-            import shutil
-
             shutil.rmtree(self.ray_tmp, ignore_errors=True)
         (self.workdir / "gym.pid").unlink(missing_ok=True)
 
@@ -358,8 +343,6 @@ def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the trainer dies, even by SIGKILL (`gym env start` then stops its
     servers and its Ray itself), so a crashed run leaves no Gym behind. Linux only; elsewhere a no-op."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:  # noqa: BLE001
         pass
@@ -372,8 +355,6 @@ def _url_host(host: str) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
-    from ..runfiles import pid_alive
-
     if not pid_alive(pid):
         return False
     try:  # a zombie (exited, not yet reaped) is dead for our purposes

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Collection
@@ -112,14 +113,12 @@ def install_prefix_route(stop_ids: Collection[int]) -> bool:
     if _INSTALLED:
         return True
     try:
-        from vllm.renderers.online_renderer import OnlineRenderer
+        from vllm.renderers.online_renderer import OnlineRenderer  # here: vLLM may be absent (the except)
     except ImportError:
         return False
     original = getattr(OnlineRenderer, "preprocess_chat", None)
     if original is None:
         return False
-    import copy
-
     async def preprocess_chat(self, request, messages, *args, **kwargs):
         for m in messages or []:  # vLLM may hold tool_calls as a one-shot iterator: make it a list (copyable)
             if isinstance(m, dict) and m.get("tool_calls") is not None and not isinstance(m["tool_calls"], list):

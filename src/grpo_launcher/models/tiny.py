@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from ..spec.schema import ModelSpec
+from .nemotron_h import build_model as build_nemotron_h
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # pad, (reserved), eos
 WARMUP = {"batch": 64, "lr": 1e-3}  # steps: model.warm_start_steps
@@ -22,7 +23,7 @@ BIG_ON_CPU = 100_000_000  # parameters above which a CPU build says how long it 
 
 
 def build_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # here: pre-flight imports this module
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -38,13 +39,11 @@ def build_tokenizer():
 
 
 def build_model(spec: ModelSpec, tokenizer, seed: int, device: str = "cpu"):
-    import torch
+    import torch  # here: pre-flight imports this module
 
     if spec.family == "nemotron_h":  # the recipe's hybrid Mamba-2 / attention / MoE family
-        from .nemotron_h import build_model as build_nemotron_h
-
         return build_nemotron_h(spec, tokenizer, seed, device)
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # here: pre-flight imports this module
 
     torch.manual_seed(seed)
     cfg = Qwen2Config(
@@ -60,7 +59,7 @@ def build_model(spec: ModelSpec, tokenizer, seed: int, device: str = "cpu"):
 
 def warm_start(model, tokenizer, examples: list[tuple[str, str]], seed: int, steps: int) -> float:
     """A few supervised steps on the env's format, so RL starts from a non-zero reward. Returns last loss."""
-    import torch
+    import torch  # here: pre-flight imports this module
 
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=WARMUP["lr"])
@@ -95,7 +94,7 @@ def ensure_tiny_model(spec: ModelSpec, env, env_name: str, cache_root: Path, see
     out = cache_root / f"tiny-{env_name}-{cache_key(spec, env_name, seed)}"
     if (out / "config.json").exists():
         return out
-    import torch
+    import torch  # here: pre-flight imports this module
 
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()

@@ -100,7 +100,7 @@ def trackers_installed(s: RunSpec) -> Iterator[Violation]:
         yield V("trackers_installed", "logging.wandb", "the `wandb` package is not installed",
                 "pip install wandb (a dependency of this package: reinstall it), or logging.wandb=false")
     elif s.logging.wandb:
-        import wandb
+        import wandb  # here: heavy, and maybe not installed (the branch above)
         from wandb.errors import UsageError
 
         project = os.environ.get("WANDB_PROJECT") or s.logging.experiment

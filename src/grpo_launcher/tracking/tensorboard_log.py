@@ -18,7 +18,7 @@ TB_DIR = "tensorboard"  # under the run dir
 
 def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar in the event files under log_dir: {tag: [(step, value), ...]} in file order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # here: optional
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # here: heavy, for logging.tensorboard only
 
     if not Path(log_dir).is_dir():
         return {}
@@ -31,7 +31,7 @@ class TensorBoardLog(StepBuffer):
     """One run's event files: buffered scalars, written on commit, never a (tag, step) twice."""
 
     def __init__(self, log_dir: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # here: torch, and tensorboard is optional
+        from torch.utils.tensorboard import SummaryWriter  # here: torch, for logging.tensorboard only
 
         self.log_dir = Path(log_dir)
         self._logged = {(tag, step) for tag, points in read_scalars(self.log_dir).items() for step, _ in points}

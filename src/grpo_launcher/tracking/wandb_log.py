@@ -74,7 +74,7 @@ def _chunks(path: Path) -> Iterator[bytes]:
 def read_history(wandb_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every logged metric in the run directories under wandb_dir (RUN_DIR/wandb): {key: [(step, value), ...]} in
     the order the starts wrote them; wandb's own `_step`, `_runtime`, `_timestamp` left out."""
-    from wandb.proto import wandb_internal_pb2 as pb  # here: wandb is optional (logging.wandb)
+    from wandb.proto import wandb_internal_pb2 as pb  # here: wandb's import is heavy, for logging.wandb only
 
     out: dict[str, list[tuple[int, float]]] = {}
     runs = [p for p in sorted(Path(wandb_dir).glob("*run-*")) if p.is_dir() and not p.is_symlink()]
@@ -117,7 +117,7 @@ class WandbLog(StepBuffer):
     """One run dir's W&B run: buffered metrics, logged on commit one step at a time, never a (key, step) twice."""
 
     def __init__(self, spec: RunSpec, run_dir: Path) -> None:
-        import wandb  # here: optional (logging.wandb)
+        import wandb  # here: heavy, for logging.wandb only
 
         from .mlflow_tracker import flat_params  # here: it imports mlflow (logging.mlflow=false runs have none)
 
