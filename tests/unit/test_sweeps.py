@@ -63,3 +63,67 @@ def test_sweep_points_share_the_reward_probe(tmp_path, monkeypatch):
                 for lr in ("1e-6", "2e-6") for c in ("0.2", "0.28")]
     assert len(probed) == len(set(probed)) >= 1, probed
     assert all(v == verdicts[0] for v in verdicts)
+
+
+# ------------------------------------------------------------------ issue 41: what every point shares, done once
+
+
+@pytest.fixture(scope="module")
+def loader_and_master():
+    """Hydra's config loader over conf/ and a multirun's master config, as `launch.py -m` has them."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.utils import JobRuntime
+    from hydra.types import RunMode
+
+    import hydra_plugins.grpo_launcher_plugins.grpo_launcher  # noqa: F401 (registers hydra/launcher=grpo)
+    from grpo_launcher.spec.compose import CONF_DIR, register_schema
+
+    register_schema()
+    JobRuntime.instance().set("name", "launch")
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
+    master = loader.load_configuration("config", ["hydra/launcher=grpo", "hydra/sweeper=grpo"], RunMode.MULTIRUN)
+    return loader, master
+
+
+@pytest.mark.parametrize("point", [
+    ["grpo.seed=3", "cluster=slurm", "dry_run=True", "name='tiny-grpo_grpo.seed=3'"],
+    ["model=nemotron_h_tiny", "train.lr=1e-5", "grpo.seed=1", "grpo.seed=2"],
+    ["+recipe=nanov3", "loss.clip_high=0.3"],
+    ["train.lr=${loss.clip_high}", "cluster.nodes=2", "grpo={seed: 4}"],
+    ["+foo=1", "foo=2", "grpo.seed=9"],
+    ["loss.clip_high=0.3", "~logging.experiment", "logging.experiment=foo"],
+    ["nope.key=1"],
+    ["model=nope", "grpo.seed=1"],
+    ["hydra.job.chdir=false", "grpo.seed=1"],
+])
+def test_a_point_composes_as_hydra_composes_it(loader_and_master, point):
+    """Points share Hydra's composition of their group choices (hydra_plugins/.../shared_compose.py): each
+    point's config, or its error, is the one Hydra's load_sweep_config gives."""
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.grpo_launcher_plugins.shared_compose import SharedCompose
+
+    loader, master = loader_and_master
+    shared = SharedCompose(loader, master)
+
+    def composed(compose):
+        try:
+            cfg = compose(list(point))
+        except Exception as exc:
+            return type(exc).__name__, str(exc)
+        return OmegaConf.to_yaml(cfg), OmegaConf.is_struct(cfg), OmegaConf.is_readonly(cfg.hydra)
+
+    hydra = composed(lambda ov: loader.load_sweep_config(master, ov))
+    assert composed(shared) == hydra
+    assert composed(shared) == hydra  # the second point of the same choices: from the shared composition
+
+
+def test_points_of_the_same_choices_compose_once(loader_and_master):
+    from hydra_plugins.grpo_launcher_plugins.shared_compose import SharedCompose
+
+    shared = SharedCompose(*loader_and_master)
+    for seed in range(4):
+        for model in ("tiny", "nemotron_h_tiny"):
+            shared([f"grpo.seed={seed}", f"model={model}", "dry_run=True", f"name=n{seed}"])
+    assert sorted(shared.bases) == [("model=nemotron_h_tiny",), ("model=tiny",)]

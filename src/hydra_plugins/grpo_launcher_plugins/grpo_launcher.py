@@ -14,6 +14,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from .shared_compose import SharedCompose
+
 log = logging.getLogger(__name__)
 
 
@@ -31,14 +33,16 @@ class GrpoLauncher(Launcher):
         self.task_function: Optional[TaskFunction] = None
         self.hydra_context: Optional[HydraContext] = None
         self.invalid_points_fail = False  # the optuna sweeper turns bad points into failed trials
+        self.shared: Optional[SharedCompose] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def point_config(self, overrides: Sequence[str], idx: int) -> Tuple[Optional[DictConfig], Optional[Exception]]:
         """(the point's composed config, None), or (None, why it does not compose): reported as a config error."""
+        assert self.shared is not None, "launch() sets up the batch's composition"
         try:
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            cfg = self.shared(list(overrides))
         except Exception as exc:  # a point that does not compose (model=nope in model=tiny,nope): named, exit 2
             return None, exc
         with open_dict(cfg):
@@ -52,6 +56,7 @@ class GrpoLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         job_overrides = named_points(str(self.config.name), job_overrides)
+        self.shared = SharedCompose(self.hydra_context.config_loader, self.config)  # a batch's shared composition
         composed = [self.point_config(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
         configs = [cfg for cfg, _ in composed]
         checked = [self.point_problems(cfg, o, exc) for (cfg, exc), o in zip(composed, job_overrides)]  # (launch, bad)
