@@ -127,3 +127,44 @@ def test_points_of_the_same_choices_compose_once(loader_and_master):
         for model in ("tiny", "nemotron_h_tiny"):
             shared([f"grpo.seed={seed}", f"model={model}", "dry_run=True", f"name=n{seed}"])
     assert sorted(shared.bases) == [("model=nemotron_h_tiny",), ("model=tiny",)]
+
+
+def put(spec, key, value):
+    """The spec with one leaf replaced (dataclasses.replace down the key's sections)."""
+    import dataclasses
+
+    section, _, rest = key.partition(".")
+    if not rest:
+        return dataclasses.replace(spec, **{key: value})
+    return dataclasses.replace(spec, **{section: put(getattr(spec, section), rest, value)})
+
+
+TRICKY = ["1e5", "true", "on", "null", "~", "???", "${x}", "\\${x}", "a: b", "x\ny", "", " lead", "0x10", "1:20",
+          ".nan", "#c", "'q'", "[1]", "é", "x" * 200, "http://u:pw@h/x", "a?token=z", "<<", "*a", "!t", "12"]
+
+
+@pytest.mark.parametrize("key,value", [
+    *[("name", s) for s in TRICKY], *[("logging.experiment", s) for s in TRICKY],
+    *[("grpo.seed", v) for v in (0, -1, 2**70, True, 1.5, "3", None)],
+    *[("train.lr", v) for v in (1e-6, 1e16, float("inf"), float("nan"), -0.0, 3, "1e-6", None)],
+    *[("model.head_dim", v) for v in (None, 64, "64")],
+    ("rollout.backend", "vllm"), ("rollout.http_api_key", "abc"),
+    *[("env.reward_fns", v) for v in ([], ["a"], ["a", "${x}"], ["1e5", "true"], ("a",), [1])],
+])
+def test_a_point_reads_back_as_the_full_round_trip_says(tmp_path, key, value):
+    """spec.yaml's round trip, shown leaf by leaf from a spec that passed it (launch/read_back.py), never passes a
+    spec the full check (written and read back as the job does) refuses; a plain seed or name takes that path."""
+    from grpo_launcher.launch import read_back
+    from grpo_launcher.launch.preflight import read_back_as_the_job, roundtrip
+    from grpo_launcher.plan import make_plan
+    from grpo_launcher.spec.compose import load_spec, roundtrip_problems
+
+    spec = load_spec(["cluster=slurm", "dry_run=true", f"output_root={tmp_path}"])
+    plan = make_plan(spec)
+    assert roundtrip(spec, plan) == []  # the full check: remembered
+    point = put(spec, key, value)
+    full = roundtrip_problems(point, read_back_as_the_job(plan))
+    assert not (read_back.reads_back_like_one_before(point) and full)
+    assert roundtrip(point, plan) == full
+    if key in ("name", "grpo.seed") and value in ("1e5", "x" * 200, 2**70, 0):
+        assert read_back.reads_back_like_one_before(point)
