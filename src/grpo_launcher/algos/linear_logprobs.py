@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 # what a family's forward does to lm_head's output (logit_heads.LogitTransform): f(z) and its slope at f(z)
@@ -113,8 +114,6 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Te
 
 
 def _all_reduce(x: Tensor, group: Any, op: Any = None) -> Tensor:
-    import torch.distributed as dist
-
     dist.all_reduce(x, op=dist.ReduceOp.SUM if op is None else op, group=group)
     return x
 
@@ -129,8 +128,6 @@ class _VocabParallelLinearLogprob(torch.autograd.Function):
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, inv_temp: float, chunk: int,
                 start: int, group: Any, transform: Transform) -> tuple[Tensor, Tensor]:
         # hidden: [N, H] (the same on every rank); weight: [V/TP, H]; targets: [N] global ids -> ([N], [N]) fp32
-        import torch.distributed as dist
-
         n, vp = hidden.shape[0], weight.shape[0]
         lp = hidden.new_empty(n, dtype=torch.float64 if hidden.dtype == torch.float64 else torch.float32)
         ent, lse = torch.empty_like(lp), torch.empty_like(lp)

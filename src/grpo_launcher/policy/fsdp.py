@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl, CheckpointWrapper,
                                                                          apply_activation_checkpointing)
@@ -99,7 +100,7 @@ def shard(model: nn.Module, bf16: bool, offload: bool = False) -> nn.Module:
 def load_model(model_dir: str, device: torch.device, sharded: bool) -> nn.Module:
     """The policy's HF model: loaded onto `device`, or (sharded) its modules on the meta device, no memory
     taken until `materialize` fills this rank's shards from rank 0's copy."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM  # here: the driver imports this module, not transformers
 
     if not sharded:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
@@ -113,8 +114,7 @@ def materialize(models: list[nn.Module], model_dir: str, device: torch.device, o
     state dict leaves out (rotary inverse frequencies, ...) are broadcast as rank 0's copy computed them.
     offload (CPUOffloadPolicy): the shards on the CPU, as FSDP2 requires; the buffers, which it does not manage,
     on `device`, where the layers compute."""
-    import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # (the same)
 
     lead = dist.get_rank() == 0
     full = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32) if lead else None

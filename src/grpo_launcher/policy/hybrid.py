@@ -10,8 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
+import ray
 import torch
 
+from ..plan import engine_sleeps, rollout_devices
+from ..rollout import vllm_compat
 from ..rollout.hf import HFEngine
 from ..spec.schema import RolloutBackend, RunSpec
 from .profile import profiled
@@ -26,8 +29,6 @@ class HybridRollout:
 
     def init_engine(self, share_model=None) -> None:
         """Create the engine when rollout=hf on the policy's devices; `share_model`: the policy's own HF model."""
-        from ..plan import rollout_devices
-
         if self.spec.rollout.backend != RolloutBackend.hf or rollout_devices(self.spec):
             return  # vLLM, or engines on devices of their own (cluster.rollout_devices): no copy here
         self.engine = HFEngine(self.spec, self.model_dir, self.device, model=share_model)
@@ -50,12 +51,6 @@ class HybridRollout:
         """Separate vLLM engines on this node's GPUs (rollout=vllm on CUDA): every rank calls it; the weights, cast
         to the engine's dtype, cross as CUDA IPC handles of ≤ 1 GiB device buffers (vLLM's weight-transfer API,
         rollout/vllm_compat.py), never through the host. Rank 0 drives the engines. Returns ms."""
-        import ray
-
-        from ..rollout import vllm_compat
-
-        from ..plan import engine_sleeps
-
         t0 = time.perf_counter()
         if engine_sleeps(self.spec):  # sleeping engines wake into memory the update's cached blocks still hold
             torch.cuda.empty_cache()
@@ -75,7 +70,7 @@ class HybridRollout:
         costs ~300 MiB and 3-6 s of CPU, and unpickling the tokenizer imports only its own class."""
         if self.engine is not None:
             return self.engine.tokenizer
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # here: see the docstring
 
         return AutoTokenizer.from_pretrained(self.model_dir)
 

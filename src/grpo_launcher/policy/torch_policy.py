@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+import ray
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
@@ -80,10 +83,6 @@ class TorchPolicyWorker(HybridRollout, Profiling):
 
     # ------------------------------------------------------------------ distributed set-up
     def address(self) -> tuple[str, int]:
-        import socket
-
-        import ray
-
         with socket.socket() as s:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
@@ -92,9 +91,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         if self.sharded:
             # offload: the grad-norm and refit collectives run on the CPU shards (gloo), the layers' on the GPU
             backend = ("cpu:gloo,cuda:nccl" if self.offload else "nccl") if torch.cuda.is_available() else "gloo"
-            from datetime import timedelta  # the collective timeout matches the driver's deadlines (train/workers.py)
-
-            limit = os.environ.get("GRPO_COLLECTIVE_TIMEOUT_S")
+            limit = os.environ.get("GRPO_COLLECTIVE_TIMEOUT_S")  # the driver's deadlines (train/workers.py)
             dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                     world_size=self.world, timeout=timedelta(seconds=float(limit)) if limit else None)
         if self.sharded:
@@ -267,7 +264,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
     def load(self, directory: str) -> None:
         """Every rank reads the full files and keeps its shard. The weights are read by transformers: a family
         whose files use other names than its modules (nemotron_h: backbone.*, one tensor per expert) is mapped."""
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # here: the driver imports this module, not transformers
 
         path = Path(directory)
         state = torch.load(path / "optim.pt", weights_only=True)  # tensors and plain values only: no code runs

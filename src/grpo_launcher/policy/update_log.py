@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from ..algos import METRIC_REDUCTIONS, combine_metrics
 
@@ -63,8 +64,6 @@ class RouterLoad:
         Counts taken under activation checkpointing include the recomputed forwards: the shares are the same."""
         if not self.layers:
             return {}
-        import torch.distributed as dist
-
         experts = max((c.numel() for c in self.counts.values()), default=1)
         local = torch.stack([self.counts.get(n, torch.zeros(experts, dtype=torch.float64)) for n in self.layers])
         glob = local.to(device, copy=True)  # local stays this rank's (on the CPU .to would alias it)

@@ -60,7 +60,7 @@ class SampledLogprobs:
 
 class HFEngine:
     def __init__(self, spec: RunSpec, model_dir: str, device: torch.device, model=None):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # here: the driver imports this module, not transformers
 
         self.spec, self.device, self.model_dir = spec, device, model_dir
         self._tokenizer = None
@@ -76,7 +76,7 @@ class HFEngine:
     def tokenizer(self):
         """Loaded on first use (pad/eos for generate): a worker that never generates needs none."""
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # (the same)
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         return self._tokenizer
@@ -109,7 +109,7 @@ class HFEngine:
 
     def _generate_hf(self, rows: list[list[int]], pad: int, stop: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """CUDA: transformers' `generate` (rollout.hf_compile=true: a static cache, prompts padded to a bucket)."""
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig  # (the same)
 
         r = self.spec.rollout
         width = max(map(len, rows))
@@ -187,7 +187,7 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature
     A row ends at its first token in `stop` (kept); its tokens after that are padding (and their log-probs
     meaningless): `_one` cuts there.
     """
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # (the same)
 
     device = next(model.parameters()).device
     width = max(map(len, prompts))

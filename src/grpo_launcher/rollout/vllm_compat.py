@@ -20,11 +20,13 @@ finish_weight_update.
 from __future__ import annotations
 
 import importlib.util
+import os
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
+if TYPE_CHECKING:
     from ..spec.schema import RunSpec
 
 IPC_BUFFER_BYTES = 1 << 30  # vLLM's default packed-buffer size: the weights cross in chunks of at most this
@@ -33,7 +35,7 @@ IPC_BUFFER_BYTES = 1 << 30  # vLLM's default packed-buffer size: the weights cro
 def has_ipc_weight_transfer() -> bool:
     """vLLM's weight-transfer API with the CUDA IPC backend (0.2x and later): vllm.distributed.weight_transfer."""
     try:
-        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine  # noqa: F401
+        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine  # noqa: F401 (vLLM ≥ 0.2x)
     except ImportError:
         return False
     return True
@@ -41,7 +43,7 @@ def has_ipc_weight_transfer() -> bool:
 
 def ipc_engine_kwargs() -> dict[str, Any]:
     """Engine args that enable the IPC weight-transfer backend (CUDA engines only)."""
-    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.config.weight_transfer import WeightTransferConfig  # here: vLLM ≥ 0.2x (has_ipc_weight_transfer)
 
     return {"weight_transfer_config": WeightTransferConfig(backend="ipc")}
 
@@ -50,8 +52,6 @@ def environment_defaults() -> None:
     """Before vLLM reads its environment. 0.25's GPU model runner imports FlashInfer for its top-k/top-p sampler
     unless VLLM_USE_FLASHINFER_SAMPLER=0, and FlashInfer is optional (a 470 MB pin an offline node may lack): its
     absence would stop the engine at start-up. Without it, vLLM's PyTorch sampler (top-k/top-p stay off here)."""
-    import os
-
     if importlib.util.find_spec("flashinfer") is None:
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
@@ -99,16 +99,12 @@ _CLASS, _DTYPE = "__torch_class__", "__torch_dtype__"
 
 
 def _ipc_classes() -> dict[str, type]:
-    import torch
-
     return {"Tensor": torch.Tensor, "Parameter": torch.nn.Parameter, "UntypedStorage": torch.UntypedStorage,
             "TypedStorage": torch.storage.TypedStorage}
 
 
 def encode_ipc_handles(update_info: dict) -> dict:
     """update_info with its `ipc_handles` (a {gpu uuid: args} dict, or a list of them) made of plain values."""
-    import torch
-
     names = {cls: name for name, cls in _ipc_classes().items()}
 
     def enc(x: Any) -> Any:
@@ -130,8 +126,6 @@ def encode_ipc_handles(update_info: dict) -> dict:
 def decode_ipc_handles(update_info: dict) -> dict:
     """The inverse of `encode_ipc_handles`, in the engine's worker: args lists become tuples, tagged names the
     allowlisted classes and torch dtypes, bytes-likes bytes. Anything else tagged is refused."""
-    import torch
-
     classes = _ipc_classes()
 
     def arg(x: Any) -> Any:  # one rebuild_cuda_tensor argument
@@ -164,10 +158,7 @@ def send_weights_ipc(weights: Iterable[tuple[str, "torch.Tensor"]], send: Callab
     """Every policy rank calls it (the handles are all-gathered when the ranks form a process group); rank 0
     calls `send(update_info_dict)` once per packed buffer, after which the buffer is reused. `dtype`: the
     engine's (the fp32 master weights are cast on the device as they are packed)."""
-    from dataclasses import asdict
-
-    import torch
-    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine  # here: as above
 
     it = ((k, v.detach().to(dtype) if dtype is not None else v.detach()) for k, v in weights)
     IPCWeightTransferEngine.trainer_send_weights(

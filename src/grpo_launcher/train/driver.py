@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -17,17 +18,23 @@ from .. import algos
 from ..algos.loss import local_denominator
 from ..batch import Generation, TrainBatch, shard_rows
 from ..deadlines import ActorDied, Hung, hang_report, stack_on_node
+from ..envs import EnvNotAvailable, UserCodeError, make_env
 from ..envs.prompting import split_prompts
 from ..envs.rewards import keep_first_error, reward_metrics
 from ..exit_codes import ExitCode
 from ..plan import Plan, make_plan, parse_duration
+from ..policy.profile import summary_line
 from ..preflight import memory_estimate as memory
+from ..runfiles import append_line, load_spec_file, write_atomic
+from ..spec.errors import ConfigError
 from ..spec.schema import LossSpec, RunSpec
 from ..tracking import metric_names as M
 from ..tracking.gpu_memory import GpuPeak
-from ..tracking.report import write_prompting
+from ..tracking.report import finish_run, user_code_failed, write_prompting
+from .async_loop import AsyncSource
 from .engines import EnginePool
 from .loop_state import LoopState, StopRequest
+from .setup import prepare_model, resume_or_start
 from .sources import RolloutSource, SyncSource, Timer
 from .startup import StartupClock, process_start, quiet_libraries
 from .workers import Workers, create_workers, ray_session
@@ -37,10 +44,6 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
     stop = StopRequest.install(spec.deadlines.stop_grace_s)  # first: Slurm's SIGUSR1 in start-up must not kill it
     clock = StartupClock(t_start or process_start())  # where the time before step 1 went (train/startup.py)
     quiet_libraries()
-    from ..envs import EnvNotAvailable, UserCodeError, make_env
-    from ..tracking.report import finish_run, user_code_failed
-    from .setup import prepare_model, resume_or_start
-
     try:  # env=nemo_gym: envs.LAZY_ENVS imports grpo_launcher/gym on first use
         clock.mark("imports")
         env = make_env(spec)
@@ -144,8 +147,6 @@ def source_class(spec: RunSpec, env: Any) -> type:
     if named is not None:
         return named()
     if spec.grpo.async_grpo.enabled:
-        from .async_loop import AsyncSource
-
         return AsyncSource
     return SyncSource
 
@@ -154,10 +155,6 @@ def publish_rollout_endpoints(spec: RunSpec, plan: Plan, workers: Workers) -> No
     """rollout.expose_http_server: every engine's OpenAI base URL → RUN_DIR/rollout_endpoints.json (and the log)."""
     if not spec.rollout.expose_http_server:
         return
-    import json
-
-    from ..runfiles import write_atomic
-
     urls = workers.get("endpoints", [r.http_url.remote() for r in workers.rollout], workers.rollout)
     write_atomic(plan.run_dir / "rollout_endpoints.json",  # 0600: it holds the servers' API key
                  json.dumps({"model": spec.model.name, "base_urls": urls, "api_key": spec.rollout.http_api_key or None},
@@ -240,8 +237,6 @@ class Trainer:
 
     def profiled_step(self, step: int) -> dict[str, float]:
         """logging.profile_step: this step's phases on every policy worker under torch.profiler."""
-        from ..policy.profile import summary_line
-
         where = self.plan.run_dir / "profile" / f"step_{step}"
         self.w.get("profile", [p.start_profile.remote(str(where)) for p in self.w.policy], self.w.policy)
         metrics = self.step(step)
@@ -368,17 +363,10 @@ def policy_update(w: Workers, spec: RunSpec, plan: Plan, batch: TrainBatch,
 def append_metrics(path: Path, step: int, metrics: dict[str, float]) -> None:
     """One JSON line per step (with or without MLflow): what benchmarks and scripts read. A resumed run first
     drops the lines after its checkpoint's step (train/setup.py trim_metrics): one line per step."""
-    import json
-
-    from ..runfiles import append_line
-
     append_line(path, json.dumps({"step": step, **metrics}))  # whole or not at all: a full disk tears no line
 
 
 def main() -> None:
-    from ..runfiles import load_spec_file
-    from ..spec.errors import ConfigError
-
     try:
         spec = load_spec_file(Path(sys.argv[1]))
     except ConfigError as err:  # spec.yaml edited since the launch: the key and the file named, no traceback

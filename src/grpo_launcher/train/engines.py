@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import ray
 
 from ..deadlines import HEALTH_GROUP, ActorDied, EngineLost, Hung
+from ..envs.prompting import encode_prompts
 from ..spec.schema import RolloutBackend, RunSpec
 from ..tracking import metric_names as M
 
@@ -46,8 +47,6 @@ class EnginePool:
     # ------------------------------------------------------------------ generate
     def calls(self, prompts: list, seed: int) -> list[tuple[list, int]]:
         """(token ids, seed) of the call on engine i, for the first len() engines (those with prompts)."""
-        from ..envs.prompting import encode_prompts
-
         ids = encode_prompts(self.tok, prompts, self.spec.env)  # env.chat_template / system_prompt; same for hf and vllm
         per = -(-len(ids) // len(self.w.rollout))
         return [(ids[i * per:(i + 1) * per], seed + i) for i in range(len(self.w.rollout)) if ids[i * per:(i + 1) * per]]

@@ -32,6 +32,7 @@ from ..gym.servers import GymServers
 from ..plan import Plan
 from ..spec.schema import RunSpec
 from ..tracking import metric_names as M
+from ..tracking.records import train_data_records
 from .engines import EnginePool
 from .loop_state import LoopState, StopRequest
 from .sources import Rollout, Timer, make_batch, sync_rollout
@@ -135,8 +136,6 @@ class GymSource:
         """The log's token_loss_mask is the Gym mask, not "every response token"."""
         if state.data_log is None or not state.data_log.enabled_for(step):
             return
-        from ..tracking.records import train_data_records
-
         def records() -> Iterator[dict]:
             for i, rec in enumerate(train_data_records(step, r.prompts, r.gens, r.rewards, batch, self.spec, self.tok,
                                                        self.plan.group_size)):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import json
+import os
 import signal
 import sys
 import time
@@ -10,10 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from tqdm import tqdm
+
+from ..checkpoint.manager import fault_point, record_spec_changes
 from ..exit_codes import ExitCode
 from ..plan import Plan
+from ..runfiles import write_atomic
 from ..spec.schema import RunSpec
+from ..tracking import TrainDataLog
 from ..tracking import metric_names as M
+from ..tracking.trackers import Trackers, step_logs
 
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
@@ -111,9 +119,7 @@ class LoopState:
         run_id = meta["state"].get("mlflow_run_id")
         print(f"grpo-launcher: resuming from {path.name} (step {meta['step']})", flush=True)
         tracker = _tracker(spec, plan, run_id)
-        from ..checkpoint.manager import record_spec_changes  # keys changed on relaunch: file, message, MLflow
-
-        changes = record_spec_changes(plan.run_dir, meta, spec)
+        changes = record_spec_changes(plan.run_dir, meta, spec)  # keys changed on relaunch: file, message, MLflow
         if tracker is not None and changes:
             tracker.log_spec_changes(int(meta["step"]) + 1, changes)
         if tracker is not None and meta.get("pending_metrics"):
@@ -137,7 +143,7 @@ class LoopState:
         """`versions`: (first, last) policy version per sample (the records' policy_version, policy_version_last)."""
         if self.data_log is None or not self.data_log.enabled_for(step):
             return
-        from ..tracking.records import train_data_records
+        from ..tracking.records import train_data_records  # here: it imports torch (train/setup.py imports us)
 
         self.data_log.write_step(step, train_data_records(step, prompts, gens, rewards, batch, self.spec, tokenizer,
                                                           self.plan.group_size, scored), versions)
@@ -146,8 +152,6 @@ class LoopState:
         """Metrics are durable before the checkpoint is visible: they go into its meta.json (pending), the
         checkpoint is renamed into place, then they are committed to MLflow (a crash in between: replayed
         on resume). MLflow's step axis only ever holds checkpointed steps: no repeats, no gaps."""
-        from ..checkpoint.manager import fault_point
-
         state = {"mlflow_run_id": self.tracker.run_id if self.tracker else None}
         pending = self.tracker.pending() if self.tracker is not None else []
         self.ckpt.save(step, write, state, {k: v for k, v in metrics.items() if isinstance(v, float)},
@@ -162,10 +166,6 @@ class LoopState:
             self.tracker.close("FAILED")
 
     def finish(self, status: str) -> None:
-        import json
-
-        from ..runfiles import write_atomic
-
         summary = {"status": status, "step": self.step, "metrics": self.last,
                    "mlflow_run_id": self.tracker.run_id if self.tracker else None}
         gpu = self.gpu_peak.report() if self.gpu_peak is not None else {}
@@ -186,17 +186,13 @@ def _tracker(spec: RunSpec, plan: Plan, run_id: Optional[str]):
     tracker = _mlflow(spec, plan, run_id)
     if not (spec.logging.tensorboard or spec.logging.wandb):
         return tracker
-    from ..tracking.trackers import Trackers, step_logs
-
     return Trackers(tracker, step_logs(spec, plan.run_dir))
 
 
 def _mlflow(spec: RunSpec, plan: Plan, run_id: Optional[str]):
     if not spec.logging.mlflow:
         return None
-    import os
-
-    from ..tracking import Tracker
+    from ..tracking import Tracker  # here: mlflow's import, for logging.mlflow runs only
 
     parent = os.environ.get("GRPO_PARENT_RUN_ID")  # set by the sweep launcher for child runs
     return Tracker(spec, plan.tracking_uri, plan.run_dir, run_id=run_id, parent_run_id=parent,
@@ -206,8 +202,6 @@ def _mlflow(spec: RunSpec, plan: Plan, run_id: Optional[str]):
 def _data_log(spec: RunSpec, plan: Plan):
     if not spec.logging.train_data_log:
         return None
-    from ..tracking import TrainDataLog
-
     return TrainDataLog(plan.run_dir / "train_data", spec.logging.train_data_log_every)
 
 
@@ -224,8 +218,6 @@ class Progress:
         self.bar = None
         self.total, self.initial, self.t0 = total, initial, time.monotonic()
         if enabled and self.tty:
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, initial=initial, desc="grpo", dynamic_ncols=True)
 
     def update(self, step: int, m: dict[str, float]) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ..checkpoint import CheckpointManager, CheckpointRefused, IncompatibleCheckpoint
+from ..models.tiny import ensure_tiny_model
 from ..plan import Plan
 from ..runfiles import write_atomic
 from ..spec.schema import Resume, RunSpec
@@ -18,8 +21,6 @@ def prepare_model(spec: RunSpec, plan: Plan, env: Any) -> Path:
     """The HF directory the workers load: model.path, or the tiny model built (and cached) here."""
     if spec.model.path:
         return Path(spec.model.path)
-    from ..models.tiny import ensure_tiny_model
-
     cache = Path(spec.output_root).resolve() / ".models"
     cache.mkdir(parents=True, exist_ok=True)
     env_name = getattr(spec.env.name, "value", spec.env.name)  # an enum, or a user class "module:Class"
@@ -29,8 +30,6 @@ def prepare_model(spec: RunSpec, plan: Plan, env: Any) -> Path:
 
 def resume_or_start(spec: RunSpec, plan: Plan) -> LoopState | None:
     """Resume from the latest complete checkpoint (refusing an incompatible one), or start fresh."""
-    from ..checkpoint import CheckpointManager, IncompatibleCheckpoint
-
     ckpt = CheckpointManager(plan.checkpoint_dir, spec)
     if spec.checkpoint.resume == Resume.fresh:
         moved = ckpt.start_fresh()
@@ -38,8 +37,6 @@ def resume_or_start(spec: RunSpec, plan: Plan) -> LoopState | None:
             print(f"grpo-launcher: starting fresh; previous checkpoints moved to {moved}", flush=True)
         set_aside_records(plan.run_dir, moved)
         return LoopState.start(spec, plan, ckpt)
-    from ..checkpoint import CheckpointRefused
-
     try:  # the newest checkpoint that verifies against its manifest (an invalid one is named and moved aside)
         latest = ckpt.resume_point(spec.grpo.max_steps)
     except CheckpointRefused as exc:
@@ -76,8 +73,6 @@ RECORDS = ("metrics.jsonl", "reward_curve.png", "summary.json", "spec_changes.js
 def trim_metrics(path: Path, step: int) -> None:
     """A resume from step k: the lines of steps after k (their work is lost with the crash that stopped them) and a
     torn last line go, atomically, so that metrics.jsonl keeps one line per step."""
-    import json
-
     if not path.exists():
         return
     kept = []

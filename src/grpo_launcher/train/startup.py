@@ -13,14 +13,15 @@ GIL serialises the rest). Figures: benchmarks/results/step_phases.md.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
 
+import psutil  # a Ray dependency
+
 
 def process_start() -> float:
-    import psutil  # a Ray dependency
-
     return psutil.Process().create_time()
 
 
@@ -45,8 +46,6 @@ def quiet_libraries() -> None:
     """Third-party chatter off at its source (set before they are imported): transformers' and the Hub's
     progress/info output, MLflow's INFO lines (e.g. "Creating initial MLflow database tables"), raw colour codes
     in a log file."""
-    import logging
-
     for key, value in {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
                        "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
                        "MLFLOW_LOGGING_LEVEL": "WARNING"}.items():
