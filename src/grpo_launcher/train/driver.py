@@ -18,6 +18,7 @@ from .. import algos
 from ..algos.loss import local_denominator
 from ..batch import Generation, TrainBatch, shard_rows
 from ..deadlines import ActorDied, Hung, hang_report, stack_on_node
+from ..disk_full import report as disk_full_report
 from ..envs import EnvNotAvailable, UserCodeError, make_env
 from ..envs.prompting import split_prompts
 from ..envs.rewards import keep_first_error, reward_metrics
@@ -31,6 +32,7 @@ from ..spec.schema import LossSpec, RunSpec
 from ..tracking import metric_names as M
 from ..tracking.gpu_memory import GpuPeak
 from ..tracking.report import finish_run, user_code_failed, write_prompting
+from ..tracking.repro import record_launch
 from .async_loop import AsyncSource
 from .engines import EnginePool
 from .loop_state import LoopState, StopRequest
@@ -67,8 +69,6 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
                 return ExitCode.CONFIG_ERROR
             state.gpu_peak = gpu_peak  # its figures go into summary.json and the MLflow run at the end
             clock.mark("mlflow" if spec.logging.mlflow else "checkpoints")
-            from ..tracking.repro import record_launch
-
             record_launch(spec, plan, state)  # RUN_DIR/repro/: git commit, uncommitted diff, pip freeze (+ MLflow)
             clock.mark("repro")
             trainer = Trainer(spec, plan, env, workers, state, stop, model_dir, source_class(spec, env))
@@ -91,9 +91,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
                 return stop.exit_code
             return exc.code if isinstance(exc.code, int) else ExitCode.FAILED
         except BaseException as exc:
-            from ..disk_full import report
-
-            full = report(exc, state, plan.run_dir)  # a full disk: one message, the MLflow run ended; no traceback
+            full = disk_full_report(exc, state, plan.run_dir)  # a full disk: one message, the MLflow run ended
             if full is not None:
                 return full
             if state is not None:
