@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The issue-40 measurements on one GPU node, as run there (benchmarks/results/nemotron_gpu.md):
 #   bash benchmarks/gpu_jobs/nemotron.sh install PARTS_DIR     # the GPU kit (scripts/gpu-kit.sh) into /tmp/site
-#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry kernels pack block gate hf1b vllm1b tiny mem
+#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry kernels pack block gate hf1b vllm1b tiny mtiny mega mem
 # Each run step writes the run's metrics summary and nvidia-smi's whole-GPU peak to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests
-GPU=(cluster.gpus_per_node=1 train.precision=bfloat16 cluster.gpu_memory_gib=140.4 logging.mlflow=false)
+GPU=(cluster.gpus_per_node=1 train.precision=bfloat16 "cluster.gpu_memory_gib=${GPU_GIB:-140.4}" logging.mlflow=false)
 TESTS=$(dirname "$(find tests -name test_gpu.py | head -1)")
 
 summary() {  # RUN_DIR: per-step means over steps 2.. of the phases, logprob gap, reward first/last
@@ -50,7 +50,7 @@ step() {
         python3 launch.py model=nemotron_h_1b rollout=$r "${GPU[@]}" dry_run=true > "$OUT/dry_1b_$r.txt" 2>&1
         echo "dry $r: exit $?"; grep -E "Mamba-2 path|peak|per GPU" "$OUT/dry_1b_$r.txt" | head -8
       done ;;
-    kernels) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k nemotron_h 2>&1 | tail -8 ;;
+    kernels) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k "nemotron_h and kernel_path" 2>&1 | tail -8 ;;
     pack) python3 -m pytest -q -s -m gpu "$TESTS/test_nemotron_packing.py" 2>&1 | tail -8 ;;
     block) python3 benchmarks/nemotron_memory.py --batch 32 --seq 16 64 300 2>&1 | tail -12 ;;
     mem) python3 benchmarks/memory_scale.py --out "$OUT/ms" --only "${MEM_ROWS:-1.5b-megatron}" 2>&1 | tail -15 ;;
@@ -63,6 +63,9 @@ step() {
     hf1b) run nh1b-hf model=nemotron_h_1b "${GPU[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
     vllm1b) run nh1b-vllm model=nemotron_h_1b rollout=vllm "${GPU[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
     tiny) run nhtiny-vllm model=nemotron_h_tiny rollout=vllm "${GPU[@]}" grpo.max_steps=150 checkpoint.enabled=false ;;
+    mtiny) run nhtiny-mega model=nemotron_h_tiny train.backend=megatron rollout=vllm "${GPU[@]}" grpo.max_steps=30 \
+             checkpoint.enabled=false ;;
+    mega) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k "nemotron_h and megatron" 2>&1 | tail -30 ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }
