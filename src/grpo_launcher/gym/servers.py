@@ -75,7 +75,7 @@ def free_port(host: str = "127.0.0.1", low: int = 0, high: int = 0) -> int:
     raise GymError(f"no free port in {low}-{high} on {host}")
 
 
-# The head's port is picked before `gym env start` binds it, ~20 s later (Ray starts first): outside the
+# The head's port is picked before `gym env start` binds it, seconds later (Ray starts first): outside the
 # ephemeral range (32768+, where Ray's and everyone's outgoing sockets land), Ray's worker ports (10002-19999)
 # and the servers' range below.
 HEAD_PORTS = (30000, 32700)

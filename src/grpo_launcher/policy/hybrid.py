@@ -67,7 +67,8 @@ class HybridRollout:
     def load_tokenizer(self) -> Any:
         """The run's tokenizer as `AutoTokenizer` loads it. The driver takes its copy from here (through Ray):
         this process imported transformers' auto classes for its model already; in the driver that import alone
-        costs ~300 MiB and 3-6 s of CPU, and unpickling the tokenizer imports only its own class."""
+        would cost memory and seconds of CPU (benchmarks/results/consolidation.md), and unpickling the tokenizer
+        imports only its own class."""
         if self.engine is not None:
             return self.engine.tokenizer
         from transformers import AutoTokenizer  # here: see the docstring
