@@ -24,6 +24,8 @@ ALLOWED = {
     ("gym.env", "train.gym_loop"): "the env names its loop's rollout source (rollout_source), imported only when asked",
     ("gym.probe", "train.setup"): "a diagnostic script (python -m grpo_launcher.gym.probe) builds the model as the "
                                   "driver does",
+    ("rollout.vllm", "preflight.memory_estimate"): "a GPU engine's KV cache is the memory model's budget "
+                                                   "(kv_cache_bytes): one formula predicts and allocates it",
     ("runfiles", "spec.compose"): "load_spec_file reads spec.yaml back through the spec's own composition",
     ("spec.compose", "preflight.validate"): "load_spec validates the spec it composed (imported inside checked_spec: "
                                             "compose is also the job's reader of spec.yaml)",

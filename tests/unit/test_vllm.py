@@ -110,3 +110,30 @@ def test_an_api_key_that_starts_with_a_dash_reaches_the_http_server_intact():
     spec = load_spec(["rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true"])
     key = with_http_api_key(spec).rollout.http_api_key
     assert re.fullmatch(r"[0-9a-f]{64}", key)
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_moe", "qwen2"])
+def test_a_refit_names_the_weights_as_the_checkpoint_files_do(tmp_path, family):
+    """vLLM's load_weights reads a checkpoint's names; the policy's are transformers' in-memory ones, which fuse the
+    MoE experts ([E, ...] under one name). The refit's pairs, renamed, are exactly what save_pretrained writes: the
+    same names, the same tensors (nemotron_h_1b's GPU refit stopped at 'layers.1.mixer.experts.up_proj')."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpo_launcher.rollout.checkpoint_names import CheckpointNames
+    from nemotron_tiny import CONFIG
+
+    small = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=128)
+    configs = {"nemotron_h": CONFIG, "qwen2": small,
+               "qwen3_moe": {**small, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}}
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **configs[family]))
+    model.save_pretrained(tmp_path)
+    on_disk = load_file(str(tmp_path / "model.safetensors"))
+    sent = dict(CheckpointNames(str(tmp_path))(model.state_dict().items()))
+    drop_tied = {k for k in sent if k not in on_disk and "lm_head" in k and model.config.tie_word_embeddings}
+    assert set(sent) - drop_tied == set(on_disk)
+    assert all(torch.equal(sent[k], on_disk[k]) for k in on_disk)
+    if family != "qwen2":
+        assert any(".experts.0." in k for k in sent) and not any(k.endswith("experts.up_proj") for k in sent)

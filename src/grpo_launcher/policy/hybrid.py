@@ -15,6 +15,7 @@ import torch
 
 from ..plan import engine_sleeps, rollout_devices
 from ..rollout import vllm_compat
+from ..rollout.checkpoint_names import CheckpointNames
 from ..rollout.hf import HFEngine
 from ..spec.schema import RolloutBackend, RunSpec
 from .profile import profiled
@@ -26,6 +27,7 @@ class HybridRollout:
     model_dir: str
     device: torch.device
     engine: HFEngine | None = None
+    file_names: CheckpointNames | None = None  # vLLM reads weights by their checkpoint names (rollout/checkpoint_names.py)
 
     def init_engine(self, share_model=None) -> None:
         """Create the engine when rollout=hf on the policy's devices; `share_model`: the policy's own HF model."""
@@ -57,7 +59,9 @@ class HybridRollout:
         lead = getattr(self, "rank", 0) == 0
         if lead:  # a sleeping engine wakes its weights here and its KV cache once they are loaded
             ray.get([e.start_weight_update.remote() for e in engines])
-        vllm_compat.send_weights_ipc(self.weight_items(),
+        if self.file_names is None:
+            self.file_names = CheckpointNames(self.model_dir)
+        vllm_compat.send_weights_ipc(self.file_names(self.weight_items()),
                                      lambda info: ray.get([e.update_weights_ipc.remote(info) for e in engines]),
                                      dtype=getattr(torch, vllm_compat.engine_dtype(self.spec, cuda=True)))
         if lead:

@@ -1,0 +1,40 @@
+"""The names vLLM's `load_weights` reads: a checkpoint file's, not a transformers module's.
+
+transformers 5 fuses in memory what some families' files keep apart: MoE experts stacked `[E, ...]` under one
+name (`model.layers.1.mixer.experts.up_proj` for nemotron_h, `mlp.experts.gate_up_proj` for qwen3_moe) where the
+files hold one tensor per expert (`backbone.layers.1.mixer.experts.0.up_proj.weight`). A policy's weights are
+named the first way (the torch backend's state_dict; megatron's `to_hf`), and vLLM loads the second: a refit
+with in-memory names stops at the first expert (`KeyError: 'layers.1.mixer.experts.up_proj'`, nemotron_h_1b on a
+GPU). `CheckpointNames` turns one into the other with transformers' own conversion mapping (the one
+`save_pretrained` reverts), tensor by tensor, so a refit still streams.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.core_model_loading import revert_weight_conversion
+
+Item = tuple[str, torch.Tensor]
+
+
+class CheckpointNames:
+    """Built once per model dir (a model on the meta device: no memory); call it on (name, tensor) pairs."""
+
+    def __init__(self, model_dir: str):
+        with torch.device("meta"):
+            self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+        self.renamed: dict[str, str] = {}  # in-memory name → file name, where only the name changes
+        for name, t in self.model.state_dict().items():
+            out = revert_weight_conversion(self.model, {name: t})
+            if len(out) == 1 and next(iter(out.values())).shape == t.shape:
+                self.renamed[name] = next(iter(out))
+
+    def __call__(self, items: Iterable[Item]) -> Iterator[Item]:
+        for name, t in items:
+            if name in self.renamed:
+                yield self.renamed[name], t
+            else:  # a fused tensor: split as save_pretrained splits it (views of `t`)
+                yield from revert_weight_conversion(self.model, {name: t}).items()
