@@ -17,7 +17,10 @@ Hooks: ``install()`` before any model is built, ``after_parallel_init()`` after
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import torch
+from torch import Tensor
 
 _installed = False
 
@@ -49,8 +52,11 @@ def _mamba_references() -> None:
     mamba_mixer.ExtendedRMSNorm.forward = _gated_norm_reference
 
 
-def chunk_scan_reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False,
-                         return_final_states=False, initial_states=None, seq_idx=None, **_):
+def chunk_scan_reference(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
+                         D: Optional[Tensor] = None, z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+                         dt_softplus: bool = False, return_final_states: bool = False,
+                         initial_states: Optional[Tensor] = None, seq_idx: Optional[Tensor] = None,
+                         **_: Any) -> Tensor:
     """mamba_chunk_scan_combined's arguments → mamba-ssm's torch reference of it (no states in or out: training and
     logprobs only). The reference wants whole chunks: the sequence is zero-padded at its end (causal: the padding
     changes no earlier output) and the output cut back."""
@@ -68,7 +74,7 @@ def chunk_scan_reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
     return out[:, :L].to(x.dtype)  # the kernel's output dtype (the reference promotes with the fp32 D)
 
 
-def _gated_norm_reference(self, x, z=None):
+def _gated_norm_reference(self: Any, x: Tensor, z: Optional[Tensor] = None) -> Tensor:
     from mamba_ssm.ops.triton.layernorm_gated import rms_norm_ref
 
     return rms_norm_ref(x, self.weight, self.bias, z=z, eps=self.eps, group_size=self.group_size,

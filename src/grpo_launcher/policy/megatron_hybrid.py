@@ -41,8 +41,9 @@ def local_norm_stack(base: type) -> type:
     """The hybrid stack with a torch RMSNorm as its final norm (megatron-core hard-codes TENorm there)."""
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    class LocalNormStack(base):  # type: ignore[misc, valid-type]
-        def __init__(self, config, submodules, *args, post_layer_norm: bool = True, **kwargs):
+    class LocalNormStack(base):
+        def __init__(self, config: Any, submodules: Any, *args: Any, post_layer_norm: bool = True,
+                     **kwargs: Any) -> None:
             super().__init__(config, submodules, *args, post_layer_norm=False, **kwargs)
             self.post_layer_norm = post_layer_norm  # forward applies final_norm when post_process and this
             if self.post_process and post_layer_norm:
@@ -52,7 +53,7 @@ def local_norm_stack(base: type) -> type:
     return LocalNormStack
 
 
-def local_stack_spec(arch: mc.Arch, core_attention: Optional[type] = None):
+def local_stack_spec(arch: mc.Arch, core_attention: Optional[type] = None) -> Any:
     """The hybrid stack's ModuleSpec: Mamba (M), attention (*) and MoE (E) layers from megatron-core's local modules.
     The attention and MoE layers are the local GPT layer's halves (its spec picks the norm and expert classes of the
     installed megatron-core)."""
@@ -65,6 +66,7 @@ def local_stack_spec(arch: mc.Arch, core_attention: Optional[type] = None):
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
+    assert arch.mamba is not None, "a hybrid Arch has its Mamba shape"
     _, stack, submodules, _, _ = hybrid_api()
     gpt = get_gpt_layer_local_spec(num_experts=arch.num_experts or None, moe_grouped_gemm=False,
                                    normalization="RMSNorm").submodules
@@ -113,8 +115,8 @@ def mem_eff_path_available() -> bool:
     return getattr(mamba_mixer, "causal_conv1d_fn", None) is not None
 
 
-def build_hybrid(arch: mc.Arch, config, *, pre_process: bool = True, post_process: bool = True,
-                 core_attention: Optional[type] = None):
+def build_hybrid(arch: mc.Arch, config: Any, *, pre_process: bool = True, post_process: bool = True,
+                 core_attention: Optional[type] = None) -> Any:
     """megatron-core's hybrid model for a NemotronH Arch (no position embedding: NemotronH's attention has none)."""
     model, _, _, spec_key, pattern_key = hybrid_api()
     return model(config=config, vocab_size=arch.vocab_size, max_sequence_length=arch.max_position_embeddings,

@@ -549,9 +549,9 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
             out[name] = w if on_device else w.cpu()
         if self.ep_size > 1:
             experts = {k: v for k, v in out.items() if ".local_experts." in k}
-            parts: list = [None] * self.ep_size
-            dist.all_gather_object(parts, experts, group=ps.get_expert_model_parallel_group())
-            for p in parts:
+            by_rank: list = [None] * self.ep_size
+            dist.all_gather_object(by_rank, experts, group=ps.get_expert_model_parallel_group())
+            for p in by_rank:
                 out.update(p)
         if self.arch.tie_embeddings:
             out.pop("output_layer.weight", None)
@@ -592,8 +592,8 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
             state = {"steps": self.steps, "opt": self.opt.state_dict()}
         torch.save(state, path / f"megatron_optim_rank{self.rank}.pt")
         if self.rank == 0:
-            with open(path / "megatron_layout.json", "w") as f:
-                json.dump({"world": self.world, "tp": self.tp_size, "ep": self.ep_size}, f)
+            with open(path / "megatron_layout.json", "w") as layout:
+                json.dump({"world": self.world, "tp": self.tp_size, "ep": self.ep_size}, layout)
         for f in path.rglob("*"):
             if f.is_file() and (f.name.endswith(f"rank{self.rank}.pt") or self.rank == 0):
                 with open(f, "rb") as fh:

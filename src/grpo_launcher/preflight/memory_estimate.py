@@ -257,6 +257,7 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
     in_flight = min(lay.pp, max(1, math.ceil(rows / t.micro_batch_size))) if lay.pp > 1 else 1
     rep = lay.tp if lay.sp else 1
     # final norm + the output layer's input, and RoPE's cos/sin (fp32, shared by the layers)
+    final: float
     if backend == "torch":
         final = 8 * a.hidden + (2 if autocast else 4) * a.hidden + 2 * 4 * a.head_dim
     else:
@@ -440,8 +441,8 @@ def rollout_estimate(spec: RunSpec, est: Estimate) -> None:
                               f"{per_tok / 1024:.1f} KiB (generate's dynamic cache)")
         it["sampling logits"] = Item("sampling logits", 3 * 4 * seqs * a.vocab, "fp32 logits/probs of one step")
         if a.mamba:  # generate's cache: per sequence and Mamba-2 layer the SSM state [h, p, n] and conv state [cd, K]
-            m = mamba_dims(a)
-            it["Mamba states"] = Item("Mamba states", seqs * a.mamba * (m.d * m.n + m.cd * a.conv) * db,
+            md = mamba_dims(a)
+            it["Mamba states"] = Item("Mamba states", seqs * a.mamba * (md.d * md.n + md.cd * a.conv) * db,
                                       f"{seqs:.0f} seq × {a.mamba} layers × (SSM [h, p, n] + conv [cd, K]) × {db} B")
         est.rollout_gib = gib(sum(i.bytes for i in it.values())) * (1 + ALLOCATOR_SLACK)
         est.context_gib += CUDA_CONTEXT_GIB  # its own process

@@ -123,7 +123,7 @@ def _fixes(spec: RunSpec, est: Estimate) -> list[str]:
                            f"{e.kv['available'] / e.kv['one_seq']:.0f} sequences of {e.kv['max_model_len']})")
     if t.backend == TrainBackend.torch and spec.model.family == "nemotron_h" and mamba_path_of(spec)[0] == "torch":
         e = estimate(spec, mamba="kernels")  # the Mamba-2 layers on mamba-ssm's Triton scan (torch conv1d)
-        if e.peak_gib <= g:
+        if g and e.peak_gib <= g:
             out.append(f"mamba-ssm where the policy runs (scripts/gpu-kit.sh; its Triton chunk scan instead of "
                        f"transformers' pure-torch Mamba-2) → peak {e.peak_gib:.1f} GiB ({100 * e.peak_gib / g:.0f} %)")
     if t.backend == TrainBackend.megatron:

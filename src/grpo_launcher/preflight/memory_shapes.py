@@ -212,6 +212,10 @@ def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay:
     h, q, kv, f = a.hidden, a.q_dim, a.kv_dim, a.ffn
     tp, etp = lay.tp, lay.etp
     rep = tp if lay.sp else 1  # sequence parallelism splits the replicated (norm/residual) part too
+    norm: float
+    attn: float
+    mlp: float
+    moe: float
     if backend == "torch":
         # HF Llama/Qwen2 on fp32 weights: fp32 residual stream; RMSNorm saves its input and the normalised
         # tensor (4h + 4h); under autocast every linear casts its fp32 input to bf16 separately (q/k/v: 3 casts,
@@ -241,9 +245,9 @@ def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay:
     di, gn, mh = a.d_inner, a.groups * a.state, a.mamba_heads
     # Mamba-2 (extrapolated): in_proj output, conv output, the SSD scan's x/B/C/dt and output, the gated
     # RMSNorm (fp32) and out_proj's input.
-    mamba = (norm + (act * (2 * di + 2 * gn + mh) * 2 + act * (di + 2 * gn) + 8 * di + 2 * act * di) / tp
-             if a.mamba else 0.0)
-    return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": mamba}
+    ssm = (norm + (act * (2 * di + 2 * gn + mh) * 2 + act * (di + 2 * gn) + 8 * di + 2 * act * di) / tp
+           if a.mamba else 0.0)
+    return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": ssm}
 
 
 def per_layer_list(a: Arch, per_kind: dict[str, float]) -> list[float]:
