@@ -228,10 +228,11 @@ def test_build_accepts_nemotron_h_on_torch_and_names_what_megatron_lacks(tmp_pat
     gym = torch_gaps.pop("env.name")  # the recipe's env=nemo_gym, and NeMo Gym is not installed (here: GYM_HOME)
     assert "needs NeMo Gym" in gym
     assert torch_gaps == {}  # the recipe's every other setting, packing included (Mamba layers per sequence)
-    mega = _gaps(["+recipe=nanov3", "cluster=slurm", "dry_run=true"])["model.family"]
-    assert "no mapping for model.family=nemotron_h" in mega
+    mega = _gaps(["+recipe=nanov3", "cluster=slurm", "dry_run=true"])
+    assert "model.family" not in mega  # megatron maps nemotron_h (policy/megatron_hybrid.py's local spec)
+    assert "Transformer Engine" in mega["train.tensor_parallel_size"]  # the recipe's TP=2: not without TE
     if find_spec("mamba_ssm") is None:
-        assert "mamba-ssm" in mega and "not installed here" in mega
+        assert "mamba-ssm" in mega["train.backend"] and "does not import here" in mega["train.backend"]
     moe_loss = _gaps([*NANO_TORCH, "train.moe.load_balancing_type=aux_loss", "train.moe.aux_loss_coeff=0.01"])
     assert "without a router balancing loss" in moe_loss["train.moe.aux_loss_coeff"]
 

@@ -133,9 +133,9 @@ def test_a_dry_run_says_what_a_real_launch_would_refuse(tmp_path):
     p = launch("+recipe=nanov3", "cluster=slurm", "dry_run=true", env=no_gym)
     assert p.returncode == 0 and "#SBATCH" in p.stdout, p.stderr[-2000:]
     # + checkpoint_disk_room: the recipe keeps all 100 checkpoints of 59 GiB, more than this machine's disk holds
-    assert "a real launch of this spec would be refused (7 problems)" in p.stdout and "checkpoint_disk_room" in p.stdout
+    assert "a real launch of this spec would be refused (8 problems)" in p.stdout and "checkpoint_disk_room" in p.stdout
     assert "env=nemo_gym needs NeMo Gym" in p.stdout
-    assert "model.family=nemotron_h" in p.stdout and "train.sequence_packing" in p.stdout
+    assert "nemotron_h on the megatron backend" in p.stdout and "train.sequence_packing" in p.stdout
     p = launch("model.path=/no/such/model", "dry_run=true", f"output_root={tmp_path}")
     assert p.returncode == 0 and "would be refused (1 problem)" in p.stdout and "model.path" in p.stdout
     p = launch("dry_run=true", f"output_root={tmp_path}")
