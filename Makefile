@@ -16,6 +16,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -e '.[cpu,megatron,dev]'
 	# PyPI serves CUDA builds of these; beside a CPU torch they break transformers' model imports
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	# mamba-ssm without its CUDA build (an sdist only): megatron's Mamba mixer needs it importable; on CPU both
+	# backends run its torch references (models/nemotron_h.py, policy/megatron_cpu.py)
+	bash scripts/gpu-kit.sh .cache/mamba-whl mamba-only
+	$(PY) -m pip install -q --no-deps .cache/mamba-whl/mamba_ssm-*.whl
 	touch $@
 
 demo: $(VENV)/.installed  ## run the embedded default: tiny model, CPU, local Ray (python launch.py)

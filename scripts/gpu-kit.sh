@@ -10,6 +10,7 @@
 # import of that extension made optional (scripts/gpu_kit.py patch-mamba): its Triton kernels (chunk scan, state
 # update, gated RMSNorm) import and run, selective_scan_fn (Mamba-1) raises. causal-conv1d is not in the kit (a
 # CUDA build on the node; without it transformers' NemotronH runs a torch conv1d, models/nemotron_h.py).
+#   bash scripts/gpu-kit.sh OUT_DIR mamba-only   builds that mamba-ssm wheel alone (the CPU venv's: Makefile).
 #
 # rollout=vllm on such a node (its image: torch 2.11, which vLLM 0.25.0 pins exactly):
 #   VLLM=0.25.0 SPLIT_MIB=56 bash scripts/gpu-kit.sh [OUT_DIR]
@@ -52,8 +53,8 @@ get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-versio
           "${plat[@]}" -d "$@"; }
 mkdir -p "$out"
 rm -f "$out"/*.whl  # a rebuild starts empty: a wheel left from an earlier build (a second ray) would ride along
-mamba_kit() {  # mamba-ssm without its CUDA extension (patched, see the header), einops, Hydra's submitit plugin
-  local tmp py=${BUILD_PYTHON:-$root/.venv/bin/python}
+mamba_wheel() {  # mamba-ssm without its CUDA extension (patched, see the header) into $1
+  local tmp py=${BUILD_PYTHON:-$root/.venv/bin/python} out=$1
   tmp=$(mktemp -d)
   export MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE  # FORCE: no guessed prebuilt wheel from GitHub
   "$py" -m pip download -q --no-deps --no-binary=:all: --no-build-isolation -d "$tmp" \
@@ -66,8 +67,15 @@ mamba_kit() {  # mamba-ssm without its CUDA extension (patched, see the header),
   python3 "$root/scripts/gpu_kit.py" patch-mamba "$(ls -d "$tmp"/mamba_ssm-*/)"
   python3 -m wheel pack "$(ls -d "$tmp"/mamba_ssm-*/)" -d "$out" >/dev/null
   rm -rf "$tmp"
+}
+mamba_kit() {  # mamba-ssm's wheel, einops, Hydra's submitit plugin
+  mamba_wheel "$out"
   get "$out" einops hydra-submitit-launcher==1.2.0 submitit==1.5.4
 }
+if [ "${2:-}" = mamba-only ]; then  # the CPU venv's (Makefile): megatron's Mamba mixer imports it on CPU too
+  mamba_wheel "$out"
+  exit
+fi
 if [ -n "${VLLM:-}" ]; then
   # Ray slimmed (Java, RLlib, Serve, Tune, Data, LLM, dashboard source maps): the kit must fit a few transfers
   bash "$(dirname "$0")/../../shared/tools/offline-wheels.sh" "$out" 60 2>/dev/null \

