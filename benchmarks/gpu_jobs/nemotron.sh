@@ -6,7 +6,12 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests
+# the card's memory as nvidia-smi reports it (H200 140.4 GiB, H100 79.6), unless GPU_GIB says otherwise
+GPU_GIB=${GPU_GIB:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 |
+  awk '{printf "%.1f", $1 / 1024}')}
 GPU=(cluster.gpus_per_node=1 train.precision=bfloat16 "cluster.gpu_memory_gib=${GPU_GIB:-140.4}" logging.mlflow=false)
+# the 1.1B model's supervised warm start: long enough that some samples score, so the update has a learning signal
+WARM=(model.warm_start_steps="${WARM_STEPS:-200}")
 TESTS=$(dirname "$(find tests -name test_gpu.py | head -1)")
 
 summary() {  # RUN_DIR: per-step means over steps 2.. of the phases, logprob gap, reward first/last
@@ -60,8 +65,8 @@ step() {
       python3 launch.py model=nemotron_h_tiny rollout=vllm "${GPU[@]}" dry_run=true > "$OUT/gate.txt" 2>&1
       echo "gate: exit $? (2 expected)"; grep -A3 "config error" "$OUT/gate.txt" | head -6
       mv /tmp/moe.so "$lib" ;;
-    hf1b) run nh1b-hf model=nemotron_h_1b "${GPU[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
-    vllm1b) run nh1b-vllm model=nemotron_h_1b rollout=vllm "${GPU[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
+    hf1b) run nh1b-hf model=nemotron_h_1b "${GPU[@]}" "${WARM[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
+    vllm1b) run nh1b-vllm model=nemotron_h_1b rollout=vllm "${GPU[@]}" "${WARM[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
     tiny) run nhtiny-vllm model=nemotron_h_tiny rollout=vllm "${GPU[@]}" grpo.max_steps=150 checkpoint.enabled=false ;;
     mtiny) run nhtiny-mega model=nemotron_h_tiny train.backend=megatron rollout=vllm "${GPU[@]}" grpo.max_steps=30 \
              checkpoint.enabled=false ;;
