@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The issue-40 measurements on one GPU node, as run there (benchmarks/results/nemotron_gpu.md):
 #   bash benchmarks/gpu_jobs/nemotron.sh install PARTS_DIR     # the GPU kit (scripts/gpu-kit.sh) into /tmp/site
-#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry kernels pack block gate hf1b vllm1b tiny mtiny mega mem
+#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry kernels pack block gate hf1b vllm1b tiny mtiny recipe mrecipe mega mem
 # Each run step writes the run's metrics summary and nvidia-smi's whole-GPU peak to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -12,6 +12,13 @@ GPU_GIB=${GPU_GIB:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,n
 GPU=(cluster.gpus_per_node=1 train.precision=bfloat16 "cluster.gpu_memory_gib=${GPU_GIB:-140.4}" logging.mlflow=false)
 # the 1.1B model's supervised warm start: long enough that some samples score, so the update has a learning signal
 WARM=(model.warm_start_steps="${WARM_STEPS:-200}")
+# the seed's recipe scaled to one GPU: its loss, sampling, async vLLM engine with its HTTP server, sleep mode, MoE
+# settings kept; the layout (TP/PP/CP/EP/SP) to 1, the 49K-token budget to 1K, the toy env (no Gym in the kit)
+RECIPE=(+recipe=nanov3 model=nemotron_h_1b cluster=local cluster.nodes=1 rollout.tensor_parallel_size=1 env=toy
+  train.tensor_parallel_size=1 train.pipeline_parallel_size=1 train.context_parallel_size=1
+  train.expert_parallel_size=1 train.sequence_parallel=false train.max_total_sequence_length=1024
+  rollout.max_model_len=1024 rollout.max_new_tokens=16 env.max_prompt_tokens=64 grpo.num_prompts_per_step=32
+  train.global_batch_size=512 grpo.max_steps=6 checkpoint.enabled=false)
 TESTS=$(dirname "$(find tests -name test_gpu.py | head -1)")
 
 summary() {  # RUN_DIR: per-step means over steps 2.. of the phases, logprob gap, reward first/last
@@ -70,6 +77,8 @@ step() {
     tiny) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k "nemotron_h_learns_with_vllm" 2>&1 | tail -8 ;;
     mtiny) run nhtiny-mega model=nemotron_h_tiny train.backend=megatron rollout=vllm "${GPU[@]}" grpo.max_steps=30 \
              checkpoint.enabled=false ;;
+    recipe) run nanov3-torch "${RECIPE[@]}" "${GPU[@]}" "${WARM[@]}" train.backend=torch ;;
+    mrecipe) run nanov3-mega "${RECIPE[@]}" "${GPU[@]}" "${WARM[@]}" train.backend=megatron train.sequence_packing=false ;;
     mega) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k "nemotron_h and megatron" 2>&1 | tail -30 ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
