@@ -1,5 +1,6 @@
 """Pre-flight stays light: compose → rules → plan → render for the seed's recipe imports neither torch, nor
-transformers, nor Ray (every config error and dry run would pay seconds for them)."""
+transformers, nor Ray (every config error and dry run would pay seconds for them), nor what only a sweep's plugins
+use (optuna, submitit: Hydra imports every plugin module at each start)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 from helpers import ROOT
 
-HEAVY = ("torch", "transformers", "ray", "vllm", "megatron", "mlflow")
+HEAVY = ("torch", "transformers", "ray", "vllm", "megatron", "mlflow", "optuna", "submitit")
 PROBE = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})

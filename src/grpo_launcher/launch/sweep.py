@@ -184,7 +184,7 @@ def end_sweep_parent_run(spec: RunSpec, sweep_dir: Path, ok: bool) -> Optional[s
     marker = sweep_dir / "mlflow_parent_run_id"
     if not spec.logging.mlflow or spec.dry_run or not marker.exists():
         return None
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # MLflow: imported by what talks to it, never by pre-flight
 
     status = "FINISHED" if ok else "FAILED"
     MlflowClient(make_plan(spec).tracking_uri).set_terminated(marker.read_text().strip(), status=status)

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..batch import TrainBatch
+from ..models.nemotron_h import varlen_mamba
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,6 @@ def pack(b: TrainBatch, capacity: int, pad_id: int = 0, mamba: bool = False) -> 
 
 
 def _mamba_segments(pos: Tensor, lengths: list[int], flat: list[Tensor], capacity: int) -> MambaSegments:
-    from ..models.nemotron_h import varlen_mamba
-
     if pos.device.type == "cuda" and varlen_mamba():
         return MambaSegments(sequence_index(pos), ())
     return MambaSegments(None, tuple(_padded([flat[i] for i in g]) for g in mamba_groups(lengths, capacity)))

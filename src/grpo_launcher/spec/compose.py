@@ -8,6 +8,11 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError, Violation
@@ -60,8 +65,6 @@ def _unfreeze(node: DictConfig) -> DictConfig:
 
 
 def register_schema() -> None:
-    from hydra.core.config_store import ConfigStore
-
     ConfigStore.instance().store(name=SCHEMA_NAME, node=_unfreeze(OmegaConf.structured(RunSpec)))
     OmegaConf.register_new_resolver(PER_BACKEND, per_backend, replace=True)
 
@@ -82,9 +85,6 @@ def per_backend(values: Any, *, _root_: DictConfig) -> Any:
 
 def check_override_keys(overrides: list[str], multirun: bool = False) -> list[Violation]:
     """Unparsable overrides and unknown keys, each named, with the nearest valid key suggested."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     parser, known, out = OverridesParser.create(), set(dotted_keys()), []
     for text in overrides:
         try:
@@ -168,9 +168,6 @@ class ConfigSource:
 
 def compose(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[ConfigSource] = None) -> DictConfig:
     """Compose the primary config with the overrides; raise ConfigError naming the key on failure."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     source = source or ConfigSource(conf_dir=conf_dir)
     unknown = check_override_keys(overrides)
     parsable = [o for o in overrides if _override_key(o) not in {v.keys[0] for v in unknown}]
@@ -196,8 +193,6 @@ def compose(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[Co
 
 def value_type_problems(overrides: list[str]) -> list[Violation]:
     """Overrides of schema keys whose value the key's type refuses (grpo.max_steps=abc), each named."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     schema, parser, known, out = _unfreeze(OmegaConf.structured(RunSpec)), OverridesParser.create(), set(dotted_keys()), []
     for text in overrides:
         ov = parser.parse_override(text)
@@ -275,8 +270,7 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
                  launch: bool = False) -> RunSpec:
     """A composed config → the resolved (spec/resolve.py, every fill-in once) and validated RunSpec, or ONE
     ConfigError. `launch`: a launch's pre-flight, which also draws the run's own values (resolve's HTTP key)."""
-    # imported here: resolve and validate pull in the rules and every room's, and compose is also the job's reader
-    # of spec.yaml
+    # here: validate's rules import compose (preflight/values.py), and the job's spec.yaml reader stays light
     from .resolve import resolve
     from ..preflight.validate import validate
 

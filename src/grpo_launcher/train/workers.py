@@ -17,6 +17,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ..envs import EnvFactory, make_env
 from ..envs.rewards import Scored
 from ..plan import Plan
 from ..policy import policy_class
@@ -159,8 +160,6 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
         rollout = [new_engine(e) for e in range(plan.rollout_engines)]
         d = spec.deadlines
         probe = EngineProbe(d.health_period_s, d.health_timeout_s) if probed else None
-    from ..envs import EnvFactory
-
     env = ray.remote(EnvWorker).options(num_cpus=0).remote(spec, EnvFactory(spec))  # the driver's env class
     return Workers(policy=policy, rollout=rollout, env=env, pg=pg, clock=PhaseClock(spec.deadlines, plan.run_dir),
                    new_engine=None if plan.hybrid_rollout else new_engine,
@@ -171,8 +170,6 @@ class EnvWorker:
     """Scores completions for the env named in the spec (runs as its own Ray actor)."""
 
     def __init__(self, spec: RunSpec, factory=None):
-        from ..envs import make_env
-
         self.env = factory() if factory is not None else make_env(spec)  # factory: the class the driver loaded
 
     def score(self, prompts: list, completions: list[str]) -> list[Scored]:

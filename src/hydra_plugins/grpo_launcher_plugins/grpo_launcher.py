@@ -14,6 +14,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from grpo_launcher.launch import execute
+from grpo_launcher.launch.sweep import (check_points, end_sweep_parent_run, named_points, point_problems,
+                                        print_summary, sweep_parent_run)
+
 from .shared_compose import SharedCompose
 
 log = logging.getLogger(__name__)
@@ -50,9 +54,6 @@ class GrpoLauncher(Launcher):
         return cfg, None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from grpo_launcher.launch.sweep import (check_points, end_sweep_parent_run, named_points, print_summary,
-                                                sweep_parent_run)
-
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         job_overrides = named_points(str(self.config.name), job_overrides)
@@ -80,14 +81,10 @@ class GrpoLauncher(Launcher):
     def point_problems(self, cfg: Optional[DictConfig], overrides: Sequence[str],
                        exc: Optional[Exception]) -> Tuple[Optional[Any], List[str]]:
         """(a point's Launch, its problems rendered) after every pre-flight rule; a subclass adds its launcher's."""
-        from grpo_launcher.launch.sweep import point_problems
-
         return point_problems(cfg, overrides, exc)
 
     def _run_points(self, configs: Sequence[Any], checked: Sequence[Tuple[Any, List[str]]],
                     job_overrides: Sequence[Sequence[str]], initial_job_idx: int, runs: list) -> None:
-        from grpo_launcher.launch import execute
-
         for i, (cfg, (launch, problems)) in enumerate(zip(configs, checked)):
             log.info(f"#{initial_job_idx + i}: {' '.join(filter_overrides(job_overrides[i]))}")
             if problems:  # only with the optuna sweeper: a point that breaks a rule is a failed trial

@@ -23,6 +23,8 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (BaseSubmiti
                                                                      SlurmLauncher)
 
 from grpo_launcher.exit_codes import ExitCode
+from grpo_launcher.launch.status import scheduler_job
+from grpo_launcher.spec.errors import Violation
 
 from .grpo_launcher import GrpoLauncher
 
@@ -32,8 +34,6 @@ OURS = ("python launch.py cluster=slurm cluster.nodes=N -m KEY=a,b ... (our swee
 
 def submitit_problems(spec: Any, params: dict) -> List[str]:
     """What hydra-submitit-launcher cannot run: a point's run must fit the one task of the one node it gets."""
-    from grpo_launcher.spec.errors import Violation
-
     out = []
     for key in ("nodes", "tasks_per_node"):
         if params.get(key, 1) != 1:
@@ -51,8 +51,6 @@ def submitit_problems(spec: Any, params: dict) -> List[str]:
 
 def gpu_problems(spec: Any, params: dict) -> List[str]:
     """submitit_slurm: the job must ask Slurm for the GPUs the run takes on its node."""
-    from grpo_launcher.spec.errors import Violation
-
     want, get = (spec.cluster.gpus_per_node if spec is not None else 0), params.get("gpus_per_node") or 0
     if want <= get:
         return []
@@ -85,7 +83,7 @@ class SubmititPoints(GrpoLauncher):
         if all(launch.spec.dry_run for launch, _ in checked):  # the plans printed here; nothing submitted
             super()._run_points(configs, checked, job_overrides, initial_job_idx, runs)
             return
-        from submitit.core.utils import UncompletedJobError
+        from submitit.core.utils import UncompletedJobError  # here: every launch.py start imports the plugins
 
         try:
             runs.extend(self.submitit.launch(job_overrides, initial_job_idx))  # waits for every job, in order
@@ -103,9 +101,7 @@ def scontrol_watcher() -> Any:
     submitit would then wait forever for a job that ended without its result file (scancel, node failure, OOM).
     A job Slurm no longer knows (MinJobAge passed) counts as ended: submitit then reports it as failed.
     (submitit is imported here, not at plugin discovery: every launch.py start scans the plugins.)"""
-    from submitit.slurm.slurm import SlurmInfoWatcher
-
-    from grpo_launcher.launch.status import scheduler_job
+    from submitit.slurm.slurm import SlurmInfoWatcher  # here: every launch.py start imports the plugins (Hydra's scan)
 
     class ScontrolWatcher(SlurmInfoWatcher):
         def update(self) -> None:
@@ -138,7 +134,7 @@ class SubmititSlurm(SubmititPoints):
         return launch, problems + gpu_problems(launch.spec if launch else None, self.submitit.params)
 
     def _run_points(self, *args: Any) -> None:
-        from submitit.slurm.slurm import SlurmJob
+        from submitit.slurm.slurm import SlurmJob  # here: every launch.py start imports the plugins
 
         SlurmJob.watcher = scontrol_watcher()  # submitit's jobs all share this class attribute
         try:
