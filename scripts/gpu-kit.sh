@@ -11,6 +11,9 @@
 # update, gated RMSNorm) import and run, selective_scan_fn (Mamba-1) raises. causal-conv1d is not in the kit (a
 # CUDA build on the node; without it transformers' NemotronH runs a torch conv1d, models/nemotron_h.py).
 #   bash scripts/gpu-kit.sh OUT_DIR mamba-only   builds that mamba-ssm wheel alone (the CPU venv's: Makefile).
+# causal-conv1d (mamba-ssm's fused conv + scan path) is built on the node, for its GPU only:
+#   bash scripts/gpu-kit.sh OUT_DIR conv-sources          here: its sdist and ninja's wheel into OUT_DIR/conv (~0.2 MB)
+#   bash scripts/gpu-kit.sh build-conv OUT_DIR/conv SITE  on the node (nvcc, torch): a wheel, installed into SITE
 #
 # rollout=vllm on such a node (its image: torch 2.11, which vLLM 0.25.0 pins exactly):
 #   VLLM=0.25.0 SPLIT_MIB=56 bash scripts/gpu-kit.sh [OUT_DIR]
@@ -37,6 +40,23 @@ if [ "${1:-}" = install ]; then
   exit 0
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
+if [ "${1:-}" = build-conv ]; then
+  src=$2 site=${3:-/tmp/site} tmp=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --target "$tmp/ninja" "$src"/ninja-*.whl
+  tar -xzf "$src"/causal_conv1d-*.tar.gz -C "$tmp"
+  arch=$(python3 -c "import torch; print('%d%d' % torch.cuda.get_device_capability())")
+  python3 "$root/scripts/gpu_kit.py" one-arch "$(ls "$tmp"/causal_conv1d-*/setup.py)" "$arch"
+  start=$(date +%s)
+  PATH="$tmp/ninja/bin:$PATH" PYTHONPATH="$tmp/ninja${PYTHONPATH:+:$PYTHONPATH}" CAUSAL_CONV1D_FORCE_BUILD=TRUE \
+    MAX_JOBS=${MAX_JOBS:-16} python3 -m pip wheel -q --no-deps --no-build-isolation -w "$tmp/whl" \
+    "$(ls -d "$tmp"/causal_conv1d-*/)" > "$tmp/build.log" 2>&1 \
+    || { echo "causal-conv1d build failed after $(($(date +%s) - start)) s (sm_$arch):"; grep -m5 -iE "error" "$tmp/build.log"
+         tail -5 "$tmp/build.log"; exit 1; }
+  python3 -m pip install -q --no-index --no-deps --target "$site" "$tmp"/whl/causal_conv1d-*.whl
+  echo "causal-conv1d built for sm_$arch in $(($(date +%s) - start)) s, installed into $site"
+  rm -rf "$tmp"
+  exit 0
+fi
 if [ "${1:-}" = check ]; then
   site=${2:-/tmp/site}
   PYTHONPATH="$site:$root/src${PYTHONPATH:+:$PYTHONPATH}" exec python3 "$root/scripts/gpu_kit.py" check
@@ -72,6 +92,14 @@ mamba_kit() {  # mamba-ssm's wheel, einops, Hydra's submitit plugin
   mamba_wheel "$out"
   get "$out" einops hydra-submitit-launcher==1.2.0 submitit==1.5.4
 }
+if [ "${2:-}" = conv-sources ]; then  # causal-conv1d's sdist (no CUDA build here) and ninja, for build-conv
+  mkdir -p "$out/conv"
+  CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE "${BUILD_PYTHON:-$root/.venv/bin/python}" -m pip download -q --no-deps \
+    --no-binary=:all: --no-build-isolation -d "$out/conv" "causal-conv1d==${CAUSAL_CONV1D:-1.6.0}"
+  get "$out/conv" ninja
+  ls -la "$out/conv"
+  exit
+fi
 if [ "${2:-}" = mamba-only ]; then  # the CPU venv's (Makefile): megatron's Mamba mixer imports it on CPU too
   mamba_wheel "$out"
   exit

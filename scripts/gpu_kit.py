@@ -2,6 +2,7 @@
 
   python3 scripts/gpu_kit.py patch-mamba UNPACKED_WHEEL_DIR   (at build time, here)
   python3 scripts/gpu_kit.py check                            (on the node, PYTHONPATH=SITE:src; gpu-kit.sh check)
+  python3 scripts/gpu_kit.py one-arch SETUP_PY ARCH             (on the node: causal-conv1d for its GPU only)
 
 patch-mamba: mamba-ssm built with MAMBA_SKIP_CUDA_BUILD=TRUE has no `selective_scan_cuda` extension, yet
 `mamba_ssm/__init__.py` imports it (through ops/selective_scan_interface.py) unconditionally, so `import mamba_ssm`
@@ -45,6 +46,22 @@ def patch_mamba(wheel_dir: Path) -> None:
     path = wheel_dir / PATCHED_FILE
     path.write_text(optional_extension_import(path.read_text()))
     print(f"patched {path.relative_to(wheel_dir)}: `import selective_scan_cuda` optional")
+
+
+CONV_ANCHOR = "    # HACK: The compiler flag -D_GLIBCXX_USE_CXX11_ABI"
+
+
+def one_arch(source: str, arch: str) -> str:
+    """causal-conv1d's setup.py text compiling for one GPU architecture (e.g. "90"), not its list of eleven: the
+    node builds for the card it has, in a fraction of the time. Refused when the anchor line is not there once."""
+    if not arch.isdigit():
+        raise ValueError(f"arch {arch!r}: digits expected, e.g. 90")
+    if MARK in source:
+        return source
+    if source.count(CONV_ANCHOR) != 1:
+        raise ValueError(f"expected one line {CONV_ANCHOR.strip()!r} in causal-conv1d's setup.py: read it first")
+    line = f'    cc_flag = ["-gencode", "arch=compute_{arch},code=sm_{arch}"]  # {MARK}: this node\'s GPU only\n'
+    return source.replace(CONV_ANCHOR, line + CONV_ANCHOR)
 
 
 def _try(fn) -> tuple[bool, str]:
@@ -139,6 +156,9 @@ def check() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["patch-mamba"] and len(sys.argv) == 3:
         patch_mamba(Path(sys.argv[2]))
+    elif sys.argv[1:2] == ["one-arch"] and len(sys.argv) == 4:
+        setup = Path(sys.argv[2])
+        setup.write_text(one_arch(setup.read_text(), sys.argv[3]))
     elif sys.argv[1:] == ["check"]:
         sys.exit(check())
     else:

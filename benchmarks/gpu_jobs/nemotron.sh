@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The issue-40 measurements on one GPU node, as run there (benchmarks/results/nemotron_gpu.md):
 #   bash benchmarks/gpu_jobs/nemotron.sh install PARTS_DIR     # the GPU kit (scripts/gpu-kit.sh) into /tmp/site
-#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry kernels pack block gate hf1b vllm1b tiny mtiny recipe mrecipe mega mem
+#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry conv kernels pack block gate hf1b vllm1b tiny mtiny recipe mrecipe mega mem
 # Each run step writes the run's metrics summary and nvidia-smi's whole-GPU peak to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -62,6 +62,8 @@ step() {
         python3 launch.py model=nemotron_h_1b rollout=$r "${GPU[@]}" dry_run=true > "$OUT/dry_1b_$r.txt" 2>&1
         echo "dry $r: exit $?"; grep -E "Mamba-2 path|peak|per GPU" "$OUT/dry_1b_$r.txt" | head -8
       done ;;
+    conv)  # causal-conv1d built on the node for its GPU (scripts/gpu-kit.sh conv-sources carried as .gpu-kit/whl/conv)
+      bash scripts/gpu-kit.sh build-conv .gpu-kit/whl/conv /tmp/site && bash scripts/gpu-kit.sh check /tmp/site ;;
     kernels) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k "nemotron_h and kernel_path" 2>&1 | tail -8 ;;
     pack) python3 -m pytest -q -s -m gpu "$TESTS/test_nemotron_packing.py" 2>&1 | tail -8 ;;
     block) python3 benchmarks/nemotron_memory.py --batch 32 --seq 16 64 300 2>&1 | tail -12 ;;

@@ -78,6 +78,21 @@ class TestKitPatch:
         with pytest.raises(ValueError, match="differs from 2.3.x"):
             _kit().optional_extension_import(text)
 
+    def test_causal_conv1d_builds_for_the_nodes_arch_alone(self):
+        """causal-conv1d 1.6.0's setup.py lists eleven -gencode pairs; the node's build keeps the one for its GPU."""
+        kit = _kit()
+        setup = ("cc_flag = []\nif True:\n    cc_flag.append('-gencode')\n    cc_flag.append('arch=compute_75,code=sm_75')\n"
+                 + kit.CONV_ANCHOR + "\n    pass\n")
+        patched = kit.one_arch(setup, "90")
+        namespace: dict = {}
+        exec(patched.replace(kit.CONV_ANCHOR, "    # anchor"), namespace)
+        assert namespace["cc_flag"] == ["-gencode", "arch=compute_90,code=sm_90"]
+        assert kit.one_arch(patched, "90") == patched  # idempotent
+        with pytest.raises(ValueError, match="read it first"):
+            kit.one_arch(setup.replace(kit.CONV_ANCHOR, ""), "90")
+        with pytest.raises(ValueError, match="digits"):
+            kit.one_arch(setup, "90; rm -rf /")
+
     def test_the_plan_recognises_the_kits_build_from_its_files(self, tmp_path, monkeypatch):
         """mamba_packages (pre-flight: files only) counts mamba-ssm without selective_scan_cuda as importable only
         when its interface file carries the kit's patch."""
