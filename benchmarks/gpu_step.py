@@ -4,7 +4,9 @@ Same model shape (1.21B: 24 layers, hidden 2048, 16/4 heads, FFN 5632, vocab 320
 both sides), same batch (8 prompts x 8 generations, prompt 1536 tokens + 512 new, micro-batch 4), same
 precision (fp32 master weights + bf16 compute), random weights (speed only). Ours runs as a user runs it:
 `python launch.py ... cluster.gpus_per_node=1` (Ray, the hybrid HF engine, the policy workers), and its
-per-phase times are read from RUN_DIR/metrics.jsonl. TRL runs the harness in ../shared/peers/trl
+per-phase times are read from RUN_DIR/metrics.jsonl. Its reward is a seeded random draw per completion
+(workload_shapes.varied_reward): with equal rewards in every group (env=math's grader on a random model) a step takes
+no optimizer step (since cf31336) and the update would be its forward alone; TRL steps whatever the rewards. TRL runs the harness in ../shared/peers/trl
 (trl_grpo_gpu.py, carried into the kit with its wheels); `trl-vllm` is TRL with its own vLLM engine colocated
 (benchmarks/trl_vllm.py, TRL's wheels beside the kit's vLLM).
 
@@ -29,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -36,24 +39,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPE = dict(num_layers=24, hidden_size=2048, num_attention_heads=16, num_kv_heads=4, ffn_hidden_size=5632,
-             vocab_size=32000, max_position_embeddings=4096)
-PROMPT, NEW, PROMPTS, GENS, MICRO = 1536, 512, 8, 8, 4
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from workload_shapes import SHAPES, Workload, n_params  # noqa: E402
+
+PROMPT_HEAVY = SHAPES["prompt-heavy"]  # this script's shape: 1.21B, 8 x 8 x (1536 + 512), micro-batch 4
+SHAPE = PROMPT_HEAVY.model
+PROMPT, NEW, PROMPTS, GENS, MICRO = (PROMPT_HEAVY.prompt, PROMPT_HEAVY.new, PROMPT_HEAVY.prompts, PROMPT_HEAVY.gens,
+                                     PROMPT_HEAVY.micro)
+REWARD = f"{ROOT}/benchmarks/workload_shapes.py:varied_reward"  # every group varies: the update runs in full
+STARTUP = re.compile(r"grpo-launcher: start-up ([0-9.]+) s to the end of step 1")
 
 
-def n_params(s: dict = SHAPE) -> int:
-    """Qwen2 shape, untied: embeddings + layers (q/k/v/o with q/k/v biases, SwiGLU, two norms) + final norm."""
-    h, kv = s["hidden_size"], s["hidden_size"] // s["num_attention_heads"] * s["num_kv_heads"]
-    layer = 2 * h * h + 2 * h * kv + h + 2 * kv + 3 * h * s["ffn_hidden_size"] + 2 * h
-    return 2 * s["vocab_size"] * h + s["num_layers"] * layer + h  # 1,213,376,512
-
-
-def write_prompts(path: Path, n: int, seed: int = 0) -> None:
-    """Questions of exactly PROMPT byte-tokens (the tiny model's tokenizer is one token per byte)."""
+def write_prompts(path: Path, n: int, seed: int = 0, prompt: int = PROMPT) -> None:
+    """Questions of exactly `prompt` byte-tokens (the tiny model's tokenizer is one token per byte)."""
     rng = random.Random(seed)
     with open(path, "w") as f:
         for _ in range(n):
-            f.write(json.dumps({"question": "".join(rng.choice("abcdefgh ") for _ in range(PROMPT)),
+            f.write(json.dumps({"question": "".join(rng.choice("abcdefgh ") for _ in range(prompt)),
                                 "answer": "0"}) + "\n")
 
 
@@ -62,28 +64,36 @@ def run_name(backend: str, separate_logprobs: bool, vllm: bool = False) -> str:
 
 
 def ours_overrides(backend: str, steps: int, data: Path, out: Path, separate_logprobs: bool,
-                   profile: bool = False, vllm: bool = False) -> list[str]:
-    gbs = PROMPTS * GENS // (2 if separate_logprobs else 1)  # 2 optimizer steps force the separate pass
+                   profile: bool = False, vllm: bool = False, w: Workload = PROMPT_HEAVY) -> list[str]:
+    """launch.py's arguments for workload w (a GPU run: bf16 autocast over fp32 master weights; w.gpus=0: CPU)."""
+    gbs = w.sequences // (2 if separate_logprobs else 1)  # 2 optimizer steps force the separate pass
     return [
         f"name={run_name(backend, separate_logprobs, vllm)}", f"output_root={out}", "checkpoint.resume=fresh",
         *(["rollout=vllm", "rollout.enforce_eager=false"] if vllm else []),
-        *(f"model.{k}={v}" for k, v in SHAPE.items()), "model.warm_start_steps=0",
-        "env=math", f"env.train_path={data}", f"env.val_path={data}", f"env.max_prompt_tokens={PROMPT}",
-        f"rollout.max_new_tokens={NEW}", f"train.max_total_sequence_length={PROMPT + NEW}",
-        f"grpo.num_prompts_per_step={PROMPTS}", f"grpo.num_generations_per_prompt={GENS}",
-        f"train.global_batch_size={gbs}", f"train.micro_batch_size={MICRO}", f"train.logprob_batch_size={MICRO * 2}",
-        "train.precision=bfloat16", "train.lr=1e-6", f"train.backend={backend}", "cluster.gpus_per_node=1",
+        *([f"rollout.gpu_memory_utilization={w.vllm_memory}"] if vllm and w.vllm_memory is not None else []),
+        *(f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in w.model.items()),
+        "model.warm_start_steps=0",
+        "env=math", f"env.reward_fn={REWARD}", f"env.train_path={data}", f"env.val_path={data}",
+        f"env.max_prompt_tokens={w.prompt}",
+        f"rollout.max_new_tokens={w.new}", f"train.max_total_sequence_length={w.prompt + w.new}",
+        f"grpo.num_prompts_per_step={w.prompts}", f"grpo.num_generations_per_prompt={w.gens}",
+        f"train.global_batch_size={gbs}", f"train.micro_batch_size={w.micro}",
+        f"train.logprob_batch_size={w.micro * 2}", *(["train.precision=bfloat16"] if w.gpus else []),
+        "train.lr=1e-6", f"train.backend={backend}", f"cluster.gpus_per_node={w.gpus}",
         f"grpo.max_steps={steps}", "grpo.val_period=0", "grpo.val_at_end=false", "checkpoint.enabled=false",
         "logging.mlflow=false", *([f"logging.profile_step={steps}"] if profile else []),
     ]
 
 
-def run_ours(name: str, backend: str, args, data: Path, separate: bool, vllm: bool = False) -> dict:
+def run_ours(name: str, backend: str, args, data: Path, separate: bool, vllm: bool = False,
+             w: Workload = PROMPT_HEAVY, env: dict | None = None) -> dict:
+    """`python launch.py ...` for workload w, its per-phase medians over steps skip+1..steps from metrics.jsonl,
+    and its start-up line (process start -> end of step 1)."""
     steps = args.steps + (1 if args.profile else 0)  # the profiled step comes last, outside the medians
     cmd = [sys.executable, str(ROOT / "launch.py"),
-           *ours_overrides(backend, steps, data, args.out, separate, profile=args.profile, vllm=vllm)]
+           *ours_overrides(backend, steps, data, args.out, separate, profile=args.profile, vllm=vllm, w=w)]
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, env=env)
     wall = time.time() - t0
     (args.out / f"{name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -94,14 +104,15 @@ def run_ours(name: str, backend: str, args, data: Path, separate: bool, vllm: bo
     steady = [rows[s] for s in sorted(rows) if args.skip < s <= args.steps]
     med = lambda k: statistics.median(r.get(k, 0.0) for r in steady)  # noqa: E731
     gen_len = med("train/gen_len_mean")
-    tokens = PROMPTS * GENS * (PROMPT + gen_len)
+    tokens = w.sequences * (w.prompt + gen_len)
     phases = {p: med(f"time/{p}_s") for p in ("rollout", "logprobs", "update", "refit", "step")}
     return {"name": name, "wall_s": wall, "gen_len": gen_len, "phases": phases,
             "update_tok_s": tokens / phases["update"],
             "logprob_tok_s": tokens / phases["logprobs"] if phases["logprobs"] else None,
-            "gen_tok_s": PROMPTS * GENS * gen_len / phases["rollout"],
+            "gen_tok_s": w.sequences * gen_len / phases["rollout"],
             "lp_absdiff": med("train/gen_vs_policy_logprob_absdiff"),
-            "first_step_s": rows[min(rows)]["time/step_s"], "profile": read_profile(run_dir, steps, args.profile)}
+            "first_step_s": rows[min(rows)]["time/step_s"], "profile": read_profile(run_dir, steps, args.profile),
+            "startup_s": float(m[1]) if (m := STARTUP.search(proc.stdout + proc.stderr)) else None}
 
 
 def read_profile(run_dir: Path, step: int, on: bool) -> dict:
@@ -116,15 +127,16 @@ def run_trl(args) -> dict:
     return peer_row("trl", cmd, out, os.environ)
 
 
-def run_trl_vllm(args) -> dict:
-    """TRL with its colocated vLLM engine (benchmarks/trl_vllm.py), TRL's wheels installed beside the kit's vLLM."""
+def run_trl_vllm(args, w: Workload = PROMPT_HEAVY) -> dict:
+    """TRL with its colocated vLLM engine (benchmarks/trl_vllm.py --shape w.name), TRL's wheels installed beside
+    the kit's vLLM."""
     site = Path("/tmp/site-trl")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
                     *map(str, sorted(args.trl_wheels.glob("*.whl")))], check=False)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
     out = args.out / "trl-vllm"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "trl_vllm.py"), "--steps", str(args.steps),
-           "--skip", str(args.skip), "--out", str(out)]
+           "--skip", str(args.skip), "--out", str(out), "--shape", w.name]
     return peer_row("trl-vllm", cmd, out, env)
 
 
@@ -282,18 +294,20 @@ def worker_markdown(rows: list[dict], peak: float) -> str:
         "x real tokens / s / peak; medians of 2 after a warm-up.\n"
 
 
-def matmul_peak() -> float:
+def matmul_peak(device: str = "cuda", size: int = 8192) -> float:
+    """TFLOP/s of a size^3 matmul: bf16 on a GPU; on device="cpu" (a smoke run) fp32."""
     import torch
 
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(size, size, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(3):
         x @ x
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(10):
         x @ x
-    torch.cuda.synchronize()
-    return 2 * 8192 ** 3 * 10 / (time.perf_counter() - t0) / 1e12
+    sync()
+    return 2 * size ** 3 * 10 / (time.perf_counter() - t0) / 1e12
 
 
 def main() -> int:
@@ -347,7 +361,7 @@ def markdown(results: list[dict], peak: float) -> str:
     ours / peer (the peer's time over ours: > 1 means we are faster)."""
     ours = [r for r in results if r["name"] not in PEERS and "error" not in r]
     peers = [(r["name"], r["summary"]) for r in results if r["name"] in PEERS and r.get("summary")]
-    mfu = lambda tok_s: 100 * 6 * n_params() * tok_s / (peak * 1e12)  # noqa: E731
+    mfu = lambda tok_s: 100 * 6 * n_params(SHAPE) * tok_s / (peak * 1e12)  # noqa: E731
     head = "| | " + " | ".join([r["name"] for r in ours] + [name for name, _ in peers] + [
         f"{r['name']} / {name}" for name, _ in peers for r in ours]) + " |"
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -376,8 +390,8 @@ def markdown(results: list[dict], peak: float) -> str:
         lambda t: f"{t['time_to_first_step_s']:.1f} s" if t.get("time_to_first_step_s") is not None else "")
     failed = [f"{r['name']}: {r['error']}" for r in results if "error" in r]
     return "\n".join(rows) + f"\n\nbf16 matmul peak {peak:.0f} TFLOP/s; MFU = 6 N tokens / s / peak " \
-        f"(N = {n_params():,}; a forward-only pass counts 2 N, hence / 3). trl-vllm's update is the step less its " \
-        "generate and weight push (benchmarks/trl_vllm.py).\n" + "".join(f"\nfailed: {f}" for f in failed)
+        f"(N = {n_params(SHAPE):,}; a forward-only pass counts 2 N, hence / 3). trl-vllm's update is the step less " \
+        "its generate and weight push (benchmarks/trl_vllm.py).\n" + "".join(f"\nfailed: {f}" for f in failed)
 
 if __name__ == "__main__":
     sys.exit(main())

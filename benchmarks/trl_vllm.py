@@ -1,15 +1,20 @@
 """TRL GRPOTrainer with its own vLLM engine colocated on the GPU (`use_vllm=True, vllm_mode="colocate"`): the
-`trl-vllm` row of benchmarks/gpu_step.py, the same work as its other rows.
+`trl-vllm` row of benchmarks/gpu_step.py and benchmarks/workloads.py, the same work as their other rows.
 
-The same random 1.21B Qwen2 shape (gpu_step.SHAPE, our byte tokenizer), 8 prompts x G=8 of 1536 prompt tokens plus
-exactly 512 new ones (vLLM's `min_tokens`), micro-batch 4 x 16 accumulation, fp32 master weights + bf16 autocast,
-no gradient checkpointing, TRL's other defaults (its importance-sampling correction, beta 0). The reward is 0: this
-measures speed only.
+`--shape NAME` (benchmarks/workload_shapes.py SHAPES; default prompt-heavy, gpu_step's work): the same random Qwen2
+shape as ours (our byte tokenizer), prompts x G sequences of the shape's prompt tokens plus exactly its new ones
+(vLLM's `min_tokens`), its micro-batch x (sequences / micro-batch) accumulation, fp32 master weights + bf16
+autocast, no gradient checkpointing, TRL's other defaults (its vLLM at gpu_memory_utilization 0.3, its
+importance-sampling correction, beta 0). The reward is 0: this measures speed only. prompt-heavy: the 1.21B shape,
+8 prompts x G=8 of 1536 prompt tokens + 512 new, micro-batch 4 x 16 accumulation.
 
 Phases, CUDA-synchronised: `rollout` = TRL's vLLM generate call; `refit` = its weight push into vLLM; `update` =
 the rest of the optimizer step (TRL's old-logprob forward, the micro-batches' forward + backward, the optimizer).
 
     PYTHONPATH=/tmp/site:src python benchmarks/trl_vllm.py --steps 4 --skip 1 --out /tmp/trl-vllm   # on the GPU
+    ... benchmarks/trl_vllm.py --shape decode-heavy ...
+
+summary.json's `process_start_to_step1_s`: this process's start (psutil, as our start-up line) to the end of step 1.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TOKE
                    ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
     os.environ.setdefault(key, value)
 
-from gpu_step import GENS, MICRO, NEW, PROMPT, PROMPTS, SHAPE, matmul_peak, n_params  # noqa: E402
+from gpu_step import matmul_peak  # noqa: E402
+from workload_shapes import SHAPES, Workload, n_params  # noqa: E402
 
-TINY = dict(SHAPE, num_layers=2, hidden_size=128, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=256,
-            vocab_size=1024, max_position_embeddings=256)
+TINY = dict(SHAPES["prompt-heavy"].model, num_layers=2, hidden_size=128, num_attention_heads=4, num_kv_heads=2,
+            ffn_hidden_size=256, vocab_size=1024, max_position_embeddings=256)
 
 
 def save_model(out: Path, shape: dict) -> Path:
@@ -48,7 +54,8 @@ def save_model(out: Path, shape: dict) -> Path:
     cfg = Qwen2Config(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
                       intermediate_size=shape["ffn_hidden_size"], num_hidden_layers=shape["num_layers"],
                       num_attention_heads=shape["num_attention_heads"], num_key_value_heads=shape["num_kv_heads"],
-                      max_position_embeddings=shape["max_position_embeddings"], tie_word_embeddings=False,
+                      max_position_embeddings=shape["max_position_embeddings"],
+                      tie_word_embeddings=shape.get("tie_word_embeddings", False),
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
@@ -79,7 +86,7 @@ def timed(fn, log: list[float]):
     return run
 
 
-def make_trainer(model_dir: Path, args, steps: list[tuple[float, float]]):
+def make_trainer(model_dir: Path, args, w: Workload, steps: list[tuple[float, float]]):
     import datasets
     import pyarrow
     import torch
@@ -94,14 +101,17 @@ def make_trainer(model_dir: Path, args, steps: list[tuple[float, float]]):
         def on_step_end(self, *_, **__):
             sync()
             steps.append((self.t, time.perf_counter()))
+            if len(steps) == 1:
+                args.step1_end_wall = time.time()
 
     letters = "abcdefgh "  # the byte tokenizer: one token per character, so PROMPT characters = PROMPT tokens
-    rows = [{"prompt": "".join(letters[(i * 7 + j * 3) % 9] for j in range(args.prompt))} for i in range(64)]
+    rows = [{"prompt": "".join(letters[(i * 7 + j * 3) % 9] for j in range(args.prompt))}
+            for i in range(max(64, w.prompts * args.steps))]
     # a fixed fingerprint: datasets' own hashing of the table has failed on the H200 image's pyarrow
     table = datasets.Dataset(pyarrow.Table.from_pylist(rows), fingerprint="trl-vllm-bench")
     config = GRPOConfig(
-        output_dir=str(args.out / "trainer"), max_steps=args.steps, per_device_train_batch_size=MICRO,
-        gradient_accumulation_steps=PROMPTS * GENS // MICRO, num_generations=GENS, max_completion_length=args.new,
+        output_dir=str(args.out / "trainer"), max_steps=args.steps, per_device_train_batch_size=w.micro,
+        gradient_accumulation_steps=w.sequences // w.micro, num_generations=w.gens, max_completion_length=args.new,
         learning_rate=1e-6, lr_scheduler_type="constant", logging_steps=1, report_to="none", save_strategy="no",
         bf16=args.tiny is False, use_cpu=args.tiny, gradient_checkpointing=False, model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True,
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_memory,
@@ -116,16 +126,18 @@ def main() -> int:
     ap.add_argument("--skip", type=int, default=1, help="warm-up steps left out of the medians")
     ap.add_argument("--vllm-memory", type=float, default=0.3, help="vllm_gpu_memory_utilization (TRL's default)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/trl-vllm"))
+    ap.add_argument("--shape", default="prompt-heavy", choices=sorted(SHAPES), help="the work (workload_shapes.py)")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model, short sequences, CPU: a smoke test of this script")
     args = ap.parse_args()
-    shape, args.prompt, args.new = (TINY, 64, 16) if args.tiny else (SHAPE, PROMPT, NEW)
+    w = SHAPES[args.shape]
+    shape, args.prompt, args.new = (TINY, 64, 16) if args.tiny else (w.model, w.prompt, w.new)
     args.out.mkdir(parents=True, exist_ok=True)
     import trl
     import vllm
 
     peak = 1.0 if args.tiny else matmul_peak()
     steps: list[tuple[float, float]] = []
-    trainer = make_trainer(save_model(args.out / "model", shape), args, steps)
+    trainer = make_trainer(save_model(args.out / "model", shape), args, w, steps)
     gen, sync = trainer.vllm_generation, {"rollout": [], "refit": []}
     gen.generate = timed(gen.generate, sync["rollout"])
     gen.sync_weights = timed(gen.sync_weights, sync["refit"])
@@ -135,16 +147,25 @@ def main() -> int:
     rollout, refit = ([at(sync[k], i) for i in range(len(steps))] for k in ("rollout", "refit"))
     update = [s - rollout[i] - refit[i] for i, s in enumerate(step_s)]
     med = lambda xs: statistics.median(xs[args.skip:] or xs)  # noqa: E731
-    tokens = PROMPTS * GENS * (args.prompt + args.new)
+    tokens = w.sequences * (args.prompt + args.new)
     summary = {"versions": {"trl": trl.__version__, "vllm": vllm.__version__}, "steps_s": step_s,
                "rollout_s": sync["rollout"], "refit_s": sync["refit"], "median_step_s": med(step_s),
                "median_rollout_s": med(rollout), "median_refit_s": med(refit),
                "median_update_s": med(update), "update_tokens_per_s": tokens / med(update),
                "update_mfu_6nd": 6 * n_params(shape) * tokens / med(update) / (peak * 1e12),
-               "time_to_first_step_s": steps[0][1] - T0 if steps else None, "peak_tflops": peak}
+               "time_to_first_step_s": steps[0][1] - T0 if steps else None, "peak_tflops": peak,
+               "process_start_to_step1_s": step1_from_process_start(args), "shape": w.name}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print("SUMMARY", json.dumps(summary), flush=True)
     return 0
+
+
+def step1_from_process_start(args) -> float | None:
+    """This process's start (as psutil tells it, like our start-up line) to the end of TRL's step 1."""
+    import psutil
+
+    end = getattr(args, "step1_end_wall", None)
+    return end - psutil.Process().create_time() if end is not None else None
 
 
 if __name__ == "__main__":
