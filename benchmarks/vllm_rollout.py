@@ -89,7 +89,7 @@ def main() -> None:
     from vllm import LLM
     from vllm.inputs import TokensPrompt
 
-    from grpo_launcher.rollout.vllm import EXTENSION, _to_bytes, sampling_params
+    from grpo_launcher.rollout.vllm import EXTENSION, _to_bytes, kv_cache_bytes, sampling_params
 
     me = psutil.Process()
     bare, startup, rss = {}, {}, {}
@@ -98,7 +98,7 @@ def main() -> None:
         before = {p.pid for p in me.children(recursive=True)}
         rss0, t0 = me.memory_info().rss, time.perf_counter()
         bare[name] = LLM(model=model_dir, dtype="float32", max_model_len=8 + T, seed=0, enforce_eager=True,
-                         kv_cache_memory_bytes=spec.rollout.kv_cache_memory_mb * 2**20, skip_tokenizer_init=True,
+                         kv_cache_memory_bytes=kv_cache_bytes(spec, None), skip_tokenizer_init=True,
                          logprobs_mode="processed_logprobs", disable_log_stats=True,
                          worker_extension_cls=EXTENSION)  # bare-mp can only take weights as bytes
         startup[name] = f"{time.perf_counter() - t0:.1f} s (LLM() only)"

@@ -30,7 +30,7 @@ from helpers import ROOT, share_models, tiny_model
 BASE = ["rollout=vllm", "env.max_prompt_tokens=200", "train.max_total_sequence_length=256"]
 SPEC_A = [*BASE, "rollout.max_new_tokens=16"]
 SPEC_B = [*BASE, "rollout.max_new_tokens=3", "rollout.temperature=0.7", "rollout.async_engine=true",
-          "rollout.expose_http_server=true"]
+          "rollout.expose_http_server=true", "rollout.kv_cache_memory_mb=32"]
 LOGPROB_TOL = 1e-4  # float32; measured max |Δ| ≈ 1e-6 (benchmarks/results/vllm_rollout.md)
 SHORT = ["1234>", "9876>", "5550>", "3141>"]
 LONG = "".join(str((7 * i * i + 3 * i) % 10) for i in range(190)) + ">"  # 191 tokens: > one 128-token KV block
@@ -217,10 +217,11 @@ class TestEngines:
 
     def test_engines_hold_the_kv_cache_they_were_given(self, engines):
         """vLLM never sizes the cache itself (rollout/vllm.py kv_cache_bytes): both engine kinds allocate what they
-        were given, rollout.kv_cache_memory_mb on CPU (64 MiB: 512 blocks of 2 layers × 64 KiB, none left over)."""
+        were given: A the CPU default (kv_cache_memory_mb=null: 64 MiB, 512 blocks of 2 layers × 64 KiB, none left
+        over), B the user's rollout.kv_cache_memory_mb=32."""
         ray, a, b = engines
-        for size in ray.get([a.kv_cache_bytes.remote(), b.kv_cache_bytes.remote()], timeout=120):
-            assert size == {"asked": 64 * 2**20, "allocated": 64 * 2**20}
+        sizes = ray.get([a.kv_cache_bytes.remote(), b.kv_cache_bytes.remote()], timeout=120)
+        assert sizes == [{"asked": mb * 2**20, "allocated": mb * 2**20} for mb in (64, 32)]
 
     def test_shutdown_stops_the_engine_processes(self, engines):
         ray, _, b = engines

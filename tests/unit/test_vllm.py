@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from grpo_launcher.preflight import memory_report
 from grpo_launcher.preflight.memory_estimate import VLLM_ACTIVATION_GIB, estimate
 from grpo_launcher.rollout.vllm import kv_cache_bytes
 from grpo_launcher.spec.compose import load_spec
@@ -77,10 +78,56 @@ def test_the_engine_is_given_the_kv_cache_of_the_budget_pre_flight_counts():
     assert kv_cache_bytes(s, 140.4, "float32") == int(estimate(s).kv["available"])  # the dry run's "KV cache"
     unset = replace(s, cluster=replace(s.cluster, gpu_memory_gib=None))
     assert kv_cache_bytes(unset, 80.0, "bfloat16") == kv_cache_bytes(s, 80.0, "bfloat16")  # the device's total
-    assert kv_cache_bytes(s, None) == kv_cache_bytes(cpu, None) == 64 * 2**20  # CPU: rollout.kv_cache_memory_mb
+    assert kv_cache_bytes(s, None) == kv_cache_bytes(cpu, None) == 64 * 2**20  # CPU: kv_cache_memory_mb=null → 64
     small = replace(s, rollout=replace(s.rollout, gpu_memory_utilization=0.01))
     with pytest.raises(ValueError, match=r"gpu_memory_utilization=0.01 of 140.4 GiB leaves -"):
         kv_cache_bytes(small, 140.4, "bfloat16")
+
+
+def _kv(s, mb):
+    return replace(s, rollout=replace(s.rollout, kv_cache_memory_mb=mb))
+
+
+def test_a_user_kv_cache_size_is_the_engines_on_gpu_and_cpu_and_what_pre_flight_counts():
+    """rollout.kv_cache_memory_mb=null is derived (the GPU budget's rest, 64 MiB on CPU); a value the user sets is
+    the engine's on both (before: a GPU engine got the budget's rest whatever the key said, since the schema's 64
+    could not be told from a user's), and the memory model, the dry run's table and pre-flight count that value."""
+    cpu = load_spec(["rollout=vllm", "model.num_layers=4", "rollout.kv_cache_memory_mb=32"])
+    assert kv_cache_bytes(cpu, None) == 32 * 2**20
+    assert memory_report.report(cpu).endswith("vLLM KV cache 32 MiB per engine (rollout.kv_cache_memory_mb=32)")
+    gpu = _kv(replace(cpu, cluster=replace(cpu.cluster, gpus_per_node=1, gpu_memory_gib=140.4)), 512)
+    derived = _kv(gpu, None)
+    assert kv_cache_bytes(gpu, 140.4, "bfloat16") == 512 * 2**20 != kv_cache_bytes(derived, 140.4, "bfloat16")
+    e = estimate(gpu)
+    assert e.kv["available"] == e.rollout["KV cache"].bytes == 512 * 2**20
+    engine = e.rollout["engine weights"].bytes + e.rollout["engine activations"].bytes + 512 * 2**20
+    assert e.rollout_gib == pytest.approx(engine / GIB) and estimate(derived).rollout_gib == pytest.approx(0.5 * 140.4)
+    assert e.peak_gib < estimate(derived).peak_gib
+    assert "rollout.kv_cache_memory_mb=512" in memory_report.report(gpu)
+    assert memory_report.violations(gpu) == []
+
+
+def test_pre_flight_refuses_a_user_kv_cache_size_that_does_not_fit_naming_the_key():
+    """A GPU size below one max_model_len sequence (vLLM would refuse to start) or past the GPU (the peak), a CPU
+    size below one sequence, and 0 are config errors naming rollout.kv_cache_memory_mb; the peak's fix is a size
+    that fits."""
+    cpu = load_spec(["rollout=vllm", "model.num_layers=4", "rollout.max_model_len=1024"])  # 2 KiB/token: 2 MiB
+    gpu = replace(cpu, cluster=replace(cpu.cluster, gpus_per_node=1, gpu_memory_gib=140.4))
+    (small,) = memory_report.violations(_kv(gpu, 1))
+    assert small.keys[0] == "rollout.kv_cache_memory_mb" and "less than one 1024-token sequence" in small.message
+    assert small.fix.startswith("set rollout.kv_cache_memory_mb ≥ 2")
+    (big,) = memory_report.violations(_kv(gpu, 200_000))
+    assert "rollout.kv_cache_memory_mb" in big.keys and "rollout.gpu_memory_utilization" not in big.keys
+    fix = re.search(r"rollout\.kv_cache_memory_mb=(\d+) → peak ([\d.]+) GiB", big.fix)
+    assert fix and float(fix[2]) <= 140.4
+    assert memory_report.violations(_kv(gpu, int(fix[1]))) == []
+    assert memory_report.violations(_kv(gpu, None)) == []  # derived: the budget's rest
+    for mb, says in (("0", "must be ≥ 1 MiB or null"), ("1", "more than rollout.kv_cache_memory_mb=1")):
+        with pytest.raises(ConfigError) as info:
+            load_spec(["rollout=vllm", "model.num_layers=4", "rollout.max_model_len=1024",
+                       f"rollout.kv_cache_memory_mb={mb}"])
+        (v,) = [v for v in info.value.violations if v.rule == "vllm_engine_memory_and_length"]
+        assert v.keys[0] == "rollout.kv_cache_memory_mb" and says in v.message
 
 
 def test_cuda_ipc_handles_cross_the_async_engines_msgpack_channel_as_plain_values():

@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar, overload
 
 from ..exit_codes import ExitCode
-from ..spec.schema import ClusterKind
+from ..spec.schema import ClusterKind, RolloutBackend
 from .local import run_local, run_workers
 from .rundir import live_holder, read_lock
 from .slurm import submit_slurm
@@ -55,7 +55,8 @@ def execute(launch: Launch, work: Optional[Callable[[Trainer], T]] = None) -> in
     if mamba_line(spec):  # nemotron_h on the torch backend: which Mamba-2 kernels its workers will run
         print(mamba_line(spec), flush=True)
     print(disk_report(spec), flush=True)  # one checkpoint's bytes, the peak on disk, the room (preflight/disk.py)
-    if plan.use_gpus:  # the memory pre-flight's budget per GPU and per node
+    if plan.use_gpus or spec.rollout.backend == RolloutBackend.vllm:  # the memory pre-flight's budget per GPU and
+        # per node (on CPU: the vLLM engines' KV cache)
         from ..preflight.memory_report import report  # imported here: see TYPE_CHECKING above
 
         print(report(spec), flush=True)

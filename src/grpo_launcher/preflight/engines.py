@@ -9,6 +9,7 @@ from ..plan import engine_max_model_len
 from ..spec.errors import Violation
 from ..spec.model_dir import model_facts
 from ..spec.schema import RolloutBackend, RunSpec
+from .memory_estimate import CPU_KV_CACHE_MB
 from .registry import V, rule
 
 
@@ -56,20 +57,22 @@ def vllm_engine_memory_and_length(s: RunSpec) -> Iterator[Violation]:
         yield V("vllm_engine_memory_and_length", ("rollout.max_model_len", "model.max_position_embeddings"),
                 f"the engine's max_model_len {mml} exceeds the model's {m.max_position_embeddings} positions",
                 f"lower rollout.max_model_len (or the prompt/generation budget) to ≤ {m.max_position_embeddings}")
-    if s.cluster.gpus_per_node == 0:  # CPU engines: the KV cache is sized in MiB, never from free RAM
-        # K and V of every layer: num_key_value_heads × head_dim (config.json's head_dim when set), as preflight/memory_shapes.py
+    if r.kv_cache_memory_mb is not None and r.kv_cache_memory_mb < 1:
+        yield V("vllm_engine_memory_and_length", "rollout.kv_cache_memory_mb",
+                f"must be ≥ 1 MiB or null, got {r.kv_cache_memory_mb}",
+                "set rollout.kv_cache_memory_mb=null (derived: the GPU budget's rest, 64 MiB on CPU) or a size")
+    elif s.cluster.gpus_per_node == 0:  # CPU engines: the KV cache is sized in MiB, never from free RAM (a GPU's
+        # KV size against its budget: gpu_memory_fits). K and V of every layer: num_key_value_heads × head_dim
+        # (config.json's head_dim when set), as preflight/memory_shapes.py
         per_token = 2 * m.num_layers * model_facts(m).kv_dim * (4 if m.dtype.value == "float32" else 2)
         tokens = -(-mml // 128) * 128  # vLLM's CPU KV blocks hold 128 tokens
         need_mb = per_token * tokens / 2**20
-        if r.kv_cache_memory_mb < 1:
-            yield V("vllm_engine_memory_and_length", "rollout.kv_cache_memory_mb",
-                    f"must be ≥ 1 MiB, got {r.kv_cache_memory_mb}: an unset KV size lets vLLM take ~92 % of RAM",
-                    "set rollout.kv_cache_memory_mb (64 fits the tiny model many times over)")
-        elif need_mb > r.kv_cache_memory_mb:
+        mb = CPU_KV_CACHE_MB if r.kv_cache_memory_mb is None else r.kv_cache_memory_mb
+        given = f"rollout.kv_cache_memory_mb={mb}" + (" (null: the CPU default)" if r.kv_cache_memory_mb is None else "")
+        if need_mb > mb:
             yield V("vllm_engine_memory_and_length", ("rollout.kv_cache_memory_mb", "rollout.max_model_len"),
                     f"one {mml}-token sequence needs {per_token} B/token × {tokens} (128-token blocks) = "
-                    f"{need_mb:.0f} MiB of KV cache, "
-                    f"more than rollout.kv_cache_memory_mb={r.kv_cache_memory_mb}",
+                    f"{need_mb:.0f} MiB of KV cache, more than {given}",
                     f"set rollout.kv_cache_memory_mb ≥ {int(need_mb) + 1}")
 
 

@@ -41,7 +41,8 @@ k = 2a, c = 2a + 6; a = compute dtype bytes).
 Rollout engines (vLLM, Kwon et al. 2023, arXiv:2309.06180; vLLM docs, `gpu_memory_utilization`: the
 fraction of the GPU's *total* memory this engine instance may use, weights + activations + KV cache): the
 engine claims `rollout.gpu_memory_utilization × gpu_memory_gib` per GPU; weights are split over the engine's
-TP; the KV cache gets the rest. KV bytes per token = 2 (K and V) × attention layers × KV heads per rank
+TP; the KV cache gets the rest, or `rollout.kv_cache_memory_mb` where the user set it (the engine then holds
+weights + activations + that, whatever the fraction; vLLM still checks the fraction is free at start). KV bytes per token = 2 (K and V) × attention layers × KV heads per rank
 (≥ 1: vLLM replicates KV heads when TP > heads) × head_dim × dtype bytes. The engine refuses to start when
 one max_model_len sequence does not fit; fewer sequences than the batch only queue.
 Sleep mode (rollout.sleep_mode=true, plan.engine_sleeps: vLLM engines colocated with the policy on GPUs): after the rollout the engine sleeps at level 2 (rollout/vllm.py): vLLM's CuMemAllocator unmaps every
@@ -112,6 +113,7 @@ VLLM_OUTSIDE_BUDGET_GIB = 1.9  # a vLLM engine process's memory beyond gpu_memor
 DRIVER_CONTEXT_GIB = 0.6  # the driver's CUDA context once it built model.path=null's model on the GPU
 VLLM_CUDA_GRAPH_GIB = 1.0  # captured CUDA graphs (enforce_eager=false)
 IPC_BUFFER_BYTES = 2**30  # rollout/vllm_compat.py's packed buffer (vLLM's weight-transfer API)
+CPU_KV_CACHE_MB = 64  # a CPU engine's KV cache where rollout.kv_cache_memory_mb is null (never sized from free RAM)
 HOST_PROCESS_GIB = 2.0  # resident footprint of one GPU process (CUDA/torch/library pages)
 # Logits bytes per vocab entry: (per sequence token, per response token) for compute dtype bytes `a`. The
 # response gather saves its whole input for the backward (torch's gather_backward takes `self`), so the full
@@ -394,58 +396,69 @@ def sleep_residue(spec: RunSpec) -> float:
     return CUDA_CONTEXT_GIB + (NCCL_GIB if nccl else 0) + (0 if r.enforce_eager else VLLM_CUDA_GRAPH_GIB)
 
 
+def _vllm_estimate(spec: RunSpec, est: Estimate, a: Arch, mml: int) -> None:
+    """The engine's weights, activation reserve and KV cache: the size it will be given (rollout/vllm.py
+    kv_cache_bytes): rollout.kv_cache_memory_mb where set; else on a GPU the rest of its budget, on CPU
+    CPU_KV_CACHE_MB."""
+    r, it = spec.rollout, est.rollout
+    total = param_counts(a).total(a)
+    tp = r.tensor_parallel_size * r.pipeline_parallel_size
+    db = dtype_bytes(spec.model.dtype)
+    weights = total * db / tp
+    budget = r.gpu_memory_utilization * (est.device_gib or 0) * GIB
+    extra = (VLLM_ACTIVATION_GIB + (0 if r.enforce_eager else VLLM_CUDA_GRAPH_GIB)) * GIB
+    it["engine weights"] = Item("engine weights", weights, f"{_fmt_params(total)} × {db} B / engine TP {tp}")
+    est.engine_weights_gib = gib(weights)
+    if engine_sleeps(spec):
+        est.asleep_gib = sleep_residue(spec)
+    it["engine activations"] = Item("engine activations", extra, "profiled forward" + ("" if r.enforce_eager
+                                                                                       else " + CUDA graphs"))
+    per_tok = kv_bytes_per_token(a, tp, db)
+    plan = make_plan(spec)
+    seqs = plan.rollouts_per_step / max(plan.rollout_engines, 1)
+    need = seqs * mml * per_tok
+    batch = f"{seqs:.0f} seq × {mml} tok × {per_tok / 1024:.1f} KiB"
+    user = r.kv_cache_memory_mb
+    if user is not None or not est.use_gpus:
+        mb = CPU_KV_CACHE_MB if user is None else user
+        kv, how = float(mb * 2**20), f"rollout.kv_cache_memory_mb={user}" if user else "null: the CPU default"
+    elif est.device_gib is None:
+        kv, how = need, "what the batch needs (gpu_memory_gib unknown)"
+    else:
+        kv, how = budget - weights - extra, f"rest of {r.gpu_memory_utilization:g} × {est.device_gib:g} GiB"
+    est.kv = {"per_token": per_tok, "need": need, "available": kv, "max_model_len": mml, "seqs": seqs,
+              "one_seq": mml * per_tok}
+    it["KV cache"] = Item("KV cache", max(kv, 0.0), f"{how}; the batch needs {gib(need):.1f} GiB ({batch})")
+    derived_budget = user is None and est.use_gpus and est.device_gib is not None
+    est.rollout_gib = gib(budget) if derived_budget else gib(weights + extra + kv)
+    if a.mamba:
+        est.notes.append("extrapolated: Mamba state per sequence not counted in the KV figure (small)")
+
+
 def rollout_estimate(spec: RunSpec, est: Estimate) -> None:
-    r, m = spec.rollout, spec.model
     a = arch_of(spec)
+    mml = engine_max_model_len(spec)
+    if spec.rollout.backend == RolloutBackend.vllm:
+        return _vllm_estimate(spec, est, a, mml)
+    if not est.use_gpus:  # hf: a copy of the model in the run's precision + generate's KV cache and logits
+        return None
     total = param_counts(a).total(a)
     plan = make_plan(spec)
     it = est.rollout
-    mml = engine_max_model_len(spec)
-    if r.backend == RolloutBackend.vllm:
-        tp = r.tensor_parallel_size * r.pipeline_parallel_size
-        db = dtype_bytes(m.dtype)
-        weights = total * db / tp
-        budget = r.gpu_memory_utilization * (est.device_gib or 0) * GIB
-        extra = VLLM_ACTIVATION_GIB + (0 if r.enforce_eager else VLLM_CUDA_GRAPH_GIB)
-        it["engine weights"] = Item("engine weights", weights, f"{_fmt_params(total)} × {db} B / engine TP {tp}")
-        est.engine_weights_gib = gib(weights)
-        if engine_sleeps(spec):
-            est.asleep_gib = sleep_residue(spec)
-        it["engine activations"] = Item("engine activations", extra * GIB,
-                                        "profiled forward" + ("" if r.enforce_eager else " + CUDA graphs"))
-        per_tok = kv_bytes_per_token(a, tp, db)
-        seqs = plan.rollouts_per_step / max(plan.rollout_engines, 1)
-        need = seqs * mml * per_tok
-        kv = budget - weights - extra * GIB
-        est.kv = {"per_token": per_tok, "need": need, "available": kv, "max_model_len": mml, "seqs": seqs,
-                  "one_seq": mml * per_tok}
-        if est.device_gib is None:
-            it["KV cache"] = Item("KV cache", need, f"what the batch needs: {seqs:.0f} seq × {mml} tok × "
-                                  f"{per_tok / 1024:.1f} KiB (gpu_memory_gib unknown)")
-            est.rollout_gib = gib(weights + extra * GIB + need)
-        else:
-            it["KV cache"] = Item("KV cache", max(kv, 0.0),
-                                  f"rest of {r.gpu_memory_utilization:g} × {est.device_gib:g} GiB; the batch needs "
-                                  f"{gib(need):.1f} GiB ({seqs:.0f} seq × {mml} tok × {per_tok / 1024:.1f} KiB)")
-            est.rollout_gib = gib(budget)
-        if a.mamba:
-            est.notes.append("extrapolated: Mamba state per sequence not counted in the KV figure (small)")
-    else:  # hf: a copy of the model in the run's precision + generate's KV cache and logits
-        if not est.use_gpus:
-            return
-        db = 2 if spec.train.precision == Precision.bfloat16 else 4
-        seqs = plan.rollouts_per_step / max(plan.rollout_engines, 1)
-        per_tok = kv_bytes_per_token(a, 1, db)
-        it["engine weights"] = Item("engine weights", total * db, f"HF copy: {_fmt_params(total)} × {db} B")
-        it["KV cache"] = Item("KV cache", seqs * mml * per_tok, f"{seqs:.0f} seq × {mml} tok × "
-                              f"{per_tok / 1024:.1f} KiB (generate's dynamic cache)")
-        it["sampling logits"] = Item("sampling logits", 3 * 4 * seqs * a.vocab, "fp32 logits/probs of one step")
-        if a.mamba:  # generate's cache: per sequence and Mamba-2 layer the SSM state [h, p, n] and conv state [cd, K]
-            md = mamba_dims(a)
-            it["Mamba states"] = Item("Mamba states", seqs * a.mamba * (md.d * md.n + md.cd * a.conv) * db,
-                                      f"{seqs:.0f} seq × {a.mamba} layers × (SSM [h, p, n] + conv [cd, K]) × {db} B")
-        est.rollout_gib = gib(sum(i.bytes for i in it.values())) * (1 + ALLOCATOR_SLACK)
-        est.context_gib += CUDA_CONTEXT_GIB  # its own process
+    db = 2 if spec.train.precision == Precision.bfloat16 else 4
+    seqs = plan.rollouts_per_step / max(plan.rollout_engines, 1)
+    per_tok = kv_bytes_per_token(a, 1, db)
+    it["engine weights"] = Item("engine weights", total * db, f"HF copy: {_fmt_params(total)} × {db} B")
+    it["KV cache"] = Item("KV cache", seqs * mml * per_tok, f"{seqs:.0f} seq × {mml} tok × "
+                          f"{per_tok / 1024:.1f} KiB (generate's dynamic cache)")
+    it["sampling logits"] = Item("sampling logits", 3 * 4 * seqs * a.vocab, "fp32 logits/probs of one step")
+    if a.mamba:  # generate's cache: per sequence and Mamba-2 layer the SSM state [h, p, n] and conv state [cd, K]
+        md = mamba_dims(a)
+        it["Mamba states"] = Item("Mamba states", seqs * a.mamba * (md.d * md.n + md.cd * a.conv) * db,
+                                  f"{seqs:.0f} seq × {a.mamba} layers × (SSM [h, p, n] + conv [cd, K]) × {db} B")
+    est.rollout_gib = gib(sum(i.bytes for i in it.values())) * (1 + ALLOCATOR_SLACK)
+    est.context_gib += CUDA_CONTEXT_GIB  # its own process
+    return None
 
 
 def host_estimate(spec: RunSpec, est: Estimate) -> None:

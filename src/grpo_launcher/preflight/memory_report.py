@@ -18,13 +18,20 @@ from .memory_shapes import gib, layout_of
 
 def summary_line(est: Estimate) -> str:
     if not est.use_gpus:
-        return "memory per GPU: CPU run (no GPU budget)"
+        kv = est.rollout.get("KV cache")
+        return "memory per GPU: CPU run (no GPU budget)" + (f"; vLLM KV cache {kv.bytes / 2**20:.0f} MiB per engine "
+                                                             f"({kv.how.split(';')[0]})" if kv else "")
     asleep = "" if est.asleep_gib is None else f" ({est.asleep_gib:.1f} asleep through logprobs + update)"
     head = (f"memory per GPU: policy {est.policy_reserved_gib:.1f} GiB, rollout {est.rollout_gib:.1f} GiB{asleep}, "
             f"peak {est.peak_gib:.1f} GiB")
     if est.device_gib is None:
         return head + f" in the {est.peak_phase} phase (cluster.gpu_memory_gib unknown: check skipped)"
     return head + f" of {est.device_gib:g} GiB ({100 * est.peak_gib / est.device_gib:.0f} %) in the {est.peak_phase} phase"
+
+
+def _kv_source(spec: RunSpec) -> str:
+    mb = spec.rollout.kv_cache_memory_mb
+    return "derived: the engine budget's rest" if mb is None else f"rollout.kv_cache_memory_mb={mb}"
 
 
 def report(spec: RunSpec, est: Optional[Estimate] = None) -> str:
@@ -51,7 +58,7 @@ def report(spec: RunSpec, est: Optional[Estimate] = None) -> str:
         k = est.kv
         fit = k["available"] / k["one_seq"] if k["one_seq"] else 0
         lines.append(f"  KV cache: {gib(k['available']):.1f} GiB = {fit:.0f} sequences of {k['max_model_len']} tokens "
-                     f"(the step sends {k['seqs']:.0f} per engine)")
+                     f"(the step sends {k['seqs']:.0f} per engine; {_kv_source(spec)})")
     host = ", ".join(f"{i.name} {i.gib:.1f}" for i in est.host.values())
     lines.append(f"host RAM per node: ~{est.host_gib:.0f} GiB at peak ({host} GiB)")
     if est.device_gib is None:
@@ -111,7 +118,11 @@ def _fixes(spec: RunSpec, est: Estimate) -> list[str]:
         attempt("train.distributed_optimizer=true", _with(spec, "train", distributed_optimizer=True))
     if r.backend == RolloutBackend.vllm and est.asleep_gib is None and not rollout_devices(spec):
         attempt("rollout.sleep_mode=true", _with(spec, "rollout", sleep_mode=True))
-    if r.backend == RolloutBackend.vllm and g:
+    if r.backend == RolloutBackend.vllm and g and r.kv_cache_memory_mb is not None:
+        mb = r.kv_cache_memory_mb - math.ceil((est.peak_gib - g) * 1024)
+        if mb * 2**20 >= est.kv["one_seq"]:
+            attempt(f"rollout.kv_cache_memory_mb={mb}", _with(spec, "rollout", kv_cache_memory_mb=mb))
+    elif r.backend == RolloutBackend.vllm and g:
         over = est.peak_gib - g
         u = math.floor((r.gpu_memory_utilization - over / g) * 100) / 100
         if u > 0:
@@ -137,27 +148,43 @@ def _fixes(spec: RunSpec, est: Estimate) -> list[str]:
     return out
 
 
-def violations(spec: RunSpec) -> list[Violation]:
-    """A config error when the peak per GPU exceeds cluster.gpu_memory_gib (skipped when unknown or CPU)."""
-    c = spec.cluster
-    if c.gpus_per_node < 1 or c.gpu_memory_gib is None or not _sane(spec):
+def _kv_violations(spec: RunSpec, est: Estimate) -> list[Violation]:
+    """The engine's KV cache holds one max_model_len sequence (vLLM refuses to start otherwise): the user's size, or
+    the rest of its budget once its weights and activations are in."""
+    r, c = spec.rollout, spec.cluster
+    if r.backend != RolloutBackend.vllm or not est.kv or est.kv["available"] >= est.kv["one_seq"]:
         return []
-    if c.gpu_memory_gib <= 0:
+    if r.kv_cache_memory_mb is not None:
+        return [Violation(
+            "gpu_memory_fits", ("rollout.kv_cache_memory_mb", "rollout.max_model_len", "rollout.tensor_parallel_size"),
+            f"rollout.kv_cache_memory_mb={r.kv_cache_memory_mb} holds less than one {est.kv['max_model_len']}-token "
+            f"sequence ({est.kv['one_seq'] / 2**20:.0f} MiB per engine GPU; vLLM refuses to start)",
+            f"set rollout.kv_cache_memory_mb ≥ {math.ceil(est.kv['one_seq'] / 2**20)}, or null (derived: the rest of "
+            "the engine's budget)")]
+    return [Violation(
+        "gpu_memory_fits", ("rollout.gpu_memory_utilization", "rollout.max_model_len", "rollout.tensor_parallel_size"),
+        f"the engine's budget {r.gpu_memory_utilization:g} × {c.gpu_memory_gib:g} GiB = "
+        f"{r.gpu_memory_utilization * (c.gpu_memory_gib or 0):.1f} GiB − weights "
+        f"{est.rollout['engine weights'].gib:.1f} − activations {est.rollout['engine activations'].gib:.1f} leaves "
+        f"{gib(est.kv['available']):.1f} GiB of KV cache; one {est.kv['max_model_len']}-token sequence needs "
+        f"{gib(est.kv['one_seq']):.2f} GiB (vLLM refuses to start)",
+        "raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size, or lower rollout.max_model_len")]
+
+
+def violations(spec: RunSpec) -> list[Violation]:
+    """A config error when the peak per GPU exceeds cluster.gpu_memory_gib (skipped when unknown or CPU), or the
+    engine's KV cache holds less than one sequence."""
+    c = spec.cluster
+    if c.gpus_per_node < 1 or not _sane(spec):
+        return []
+    if c.gpu_memory_gib is not None and c.gpu_memory_gib <= 0:
         return [Violation("gpu_memory_fits", ("cluster.gpu_memory_gib",), f"must be > 0 or null, got "
                           f"{c.gpu_memory_gib}", "set the GPU's memory in GiB (H100 79.6, H200 140.4) or null")]
     est = estimate(spec)
-    out: list[Violation] = []
+    out = _kv_violations(spec, est)
     r = spec.rollout
-    if r.backend == RolloutBackend.vllm and est.kv and est.kv["available"] < est.kv["one_seq"]:
-        out.append(Violation(
-            "gpu_memory_fits", ("rollout.gpu_memory_utilization", "rollout.max_model_len",
-                                "rollout.tensor_parallel_size"),
-            f"the engine's budget {r.gpu_memory_utilization:g} × {c.gpu_memory_gib:g} GiB = "
-            f"{r.gpu_memory_utilization * c.gpu_memory_gib:.1f} GiB − weights {est.rollout['engine weights'].gib:.1f}"
-            f" − activations {est.rollout['engine activations'].gib:.1f} leaves {gib(est.kv['available']):.1f} GiB "
-            f"of KV cache; one {est.kv['max_model_len']}-token sequence needs {gib(est.kv['one_seq']):.2f} GiB "
-            "(vLLM refuses to start)",
-            "raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size, or lower rollout.max_model_len"))
+    if c.gpu_memory_gib is None:
+        return out
     if est.peak_gib > c.gpu_memory_gib:
         p = est.policy
         parts = ", ".join(f"{k} {p[k].gib:.1f}" for k in PHASE_PARTS[est.peak_phase] if k in p)
@@ -171,6 +198,8 @@ def violations(spec: RunSpec) -> list[Violation]:
             keys = tuple(k for k in keys if k != "train.tensor_parallel_size")
         if r.backend == RolloutBackend.vllm:
             keys = (*keys, "rollout.sleep_mode")
+        if r.backend == RolloutBackend.vllm and r.kv_cache_memory_mb is not None:  # the engine's size is the user's
+            keys = tuple(k for k in keys if k != "rollout.gpu_memory_utilization") + ("rollout.kv_cache_memory_mb",)
         phase = est.peak_phase
         asleep = " (asleep)" if est.asleep_gib is not None and phase != "generate" else ""
         out.append(Violation(

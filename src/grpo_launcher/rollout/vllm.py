@@ -491,16 +491,20 @@ def kv_cache_bytes(spec: RunSpec, device_gib: Optional[float], dtype: Optional[s
     Always given to vLLM (`kv_cache_memory_bytes`), never left to its profiling, which sizes the cache from the
     device memory free while it profiles: on a GPU shared with a policy worker that allocates at the same time
     (megatron's init_distributed) the engine got 29.75 GiB of its 42.1 GiB budget, by start-up timing
-    (benchmarks/results/memory.md). CPU: rollout.kv_cache_memory_mb. GPU: the memory model's budget
+    (benchmarks/results/memory.md). rollout.kv_cache_memory_mb where the user set it (CPU and GPU); else on CPU
+    CPU_KV_CACHE_MB, on a GPU the memory model's budget
     (preflight/memory_estimate.py: rollout.gpu_memory_utilization × cluster.gpu_memory_gib, less the engine's
     weights and activation reserve), the engine's weights counted in the dtype it runs (`dtype`, e.g. bf16 for a
     float32 model trained in bfloat16), so that the engine holds the budget pre-flight counts; over the device's
     total memory where cluster.gpu_memory_gib is unset or larger."""
-    if device_gib is None:
+    from ..preflight.memory_estimate import CPU_KV_CACHE_MB, estimate
+
+    if spec.rollout.kv_cache_memory_mb is not None:  # pre-flight checked it holds one sequence and fits the GPU
         return spec.rollout.kv_cache_memory_mb * 2**20
+    if device_gib is None:
+        return CPU_KV_CACHE_MB * 2**20
     from dataclasses import replace
 
-    from ..preflight.memory_estimate import estimate
     from ..spec.schema import Precision
 
     declared = spec.cluster.gpu_memory_gib

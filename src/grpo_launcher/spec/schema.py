@@ -121,7 +121,9 @@ class RolloutSpec:
     # null = prompt budget + max_new_tokens (derived in the plan)
     max_model_len: Optional[int] = None
     gpu_memory_utilization: float = 0.5
-    kv_cache_memory_mb: int = 64  # CPU engines: always bounded
+    # the vLLM engine's KV cache per device, MiB; null = derived: on a GPU the rest of the engine's budget
+    # (gpu_memory_utilization × the GPU, less its weights and activations), on CPU 64 (never sized from free RAM)
+    kv_cache_memory_mb: Optional[int] = None
     enforce_eager: bool = True
     # vLLM's sleep mode for engines colocated with the policy on GPUs: level 2 (weights and KV cache freed) while
     # the logprob and update phases run, woken by the refit (off by default; GPU figures:
