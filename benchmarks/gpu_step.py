@@ -59,21 +59,49 @@ def write_prompts(path: Path, n: int, seed: int = 0, prompt: int = PROMPT) -> No
                                 "answer": "0"}) + "\n")
 
 
+def save_model(out: Path, shape: dict, device: str | None = None) -> Path:
+    """The random model of a workload's shape (model.* keys) in bf16 on disk, with our byte tokenizer: what
+    workloads.py's rows load (ours through model.path; vLLM loads a path; TRL loads it again in fp32 to train).
+    Built on `device` (default: CUDA if there is one)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_launcher.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.model_max_length = shape["max_position_embeddings"]
+    cfg = Qwen2Config(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
+                      intermediate_size=shape["ffn_hidden_size"], num_hidden_layers=shape["num_layers"],
+                      num_attention_heads=shape["num_attention_heads"], num_key_value_heads=shape["num_kv_heads"],
+                      max_position_embeddings=shape["max_position_embeddings"],
+                      tie_word_embeddings=shape.get("tie_word_embeddings", False),
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    with torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def run_name(backend: str, separate_logprobs: bool, vllm: bool = False) -> str:
     return f"bench-{'vllm-' if vllm else ''}{backend}{'-sep' if separate_logprobs else ''}"
 
 
 def ours_overrides(backend: str, steps: int, data: Path, out: Path, separate_logprobs: bool,
-                   profile: bool = False, vllm: bool = False, w: Workload = PROMPT_HEAVY) -> list[str]:
-    """launch.py's arguments for workload w (a GPU run: bf16 autocast over fp32 master weights; w.gpus=0: CPU)."""
+                   profile: bool = False, vllm: bool = False, w: Workload = PROMPT_HEAVY,
+                   model_path: Path | None = None) -> list[str]:
+    """launch.py's arguments for workload w (a GPU run: bf16 autocast over fp32 master weights; w.gpus=0: CPU):
+    the model built from its model.* keys, or read from model_path (save_model's checkpoint of the same shape)."""
+    model = [f"model.path={model_path}"] if model_path else [
+        *(f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in w.model.items()),
+        "model.warm_start_steps=0"]
     gbs = w.sequences // (2 if separate_logprobs else 1)  # 2 optimizer steps force the separate pass
     return [
         f"name={run_name(backend, separate_logprobs, vllm)}", f"output_root={out}", "checkpoint.resume=fresh",
         *(["rollout=vllm", "rollout.enforce_eager=false"] if vllm else []),
         *([f"rollout.gpu_memory_utilization={w.vllm_memory}"] if vllm and w.vllm_memory is not None else []),
-        *(f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in w.model.items()),
-        "model.warm_start_steps=0",
-        "env=math", f"env.reward_fn={REWARD}", f"env.train_path={data}", f"env.val_path={data}",
+        *model, "env=math", f"env.reward_fn={REWARD}", f"env.train_path={data}", f"env.val_path={data}",
         f"env.max_prompt_tokens={w.prompt}",
         f"rollout.max_new_tokens={w.new}", f"train.max_total_sequence_length={w.prompt + w.new}",
         f"grpo.num_prompts_per_step={w.prompts}", f"grpo.num_generations_per_prompt={w.gens}",
@@ -86,12 +114,13 @@ def ours_overrides(backend: str, steps: int, data: Path, out: Path, separate_log
 
 
 def run_ours(name: str, backend: str, args, data: Path, separate: bool, vllm: bool = False,
-             w: Workload = PROMPT_HEAVY, env: dict | None = None) -> dict:
+             w: Workload = PROMPT_HEAVY, env: dict | None = None, model_path: Path | None = None) -> dict:
     """`python launch.py ...` for workload w, its per-phase medians over steps skip+1..steps from metrics.jsonl,
     and its start-up line (process start -> end of step 1)."""
     steps = args.steps + (1 if args.profile else 0)  # the profiled step comes last, outside the medians
     cmd = [sys.executable, str(ROOT / "launch.py"),
-           *ours_overrides(backend, steps, data, args.out, separate, profile=args.profile, vllm=vllm, w=w)]
+           *ours_overrides(backend, steps, data, args.out, separate, profile=args.profile, vllm=vllm, w=w,
+                           model_path=model_path)]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, env=env)
     wall = time.time() - t0

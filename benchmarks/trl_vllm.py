@@ -35,34 +35,11 @@ for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TOKE
                    ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
     os.environ.setdefault(key, value)
 
-from gpu_step import matmul_peak  # noqa: E402
+from gpu_step import matmul_peak, save_model  # noqa: E402
 from workload_shapes import SHAPES, Workload, n_params  # noqa: E402
 
 TINY = dict(SHAPES["prompt-heavy"].model, num_layers=2, hidden_size=128, num_attention_heads=4, num_kv_heads=2,
             ffn_hidden_size=256, vocab_size=1024, max_position_embeddings=256)
-
-
-def save_model(out: Path, shape: dict) -> Path:
-    """The random model in bf16 on disk (vLLM loads a path; TRL then loads it again in fp32 for training)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from grpo_launcher.models.tiny import build_tokenizer
-
-    tok = build_tokenizer()
-    tok.model_max_length = shape["max_position_embeddings"]
-    cfg = Qwen2Config(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
-                      intermediate_size=shape["ffn_hidden_size"], num_hidden_layers=shape["num_layers"],
-                      num_attention_heads=shape["num_attention_heads"], num_key_value_heads=shape["num_kv_heads"],
-                      max_position_embeddings=shape["max_position_embeddings"],
-                      tie_word_embeddings=shape.get("tie_word_embeddings", False),
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def sync() -> None:
