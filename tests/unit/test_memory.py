@@ -393,3 +393,32 @@ def test_cpu_offload_moves_the_shards_to_the_host():
     assert e.context_gib == pytest.approx(mem.estimate(spec_of(one)).context_gib + 1.3)  # a 1-rank group: NCCL
     eight = mem.estimate(spec_of([*one, "cluster.gpus_per_node=8", "train.cpu_offload=true"]))
     assert eight.host["offloaded shards"].bytes == pytest.approx(8 * 20 * n / 8)  # 8 ranks per node, DP 8
+
+
+# ------------------------------------------------------------------ against measured whole-GPU peaks (issue 43)
+
+# The H200 runs of benchmarks/memory_scale.py (raw JSON: nvidia-smi's largest sample of the whole card); the
+# 1.5b-megatron awake row is left out: measured while vLLM still sized its KV cache from the memory free during its
+# profiling (29.75 of its 42.1 GiB budget beside megatron's init); the engine is given its size now, not re-measured
+CALIBRATION = {"0.1b": "memory_scale_0.1b.json", "1.5b": "memory_scale_1.5b.json",
+               "3b-sleep": "memory_scale_3b-sleep.after-fix.json",
+               "1.5b-megatron-sleep": "memory_scale_1.5b-megatron-sleep.json"}
+
+
+@pytest.mark.parametrize("row", CALIBRATION)
+def test_the_prediction_is_within_minus_3_and_plus_15_percent_of_the_measured_peak(row, tmp_path):
+    """The issue's target at 0.1-3B, both backends, engines awake and asleep, prompt- and decode-heavy: the dry run's
+    peak never below nvidia-smi's by more than 3 %, never above by more than 15 % (b4e6e4d's model: 1.5b -3.9 %,
+    3b-sleep -9.6 %, 1.5b-megatron-sleep -6.2 %; the files' predicted_gib)."""
+    import importlib.util
+    import json
+
+    from helpers import ROOT
+
+    found = importlib.util.spec_from_file_location("memory_scale", ROOT / "benchmarks" / "memory_scale.py")
+    scale = importlib.util.module_from_spec(found)
+    found.loader.exec_module(scale)
+    measured = json.loads((ROOT / "benchmarks/results/gpu-raw/memory_scale" / CALIBRATION[row]).read_text())
+    assert measured["row"] == row and measured["exit"] == 0
+    predicted = mem.estimate(load_spec([*scale.overrides(row, tmp_path, 2), "dry_run=true"])).peak_gib
+    assert -0.03 <= predicted / measured["measured_gib"] - 1 <= 0.15, (predicted, measured["measured_gib"])

@@ -23,9 +23,10 @@ from ..plan import make_plan
 from ..spec.compose import (ConfigSource, _composition_violation, check_override_keys, compose, register_schema,
                             to_spec)
 from ..spec.errors import ConfigError, Violation
+from ..spec.mlflow_env import with_mlflow_env
 from ..spec.schema import RunSpec
 from ..tracking import metric_names
-from ..tracking.store import tracking_line, with_mlflow_env
+from ..tracking.store import tracking_line
 from . import execute
 from .names import derived_name
 from .preflight import EXCLUDED_FROM_NAME, Launch, preflight_config

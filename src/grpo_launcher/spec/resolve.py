@@ -4,7 +4,7 @@
     2. model facts       model.path's config.json → model.* (architecture, name)                spec/model_dir.py
     3. prompt budget     env.max_prompt_tokens=0 → the data's longest prompt                    envs/preflight.py
   and, for a launch (pre-flight: what this launch fixes for its job, from this shell, cwd and moment):
-    4. tracking store    MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME → logging.*               tracking/store.py
+    4. tracking store    MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME → logging.*               spec/mlflow_env.py
     5. job's view        cluster=slurm: output_root absolute (the job's cwd is not ours)        here
     6. HTTP API key      rollout.expose_http_server, http_api_key null → a fresh key            secrets.py
 
@@ -22,8 +22,8 @@ from typing import Callable, Iterable, NamedTuple
 from ..envs.preflight import resolve_prompt_budget
 from ..plan import world_size
 from ..secrets import with_http_api_key
-from ..tracking.store import with_mlflow_env
 from .errors import Violation
+from .mlflow_env import with_mlflow_env
 from .model_dir import resolve_model
 from .schema import ClusterKind, RunSpec
 

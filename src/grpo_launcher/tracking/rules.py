@@ -10,7 +10,8 @@ from ..secrets import redact_value
 from ..spec.errors import Violation
 from ..preflight.registry import V, rule
 from ..spec.schema import ClusterKind, RunSpec
-from .store import SQLITE, URI_ENV, store_problem, store_uri
+from ..spec.mlflow_env import SQLITE, URI_ENV
+from .store import store_problem, store_uri
 
 
 @rule("probe")

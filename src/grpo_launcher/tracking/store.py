@@ -1,63 +1,21 @@
-"""Where a run's MLflow records go: the spec's logging keys, else MLflow's own environment variables, else the
-output root's sqlite store.
-
-    logging.tracking_uri  set (command line or a config file)       → that store
-                          null (the default)                        → $MLFLOW_TRACKING_URI, else
-                                                                      sqlite:///OUTPUT_ROOT/mlflow.db
-    logging.experiment    on the command line, or a config file's value other than 'grpo'   → that experiment
-                          else                                      → $MLFLOW_EXPERIMENT_NAME, else 'grpo'
-
-Resolved once, at pre-flight, into the spec: spec.yaml (so a Slurm job, a resume's record and `launch.py rerun`)
-holds the store the run used. A relative path in the variable (sqlite:///X.db, ./mlruns) is made absolute there,
-as output_root is for a Slurm job.
+"""Where a run's MLflow records go, checked and named: the store a spec's run opens (store_uri), whether it can
+from here (store_problem, at pre-flight), the start-up line naming it and the setting that chose it (tracking_line),
+and the variables a relaunch must see again (env_prefix). The spec's logging keys take MLflow's own variables at
+pre-flight: spec/mlflow_env.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import re
 import shlex
 import sqlite3
 from pathlib import Path
 from urllib.parse import urlsplit
-from typing import Iterable
 
 from ..secrets import redact_value
-from ..spec.schema import LoggingSpec, RunSpec
-
-URI_ENV = "MLFLOW_TRACKING_URI"
-EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
-SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
-SQLITE = "sqlite:///"
-
-
-def absolute_uri(uri: str) -> str:
-    """sqlite:///relative.db and plain relative paths made absolute (from the cwd); any other URI unchanged."""
-    if uri.startswith(SQLITE) and not uri[len(SQLITE):].startswith("/"):
-        return SQLITE + str(Path(uri[len(SQLITE):]).resolve())
-    if SCHEME.match(uri):
-        return uri
-    return str(Path(uri).expanduser().resolve())
-
-
-def env_value(name: str) -> str | None:
-    value = os.environ.get(name, "").strip()
-    return value or None
-
-
-def with_mlflow_env(spec: RunSpec, cli_keys: Iterable[str] = ()) -> RunSpec:
-    """The spec with MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME filled into the logging keys left at their
-    defaults (the module's table); keys given on the command line or in a config file win."""
-    log = spec.logging
-    uri, experiment = env_value(URI_ENV), env_value(EXPERIMENT_ENV)
-    new_uri = absolute_uri(uri) if log.tracking_uri is None and uri else log.tracking_uri
-    explicit = "logging.experiment" in cli_keys or log.experiment != LoggingSpec.experiment
-    new_experiment = experiment if experiment and not explicit else log.experiment
-    if (new_uri, new_experiment) == (log.tracking_uri, log.experiment):
-        return spec
-    return dataclasses.replace(spec, logging=dataclasses.replace(log, tracking_uri=new_uri, experiment=new_experiment))
+from ..spec.mlflow_env import EXPERIMENT_ENV, SCHEME, SQLITE, URI_ENV, absolute_uri, env_value
+from ..spec.schema import RunSpec
 
 
 def tracking_line(spec: RunSpec, uri: str) -> str:
