@@ -31,7 +31,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from grpo_launcher.gym.probe import CONFIGS, tiny_engine, tiny_spec
+    from grpo_launcher.train.gym_probe import CONFIGS, tiny_engine, tiny_spec
     from grpo_launcher.gym.rollouts import RolloutStats, run_rollouts, stamp_row
     from grpo_launcher.gym.servers import GymServers
 

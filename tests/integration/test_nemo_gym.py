@@ -51,7 +51,7 @@ def test_probe_token_alignment_and_dead_server(tmp_path):
     """Real engine + real Gym: ids as the engine produced them, logprobs = the policy's, a killed server named."""
     out = tmp_path / "probe.json"
     env = dict(os.environ, GYM_PROBE_OUTPUT_ROOT=str(tmp_path))
-    proc = run_group([sys.executable, "-m", "grpo_launcher.gym.probe", str(out), "--kill-server"], 2400, cwd=ROOT,
+    proc = run_group([sys.executable, "-m", "grpo_launcher.train.gym_probe", str(out), "--kill-server"], 2400, cwd=ROOT,
                      env=env)
     assert proc.returncode == 0, proc.stdout[-3000:]
     r = json.loads(out.read_text())

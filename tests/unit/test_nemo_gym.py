@@ -183,9 +183,9 @@ def test_splice_ends_a_turn_at_any_stop_token_not_only_the_tokenizers_eos():
 
 
 def test_probe_counts_a_turn_ended_by_any_stop_token():
-    """gym/probe.py's EOS-terminated counts: a response (and a multi-turn sample's first turn) ending with a
+    """train/gym_probe.py's EOS-terminated counts: a response (and a multi-turn sample's first turn) ending with a
     generation-config stop id counts; one cut by max tokens does not."""
-    from grpo_launcher.gym.probe import ends_at_stop, first_turn
+    from grpo_launcher.train.gym_probe import ends_at_stop, first_turn
 
     eos, im_end, stop = 2, 3, (2, 3)
     multi = to_generation({"reward": 1.0, "response": {"output": [item([1, 5], [8, im_end]),

@@ -1,6 +1,6 @@
 """Real-component checks of the Gym path, outside the loop (tests/integration/test_nemo_gym.py runs this; so can you):
 
-    .venv/bin/python -m grpo_launcher.gym.probe OUT.json [--kill-server]
+    .venv/bin/python -m grpo_launcher.train.gym_probe OUT.json [--kill-server]
 
 One VLLMRolloutWorker (async + HTTP, the tiny model refit from its HF weights) and `gym env start` with
 math_with_judge + example_single_tool_call over it. Rows → Gym `/run`; then, per sample:
@@ -26,13 +26,13 @@ import requests
 
 from ..plan import make_plan
 from ..spec.compose import load_spec
-from ..train.setup import prepare_model
-from . import register_env
-from .servers import GymError, GymServers, _pid_alive
-from .serving import CHATML
+from ..gym import register_env
+from ..gym.servers import GymError, GymServers, _pid_alive
+from ..gym.serving import CHATML
+from .setup import prepare_model
 
 if TYPE_CHECKING:  # the probe's module stays light (its heavy imports are in the functions that need them)
-    from .samples import GymGeneration
+    from ..gym.samples import GymGeneration
 
 CONFIGS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
            "resources_servers/math_with_judge/configs/math_with_judge.yaml",
@@ -40,7 +40,7 @@ CONFIGS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml
 
 
 def tiny_spec(output_root: Path, new_tokens: int = 32, extra: tuple = ()):
-    from .env import DATA  # here: heavy (see TYPE_CHECKING above)
+    from ..gym.env import DATA  # here: heavy (see TYPE_CHECKING above)
 
     return load_spec(["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true",
                       f"env.train_path={DATA / 'tiny_train.jsonl'}", f"env.val_path={DATA / 'tiny_val.jsonl'}",
@@ -52,7 +52,7 @@ def tiny_spec(output_root: Path, new_tokens: int = 32, extra: tuple = ()):
 
 def tiny_engine(spec):
     """(model_dir, worker, env): the tiny model (built once, cached under output_root/.models) served over HTTP."""
-    from .env import GymEnv  # here: heavy (see TYPE_CHECKING above)
+    from ..gym.env import GymEnv  # here: heavy (see TYPE_CHECKING above)
     from ..rollout.vllm import VLLMRolloutWorker
 
     register_env()
@@ -91,7 +91,7 @@ def policy_logprobs(model_dir, gens) -> list[list[float]]:
 def main(argv: list[str]) -> int:
     from transformers import AutoTokenizer  # here: heavy (see TYPE_CHECKING above)
 
-    from .rollouts import RolloutStats, run_rollouts, stamp_row
+    from ..gym.rollouts import RolloutStats, run_rollouts, stamp_row
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped probe still stops Gym and the engine
     out_path = Path(argv[0])
