@@ -20,26 +20,29 @@ import tempfile
 import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Sequence
 
 import requests
 
 from ..plan import make_plan
 from ..spec.compose import load_spec
+from ..spec.schema import RunSpec
 from ..gym import register_env
 from ..gym.servers import GymError, GymServers, _pid_alive
 from ..gym.serving import CHATML
 from .setup import prepare_model
 
 if TYPE_CHECKING:  # the probe's module stays light (its heavy imports are in the functions that need them)
+    from ..gym.env import GymEnv
     from ..gym.samples import GymGeneration
+    from ..rollout.vllm import VLLMRolloutWorker
 
 CONFIGS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
            "resources_servers/math_with_judge/configs/math_with_judge.yaml",
            "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"]
 
 
-def tiny_spec(output_root: Path, new_tokens: int = 32, extra: tuple = ()):
+def tiny_spec(output_root: Path, new_tokens: int = 32, extra: tuple[str, ...] = ()) -> RunSpec:
     from ..gym.env import DATA  # here: heavy (see TYPE_CHECKING above)
 
     return load_spec(["env=nemo_gym", "rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true",
@@ -50,7 +53,7 @@ def tiny_spec(output_root: Path, new_tokens: int = 32, extra: tuple = ()):
                       "dry_run=true", *extra])
 
 
-def tiny_engine(spec):
+def tiny_engine(spec: RunSpec) -> tuple[Path, VLLMRolloutWorker, GymEnv]:
     """(model_dir, worker, env): the tiny model (built once, cached under output_root/.models) served over HTTP."""
     from ..gym.env import GymEnv  # here: heavy (see TYPE_CHECKING above)
     from ..rollout.vllm import VLLMRolloutWorker
@@ -71,7 +74,7 @@ def tiny_engine(spec):
     return model_dir, worker, env
 
 
-def policy_logprobs(model_dir, gens) -> list[list[float]]:
+def policy_logprobs(model_dir: Path, gens: Sequence[GymGeneration]) -> list[list[float]]:
     """log p(token) under the HF model, for every response token of every sample (T = 1)."""
     import torch  # here: heavy (see TYPE_CHECKING above)
     from transformers import AutoModelForCausalLM
@@ -104,8 +107,10 @@ def main(argv: list[str]) -> int:
     report["engine_start_s"] = round(time.perf_counter() - t0, 1)
     servers = None
     try:
+        url = worker.http_url()
+        assert url is not None, "tiny_spec exposes the engine's HTTP server (rollout.expose_http_server=true)"
         t1 = time.perf_counter()
-        servers = GymServers.start(CONFIGS, [worker.http_url()], spec.model.name,
+        servers = GymServers.start(CONFIGS, [url], spec.model.name,
                                    Path(tempfile.mkdtemp(prefix="h14-gym-probe-")) / "gym")
         report["gym_start_s"] = round(time.perf_counter() - t1, 1)
         agents = servers.agents()
@@ -150,7 +155,7 @@ def main(argv: list[str]) -> int:
              "engine_tokens": tok.decode((g.prompt_ids + g.response_ids)[max(0, g.break_at - 8): g.break_at + 4]),
              "turn_1_ended_with_eos": ends_at_stop(first_turn(g), stop)}
             for i, g in enumerate(ok) if not g.contiguous][:10]
-        report["prefix_route_check"] = prefix_route_check(worker.http_url(), spec.model.name, tok, template)
+        report["prefix_route_check"] = prefix_route_check(url, spec.model.name, tok, template)
         if kill:
             victim = next(i for i in servers.instances if i.get("server_type") == "resources_servers")
             os.kill(int(victim["pid"]), signal.SIGKILL)
@@ -174,7 +179,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def prefix_route_check(base_url: str, model: str, tok, template: str) -> dict:
+def prefix_route_check(base_url: str, model: str, tok: Any, template: str) -> dict:
     """The engine's own /tokenize (chat form, what Gym reads a turn's prompt ids from) on a 2-turn history whose
     assistant turn does not survive detokenise + re-tokenise (it ends in a lone byte 0xff, invalid UTF-8: the text
     Gym sends back holds U+FFFD, three other bytes): with the prefix-token route the next prompt starts with
@@ -208,7 +213,7 @@ def first_turn(g: GymGeneration) -> list[int]:
     return list(g.response_ids[: mask.index(0)] if 0 in mask else g.response_ids)
 
 
-def token_row(g, sample: int, j: int, engine: float, policy: float) -> dict:
+def token_row(g: GymGeneration, sample: int, j: int, engine: float, policy: float) -> dict:
     """One policy token of a sample: where it is (turn k of the rollout, position within that turn)."""
     turn, pos, prev = 0, 0, 0
     for m in g.loss_mask[: j + 1]:
@@ -222,7 +227,7 @@ def token_row(g, sample: int, j: int, engine: float, policy: float) -> dict:
             "contiguous": g.contiguous, "agent_ref": g.agent_ref}
 
 
-def _left(servers) -> list[int]:
+def _left(servers: GymServers) -> list[int]:
     pids = [servers.proc.pid, *(int(i["pid"]) for i in servers.instances if i.get("pid"))]
     return [p for p in pids if _pid_alive(p)]
 
