@@ -78,6 +78,7 @@ ROWS = [
     ("tok/s per GPU (prompt + generated)", None, lambda f: f"{f['tok_s_per_gpu']:,.0f}"),
     ("generated tok/s per GPU", None, lambda f: f"{f['gen_tok_s_per_gpu']:,.0f}"),
     ("mean generated length", None, lambda f: f"{f['gen_len']:.1f}"),
+    ("device", None, lambda f: f.get("device", "")),
 ]
 
 
@@ -87,7 +88,7 @@ def ratio(trl: dict, ours: dict, key: str | None) -> str:
     return f"{trl[key] / ours[key]:.2f}x"
 
 
-def markdown(w: ws.Workload, results: list[dict], peak: float, bandwidth: float) -> str:
+def markdown(w: ws.Workload, results: list[dict], bandwidth: float) -> str:
     ok = [r for r in results if "figures" in r]
     trl = next((r["figures"] for r in ok if r["name"] == "trl-vllm"), None)
     ours = [r for r in ok if r["name"] != "trl-vllm"] if trl else []
@@ -103,17 +104,25 @@ def markdown(w: ws.Workload, results: list[dict], peak: float, bandwidth: float)
     failed = "".join(f"\nfailed: {r['name']}: {r['error']}" for r in results if "error" in r)
     return "\n".join(out) + (
         f"\n\nN = {n:,}; decode floor {floor:.3g} s ({w.sequences} sequences, {w.new} decode steps, bf16 weights + "
-        f"KV at {bandwidth:.3g} B/s); {kind} matmul peak {peak:.3g} TFLOP/s; MFU = 6 N tokens / update s / peak; "
+        f"KV at {bandwidth:.3g} B/s); {kind} matmul peak {peaks(results)}; MFU = 6 N tokens / update s / peak; "
         f"{max(w.gpus, 1)} {'GPU' if w.gpus else 'CPU process (no GPU)'} per run; trl-vllm / ours: > 1 = ours "
         f"faster.\n{failed}")
 
 
-def measured_peak() -> float:
-    """gpu_step.matmul_peak (bf16, 8192^3) in a child process, whose CUDA context and cached memory go with it."""
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import gpu_step; print(gpu_step.matmul_peak())"
+def measured_peak() -> tuple[float, str]:
+    """gpu_step.matmul_peak (bf16, 8192^3) in a child process, whose CUDA context and cached memory go with it;
+    and the GPU's name."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import gpu_step, torch; "
+            "print(torch.cuda.get_device_name().replace(' ', '_'), gpu_step.matmul_peak())")
     out = subprocess.run([sys.executable, "-c", code, str(ROOT / "benchmarks")], check=True, text=True,
-                         capture_output=True).stdout
-    return float(out.split()[-1])
+                         capture_output=True).stdout.split()
+    return float(out[-1]), out[-2].replace("_", " ")
+
+
+def peaks(results: list[dict]) -> str:
+    """Each device's measured peak, as its rows recorded it (rows of several commands: one entry each)."""
+    seen = {(r["device"], round(r["peak_tflops"], 3)) for r in results if "peak_tflops" in r}
+    return ", ".join(f"{p:.3g} TFLOP/s ({d})" for d, p in sorted(seen)) or "not measured"
 
 
 def parse_args() -> argparse.Namespace:
@@ -127,6 +136,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--trl-dir", type=Path, default=ROOT / ".gpu-kit" / "trl")
     ap.add_argument("--trl-wheels", type=Path, default=ROOT / ".gpu-kit" / "trlwhl")
     ap.add_argument("--out", type=Path, default=Path("/tmp/workloads"))
+    ap.add_argument("--fresh", action="store_true", help="drop the rows an earlier command left in OUT/<shape>")
     args = ap.parse_args()
     args.steps = args.steps or (2 if args.cpu_smoke else 4)
     args.only = args.only or (CPU_ROWS if args.cpu_smoke else GPU_ROWS)
@@ -144,24 +154,31 @@ def main() -> int:
     model = args.out / "model"
     if not (model / "config.json").exists():
         gs.save_model(model, w.model, device="cpu")  # no CUDA context in this process: the GPU is the rows'
-    peak = measured_peak() if w.gpus else gs.matmul_peak("cpu", 1024)
-    print(f"{w.name}: matmul peak {peak:.1f} TFLOP/s", flush=True)
-    results = []
-    for name in args.only.split(","):
+    peak, device = measured_peak() if w.gpus else (gs.matmul_peak("cpu", 1024), "cpu")
+    print(f"{w.name}: matmul peak {peak:.1f} TFLOP/s on {device}", flush=True)
+    names = args.only.split(",")
+    results = [r for r in earlier_rows(args.out / "results.json", args.fresh) if r["name"] not in names]
+    for name in names:
         print(f"--- {name}", flush=True)
-        r = run_row(name, w, args, data, model)
+        r = {**run_row(name, w, args, data, model), "peak_tflops": peak, "device": device}
         if "error" not in r and ("phases" in r or r.get("summary")):
-            r["figures"] = ws.row_figures(r, w, peak, args.hbm_bytes_s)
+            r["figures"] = {**ws.row_figures(r, w, peak, args.hbm_bytes_s), "device": device}
         results.append(r)
         print(json.dumps(r.get("figures", r), indent=1, default=str)[:2000], flush=True)
-        text = markdown(w, results, peak, args.hbm_bytes_s)  # after each row: a timeout keeps the rest
+        text = markdown(w, results, args.hbm_bytes_s)  # after each row: a timeout keeps the rest
         (args.out / "results.md").write_text(text)
         (args.out / "results.json").write_text(json.dumps(
-            {"shape": w.name, "workload": {**vars(w), "n_params": ws.n_params(w.model)}, "peak_tflops": peak,
+            {"shape": w.name, "workload": {**vars(w), "n_params": ws.n_params(w.model)},
              "hbm_bytes_s": args.hbm_bytes_s, "steps": args.steps, "skip": args.skip, "results": results},
             indent=1, default=str))
     print((args.out / "results.md").read_text(), flush=True)
     return 0 if all("figures" in r for r in results) else 1
+
+
+def earlier_rows(path: Path, fresh: bool) -> list[dict]:
+    """The rows an earlier command wrote to this OUT/<shape> (rows run a call at a time on one warm machine);
+    each keeps the peak and device it was measured with."""
+    return [] if fresh or not path.exists() else json.loads(path.read_text())["results"]
 
 
 if __name__ == "__main__":
