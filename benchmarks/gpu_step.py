@@ -5,10 +5,11 @@ both sides), same batch (8 prompts x 8 generations, prompt 1536 tokens + 512 new
 precision (fp32 master weights + bf16 compute), random weights (speed only). Ours runs as a user runs it:
 `python launch.py ... cluster.gpus_per_node=1` (Ray, the hybrid HF engine, the policy workers), and its
 per-phase times are read from RUN_DIR/metrics.jsonl. Its reward is a seeded random draw per completion
-(workload_shapes.varied_reward): with equal rewards in every group (env=math's grader on a random model) a step takes
-no optimizer step (since cf31336) and the update would be its forward alone; TRL steps whatever the rewards. TRL runs the harness in ../shared/peers/trl
-(trl_grpo_gpu.py, carried into the kit with its wheels); `trl-vllm` is TRL with its own vLLM engine colocated
-(benchmarks/trl_vllm.py, TRL's wheels beside the kit's vLLM).
+(workload_shapes.varied_reward): with equal rewards in every group (env=math's grader on a random model) a step
+takes no optimizer step (since cf31336) and the update would be its forward alone; TRL steps whatever the rewards.
+TRL runs the harness in ../shared/peers/trl (trl_grpo_gpu.py, carried into the kit with its wheels); `trl-vllm`
+is TRL with its own vLLM engine colocated (benchmarks/trl_vllm.py, TRL's wheels beside the kit's vLLM). The other
+shapes of the workload matrix: benchmarks/workloads.py.
 
     python benchmarks/gpu_step.py --steps 4 --trl-dir .gpu-kit/trl --trl-wheels .gpu-kit/trlwhl --out OUT
     python benchmarks/gpu_step.py --only ours-torch,ours-megatron      # a subset
@@ -156,16 +157,17 @@ def run_trl(args) -> dict:
     return peer_row("trl", cmd, out, os.environ)
 
 
-def run_trl_vllm(args, w: Workload = PROMPT_HEAVY) -> dict:
-    """TRL with its colocated vLLM engine (benchmarks/trl_vllm.py --shape w.name), TRL's wheels installed beside
-    the kit's vLLM."""
+def run_trl_vllm(args, w: Workload = PROMPT_HEAVY, model_path: Path | None = None) -> dict:
+    """TRL with its colocated vLLM engine (benchmarks/trl_vllm.py --shape w.name [--model model_path]), TRL's
+    wheels installed beside the kit's vLLM."""
     site = Path("/tmp/site-trl")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
                     *map(str, sorted(args.trl_wheels.glob("*.whl")))], check=False)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
     out = args.out / "trl-vllm"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "trl_vllm.py"), "--steps", str(args.steps),
-           "--skip", str(args.skip), "--out", str(out), "--shape", w.name]
+           "--skip", str(args.skip), "--out", str(out), "--shape", w.name,
+           *(["--model", str(model_path)] if model_path else [])]
     return peer_row("trl-vllm", cmd, out, env)
 
 

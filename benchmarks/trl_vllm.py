@@ -104,6 +104,9 @@ def main() -> int:
     ap.add_argument("--vllm-memory", type=float, default=0.3, help="vllm_gpu_memory_utilization (TRL's default)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/trl-vllm"))
     ap.add_argument("--shape", default="prompt-heavy", choices=sorted(SHAPES), help="the work (workload_shapes.py)")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="a saved checkpoint of the shape (gpu_step.save_model; workloads.py's, ours load it too); "
+                         "default: build it here, before the clock's step 1 ends")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model, short sequences, CPU: a smoke test of this script")
     args = ap.parse_args()
     w = SHAPES[args.shape]
@@ -114,7 +117,8 @@ def main() -> int:
 
     peak = 1.0 if args.tiny else matmul_peak()
     steps: list[tuple[float, float]] = []
-    trainer = make_trainer(save_model(args.out / "model", shape), args, w, steps)
+    model = args.model or save_model(args.out / "model", shape)
+    trainer = make_trainer(model, args, w, steps)
     gen, sync = trainer.vllm_generation, {"rollout": [], "refit": []}
     gen.generate = timed(gen.generate, sync["rollout"])
     gen.sync_weights = timed(gen.sync_weights, sync["refit"])

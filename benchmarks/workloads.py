@@ -9,25 +9,37 @@ Shapes (benchmarks/workload_shapes.py SHAPES; random weights, speed only, fp32 m
 - long-context: the same 1.5B shape, 4 x 8 sequences of 7168 prompt + 1024 new = 8,192 tokens, vLLM at 0.3.
 
 Rows: `ours-vllm-<backend>` is `python launch.py rollout=vllm rollout.enforce_eager=false train.backend=<backend>
-cluster.gpus_per_node=1 ...` exactly as a user runs it (gpu_step.ours_overrides); its per-phase times are the
-medians of steps skip+1..steps in RUN_DIR/metrics.jsonl, its start-up the launcher's own line ("start-up X s to
-the end of step 1", from the process's start). `ours-<backend>` (no vllm) is the HF engine. `trl-vllm` is
-benchmarks/trl_vllm.py --shape <shape> (TRL's wheels installed beside the kit's vLLM, as gpu_step.py does).
+cluster.gpus_per_node=1 model.path=OUT/<shape>/model ...` exactly as a user runs it (gpu_step.ours_overrides; the
+checkpoint is the shape's random model in bf16 with our byte tokenizer, gpu_step.save_model: model.path=null builds
+untied models only); its per-phase times are the medians of steps skip+1..steps in RUN_DIR/metrics.jsonl, its
+start-up the launcher's own line ("start-up X s to the end of step 1", from the process's start). Its reward is a
+seeded random draw per completion (workload_shapes.varied_reward), so that every step takes its optimizer step.
+`ours-<backend>` (no vllm) is the HF engine. `trl-vllm` is benchmarks/trl_vllm.py --shape <shape> --model <the same
+checkpoint> (TRL's wheels installed beside the kit's vLLM, as gpu_step.py does).
 
 Per row: full step, rollout, update (ours: logprob + update phases; TRL: the step less its generate and weight
 push), refit, process start -> end of step 1, tok/s per GPU (prompt + generated tokens of a step / step time /
 every GPU the run holds), the rollout over the decode floor (workload_shapes.py: weight + live KV bytes per decode
-step over --hbm-bytes-s, default the H200's 4.8e12 B/s) and the update MFU (6 N tokens / s over a measured bf16
-8192^3 matmul). Output: OUT/<shape>/results.{md,json}, each run's log and run directory beside them.
+step over --hbm-bytes-s, default the H200's 4.8e12 B/s) and the update MFU (6 N tokens / s over a bf16 8192^3
+matmul measured in a child process). Output: OUT/<shape>/results.{md,json}, each row's log, its run directory and
+the checkpoint beside them. A later command on the same OUT/<shape> replaces the rows it runs and keeps the others
+(each row records its device and peak; --fresh starts over); --copy-to DIR copies the small files (table, logs,
+metrics.jsonl, TRL's summary) there after each row.
 
-On one H200 (the GPU kit in /tmp/site, TRL's harness and wheels in .gpu-kit/trl and .gpu-kit/trlwhl, as for
-gpu_step.py; VLLM_USE_FLASHINFER_SAMPLER=0: the kit has no FlashInfer and TRL does not turn its sampler off):
+On one H200 (pre-flight predicts 98-120 GiB a GPU for these shapes: not an H100), the GPU kit installed in
+/tmp/site and TRL's four wheels in .gpu-kit/trlwhl (trl 1.16.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19;
+../shared/peers/trl/README.md's pip download line; only the `trl-vllm` row needs them), VLLM_USE_FLASHINFER_SAMPLER=0
+(the kit has no FlashInfer and TRL does not turn vLLM's sampler off; ours does):
 
     export PYTHONPATH=/tmp/site:$PWD/src VLLM_USE_FLASHINFER_SAMPLER=0
-    python benchmarks/workloads.py --shape prompt-heavy --out $OUT
-    python benchmarks/workloads.py --shape decode-heavy --out $OUT
-    python benchmarks/workloads.py --shape long-context --out $OUT
-    python benchmarks/workloads.py --shape decode-heavy --out $OUT --only ours-vllm-torch,trl-vllm   # a subset
+    python3 benchmarks/workloads.py --shape prompt-heavy --out /tmp/wl --copy-to $OUT
+    python3 benchmarks/workloads.py --shape decode-heavy --out /tmp/wl --copy-to $OUT
+    python3 benchmarks/workloads.py --shape long-context --out /tmp/wl --copy-to $OUT
+    python3 benchmarks/workloads.py --shape decode-heavy --out /tmp/wl --copy-to $OUT --only ours-vllm-megatron
+
+A row takes its start-up (~90-140 s for the 1.5B shape, issue 41) plus its steps; where a command may run only
+10 minutes, run a shape's rows in two commands on the same warm machine (--only; the second adds its rows to the
+first's table).
 
 On a CPU (tiny model, cluster.gpus_per_node=0, the HF engine, 2 steps, no TRL; megatron through its CPU shim,
 GRPO_MEGATRON_CPU_SHIM=1): the table is produced, its figures say nothing about a GPU:
@@ -40,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,10 +67,9 @@ CPU_ROWS = "ours-torch,ours-megatron"
 
 
 def run_row(name: str, w: ws.Workload, args, data: Path, model: Path) -> dict:
-    """One row: trl-vllm (its own copy of the same model: trl_vllm.py saves it), or ours-[vllm-]<backend> through
-    launch.py model.path=<model>."""
+    """One row, on the shape's checkpoint `model`: trl-vllm, or ours-[vllm-]<backend> through launch.py."""
     if name == "trl-vllm":
-        return gs.run_trl_vllm(args, w)
+        return gs.run_trl_vllm(args, w, model_path=model)
     parts = name.split("-")  # ours-<backend> or ours-vllm-<backend>
     vllm = parts[1] == "vllm"
     backend = parts[-1]
@@ -136,6 +148,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--trl-dir", type=Path, default=ROOT / ".gpu-kit" / "trl")
     ap.add_argument("--trl-wheels", type=Path, default=ROOT / ".gpu-kit" / "trlwhl")
     ap.add_argument("--out", type=Path, default=Path("/tmp/workloads"))
+    ap.add_argument("--copy-to", type=Path, default=None,
+                    help="after each row, copy the table, logs, metrics.jsonl and TRL's summary here (e.g. $OUT)")
     ap.add_argument("--fresh", action="store_true", help="drop the rows an earlier command left in OUT/<shape>")
     args = ap.parse_args()
     args.steps = args.steps or (2 if args.cpu_smoke else 4)
@@ -171,8 +185,20 @@ def main() -> int:
             {"shape": w.name, "workload": {**vars(w), "n_params": ws.n_params(w.model)},
              "hbm_bytes_s": args.hbm_bytes_s, "steps": args.steps, "skip": args.skip, "results": results},
             indent=1, default=str))
+        if args.copy_to:
+            copy_small_files(args.out, args.copy_to)
     print((args.out / "results.md").read_text(), flush=True)
     return 0 if all("figures" in r for r in results) else 1
+
+
+def copy_small_files(shape_dir: Path, dest: Path) -> None:
+    """The table, each row's log, each run's metrics.jsonl and TRL's summary.json into dest (no model, no run
+    directories): after each row, so that a command cut at its time limit still leaves what it finished."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in [*shape_dir.glob("results.*"), *shape_dir.glob("*.log")]:
+        shutil.copy(f, dest / f.name)
+    for f in [*shape_dir.glob("bench-*/metrics.jsonl"), *shape_dir.glob("trl-vllm/summary.json")]:
+        shutil.copy(f, dest / f"{f.parent.name}.{f.name}")
 
 
 def earlier_rows(path: Path, fresh: bool) -> list[dict]:
