@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -41,14 +40,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from workload_shapes import SHAPES, Workload, n_params  # noqa: E402
+from workload_shapes import SHAPES, Workload, n_params, startup_seconds  # noqa: E402
 
 PROMPT_HEAVY = SHAPES["prompt-heavy"]  # this script's shape: 1.21B, 8 x 8 x (1536 + 512), micro-batch 4
 SHAPE = PROMPT_HEAVY.model
 PROMPT, NEW, PROMPTS, GENS, MICRO = (PROMPT_HEAVY.prompt, PROMPT_HEAVY.new, PROMPT_HEAVY.prompts, PROMPT_HEAVY.gens,
                                      PROMPT_HEAVY.micro)
 REWARD = f"{ROOT}/benchmarks/workload_shapes.py:varied_reward"  # every group varies: the update runs in full
-STARTUP = re.compile(r"grpo-launcher: start-up ([0-9.]+) s to the end of step 1")
 
 
 def write_prompts(path: Path, n: int, seed: int = 0, prompt: int = PROMPT) -> None:
@@ -142,7 +140,7 @@ def run_ours(name: str, backend: str, args, data: Path, separate: bool, vllm: bo
             "gen_tok_s": w.sequences * gen_len / phases["rollout"],
             "lp_absdiff": med("train/gen_vs_policy_logprob_absdiff"),
             "first_step_s": rows[min(rows)]["time/step_s"], "profile": read_profile(run_dir, steps, args.profile),
-            "startup_s": float(m[1]) if (m := STARTUP.search(proc.stdout + proc.stderr)) else None}
+            "startup_s": startup_seconds(proc.stdout + proc.stderr)}
 
 
 def read_profile(run_dir: Path, step: int, on: bool) -> dict:

@@ -15,6 +15,7 @@ attention reads its own copy of the prompt's KV), nor waves when the batch does 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 
 H200_HBM_BYTES_S = 4.8e12  # H200 HBM3e, B/s (NVIDIA's figure)
@@ -128,6 +129,15 @@ def row_figures(r: dict, w: Workload, peak_tflops: float, bandwidth: float = H20
             "gen_tok_s_per_gpu": tok_s_per_gpu(w.sequences * t["gen_len"], t["step"], devices),
             "decode_floor_s": floor, "rollout_over_floor": t["rollout"] / floor,
             "update_mfu": mfu(n_params(w.model), tokens, t["update"], peak_tflops * 1e12)}
+
+
+STARTUP = re.compile(r"grpo-launcher: start-up ([0-9.]+) s to the end of step 1")
+
+
+def startup_seconds(log: str) -> float | None:
+    """Process start -> end of step 1, from launch.py's own start-up line (train/startup.py); None without one."""
+    m = STARTUP.search(log)
+    return float(m[1]) if m else None
 
 
 _REWARDS = random.Random(0)

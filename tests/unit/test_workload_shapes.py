@@ -88,3 +88,13 @@ def test_row_figures_of_ours_and_of_trl():
 def test_varied_reward_makes_every_group_vary():
     draws = [ws.varied_reward("p", "same completion") for _ in range(8)]
     assert len(set(draws)) == 8 and all(0.0 <= d < 1.0 for d in draws)
+
+
+def test_the_start_up_is_read_from_the_launchers_own_line():
+    from grpo_launcher.train.startup import StartupClock
+
+    clock = StartupClock(t0=100.0)
+    clock.last = 127.25  # as if step 1 ended 27.25 s after the process started
+    line = clock.report()
+    assert ws.startup_seconds(f"noise\n{line}\nmore") == pytest.approx(27.2, abs=0.051)  # printed to 0.1 s
+    assert ws.startup_seconds("no such line") is None
