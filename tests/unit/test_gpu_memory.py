@@ -65,3 +65,29 @@ def test_cpu_runs_and_nodes_without_nvidia_smi_sample_nothing(tmp_path, monkeypa
     assert GpuPeak.start(gpus_per_node=0, predicted_gib=None).report() == {}
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi anywhere
     assert GpuPeak.start(gpus_per_node=1, predicted_gib=10.0).report() == {}
+
+
+def test_the_run_records_its_measured_peak_beside_the_prediction_in_summary_json_and_mlflow(fake_nvidia_smi,
+                                                                                             tmp_path, capsys):
+    """Issue 43: each GPU run records the measured peak next to the prediction (summary.json and the MLflow run's
+    tags) and warns past 10 %: the loop's end (LoopState.finish) with a real sqlite store."""
+    import json
+
+    from grpo_launcher.plan import make_plan
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.tracking.mlflow_tracker import Tracker
+    from grpo_launcher.train.loop_state import LoopState
+
+    spec = load_spec([f"output_root={tmp_path}", "name=peak"])
+    plan = make_plan(spec)
+    plan.run_dir.mkdir(parents=True)
+    tracker = Tracker(spec, f"sqlite:///{tmp_path / 'mlflow.db'}", plan.run_dir)
+    fake_nvidia_smi(peak_mib=82_420)  # 80 GiB above GPU 0's 500 MiB baseline
+    peak = GpuPeak.start(gpus_per_node=2, predicted_gib=70.0)
+    wait_for(lambda: peak.peak.get(0, 0) >= 81_920)
+    LoopState(spec, plan, None, tracker, gpu_peak=peak).finish("FINISHED")
+    want = {"gpu_peak_measured_gib": 80.0, "gpu_peak_predicted_gib": 70.0, "gpu_peak_prediction_error_pct": -12.5}
+    assert json.loads((plan.run_dir / "summary.json").read_text())["gpu_memory"] == want
+    tags = tracker.client.get_run(tracker.run_id).data.tags
+    assert {k: float(tags[f"grpo.{k}"]) for k in want} == want
+    assert "predicted 70.0 GiB per GPU, nvidia-smi measured a peak of 80.0 GiB: -12.5 % UNDER" in capsys.readouterr().err
