@@ -45,6 +45,11 @@ ROWS = {
     "3b-sleep": ("3b", "torch", 16, 8, 256, 512, 4, ["rollout.sleep_mode=true"]),
     "1.5b-megatron": ("1.5b", "megatron", 32, 8, 256, 1024, 8, ["rollout.gpu_memory_utilization=0.3"]),
     "1.5b-megatron-sleep": ("1.5b", "megatron", 16, 8, 256, 512, 4, ["rollout.sleep_mode=true"]),
+    # not measured yet (issue 43's open rows): prompt-heavy, 0.1B asleep, a user's KV cache size on the GPU
+    "1.5b-prompt": ("1.5b", "torch", 32, 8, 2048, 128, 4, ["rollout.gpu_memory_utilization=0.3"]),
+    "0.1b-sleep": ("0.1b", "torch", 16, 8, 256, 256, 8, ["rollout.sleep_mode=true"]),
+    "1.5b-kv": ("1.5b", "torch", 32, 8, 256, 1024, 8, ["rollout.gpu_memory_utilization=0.3",
+                                                       "rollout.kv_cache_memory_mb=8192"]),
 }
 
 
