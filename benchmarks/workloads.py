@@ -32,10 +32,11 @@ On one H200 (pre-flight predicts 98-120 GiB a GPU for these shapes: not an H100)
 (the kit has no FlashInfer and TRL does not turn vLLM's sampler off; ours does):
 
     export PYTHONPATH=/tmp/site:$PWD/src VLLM_USE_FLASHINFER_SAMPLER=0
-    python3 benchmarks/workloads.py --shape prompt-heavy --out /tmp/wl --copy-to $OUT
-    python3 benchmarks/workloads.py --shape decode-heavy --out /tmp/wl --copy-to $OUT
-    python3 benchmarks/workloads.py --shape long-context --out /tmp/wl --copy-to $OUT
-    python3 benchmarks/workloads.py --shape decode-heavy --out /tmp/wl --copy-to $OUT --only ours-vllm-megatron
+    python3 benchmarks/workloads.py --shape prompt-heavy --steps 3 --out /tmp/wl --copy-to $OUT/prompt-heavy
+    python3 benchmarks/workloads.py --shape decode-heavy --steps 3 --out /tmp/wl --copy-to $OUT/decode-heavy
+    python3 benchmarks/workloads.py --shape long-context --steps 3 --out /tmp/wl --copy-to $OUT/long-context
+    python3 benchmarks/workloads.py --shape decode-heavy --steps 3 --out /tmp/wl --copy-to $OUT/decode-heavy \
+        --only ours-vllm-megatron                                                   # one row (again)
 
 A row takes its start-up (~90-140 s for the 1.5B shape, issue 41) plus its steps; where a command may run only
 10 minutes, run a shape's rows in two commands on the same warm machine (--only; the second adds its rows to the
@@ -145,7 +146,6 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="default 4 (--cpu-smoke 2)")
     ap.add_argument("--skip", type=int, default=1, help="warm-up steps left out of the medians")
     ap.add_argument("--hbm-bytes-s", type=float, default=ws.H200_HBM_BYTES_S, help="HBM bandwidth of the floor")
-    ap.add_argument("--trl-dir", type=Path, default=ROOT / ".gpu-kit" / "trl")
     ap.add_argument("--trl-wheels", type=Path, default=ROOT / ".gpu-kit" / "trlwhl")
     ap.add_argument("--out", type=Path, default=Path("/tmp/workloads"))
     ap.add_argument("--copy-to", type=Path, default=None,
