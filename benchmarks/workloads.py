@@ -35,8 +35,7 @@ On one H200 (pre-flight predicts 98-120 GiB a GPU for these shapes: not an H100)
     python3 benchmarks/workloads.py --shape prompt-heavy --steps 3 --out /tmp/wl --copy-to $OUT/prompt-heavy
     python3 benchmarks/workloads.py --shape decode-heavy --steps 3 --out /tmp/wl --copy-to $OUT/decode-heavy
     python3 benchmarks/workloads.py --shape long-context --steps 3 --out /tmp/wl --copy-to $OUT/long-context
-    python3 benchmarks/workloads.py --shape decode-heavy --steps 3 --out /tmp/wl --copy-to $OUT/decode-heavy \
-        --only ours-vllm-megatron                                                   # one row (again)
+    python3 benchmarks/workloads.py --shape decode-heavy ... --only ours-vllm-megatron   # one row, into the table
 
 A row takes its start-up (~90-140 s for the 1.5B shape, issue 41) plus its steps; where a command may run only
 10 minutes, run a shape's rows in two commands on the same warm machine (--only; the second adds its rows to the
