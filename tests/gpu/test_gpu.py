@@ -136,6 +136,42 @@ def test_launch_learns_with_vllm_rollouts_on_the_gpu(tmp_path, backend, engine):
     assert min(freed) > 0.25 * 0.5 * torch.cuda.get_device_properties(0).total_memory / 2**30, freed
 
 
+@pytest.mark.skipif(not _has_vllm(), reason="needs vLLM's CUDA build (scripts/gpu-kit.sh with VLLM=0.25.0)")
+@pytest.mark.parametrize("mb", [None, 512])
+def test_a_gpu_engine_holds_the_kv_cache_pre_flight_counts(tmp_path, mb):
+    """rollout.kv_cache_memory_mb on CUDA: null gives the engine its budget's rest (rollout/vllm.py kv_cache_bytes:
+    at least the dry run's "KV cache", the engine's weights in bf16 here), a user's size is the engine's and the dry
+    run's; the engine allocates whole blocks, at most what it asked."""
+    import os
+
+    import ray
+
+    from grpo_launcher.preflight.memory_estimate import estimate
+    from grpo_launcher.rollout import rollout_class
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.train.workers import WORKER_ENV, _src
+
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    spec = load_spec([f"output_root={tmp_path}", "rollout=vllm", *MODEL, *GPU_RUN, "model.warm_start_steps=0",
+                      f"cluster.gpu_memory_gib={total:.1f}", "rollout.gpu_memory_utilization=0.3",
+                      f"rollout.kv_cache_memory_mb={'null' if mb is None else mb}"])
+    budget = estimate(spec).kv["available"]  # the dry run's "KV cache" (the engine's weights in model.dtype)
+    want = mb * 2**20 if mb else None
+    assert budget == want if mb else budget > 0
+    env = dict(WORKER_ENV, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), _src()) if p))
+    ray.init(num_gpus=1, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="WARNING")
+    try:
+        engine = ray.remote(rollout_class("vllm")).options(num_gpus=1).remote(spec, _model_dir(spec, tmp_path), 1)
+        size = ray.get(engine.kv_cache_bytes.remote(), timeout=600)
+        ray.get(engine.shutdown.remote(), timeout=300)
+    finally:
+        ray.shutdown()
+    print(f"kv_cache_memory_mb={mb}: asked {size['asked'] / 2**30:.2f} GiB, allocated {size['allocated'] / 2**30:.2f}")
+    asked = size["asked"]
+    assert asked == want if mb else budget <= asked <= 0.3 * total * 2**30, (size, budget)
+    assert 0.95 * asked <= size["allocated"] <= asked, size
+
+
 def _spec(tmp_path, backend: str):
     from grpo_launcher.spec.compose import load_spec
 
