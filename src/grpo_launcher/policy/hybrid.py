@@ -8,18 +8,20 @@ copies the policy's weights into it in place (nothing at all when the engine sha
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import ray
 import torch
 
 from ..plan import engine_sleeps, rollout_devices
 from ..rollout import vllm_compat
-from ..rollout.checkpoint_names import CheckpointNames
 from ..rollout.hf import HFEngine
 from ..spec.schema import RolloutBackend, RunSpec
 from .profile import profiled
 from ..batch import Generation
+
+if TYPE_CHECKING:
+    from ..rollout.checkpoint_names import CheckpointNames
 
 
 class HybridRollout:
@@ -60,6 +62,8 @@ class HybridRollout:
         if lead:  # a sleeping engine wakes its weights here and its KV cache once they are loaded
             ray.get([e.start_weight_update.remote() for e in engines])
         if self.file_names is None:
+            from ..rollout.checkpoint_names import CheckpointNames  # here: it imports transformers' auto classes,
+            # and the driver imports this module (the actor's class) before it starts the policy workers
             self.file_names = CheckpointNames(self.model_dir)
         vllm_compat.send_weights_ipc(self.file_names(self.weight_items()),
                                      lambda info: ray.get([e.update_weights_ipc.remote(info) for e in engines]),
