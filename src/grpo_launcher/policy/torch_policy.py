@@ -40,15 +40,21 @@ __all__ = ["TorchPolicyWorker", "local_denominator"]  # local_denominator (algos
 
 class TorchPolicyWorker(HybridRollout, Profiling):
     def __init__(self, spec: RunSpec, model_dir: str, rank: int, world: int, threads: int = 1):
+        self.startup_marks = [("imports", time.time())]  # (phase, its end): the driver's start-up line (train/startup.py)
+        import transformers.models.auto.modeling_auto  # noqa: F401  (load_model's import, timed on its own)
+
+        self.startup_marks.append(("transformers", time.time()))
         torch.set_num_threads(threads)
         torch.manual_seed(spec.grpo.seed + rank)
         self.spec, self.model_dir, self.rank, self.world = spec, str(model_dir), rank, world
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
+        self.startup_marks.append(("device", time.time()))  # CUDA's initialisation
         # FSDP2 over the DP ranks, applied once the process group exists; train.cpu_offload: also on one rank
         self.offload = spec.train.cpu_offload and self.device.type == "cuda"
         self.sharded = world > 1 or self.offload
         self.model = fsdp.load_model(self.model_dir, self.device, sharded=self.sharded)  # sharded: on meta
+        self.startup_marks.append(("load", time.time()))
         # nemotron_h: the Mamba-2 kernels this device runs (none on CPU; unfused without causal-conv1d)
         self.mamba_path = bind_mamba_kernels(self.model, on_cuda=self.device.type == "cuda")
         if self.mamba_path and rank == 0:
@@ -69,10 +75,12 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         self.autocast = self.bf16 and not self.sharded
         if not self.sharded:
             self._build_optimizer()
+        self.startup_marks.append(("setup", time.time()))  # kernels, reference copy, optimizer
         # an fp32 CPU run generates with the policy model itself (a sharded model cannot: its forward is a
         # collective, and each rank generates its own prompts); a GPU run with a copy in its precision
         same = self.device.type == "cpu" and engine_dtype(spec, self.device) == torch.float32 and not self.sharded
         self.init_engine(share_model=self.model if same else None)
+        self.startup_marks.append(("engine", time.time()))
 
     def _build_optimizer(self) -> None:
         t = self.spec.train

@@ -154,11 +154,16 @@ class HFRolloutWorker(VersionedEngine):
 
     def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1, max_model_len: int | None = None):
         del max_model_len  # the Plan's engine context (vLLM's contract): generation is bounded by max_new_tokens
+        self.startup_marks = [("imports", time.time())]  # (phase, its end): the driver's start-up line (train/startup.py)
+        import transformers.models.auto.modeling_auto  # noqa: F401  (HFEngine's import, timed on its own)
+
+        self.startup_marks.append(("transformers", time.time()))
         torch.set_num_threads(threads)
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         self.engine = HFEngine(spec, str(model_dir), device)  # the driver refits before the first rollout
         self._versions_init()
+        self.startup_marks.append(("engine", time.time()))
 
     def generate(self, prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]:
         self._apply_staged()

@@ -38,7 +38,7 @@ from .engines import EnginePool
 from .loop_state import LoopState, StopRequest
 from .setup import prepare_model, resume_or_start
 from .sources import RolloutSource, SyncSource, Timer
-from .startup import StartupClock, process_start, quiet_libraries
+from .startup import Readiness, StartupClock, prefetch_tokenizer_imports, process_start, quiet_libraries
 from .workers import Workers, create_workers, ray_session
 
 
@@ -62,6 +62,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
         clock.mark("ray")
         workers = create_workers(spec, plan, str(model_dir))  # they import and load while the driver sets up
         clock.mark("workers started")
+        started = Readiness(workers)  # each actor's start-up report, queued behind its __init__
         trainer = state = None
         try:
             state = resume_or_start(spec, plan)  # checkpoint + MLflow run
@@ -71,10 +72,14 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
             clock.mark("mlflow" if spec.logging.mlflow else "checkpoints")
             record_launch(spec, plan, state)  # RUN_DIR/repro/: git commit, uncommitted diff, pip freeze (+ MLflow)
             clock.mark("repro")
+            imports = prefetch_tokenizer_imports()  # while the driver waits for the policy workers
+            started.wait(workers, "policy", clock)  # "policy ready": the tokenizer and the process group need them
+            imports.join()
             trainer = Trainer(spec, plan, env, workers, state, stop, model_dir, source_class(spec, env))
             clock.mark("tokenizer")
             workers.ready()
-            clock.mark("workers ready")
+            clock.mark("process group")
+            started.wait(workers, "engines", clock)  # separate engines: started beside the policy's load
             publish_rollout_endpoints(spec, plan, workers)
             trainer.clock = clock
             return finish_run(spec, plan, state, trainer.train())  # + where everything is, the curve PNG
