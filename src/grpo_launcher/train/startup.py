@@ -6,10 +6,10 @@ tokenizer from rank 0, joins the policy's process group, and waits for separate 
 start beside the policy's load). Each actor times its own start-up (`startup_marks`: process start -> its
 __init__ -> each phase of it) and the line names the slowest actor's phases after its wait. After step 1:
 
-    grpo-launcher: start-up 27.0 s to the end of step 1 (imports 4.4, env 0.0, model 0.0, ray 6.2,
-    workers started 0.1, mlflow 3.1, repro 0.5, policy ready 6.1 [from 10.8, imports 5.0, load 0.8, setup 0.1,
-    engine 0.0], tokenizer 1.4, process group 0.0, engines ready 2.2 [from 10.9, imports 6.5, engine 3.0],
-    step 1 0.4)
+    grpo-launcher: start-up 19.5 s to the end of step 1 (imports 1.9, env 0.0, model 0.0, ray 2.2,
+    workers started 3.4, checkpoints 0.0, repro 0.1, policy ready 3.5 [from 5.0, imports 2.5, transformers 3.5,
+    device 0.0, load 0.1, setup 0.0, engine 0.0], tokenizer 0.0, process group 0.0, engines ready 5.9 [from 7.5,
+    imports 5.0, engine 4.6], step 1 2.3)
 
 A bracket is the slowest actor's own account: when its process started (seconds into the start-up), then its
 phases. Those are not parts of the driver's wait: the wait is what the actor took beyond what the driver did
@@ -17,7 +17,9 @@ meanwhile.
 
 Overlapping more in this process does not pay: importing torch, transformers and MLflow in a thread while
 `ray.init` runs took as long in all and slowed `ray.init` (the cores are busy with Ray's own processes, and the
-GIL serialises the rest). Figures: benchmarks/results/step_phases.md.
+GIL serialises the rest). What runs while the driver only waits (the tokenizer's imports, during the wait for the
+policy: prefetch_tokenizer_imports) is off the critical path where the cores are many. Figures:
+benchmarks/results/step_phases.md, benchmarks/results/startup.md.
 """
 
 from __future__ import annotations
