@@ -365,9 +365,11 @@ def _mamba_ssm_imports() -> bool:
 
 
 @pytest.mark.skipif(not _mamba_ssm_imports(), reason="needs mamba-ssm's Triton kernels (scripts/gpu-kit.sh)")
-def test_nemotron_h_kernel_path_matches_pure_torch_in_train_mode(monkeypatch):
+@pytest.mark.parametrize("mamba_heads", [8, 4])  # in_proj width 328 and 196: causal-conv1d's kernels need 8 | width
+def test_nemotron_h_kernel_path_matches_pure_torch_in_train_mode(monkeypatch, mamba_heads):
     """nemotron_h on the torch backend's GPU path (models/nemotron_h.py bind_mamba_kernels: mamba-ssm's Triton
-    kernels, the fused train path only with causal-conv1d) gives the pure-torch path's loss and gradients, fp32."""
+    kernels, the fused train path only with causal-conv1d and a width its kernels take) gives the pure-torch
+    path's loss and gradients, fp32."""
     from transformers import NemotronHConfig, NemotronHForCausalLM
     from transformers.models.nemotron_h import modeling_nemotron_h as modeling
 
@@ -377,7 +379,8 @@ def test_nemotron_h_kernel_path_matches_pure_torch_in_train_mode(monkeypatch):
     for name in nh.MAMBA_FUNCTIONS:  # the rebinding is process-wide: restored after the test
         monkeypatch.setattr(modeling, name, getattr(modeling, name))
     torch.manual_seed(0)
-    model = NemotronHForCausalLM(NemotronHConfig(**{**CONFIG, "chunk_size": 16})).cuda().train()
+    model = NemotronHForCausalLM(NemotronHConfig(**{**CONFIG, "chunk_size": 16, "mamba_num_heads": mamba_heads}))
+    model = model.cuda().train()
     ids = torch.randint(3, 500, (2, 40), device="cuda")
 
     def loss_and_grads():

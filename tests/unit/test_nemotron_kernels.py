@@ -165,6 +165,17 @@ class TestMambaPath:
         assert nh.bind_mamba_kernels(types.SimpleNamespace(config=types.SimpleNamespace(model_type="qwen2")),
                                      on_cuda=True) == ""
 
+    @pytest.mark.parametrize("mamba_heads", [4, 8])
+    def test_in_proj_width_is_transformers_own(self, mamba_heads):
+        """causal-conv1d is used only where 8 divides this width (its channel-last kernels' stride rule)."""
+        from transformers import NemotronHConfig, NemotronHForCausalLM
+
+        from nemotron_tiny import CONFIG
+
+        cfg = NemotronHConfig(**{**CONFIG, "mamba_num_heads": mamba_heads})
+        mixer = NemotronHForCausalLM(cfg).model.layers[0].mixer
+        assert mixer.in_proj.out_features == nh.in_proj_width(cfg) == {4: 196, 8: 328}[mamba_heads]
+
 
 class TestSeqIdxConv:
     """The torch conv1d that runs beside mamba-ssm's Triton scan when causal-conv1d is absent takes packed rows'

@@ -198,7 +198,9 @@ def bind_mamba_kernels(model: Any, on_cuda: bool) -> str:
 
     packages = {p: _imports(p, MAMBA_FUNCTIONS[f][1]) for f, p in (("mamba2_chunk_scan", "mamba_ssm"),
                                                                   ("causal_conv1d_fn", "causal_conv1d"))}
-    wanted = mamba_kernels(packages["mamba_ssm"], packages["causal_conv1d"], on_cuda)
+    width = in_proj_width(model.config)
+    conv = packages["causal_conv1d"] and width % 8 == 0
+    wanted = mamba_kernels(packages["mamba_ssm"], conv, on_cuda)
     for name, kernel in wanted.items():
         if packages[MAMBA_FUNCTIONS[name][0]] and not kernel:  # transformers bound the kernel: its torch reference
             setattr(modeling, name, inspect.unwrap(getattr(modeling, name)))
@@ -209,7 +211,19 @@ def bind_mamba_kernels(model: Any, on_cuda: bool) -> str:
         modeling.causal_conv1d_fn = modeling.causal_conv1d_fn.__wrapped__  # as it was before
     BOUND.clear()
     BOUND.update(wanted)
-    return mamba_path(packages["mamba_ssm"], packages["causal_conv1d"], on_cuda)
+    path = mamba_path(packages["mamba_ssm"], conv, on_cuda)
+    if packages["causal_conv1d"] and not conv and on_cuda:
+        path += f"; causal-conv1d installed but not used: its kernels need the Mamba in_proj width ({width}) " \
+                "to be a multiple of 8"
+    return path
+
+
+def in_proj_width(config: Any) -> int:
+    """A NemotronH Mamba-2 mixer's in_proj output width (z, x, B, C, dt): causal-conv1d reads x/B/C as a strided
+    view of it, and its channel-last kernels need that stride to be a multiple of 8 (a RuntimeError otherwise,
+    seen on an H200 with causal-conv1d 1.6.0 and 4 Mamba heads: width 196)."""
+    inner = config.mamba_num_heads * config.mamba_head_dim
+    return 2 * inner + 2 * config.n_groups * config.ssm_state_size + config.mamba_num_heads
 
 
 def varlen_mamba() -> bool:
