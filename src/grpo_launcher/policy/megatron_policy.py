@@ -203,8 +203,10 @@ def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 class MegatronPolicyWorker(HybridRollout, Profiling):
     def __init__(self, spec: RunSpec, model_dir: str, rank: int, world: int, threads: int = 1):
+        self.startup_marks = [("imports", time.time())]  # (phase, its end): the driver's start-up line (train/startup.py)
         from transformers import AutoConfig
 
+        self.startup_marks.append(("transformers", time.time()))
         quiet_megatron_notices()
         torch.set_num_threads(threads)
         self.spec, self.model_dir, self.rank, self.world = spec, str(model_dir), rank, world
@@ -212,6 +214,8 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
         self.shim = None if self.cuda else _load_cpu_shim()
+        self.startup_marks.append(("device", time.time()))  # CUDA's initialisation (CPU: megatron's shim); the model
+        # is built after the process group (init_distributed): the line's `process group` phase
         # the alltoall dispatcher creates a CUDA stream; on CPU the allgather one computes the same layer (derived
         # here, beside the spec: the spec stays the one pre-flight validated, spec/resolve.py)
         cpu_moe = not self.cuda and self.arch.num_experts and spec.train.moe.token_dispatcher == "alltoall"
