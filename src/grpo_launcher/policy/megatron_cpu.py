@@ -13,6 +13,9 @@ megatron-core hard-codes CUDA in a few places that a CPU forward/backward reache
 
 Hooks: ``install()`` before any model is built, ``after_parallel_init()`` after
 ``parallel_state.initialize_model_parallel``.
+
+Imports. megatron-core and mamba-ssm inside the functions: policy/megatron_policy.py imports this module, and the
+driver that one (its imports stay light, as megatron_policy's docstring says); mamba-ssm is optional besides.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 _installed = False
@@ -31,7 +35,7 @@ def install() -> None:
         return
     torch.cuda.current_device = lambda: torch.device("cpu")  # RoPE / scratch buffers land on the CPU
     try:  # 0.16.1: the MoE router's gating GEMM names a TE symbol that only exists when TE imports
-        from megatron.core.transformer.moe import moe_utils
+        from megatron.core.transformer.moe import moe_utils  # lazy: see Imports above
 
         if not hasattr(moe_utils, "te_general_gemm"):
             moe_utils.te_general_gemm = None
@@ -43,7 +47,7 @@ def install() -> None:
 
 def _mamba_references() -> None:
     try:
-        from megatron.core.ssm import mamba_mixer
+        from megatron.core.ssm import mamba_mixer  # lazy: see Imports above
     except ImportError:
         return
     if not mamba_mixer.HAVE_MAMBA_SSM:
@@ -60,8 +64,7 @@ def chunk_scan_reference(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     """mamba_chunk_scan_combined's arguments → mamba-ssm's torch reference of it (no states in or out: training and
     logprobs only). The reference wants whole chunks: the sequence is zero-padded at its end (causal: the padding
     changes no earlier output) and the output cut back."""
-    import torch.nn.functional as F
-    from mamba_ssm.ops.triton.ssd_combined import ssd_chunk_scan_combined_ref
+    from mamba_ssm.ops.triton.ssd_combined import ssd_chunk_scan_combined_ref  # lazy: see Imports above
 
     if return_final_states or initial_states is not None or seq_idx is not None:
         raise NotImplementedError("the CPU Mamba reference has no state passing or packing")
@@ -75,7 +78,7 @@ def chunk_scan_reference(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
 
 
 def _gated_norm_reference(self: Any, x: Tensor, z: Optional[Tensor] = None) -> Tensor:
-    from mamba_ssm.ops.triton.layernorm_gated import rms_norm_ref
+    from mamba_ssm.ops.triton.layernorm_gated import rms_norm_ref  # lazy: see Imports above
 
     return rms_norm_ref(x, self.weight, self.bias, z=z, eps=self.eps, group_size=self.group_size,
                         norm_before_gate=self.norm_before_gate)
@@ -83,6 +86,6 @@ def _gated_norm_reference(self: Any, x: Tensor, z: Optional[Tensor] = None) -> T
 
 def after_parallel_init() -> None:
     # The inference tracker's fork() is a no-op context: dropout (0 here) uses torch's CPU generator.
-    from megatron.core.tensor_parallel import random as tpr
+    from megatron.core.tensor_parallel import random as tpr  # lazy: see Imports above
 
     tpr.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)

@@ -14,6 +14,9 @@ scan and gated norm), which megatron-core cannot pack (train.sequence_packing is
 Both megatron-core APIs are served: 0.16 (MambaModel, ssm/mamba_block.MambaStack, `mamba_stack_spec`,
 `hybrid_override_pattern`) and 0.19 (HybridModel, models/hybrid/hybrid_block.HybridStack, `hybrid_stack_spec`,
 `hybrid_layer_pattern`).
+
+Imports. megatron-core inside the functions: policy/megatron_policy.py imports this module, and the driver that one
+(its imports stay light, as megatron_policy's docstring says); hybrid_api tries each release's module paths.
 """
 
 from __future__ import annotations
@@ -26,20 +29,21 @@ from . import megatron_convert as mc
 def hybrid_api() -> tuple[type, type, type, str, str]:
     """(model class, stack class, stack submodules class, the model's spec keyword, its pattern keyword)."""
     try:
-        from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
-        from megatron.core.models.hybrid.hybrid_model import HybridModel
+        from megatron.core.models.hybrid.hybrid_block import (  # lazy: see Imports above
+            HybridStack, HybridStackSubmodules)
+        from megatron.core.models.hybrid.hybrid_model import HybridModel  # lazy: see Imports above
 
         return HybridModel, HybridStack, HybridStackSubmodules, "hybrid_stack_spec", "hybrid_layer_pattern"
     except ImportError:  # megatron-core 0.16
-        from megatron.core.models.mamba.mamba_model import MambaModel
-        from megatron.core.ssm.mamba_block import MambaStack, MambaStackSubmodules
+        from megatron.core.models.mamba.mamba_model import MambaModel  # lazy: see Imports above
+        from megatron.core.ssm.mamba_block import MambaStack, MambaStackSubmodules  # lazy: see Imports above
 
         return MambaModel, MambaStack, MambaStackSubmodules, "mamba_stack_spec", "hybrid_override_pattern"
 
 
 def local_norm_stack(base: type) -> type:
     """The hybrid stack with a torch RMSNorm as its final norm (megatron-core hard-codes TENorm there)."""
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm  # lazy: see Imports above
 
     class LocalNormStack(base):
         def __init__(self, config: Any, submodules: Any, *args: Any, post_layer_norm: bool = True,
@@ -57,14 +61,14 @@ def local_stack_spec(arch: mc.Arch, core_attention: Optional[type] = None) -> An
     """The hybrid stack's ModuleSpec: Mamba (M), attention (*) and MoE (E) layers from megatron-core's local modules.
     The attention and MoE layers are the local GPT layer's halves (its spec picks the norm and expert classes of the
     installed megatron-core)."""
-    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
-    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
-    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-    from megatron.core.transformer import transformer_layer as tl
-    from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add  # lazy: see Imports above
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # lazy: see Imports above
+    from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules  # lazy: see Imports above
+    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules  # lazy: see Imports above
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear  # lazy: see Imports above
+    from megatron.core.transformer import transformer_layer as tl  # lazy: see Imports above
+    from megatron.core.transformer.spec_utils import ModuleSpec  # lazy: see Imports above
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm  # lazy: see Imports above
 
     assert arch.mamba is not None, "a hybrid Arch has its Mamba shape"
     _, stack, submodules, _, _ = hybrid_api()
@@ -90,7 +94,7 @@ def config_kwargs(arch: mc.Arch, mem_eff: bool) -> dict[str, Any]:
     """TransformerConfig's fields for NemotronH's layers: Mamba-2 sizes, squared-ReLU non-gated experts (megatron
     fuses only gelu / swiglu with their bias: no bias-activation fusion, whatever train.fused_kernels says).
     mem_eff: megatron's fused split-conv1d-scan training path (needs causal-conv1d)."""
-    from megatron.core.activations import squared_relu
+    from megatron.core.activations import squared_relu  # lazy: see Imports above
 
     m = arch.mamba
     assert m is not None
@@ -110,7 +114,7 @@ def moe_kwargs(arch: mc.Arch) -> dict[str, Any]:
 
 def mem_eff_path_available() -> bool:
     """megatron's Mamba mixer found causal-conv1d (its fused training path runs on it)."""
-    from megatron.core.ssm import mamba_mixer
+    from megatron.core.ssm import mamba_mixer  # lazy: see Imports above
 
     return getattr(mamba_mixer, "causal_conv1d_fn", None) is not None
 

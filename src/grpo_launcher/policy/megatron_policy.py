@@ -25,6 +25,10 @@ Optimizer. On CPU (tests): torch AdamW over each rank's local shards with our ow
 weights with bf16, distributed optimizer when train.distributed_optimizer).
 
 CPU: megatron-core needs the patches in policy/megatron_cpu.py (tests and development only): GRPO_MEGATRON_CPU_SHIM=1.
+
+Imports. megatron-core (~5 s) and transformers' AutoConfig are imported inside the functions that use them: the
+driver imports this module to start its workers (policy_class) and stays light (tests/unit/test_startup.py), and
+megatron-core's import-time notices are filtered first (quiet_megatron_notices, in __init__).
 """
 
 from __future__ import annotations
@@ -33,19 +37,24 @@ import json
 import os
 import shutil
 import re
+import socket
 import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+import ray
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from ..algos import LossInputs, entropy_from_logits, local_denominator, spec_policy_loss, token_logprobs
 from ..algos.linear_logprobs import linear_logprobs, vocab_parallel_linear_logprobs
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch
-from . import megatron_convert as mc
+from . import megatron_convert as mc, megatron_cpu, megatron_hybrid
 from .hybrid import HybridRollout
 from .megatron_families import CPU_SHIM_ENV
 from .profile import Profiling, profiled
@@ -67,8 +76,6 @@ def _load_cpu_shim():
         raise RuntimeError(
             "train.backend=megatron without a GPU: megatron-core hard-codes CUDA. For CPU tests set "
             f"{CPU_SHIM_ENV}=1 (policy/megatron_cpu.py, tests and development only), or run on GPUs.")
-    from . import megatron_cpu
-
     megatron_cpu.install()
     return megatron_cpu
 
@@ -78,8 +85,7 @@ def _load_cpu_shim():
 
 def sdpa_attention_class():
     """megatron's local DotProductAttention with torch SDPA inside (flash / memory-efficient kernels)."""
-    import torch.nn.functional as F
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.dot_product_attention import DotProductAttention  # lazy: see Imports above
 
     class SDPAAttention(DotProductAttention):
         def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
@@ -101,8 +107,7 @@ def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool, fuse
     neither Transformer Engine nor Apex, its torch.compile'd SwiGLU (the backward recomputes the activation from
     the saved input) and residual add; its RoPE fusion needs TE, its persistent norm and masked-softmax kernels
     Apex (and SDPA does the softmax): those stay off."""
-    import torch.nn.functional as F
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import TransformerConfig  # lazy: see Imports above
 
     t = spec.train
     bf16 = t.precision == Precision.bfloat16
@@ -127,8 +132,6 @@ def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool, fuse
     if arch.num_experts:
         kw.update(moe_kwargs(arch, spec, dispatcher))
     if arch.mamba is not None:
-        from . import megatron_hybrid
-
         kw.update(megatron_hybrid.config_kwargs(arch, mem_eff=mamba_mem_eff))
         if arch.num_experts:
             kw.update(megatron_hybrid.moe_kwargs(arch))
@@ -157,9 +160,8 @@ def build_model(arch: mc.Arch, spec: RunSpec, *, pre_process: bool = True, post_
                              mamba_mem_eff=mamba_mem_eff)
     core = sdpa_attention_class() if spec.train.core_attention == "sdpa" else None
     if arch.mamba is not None:
-        from .megatron_hybrid import build_hybrid
-
-        model = build_hybrid(arch, cfg, pre_process=pre_process, post_process=post_process, core_attention=core)
+        model = megatron_hybrid.build_hybrid(arch, cfg, pre_process=pre_process, post_process=post_process,
+                                             core_attention=core)
     else:
         model = build_gpt(arch, cfg, pre_process=pre_process, post_process=post_process, core_attention=core)
     if spec.train.moe.freeze_router:
@@ -170,8 +172,8 @@ def build_model(arch: mc.Arch, spec: RunSpec, *, pre_process: bool = True, post_
 
 
 def build_gpt(arch: mc.Arch, cfg, *, pre_process: bool, post_process: bool, core_attention: Optional[type]):
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt import GPTModel  # lazy: see Imports above
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # lazy: see Imports above
 
     layer_spec = get_gpt_layer_local_spec(num_experts=arch.num_experts or None, moe_grouped_gemm=False,
                                           qk_layernorm=arch.qk_norm, normalization="RMSNorm")
@@ -186,8 +188,6 @@ def build_gpt(arch: mc.Arch, cfg, *, pre_process: bool, post_process: bool, core
 
 
 def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     d = Path(model_dir)
     files = sorted(d.glob("*.safetensors"))
     if not files:
@@ -204,7 +204,7 @@ def load_hf_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
 class MegatronPolicyWorker(HybridRollout, Profiling):
     def __init__(self, spec: RunSpec, model_dir: str, rank: int, world: int, threads: int = 1):
         self.startup_marks = [("imports", time.time())]  # (phase, its end): the driver's start-up line (train/startup.py)
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # lazy: see Imports above
 
         self.startup_marks.append(("transformers", time.time()))
         quiet_megatron_notices()
@@ -224,26 +224,22 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
 
     # ------------------------------------------------------------------ distributed set-up
     def address(self) -> tuple[str, int]:
-        import socket
-
-        import ray
-
         with socket.socket() as s:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def init_distributed(self, host: str, port: int) -> None:
-        from megatron.core import parallel_state as ps
-        from megatron.core import tensor_parallel
+        from megatron.core import parallel_state as ps  # lazy: see Imports above
+        from megatron.core import tensor_parallel  # lazy: see Imports above
 
         t = self.spec.train
         if t.pipeline_parallel_size > 1:
             raise NotImplementedError("train.backend=megatron: pipeline parallelism is not wired yet (PP=1)")
         if t.context_parallel_size > 1 or t.sequence_parallel:
             raise NotImplementedError("context/sequence parallelism need Transformer Engine (not available)")
-        from datetime import timedelta  # the collective timeout matches the driver's deadlines (train/workers.py)
-
-        limit = os.environ.get("GRPO_COLLECTIVE_TIMEOUT_S")  # deadlines.first_s; unset (deadlines off): the defaults
+        # the collective timeout matches the driver's deadlines (train/workers.py): deadlines.first_s; unset
+        # (deadlines off): the defaults
+        limit = os.environ.get("GRPO_COLLECTIVE_TIMEOUT_S")
         if not dist.is_initialized():
             dist.init_process_group("nccl" if self.cuda else "gloo", init_method=f"tcp://{host}:{port}",
                                     rank=self.rank, world_size=self.world,
@@ -281,9 +277,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         fused = self.cuda and self.spec.train.fused_kernels is not False
         mem_eff = False
         if self.arch.mamba is not None and self.cuda:  # fused split-conv1d-scan where causal-conv1d imports
-            from .megatron_hybrid import mem_eff_path_available
-
-            mem_eff = mem_eff_path_available()
+            mem_eff = megatron_hybrid.mem_eff_path_available()
         model = build_model(self.arch, self.spec, use_cpu_init=not self.cuda, fused=fused, dispatcher=self.dispatcher,
                             mamba_mem_eff=mem_eff)
         mc.load_local(model, full, tp_rank=self.tp_rank, tp_size=self.tp_size,
@@ -295,8 +289,9 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         t = self.spec.train
         self.megatron_opt = self.cuda
         if self.megatron_opt:
-            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+            from megatron.core.distributed import (  # lazy: see Imports above
+                DistributedDataParallel, DistributedDataParallelConfig)
+            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # lazy: see Imports above
 
             ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                     use_distributed_optimizer=t.distributed_optimizer)
@@ -351,7 +346,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         if self.tp_size == 1:
             lp, ent = linear_logprobs(hidden.flatten(0, 1), weight, tokens.flatten(), temperature=temp, chunk=chunk)
         else:
-            from megatron.core import parallel_state as ps
+            from megatron.core import parallel_state as ps  # lazy: see Imports above
 
             lp, ent = vocab_parallel_linear_logprobs(
                 hidden.flatten(0, 1), weight, tokens.flatten(), group=ps.get_tensor_model_parallel_group(),
@@ -394,7 +389,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         tokens = tokens.to(self.device)
         if self.tp_size == 1:
             return token_logprobs(logits, tokens)
-        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy  # lazy: see Imports above
 
         return -vocab_parallel_cross_entropy(logits.float().clone(), tokens)  # [B, T] float32
 
@@ -402,7 +397,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
     def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return entropy_from_logits(logits)
-        from megatron.core import parallel_state as ps
+        from megatron.core import parallel_state as ps  # lazy: see Imports above
 
         g = ps.get_tensor_model_parallel_group()
         x = logits.float()
@@ -485,7 +480,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         self._set_lr()
         self._lr_used = self._lr()
         if self.megatron_opt:
-            from megatron.core.distributed import finalize_model_grads
+            from megatron.core.distributed import finalize_model_grads  # lazy: see Imports above
 
             finalize_model_grads([self.model])
             ok, grad_norm, _ = self.opt.step()
@@ -499,7 +494,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
 
     def _sync_and_clip(self) -> float:
         """CPU path: SUM grads over data parallelism, clip by the global norm over all shards."""
-        from megatron.core import parallel_state as ps
+        from megatron.core import parallel_state as ps  # lazy: see Imports above
 
         named = [(mc.local_to_global(n, 0, 0), p) for n, p in self.model.named_parameters() if p.grad is not None]
         params = [p for _, p in named]
@@ -540,7 +535,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
 
     def full_state(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """Full-form megatron weights, gathered over TP and EP (collective). CPU tensors unless on_device."""
-        from megatron.core import parallel_state as ps
+        from megatron.core import parallel_state as ps  # lazy: see Imports above
 
         local = self._megatron_params()
         out: dict[str, torch.Tensor] = {}
@@ -575,7 +570,6 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
 
     def save(self, directory: str) -> None:
         """Every rank: its optimizer state; rank 0: HF weights (policy/model.safetensors + config)."""
-        from safetensors.torch import save_file
 
         path = Path(directory)
         hf = mc.to_hf(self.full_state(), self.arch, per_expert=True)  # collective; checkpoint layout
