@@ -4,10 +4,14 @@ The layer kinds follow Nano's hybrid pattern (Mamba-2 `M`, MoE `E`, attention `*
 the MoE layers route top-k of model.num_experts sigmoid-scored experts plus one shared expert of twice the
 expert width (Nano: 1856 / 3712); the Mamba-2 mixer has expand 2, Nano's 8 groups where the width allows.
 transformers' pure-torch path runs it on CPU; on GPUs mamba-ssm's Triton kernels when they import (`mamba_path`).
+
+Imports. torch and transformers inside the functions that use them: pre-flight imports this module (its rules and
+memory model read the shapes here) and imports neither (tests/unit/test_preflight_light.py).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -66,8 +70,8 @@ def nemotron_h_config(spec: ModelSpec, vocab_size: int, eos_token_id: int, pad_t
 
 def build_model(spec: ModelSpec, tokenizer: Any, seed: int, device: str = "cpu") -> Any:
     """A randomly initialised NemotronHForCausalLM in fp32 on `device`."""
-    import torch
-    from transformers import NemotronHConfig, NemotronHForCausalLM
+    import torch  # lazy: see Imports above
+    from transformers import NemotronHConfig, NemotronHForCausalLM  # lazy: see Imports above
 
     torch.manual_seed(seed)
     cfg = NemotronHConfig(**nemotron_h_config(spec, max(spec.vocab_size, len(tokenizer)), tokenizer.eos_token_id,
@@ -194,7 +198,7 @@ def bind_mamba_kernels(model: Any, on_cuda: bool) -> str:
     Process-wide, as transformers' own binding."""
     if getattr(getattr(model, "config", None), "model_type", None) != "nemotron_h":
         return ""
-    from transformers.models.nemotron_h import modeling_nemotron_h as modeling
+    from transformers.models.nemotron_h import modeling_nemotron_h as modeling  # lazy: see Imports above
 
     packages = {p: _imports(p, MAMBA_FUNCTIONS[f][1]) for f, p in (("mamba2_chunk_scan", "mamba_ssm"),
                                                                   ("causal_conv1d_fn", "causal_conv1d"))}
@@ -237,10 +241,8 @@ def seq_idx_conv1d(reference: Any) -> Any:
     """transformers' torch causal_conv1d_fn (`reference`), taking causal-conv1d's `seq_idx` [b, s] as its kernel
     does: a position's depthwise causal conv reads only the earlier positions of its own sequence (K taps, the ones
     before the sequence's start read as 0). Without seq_idx: the reference itself."""
-    import functools
-
-    import torch
-    import torch.nn.functional as F
+    import torch  # lazy: see Imports above
+    import torch.nn.functional as F  # lazy: see Imports above
 
     @functools.wraps(reference)
     def conv(hidden_states: Any, weight: Any, bias: Any = None, activation: Any = None, seq_idx: Any = None,
