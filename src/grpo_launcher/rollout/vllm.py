@@ -29,23 +29,37 @@ Logprobs: `logprobs_mode="processed_logprobs"` returns log_softmax(logits / temp
 token, which is the policy's convention (policy/torch_policy.py divides the logits by rollout.temperature);
 at temperature 1 it equals vLLM's default raw logprobs. top-p/top-k stay off (rules.py enforces it), so no
 filtering enters the returned distribution.
+
+Imports. vLLM (an extra: .[cpu] / .[gpu]; seconds to import) and uvicorn (which comes with it) inside the functions
+that use them: the driver imports this module to start the engines, and it imports without vLLM; checkpoint_names at
+the first refit: it imports transformers' auto classes, which the driver never does (tests/unit/test_startup.py);
+Ray in _node_ip only: vLLM's engine processes import this module too (worker_extension_cls) and load no Ray.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import socket
 import threading
 import time
 import uuid
+import warnings
+from dataclasses import replace
 from typing import Any, Optional
 
-from ..spec.schema import RunSpec
+import psutil
+import torch
+from safetensors.torch import load, save
+
+from ..spec.schema import Precision, RunSpec
 from ..batch import Generation
-from ..plan import engine_sleeps
+from ..gym.serving import http_server_args
+from ..plan import engine_max_model_len, engine_sleeps
+from ..preflight.memory_estimate import CPU_KV_CACHE_MB, estimate
 from ..stop_tokens import stop_token_ids
 from . import vllm_compat
 from .versions import VersionedEngine
@@ -66,8 +80,6 @@ class WeightRefitExtension:
     """
 
     def grpo_reload_weights_from_bytes(self, blob: bytes) -> int:
-        from safetensors.torch import load
-
         state = load(bytes(blob))
         self.reload_weights(weights_iterator=list(state.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
         return len(state)
@@ -86,8 +98,6 @@ class WeightRefitExtension:
 
 class VLLMRolloutWorker(VersionedEngine):
     def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1, max_model_len: Optional[int] = None):
-        from ..plan import engine_max_model_len
-
         t0 = time.perf_counter()
         r = spec.rollout
         self.spec, self.model_dir = spec, str(model_dir)
@@ -106,7 +116,7 @@ class VLLMRolloutWorker(VersionedEngine):
         self.refits = 0
         self.last_generate_s = 0.0  # engine time of the last generate call (the caller adds Ray's round trip)
         self._versions_init()  # async GRPO: policy version, staged weights (rollout/versions.py)
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # lazy: see Imports above
 
         # CUDA: the refit goes through vLLM's weight-transfer API over CUDA IPC (no host copy), where it has one
         self.ipc_refit = current_platform.is_cuda() and vllm_compat.has_ipc_weight_transfer()
@@ -123,7 +133,7 @@ class VLLMRolloutWorker(VersionedEngine):
                 if r.expose_http_server:
                     self._url = self._call(self._start_http())
             else:
-                from vllm import LLM
+                from vllm import LLM  # lazy: see Imports above
 
                 self.llm = LLM(**kwargs)
         except BaseException:
@@ -136,7 +146,7 @@ class VLLMRolloutWorker(VersionedEngine):
 
     # ------------------------------------------------------------------ engine set-up
     def _engine_kwargs(self) -> dict[str, Any]:
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # lazy: see Imports above
 
         r, s = self.spec.rollout, self.spec
         kw: dict[str, Any] = dict(
@@ -161,25 +171,23 @@ class VLLMRolloutWorker(VersionedEngine):
         return kw
 
     async def _start_async(self, kwargs: dict[str, Any]):
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.engine.arg_utils import AsyncEngineArgs  # lazy: see Imports above
+        from vllm.v1.engine.async_llm import AsyncLLM  # lazy: see Imports above
 
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))  # created on the loop: output handler runs here
 
     async def _start_http(self) -> str:
         """vLLM's own OpenAI app (build_app + init_app_state, what `vllm serve` runs) over THIS engine."""
-        import uvicorn
+        import uvicorn  # lazy: see Imports above
 
         try:
-            from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-            from vllm.entrypoints.launchers.app import build_app
-            from vllm.entrypoints.launchers.cli_args import make_arg_parser
+            from vllm.entrypoints.launchers.api_server.app_state import init_app_state  # lazy: see Imports above
+            from vllm.entrypoints.launchers.app import build_app  # lazy: see Imports above
+            from vllm.entrypoints.launchers.cli_args import make_arg_parser  # lazy: see Imports above
         except ImportError:  # vLLM < 0.32 kept them in the (now deprecated) openai.api_server module
-            from vllm.entrypoints.openai.api_server import build_app, init_app_state
-            from vllm.entrypoints.openai.cli_args import make_arg_parser
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-        from ..gym.serving import http_server_args
+            from vllm.entrypoints.openai.api_server import build_app, init_app_state  # lazy: see Imports above
+            from vllm.entrypoints.openai.cli_args import make_arg_parser  # lazy: see Imports above
+        from vllm.utils.argparse_utils import FlexibleArgumentParser  # lazy: see Imports above
 
         host = self.spec.rollout.http_host
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -217,7 +225,7 @@ class VLLMRolloutWorker(VersionedEngine):
     # ------------------------------------------------------------------ the interface
     def generate(self, prompt_ids: list[list[int]], n: int, seed: int) -> list[Generation]:
         """n samples per prompt, grouped: rows [k*n, (k+1)*n) belong to prompt k."""
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # lazy: see Imports above
 
         self._apply_staged()  # async GRPO with in-flight weight updates: the newest staged weights, if any
         if self._asleep:  # level 2 dropped the weights: only a refit may wake it (the driver refits first)
@@ -235,7 +243,7 @@ class VLLMRolloutWorker(VersionedEngine):
 
     async def _agenerate(self, prompts: list, params: list) -> list:
         try:  # vLLM ≥ 0.32 wants rendered inputs (what LLM.generate does); raw prompts still work, with a warning
-            from vllm.renderers.inputs.preprocess import parse_model_prompt
+            from vllm.renderers.inputs.preprocess import parse_model_prompt  # lazy: see Imports above
 
             renderer = self.engine.renderer
             prompts = renderer.render_cmpl([parse_model_prompt(self.engine.model_config, p) for p in prompts],
@@ -275,8 +283,8 @@ class VLLMRolloutWorker(VersionedEngine):
         """Refit in place: HF-named tensors → every engine worker's reload_weights; then drop stale KV. ms.
         `version`: the policy version of these weights (async GRPO records it per sample)."""
         t0 = time.perf_counter()
-        if self.file_names is None:  # here: it imports transformers' auto classes, and the driver imports this
-            from .checkpoint_names import CheckpointNames  # module to start the engines (3.4 s → 0.9 s to start)
+        if self.file_names is None:  # at the first refit: the driver starts the engines in 0.9 s, not 3.4 s
+            from .checkpoint_names import CheckpointNames  # lazy: see Imports above
 
             self.file_names = CheckpointNames(self.model_dir)
         state_dict = dict(self.file_names(state_dict.items()))  # vLLM loads by the checkpoint files' names
@@ -383,8 +391,6 @@ class VLLMRolloutWorker(VersionedEngine):
         """Level 2 while the policy's logprob and update phases run: weights and KV cache freed on the GPU (the
         next refit rewrites every weight; the prefix cache is dropped with the KV). The refit wakes it: weights
         first, the KV cache once the new weights are in. Returns the GiB it freed on its GPU."""
-        import torch
-
         free0 = torch.cuda.mem_get_info()[0]
         if self.llm is not None:
             self.llm.sleep(level=2)
@@ -431,8 +437,6 @@ class VLLMRolloutWorker(VersionedEngine):
 
     def info(self) -> dict[str, Any]:
         """Start-up time, process-tree RSS and where this engine serves (for logs and benchmarks)."""
-        import psutil
-
         me = psutil.Process()
         children = [p for p in me.children(recursive=True) if _alive(p)]
         engine_children = [p for p in children if "resource_tracker" not in " ".join(_cmdline(p))]
@@ -463,8 +467,6 @@ class VLLMRolloutWorker(VersionedEngine):
     def _reap(timeout: float = 60.0) -> None:
         """Wait for the engine's processes to exit, terminate then kill what outlives `timeout`, and collect the
         zombies vLLM leaves. vLLM's shutdown can return while its EngineCore is still exiting on a loaded machine."""
-        import psutil
-
         me = psutil.Process()
         procs = [p for p in me.children(recursive=True) if "resource_tracker" not in " ".join(_cmdline(p))]
         procs = _left_alive(procs, timeout)
@@ -499,16 +501,10 @@ def kv_cache_bytes(spec: RunSpec, device_gib: Optional[float], dtype: Optional[s
     weights and activation reserve), the engine's weights counted in the dtype it runs (`dtype`, e.g. bf16 for a
     float32 model trained in bfloat16), so that the engine holds the budget pre-flight counts; over the device's
     total memory where cluster.gpu_memory_gib is unset or larger."""
-    from ..preflight.memory_estimate import CPU_KV_CACHE_MB, estimate
-
     if spec.rollout.kv_cache_memory_mb is not None:  # pre-flight checked it holds one sequence and fits the GPU
         return spec.rollout.kv_cache_memory_mb * 2**20
     if device_gib is None:
         return CPU_KV_CACHE_MB * 2**20
-    from dataclasses import replace
-
-    from ..spec.schema import Precision
-
     declared = spec.cluster.gpu_memory_gib
     gib = device_gib if declared is None else min(declared, device_gib)
     model = replace(spec.model, dtype=Precision(dtype)) if dtype else spec.model
@@ -523,9 +519,7 @@ def kv_cache_bytes(spec: RunSpec, device_gib: Optional[float], dtype: Optional[s
 
 def _quiet_server(config):
     """uvicorn.Server without signal handlers: it runs on a non-main thread inside a Ray actor."""
-    import contextlib
-
-    import uvicorn
+    import uvicorn  # lazy: see Imports above
 
     class Server(uvicorn.Server):
         def install_signal_handlers(self) -> None:  # uvicorn < 0.29
@@ -564,9 +558,6 @@ class _HarmlessFilter:
 
 def _quiet_vllm_logs() -> None:
     """Filters on the source loggers themselves: they survive vLLM re-configuring its handlers."""
-    import logging
-    import warnings
-
     # vLLM's own import of a deprecated torch name (vllm/triton_utils/dispatcher.py), not ours to fix
     warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
 
@@ -584,8 +575,8 @@ def api_key_args(key: str | None) -> list[str]:
 def sampling_params(spec: RunSpec, n: int, seed: int, count: int, stop_ids: list[int]) -> list:
     """One SamplingParams per prompt: n samples at rollout.temperature, no top-p/top-k, the sampled token's logprob;
     stopping at the checkpoint's stop set (`stop_ids`; vLLM keeps the stop token as the output's last token id)."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm import SamplingParams  # lazy: see Imports above
+    from vllm.sampling_params import RequestOutputKind  # lazy: see Imports above
 
     r = spec.rollout
     return [SamplingParams(n=n, temperature=r.temperature, top_p=1.0, top_k=0, max_tokens=r.max_new_tokens,
@@ -599,14 +590,12 @@ def _prompt_seed(seed: int, k: int) -> int:
 
 
 def _in_process(llm) -> bool:
-    from vllm.v1.engine.core_client import InprocClient
+    from vllm.v1.engine.core_client import InprocClient  # lazy: see Imports above
 
     return isinstance(llm.llm_engine.engine_core, InprocClient)
 
 
 def _to_bytes(state_dict: dict) -> bytes:
-    from safetensors.torch import save
-
     return save({k: v.detach().contiguous() for k, v in state_dict.items()})
 
 
@@ -626,8 +615,6 @@ def _left_alive(procs: list, timeout: float) -> list:
 
 
 def _alive(p) -> bool:
-    import psutil
-
     try:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:  # already gone
@@ -643,7 +630,7 @@ def _cmdline(p) -> list[str]:
 
 def _node_ip() -> str:
     try:
-        import ray
+        import ray  # lazy: see Imports above
 
         return ray.util.get_node_ip_address()
     except Exception:
