@@ -10,13 +10,16 @@ import sys
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar, overload
 
 from ..exit_codes import ExitCode
+from ..models.nemotron_h import plan_line as mamba_line
+from ..preflight.disk import report as disk_report
+from ..preflight.memory_report import report as memory_report
 from ..spec.schema import ClusterKind, RolloutBackend
 from .local import run_local, run_workers
 from .rundir import live_holder, read_lock
 from .slurm import submit_slurm
 
 if TYPE_CHECKING:  # the package is imported first by `python -m grpo_launcher.launch.status` (job.sh, several times a
-    from ..train.driver import Trainer  # job): it imports what executes, not pre-flight's rules and memory model
+    from ..train.driver import Trainer  # job): annotations only, not the driver (torch) nor pre-flight's rules
     from .preflight import Launch
 
 EXECUTORS: dict[ClusterKind, Callable[[Launch], int]] = {ClusterKind.local: run_local, ClusterKind.slurm: submit_slurm}
@@ -49,15 +52,10 @@ def execute(launch: Launch, work: Optional[Callable[[Trainer], T]] = None) -> in
     if not spec.dry_run and busy(launch):  # refused before its plan is printed (the executors' lock still decides)
         return ExitCode.FAILED
     print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
-    from ..models.nemotron_h import plan_line as mamba_line  # imported here: see TYPE_CHECKING above
-    from ..preflight.disk import report as disk_report  # (the same)
-
     if mamba_line(spec):  # nemotron_h on the torch backend: which Mamba-2 kernels its workers will run
         print(mamba_line(spec), flush=True)
     print(disk_report(spec), flush=True)  # one checkpoint's bytes, the peak on disk, the room (preflight/disk.py)
     if plan.use_gpus or spec.rollout.backend == RolloutBackend.vllm:  # the memory pre-flight's budget per GPU and
         # per node (on CPU: the vLLM engines' KV cache)
-        from ..preflight.memory_report import report  # imported here: see TYPE_CHECKING above
-
-        print(report(spec), flush=True)
+        print(memory_report(spec), flush=True)
     return EXECUTORS[spec.cluster.kind](launch)
