@@ -27,8 +27,8 @@ weights with bf16, distributed optimizer when train.distributed_optimizer).
 CPU: megatron-core needs the patches in policy/megatron_cpu.py (tests and development only): GRPO_MEGATRON_CPU_SHIM=1.
 
 Imports. megatron-core (~5 s) and transformers' AutoConfig are imported inside the functions that use them: the
-driver imports this module to start its workers (policy_class) and stays light (tests/unit/test_startup.py), and
-megatron-core's import-time notices are filtered first (quiet_megatron_notices, in __init__).
+driver imports this module to start its workers (policy_class) and stays light (tests/unit/test_lazy_engines.py),
+and megatron-core's import-time notices are filtered first (quiet_megatron_notices, in __init__).
 """
 
 from __future__ import annotations

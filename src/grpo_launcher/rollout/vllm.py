@@ -32,8 +32,8 @@ filtering enters the returned distribution.
 
 Imports. vLLM (an extra: .[cpu] / .[gpu]; seconds to import) and uvicorn (which comes with it) inside the functions
 that use them: the driver imports this module to start the engines, and it imports without vLLM; checkpoint_names at
-the first refit: it imports transformers' auto classes, which the driver never does (tests/unit/test_startup.py);
-Ray in _node_ip only: vLLM's engine processes import this module too (worker_extension_cls) and load no Ray.
+the first refit: it imports transformers' auto classes, which the driver never does; Ray in _node_ip only: vLLM's
+engine processes import this module too (worker_extension_cls) and load no Ray. tests/unit/test_lazy_engines.py.
 """
 
 from __future__ import annotations
