@@ -456,6 +456,20 @@ def test_megatron_nemotron_h_matches_hf_on_cuda(tmp_path, monkeypatch):
         ps.destroy_model_parallel()  # the next megatron worker in this process initializes its own groups
 
 
+def _nemotron_h_tiny_with_vllm(tmp_path, name: str, *overrides: str):
+    """`launch.py model=nemotron_h_tiny rollout=vllm` in bf16 on one GPU; its metrics rows, the engine-vs-policy
+    logprob gaps, and the mean reward of the first and last ten steps."""
+    cmd = [sys.executable, str(ROOT / "launch.py"), f"output_root={tmp_path}", f"name={name}", "model=nemotron_h_tiny",
+           "rollout=vllm", "cluster.gpus_per_node=1", "train.precision=bfloat16", "logging.mlflow=false", *overrides]
+    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    rows = metrics(tmp_path / name)
+    lp = [r["train/gen_vs_policy_logprob_absdiff"] for r in rows]
+    first = sum(r["train/reward_mean"] for r in rows[:10]) / 10
+    last = sum(r["train/reward_mean"] for r in rows[-10:]) / 10
+    return rows, lp, first, last
+
+
 @pytest.mark.skipif(not (_has_vllm() and _mamba_ssm_imports()),
                     reason="needs vLLM's CUDA build and mamba-ssm's Triton kernels (scripts/gpu-kit.sh)")
 def test_launch_nemotron_h_on_megatron_with_vllm_rollouts(tmp_path):
@@ -465,16 +479,9 @@ def test_launch_nemotron_h_on_megatron_with_vllm_rollouts(tmp_path):
     from transformers import AutoModelForCausalLM
 
     steps = 30
-    cmd = [sys.executable, str(ROOT / "launch.py"), f"output_root={tmp_path}", "name=nh", "model=nemotron_h_tiny",
-           "train.backend=megatron", "rollout=vllm", "rollout.sleep_mode=true", "cluster.gpus_per_node=1",
-           "train.precision=bfloat16", "logging.mlflow=false", f"grpo.max_steps={steps}", "grpo.val_period=10",
-           "checkpoint.save_period=10"]
-    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    rows = metrics(tmp_path / "nh")
-    lp = [r["train/gen_vs_policy_logprob_absdiff"] for r in rows]
-    first = sum(r["train/reward_mean"] for r in rows[:10]) / 10
-    last = sum(r["train/reward_mean"] for r in rows[-10:]) / 10
+    rows, lp, first, last = _nemotron_h_tiny_with_vllm(tmp_path, "nh", "train.backend=megatron",
+                                                       "rollout.sleep_mode=true", f"grpo.max_steps={steps}",
+                                                       "grpo.val_period=10", "checkpoint.save_period=10")
     step_s = sorted(r["time/step_s"] for r in rows)[len(rows) // 2]
     print(f"nemotron_h_tiny megatron + vllm: reward {first:.3f} -> {last:.3f} over {steps} steps; step median "
           f"{step_s:.2f} s; engine vs policy logprob |d| mean {sum(lp) / len(lp):.4f} max {max(lp):.4f}")
@@ -492,15 +499,8 @@ def test_launch_nemotron_h_learns_with_vllm_rollouts(tmp_path):
     (its own Mamba-2 kernels, the MoE library) is refit each step with the policy's Mamba, attention and expert
     weights by their checkpoint names, samples with the policy's distribution, and the policy learns the toy task."""
     steps = 100
-    cmd = [sys.executable, str(ROOT / "launch.py"), f"output_root={tmp_path}", "name=nhv", "model=nemotron_h_tiny",
-           "rollout=vllm", "cluster.gpus_per_node=1", "train.precision=bfloat16", "logging.mlflow=false",
-           f"grpo.max_steps={steps}", "checkpoint.enabled=false"]
-    proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    rows = metrics(tmp_path / "nhv")
-    lp = [r["train/gen_vs_policy_logprob_absdiff"] for r in rows]
-    first = sum(r["train/reward_mean"] for r in rows[:10]) / 10
-    last = sum(r["train/reward_mean"] for r in rows[-10:]) / 10
+    rows, lp, first, last = _nemotron_h_tiny_with_vllm(tmp_path, "nhv", f"grpo.max_steps={steps}",
+                                                       "checkpoint.enabled=false")
     print(f"nemotron_h_tiny torch + vllm: reward {first:.3f} -> {last:.3f} over {steps} steps; engine vs policy "
           f"logprob |d| mean {sum(lp) / len(lp):.4f} max {max(lp):.4f}")
     assert len(rows) == steps
