@@ -18,7 +18,7 @@ RECIPE=(+recipe=nanov3 model=nemotron_h_1b cluster=local cluster.nodes=1 rollout
   train.tensor_parallel_size=1 train.pipeline_parallel_size=1 train.context_parallel_size=1
   train.expert_parallel_size=1 train.sequence_parallel=false train.max_total_sequence_length=1024
   rollout.max_model_len=1024 rollout.max_new_tokens=16 env.max_prompt_tokens=64 grpo.num_prompts_per_step=32
-  train.global_batch_size=512 grpo.max_steps=6 checkpoint.enabled=false)
+  train.global_batch_size=512 grpo.max_steps=10 checkpoint.enabled=false)
 TESTS=$(dirname "$(find tests -name test_gpu.py | head -1)")
 
 summary() {  # RUN_DIR: per-step means over steps 2.. of the phases, logprob gap, reward first/last
