@@ -50,6 +50,9 @@ ROWS = {
     "0.1b-sleep": ("0.1b", "torch", 16, 8, 256, 256, 8, ["rollout.sleep_mode=true"]),
     "1.5b-kv": ("1.5b", "torch", 32, 8, 256, 1024, 8, ["rollout.gpu_memory_utilization=0.3",
                                                        "rollout.kv_cache_memory_mb=8192"]),
+    # rows that fit an H100 (79.6 GiB; --gpu-gib): both backends awake at 1.5B, 128 x (256 + 512)
+    "1.5b-mid": ("1.5b", "torch", 16, 8, 256, 512, 4, ["rollout.gpu_memory_utilization=0.3"]),
+    "1.5b-megatron-mid": ("1.5b", "megatron", 16, 8, 256, 512, 4, ["rollout.gpu_memory_utilization=0.3"]),
 }
 
 
@@ -61,7 +64,7 @@ def write_prompts(path: Path, n: int, length: int) -> None:
                                 "answer": "0"}) + "\n")
 
 
-def overrides(row: str, out: Path, steps: int) -> list[str]:
+def overrides(row: str, out: Path, steps: int, gpu_gib: float) -> list[str]:
     shape, backend, prompts, gens, plen, new, micro, extra = ROWS[row]
     data = out / f"prompts_{plen}.jsonl"
     write_prompts(data, 4 * prompts, plen)
@@ -73,9 +76,19 @@ def overrides(row: str, out: Path, steps: int) -> list[str]:
             f"grpo.num_prompts_per_step={prompts}", f"grpo.num_generations_per_prompt={gens}",
             f"train.global_batch_size={prompts * gens}", f"train.micro_batch_size={micro}",
             f"train.logprob_batch_size={2 * micro}", "train.precision=bfloat16", "train.lr=1e-6",
-            f"train.backend={backend}", "cluster.gpus_per_node=1", "cluster.gpu_memory_gib=140.4",
+            f"train.backend={backend}", "cluster.gpus_per_node=1", f"cluster.gpu_memory_gib={gpu_gib}",
             f"grpo.max_steps={steps}", "grpo.val_period=0", "grpo.val_at_end=false", "logging.mlflow=false",
             *extra]
+
+
+def card_gib() -> float:
+    """GPU 0's memory as nvidia-smi reports it (H200 140.4 GiB, H100 79.6); 140.4 where there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+        return round(int(out) / 1024, 1)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return 140.4
 
 
 def predicted_peak(args: list[str]) -> tuple[float, str]:
@@ -130,8 +143,8 @@ class Sampler:
         return max((m for _, m in self.total), default=0)
 
 
-def measure(row: str, out: Path, steps: int) -> dict:
-    args = overrides(row, out, steps)
+def measure(row: str, out: Path, steps: int, gpu_gib: float) -> dict:
+    args = overrides(row, out, steps, gpu_gib)
     pred, phase = predicted_peak(args)
     idle = Sampler()
     time.sleep(1.0)  # one second of samples before the launch: what the card holds with nothing of ours on it
@@ -149,7 +162,7 @@ def measure(row: str, out: Path, steps: int) -> dict:
         steps_s = [json.loads(x).get("time/step_s") for x in metrics.read_text().splitlines() if x.strip()]
     shutil.rmtree(run_dir, ignore_errors=True)
     meas = (sampler.peak_mib - base) / 1024
-    return {"row": row, "overrides": args, "exit": proc.returncode, "wall_s": round(time.time() - t0, 1),
+    return {"row": row, "gpu_gib": gpu_gib, "overrides": args, "exit": proc.returncode, "wall_s": round(time.time() - t0, 1),
             "predicted_gib": pred, "predicted_phase": phase, "measured_gib": round(meas, 2),
             "baseline_mib": base, "err_pct": round(100 * (pred / meas - 1), 1) if meas > 0 else None,
             "per_process_mib": sampler.procs, "step_s": steps_s,
@@ -163,13 +176,15 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(ROWS))
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--predict-only", action="store_true")
+    ap.add_argument("--gpu-gib", type=float, default=None, help="the card's memory (default: nvidia-smi's, else 140.4)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    gib = a.gpu_gib or card_gib()
     for row in a.only.split(","):
         if a.predict_only:
-            print(row, *predicted_peak(overrides(row, a.out, a.steps)), flush=True)
+            print(row, *predicted_peak(overrides(row, a.out, a.steps, gib)), flush=True)
             continue
-        r = measure(row, a.out, a.steps)
+        r = measure(row, a.out, a.steps, gib)
         (a.out / f"memory_scale_{row}.json").write_text(json.dumps(r, indent=1))
         print(f"{row}: exit {r['exit']} predicted {r['predicted_gib']} GiB ({r['predicted_phase']}) measured "
               f"{r['measured_gib']} GiB err {r['err_pct']} % wall {r['wall_s']} s procs {r['per_process_mib']}",
