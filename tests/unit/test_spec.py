@@ -418,7 +418,7 @@ def test_preflight_renders_and_roundtrips_slurm():
 # ------------------------------------------------------------------ issue 13: model.path=DIR is enough
 
 
-def write_model_dir(path: Path, pad: bool = True, **config) -> Path:
+def write_model_dir(path: Path, pad: bool = True, eos: bool = True, **config) -> Path:
     import json
 
     path.mkdir(parents=True, exist_ok=True)
@@ -427,7 +427,7 @@ def write_model_dir(path: Path, pad: bool = True, **config) -> Path:
            "tie_word_embeddings": False, **config}
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
     (path / "tokenizer.json").write_text("{}")
-    tokens = {"eos_token": "<eos>", **({"pad_token": "<pad>"} if pad else {})}
+    tokens = {**({"eos_token": "<eos>"} if eos else {}), **({"pad_token": "<pad>"} if pad else {})}
     (path / "tokenizer_config.json").write_text(json.dumps(tokens))
     return path
 
@@ -454,11 +454,11 @@ def test_model_path_checkpoint_rules_check_the_checkpoint_shape(tmp_path):
 @pytest.mark.parametrize("breakage,needle", [
     ("no_config", "has no config.json"),
     ("corrupt", "line 2"),
-    ("no_pad", "no pad_token"),
+    ("no_eos", "no eos_token"),
     ("no_tokenizer", "has no tokenizer"),
 ])
 def test_broken_model_dirs_are_named(tmp_path, breakage, needle):
-    d = write_model_dir(tmp_path / "m", pad=breakage != "no_pad")
+    d = write_model_dir(tmp_path / "m", eos=breakage != "no_eos")
     if breakage == "no_config":
         (d / "config.json").unlink()
     elif breakage == "corrupt":
@@ -467,6 +467,13 @@ def test_broken_model_dirs_are_named(tmp_path, breakage, needle):
         (d / "tokenizer.json").unlink()
     found = violations([f"model.path={d}"])
     assert any(needle in v.message and "model.path" in v.keys for v in found), [v.render() for v in found]
+
+
+def test_a_tokenizer_without_a_pad_token_is_accepted(tmp_path):
+    """Llama-3's and Mistral's tokenizers declare no pad token: the EOS pads (rollout/hf.py load_tokenizer), so
+    pre-flight must not refuse them (it did: rule model_tokenizer, 'no pad_token')."""
+    d = write_model_dir(tmp_path / "m", pad=False)
+    assert load_spec([f"model.path={d}", "train.max_total_sequence_length=64"]).model.path == str(d)
 
 
 @pytest.mark.parametrize("installed", [False, True])

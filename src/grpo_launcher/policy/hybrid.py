@@ -15,7 +15,7 @@ import torch
 
 from ..plan import engine_sleeps, rollout_devices
 from ..rollout import vllm_compat
-from ..rollout.hf import HFEngine
+from ..rollout.hf import HFEngine, load_tokenizer
 from ..spec.schema import RolloutBackend, RunSpec
 from .profile import profiled
 from ..batch import Generation
@@ -79,9 +79,7 @@ class HybridRollout:
         imports only its own class."""
         if self.engine is not None:
             return self.engine.tokenizer
-        from transformers import AutoTokenizer  # here: see the docstring
-
-        return AutoTokenizer.from_pretrained(self.model_dir)
+        return load_tokenizer(self.model_dir)  # no pad token: its EOS pads (rollout/hf.py)
 
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """HF-named full weights on the worker's device (each backend implements it)."""

@@ -76,9 +76,7 @@ class HFEngine:
     def tokenizer(self):
         """Loaded on first use (pad/eos for generate): a worker that never generates needs none."""
         if self._tokenizer is None:
-            from transformers import AutoTokenizer  # (the same)
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            self._tokenizer = load_tokenizer(self.model_dir)
         return self._tokenizer
 
     @property
@@ -224,6 +222,18 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature
         logits = model(input_ids=nxt[:, None], attention_mask=mask[:, : width + t + 1],
                        position_ids=(pos + t)[:, None], past_key_values=cache).logits[:, -1]
     return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+
+def load_tokenizer(model_dir: str):
+    """The checkpoint's tokenizer (AutoTokenizer). One without a pad token (Llama-3's, Mistral's) pads with its EOS,
+    as NeMo-RL does: padding is told apart by lengths and attention masks here (batch.collate, `left_padded`), never
+    by its id, so the pad token's identity does not matter."""
+    from transformers import AutoTokenizer  # here: the driver imports this module, not transformers
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok
 
 
 def left_padded(rows: list[list[int]], pad: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

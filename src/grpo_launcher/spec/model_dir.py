@@ -159,7 +159,8 @@ def explicit_model_keys(spec: RunSpec, cli_keys: Iterable[str]) -> set[str]:
 
 
 def tokenizer_problems(path: Path) -> list[Violation]:
-    """The tokenizer files must be there, with a pad and an EOS token (padding and stopping need them)."""
+    """The tokenizer files must be there, with an EOS token (generation stops at it). A pad token may be missing
+    (Llama-3's, Mistral's tokenizers have none): the EOS pads then (rollout/hf.py load_tokenizer)."""
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         return [V("model_tokenizer", ("model.path",), f"{path} has no tokenizer ({', '.join(TOKENIZER_FILES)})",
                   "save the tokenizer into the model directory (tokenizer.save_pretrained(DIR))")]
@@ -172,11 +173,10 @@ def tokenizer_problems(path: Path) -> list[Violation]:
         except (OSError, ValueError) as exc:
             return [V("model_tokenizer", ("model.path",), f"{path / name} is not readable JSON: {exc}",
                       "repair or re-save the tokenizer")]
-        tokens.update({k: v for k, v in data.items() if k in ("pad_token", "eos_token") and v} if isinstance(data, dict) else {})
-    return [V("model_tokenizer", ("model.path",), f"the tokenizer in {path} has no {kind} token: batches are padded "
-              "with the pad token and generation stops at EOS",
-              f"set \"{kind}\" in {path / 'tokenizer_config.json'} (e.g. the EOS token as pad)")
-            for kind in ("pad_token", "eos_token") if kind not in tokens]
+        tokens.update({k: v for k, v in data.items() if k == "eos_token" and v} if isinstance(data, dict) else {})
+    return [] if "eos_token" in tokens else [
+        V("model_tokenizer", ("model.path",), f"the tokenizer in {path} has no eos_token: generation stops at EOS "
+          "(and pads with it when there is no pad token)", f"set \"eos_token\" in {path / 'tokenizer_config.json'}")]
 
 
 def resolve_model(spec: RunSpec, cli_keys: Iterable[str]) -> tuple[RunSpec, list[Violation]]:
