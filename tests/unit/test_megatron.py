@@ -302,6 +302,38 @@ def test_nemotron_h_configs_the_local_spec_cannot_reproduce_are_refused(change, 
         mc.arch_from_hf_config({**cfg, **change})
 
 
+DENSE = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 96, "vocab_size": 256, "max_position_embeddings": 128, "rms_norm_eps": 1e-6}
+
+
+@pytest.mark.parametrize("family,change,refusal", [
+    ("llama", {"attention_bias": True}, "attention_bias=true"),
+    ("llama", {"mlp_bias": True}, "mlp_bias=true"),
+    ("qwen3", {"attention_bias": True}, "attention_bias=true"),
+    ("llama", {"hidden_act": "gelu"}, "hidden_act=gelu"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 4}, "sliding-window"),
+    ("qwen3", {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 4}, "sliding-window"),
+    ("qwen3_moe", {"mlp_only_layers": [1]}, "dense layers in between"),
+])
+def test_dense_configs_the_mapping_cannot_reproduce_are_refused(tmp_path, monkeypatch, family, change, refusal):
+    """Each of these ran at 3ae9508: the biases crashed the first refit (KeyError: o_proj.bias), gelu and a sliding
+    window trained on logprobs 0.07 and 0.6 nats off the engine's (benchmarks/results/families.md). Now refused by
+    the converter and, before anything starts, by pre-flight (build_implements_run, naming model.path)."""
+    cfg = {**DENSE, "model_type": family}
+    mc.arch_from_hf_config(cfg)  # the plain config maps
+    with pytest.raises(NotImplementedError, match=refusal):
+        mc.arch_from_hf_config({**cfg, **change})
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**cfg, **change}))
+    (d / "tokenizer.json").write_text("{}")
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<e>", "pad_token": "<p>"}))
+    monkeypatch.setenv("GRPO_MEGATRON_CPU_SHIM", SHIM)
+    found = [v for v in _config_errors(f"model.path={d}", "train.backend=megatron", f"output_root={tmp_path}",
+                                       "train.max_total_sequence_length=64") if refusal in v.message]
+    assert len(found) == 1 and found[0].keys == ("model.path", "train.backend"), found
+
+
 def _config_errors(*overrides: str) -> list:
     from grpo_launcher.spec.errors import ConfigError
 

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .megatron_families import FAMILIES, hybrid_pattern, hybrid_refusals
+from .megatron_families import FAMILIES, dense_refusals, hybrid_pattern, hybrid_refusals
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,9 @@ def arch_from_hf_config(cfg) -> Arch:
         raise NotImplementedError(f"train.backend=megatron maps {FAMILIES}, not model_type={family!r}")
     if family == "nemotron_h":
         return hybrid_arch(c)
+    refusals = dense_refusals(c)
+    if refusals:
+        raise NotImplementedError(f"{family} on train.backend=megatron: " + "; ".join(refusals))
     heads = c["num_attention_heads"]
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
@@ -91,8 +94,6 @@ def arch_from_hf_config(cfg) -> Arch:
     elif rope_type != "default":
         raise NotImplementedError(f"rope type {rope_type!r} is not mapped to megatron-core")
     moe = family == "qwen3_moe"
-    if moe and (c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1):
-        raise NotImplementedError("Qwen3-MoE with dense layers in between (mlp_only_layers / decoder_sparse_step)")
     return Arch(
         family=family, num_layers=c["num_hidden_layers"], hidden_size=c["hidden_size"], num_heads=heads,
         num_kv_heads=c.get("num_key_value_heads") or heads,

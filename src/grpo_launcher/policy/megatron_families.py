@@ -11,6 +11,35 @@ HYBRID_SYMBOLS = {"M": "M", "E": "E", "*": "*", "-": "-", "mamba": "M", "linear_
 MAMBA_NORM_EPS = 1e-5  # megatron-core's Mamba mixer builds its gated RMSNorm with eps=1e-5, whatever the config says
 
 
+# config.json switches of the dense families that add biases megatron's layers (add_qkv_bias only) do not map
+DENSE_BIASES = {"llama": ("attention_bias", "mlp_bias"), "qwen3": ("attention_bias",), "qwen3_moe": ("attention_bias",)}
+
+
+def dense_refusals(cfg: dict) -> list[str]:
+    """What our GPTModel mapping (policy/megatron_convert.py: SwiGLU, full causal attention, biases on Q/K/V only
+    for qwen2) cannot reproduce of an HF llama / qwen2 / qwen3 / qwen3_moe config (each a sentence; [] when it maps
+    exactly). Unrefused, each ran: biases crash the first refit (KeyError: o_proj.bias), an activation or a
+    sliding window other than the HF model's gave logprobs 0.07 / 0.6 nats off the engine's (benchmarks/results/
+    families.md)."""
+    family, out = cfg.get("model_type"), []
+    biases = [k for k in DENSE_BIASES.get(str(family), ()) if cfg.get(k)]
+    if biases:
+        out.append(f"{', '.join(f'{k}=true' for k in biases)}: the output-projection / MLP biases are not mapped "
+                   "(megatron's layers here have biases on Q/K/V only)")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        out.append(f"hidden_act={act}: megatron's MLP here is SwiGLU (silu)")
+    layer_types = cfg.get("layer_types")
+    sliding = "sliding_attention" in layer_types if isinstance(layer_types, list) else \
+        bool(cfg.get("use_sliding_window") and cfg.get("sliding_window"))
+    if sliding:
+        out.append(f"sliding-window attention (sliding_window={cfg.get('sliding_window')}): megatron's core "
+                   "attention here is full causal")
+    if family == "qwen3_moe" and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
+        out.append("Qwen3-MoE with dense layers in between (mlp_only_layers / decoder_sparse_step) is not mapped")
+    return out
+
+
 def hybrid_pattern(cfg: dict) -> str:
     """An HF NemotronH config (dict) -> its layer pattern in megatron's symbols: M Mamba-2, E MoE, * attention,
     - dense MLP (hybrid_override_pattern, or layers_block_type / layer_types)."""

@@ -15,7 +15,7 @@ from ..preflight.registry import V, build_gap, rule
 from ..spec.schema import RolloutBackend, RunSpec, TrainBackend
 from ..spec.versions import vllm_moe_gap_for
 from .fused import FAMILIES as LIGER
-from .megatron_families import CPU_SHIM_ENV, FAMILIES, hybrid_refusals
+from .megatron_families import CPU_SHIM_ENV, FAMILIES, dense_refusals, hybrid_refusals
 
 
 @rule("pure")
@@ -205,6 +205,18 @@ def _hybrid_gaps(s: RunSpec) -> Iterator[Violation]:
     yield from _mamba_ssm_gap(s)
 
 
+def _dense_gaps(s: RunSpec) -> Iterator[Violation]:
+    """llama / qwen2 / qwen3 / qwen3_moe on megatron: what model.path's config.json asks that our GPTModel mapping
+    does not reproduce (megatron_families.dense_refusals); the worker would crash at its first refit or train on
+    logprobs other than the engine's."""
+    cfg = read_text_config(s.model.path)
+    if s.model.family == "nemotron_h" or s.model.family not in FAMILIES or cfg is None:
+        return
+    for what in dense_refusals(cfg):
+        yield build_gap(("model.path", "train.backend"), f"{s.model.family} on the megatron backend: {what}",
+                        "use train.backend=torch (transformers' own model runs it as it is)")
+
+
 def _mamba_ssm_gap(s: RunSpec) -> Iterator[Violation]:
     """megatron-core's Mamba mixer refuses to build without mamba-ssm (GPUs: its Triton kernels; CPU tests: its torch
     references). Judged from this interpreter's files, unless the node's packages decide (cluster.python / image)."""
@@ -227,6 +239,7 @@ def policy_gaps(s: RunSpec) -> Iterator[Violation]:
                             f"{m.family} (it maps {', '.join(FAMILIES)})",
                             "use train.backend=torch (any transformers causal LM)")
         yield from _hybrid_gaps(s)
+        yield from _dense_gaps(s)
         if s.cluster.gpus_per_node == 0 and not os.environ.get(CPU_SHIM_ENV):
             yield build_gap(("train.backend", "cluster.gpus_per_node"), "megatron-core hard-codes CUDA: the megatron "
                             f"backend needs GPUs (on CPU only this repo's tests run it, with {CPU_SHIM_ENV}=1)",
