@@ -29,6 +29,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# every group's rewards vary, so each step runs its update in full: with env=math's grader a random model scores 0
+# everywhere and the loop skips the update ("no update"), so the train and optimizer-step phases went unmeasured
+# (the 2026-12-05 H100 rows 1.5b-megatron-mid and 0.1b-sleep did so)
+REWARD = f"{ROOT}/benchmarks/workload_shapes.py:varied_reward"
 
 QWEN = {  # Qwen2.5 shapes, untied: model.path=null builds untied models (the rows in memory.md were run so)
     "0.1b": dict(num_layers=12, hidden_size=768, num_attention_heads=12, num_kv_heads=2, ffn_hidden_size=2048,
@@ -71,7 +75,8 @@ def overrides(row: str, out: Path, steps: int, gpu_gib: float) -> list[str]:
     return [f"name=mem-{row}", f"output_root={out}", "checkpoint.resume=fresh", "checkpoint.enabled=false",
             "rollout=vllm", *(f"model.{k}={v}" for k, v in QWEN[shape].items()),
             "model.max_position_embeddings=4096", "model.warm_start_steps=0",
-            "env=math", f"env.train_path={data}", f"env.val_path={data}", f"env.max_prompt_tokens={plen}",
+            "env=math", f"env.reward_fn={REWARD}", f"env.train_path={data}", f"env.val_path={data}",
+            f"env.max_prompt_tokens={plen}",
             f"rollout.max_new_tokens={new}", f"train.max_total_sequence_length={plen + new}",
             f"grpo.num_prompts_per_step={prompts}", f"grpo.num_generations_per_prompt={gens}",
             f"train.global_batch_size={prompts * gens}", f"train.micro_batch_size={micro}",
