@@ -99,3 +99,25 @@ def test_tied_embeddings_as_the_model_class_defaults_them(tmp_path, family, tied
     cfg = {k: v for k, v in QWEN3.items() if k != "tie_word_embeddings"}
     spec = load_spec([f"model.path={model_dir(tmp_path / family, {**cfg, 'model_type': family})}", *VLLM_CPU])
     assert spec.model.tie_word_embeddings is model_facts(spec.model).tied is mem.arch_of(spec).tied is tied
+
+
+def test_untied_by_default_is_transformers_own_for_every_causal_lm():
+    """config.json without tie_word_embeddings: pre-flight's fallback (spec/model_dir.py UNTIED_BY_DEFAULT) is the
+    config class's default for every causal-LM family transformers knows. At 3ae9508, 55 untied families (qwen3_5,
+    llama4_text, ministral3, deepseek_v32, ...) were taken as tied: the memory model dropped their output layer's
+    weights, gradients and optimizer state (vocab × hidden × 16 bytes)."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from grpo_launcher.spec.model_dir import _fallback
+
+    wrong = []
+    for family in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        try:
+            cfg = CONFIG_MAPPING[family]()
+        except Exception:  # noqa: BLE001  (a config class that needs arguments or an optional package: not judged)
+            continue
+        tied = getattr(cfg.get_text_config(), "tie_word_embeddings", getattr(cfg, "tie_word_embeddings", None))
+        if tied is not None and _fallback("tie_word_embeddings", {"model_type": family}, {}) != bool(tied):
+            wrong.append(family)
+    assert not wrong, f"UNTIED_BY_DEFAULT disagrees with transformers for {wrong}"

@@ -35,12 +35,17 @@ ARCH_KEYS: dict[str, tuple[str, ...]] = {
 # Families whose MLP is 4 × hidden when the config has no width (GPT-2 and GPT-J write n_inner: null)
 FFN_4X = ("gpt2", "gptj", "gpt_bigcode", "codegen", "bloom", "falcon", "gpt_neo")
 # tie_word_embeddings when config.json omits it: the model class's default, False for these causal LMs
-# (transformers 5's configuration_*.py); True for any other (PretrainedConfig's default: GPT-2, Gemma, OPT, ...)
+# (transformers 5's configuration_*.py, checked by tests/unit/test_model_facts.py); True for any other (PretrainedConfig's default: GPT-2, Gemma, OPT, ...)
 UNTIED_BY_DEFAULT = frozenset("""
-    bamba codegen dbrx deepseek_v2 deepseek_v3 exaone4 falcon_h1 glm glm4 glm4_moe gpt_neox gpt_oss gptj
-    granite granitemoe helium hunyuan_v1_dense jamba llama llama4 mamba2 minimax ministral mistral mixtral nemotron
-    nemotron_h olmo olmo2 olmo3 olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe qwen3 qwen3_moe qwen3_next
-    seed_oss stablelm""".split())
+    afmoe apertus arcee aria_text axk1 axk2 bamba bitnet blt codegen cwm dbrx deepseek_v2 deepseek_v3
+    deepseek_v32 deepseek_v4 diffllama doge dots1 emu3 exaone4 exaone_moe falcon_h1 flex_olmo fuyu git glm glm4
+    glm4_moe glm4_moe_lite glm_moe_dsa gpt_neox gpt_oss gptj granite granitemoe granitemoe_swa granitemoehybrid
+    granitemoeshared helium hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax jais2 jamba
+    kimi_linear laguna llama llama4 llama4_text longcat_flash mamba2 mellum mimo_v2_flash minimax minimax_m2
+    minimax_m3_vl_text ministral ministral3 mistral mixtral mllama moshi nanochat nemotron nemotron_h olmo olmo2
+    olmo3 olmo_hybrid olmoe persimmon phi phi3 phi4_multimodal phimoe qwen2 qwen2_moe qwen3 qwen3_5 qwen3_5_moe
+    qwen3_5_moe_text qwen3_5_text qwen3_moe qwen3_next qwen4_exp qwen4_exp_text reformer rembert rwkv seed_oss
+    solar_open stablelm xlstm""".split())
 # fields a checkpoint may leave unset and transformers not derive: null in the spec (the rules judge the rest)
 OPTIONAL = ("head_dim",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
