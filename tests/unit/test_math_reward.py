@@ -122,3 +122,23 @@ def test_preflight_warns_of_rows_whose_own_answer_scores_zero(launch_here, tmp_p
     for line in (1, 2, 3, 4, 7, 13):
         assert f"{data}:{line}:" not in warning
     assert "config error" not in r.stderr
+
+
+# a boxed percentage: math-verify 0.9 parses `\boxed{50\%}` to the string '50\%' only, so it matched no answer cell
+# but the same LaTeX (every row below scored 0 at 3ae9508); it reads as the number before the sign, as `$50\%$` does
+PERCENT = [
+    ("50%", r"The answer is \boxed{50\%}", 1),
+    (50, r"\boxed{50\%}", 1),
+    ("50\\%", r"\boxed{50\%}", 1),
+    ("12.5%", r"\boxed{12.5\%}", 1),
+    (12.5, r"so \boxed{12.5 \%}.", 1),
+    ("50%", r"\boxed{40\%}", 0),
+    (0.5, r"\boxed{40\%}", 0),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", PERCENT)
+def test_a_boxed_percentage_is_graded_as_its_number(math_env, answer, completion, verdict):
+    row = {"question": "q", "answer": answer}
+    prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
+    assert math_env.score(prompt, completion) == verdict
