@@ -121,3 +121,14 @@ def test_untied_by_default_is_transformers_own_for_every_causal_lm():
         if tied is not None and _fallback("tie_word_embeddings", {"model_type": family}, {}) != bool(tied):
             wrong.append(family)
     assert not wrong, f"UNTIED_BY_DEFAULT disagrees with transformers for {wrong}"
+
+
+def test_qwen2_with_a_head_dim_vllm_ignores_is_refused_for_vllm(tmp_path):
+    """vLLM 0.32's qwen2 builds hidden / heads = 16-wide heads whatever config.json's head_dim (32) says; at 3ae9508
+    pre-flight passed it and the engine crashed at the first rollout. rollout=hf (transformers reads it) runs it."""
+    d = model_dir(tmp_path / "qwen2", {**QWEN3, "model_type": "qwen2"})
+    found = [v for v in violations([f"model.path={d}", *VLLM_CPU]) if "ignores head_dim" in v.message]
+    assert len(found) == 1 and found[0].keys == ("rollout.backend", "model.path") and "rollout=hf" in found[0].fix
+    assert violations([f"model.path={d}", "train.max_total_sequence_length=128"]) == []
+    same = model_dir(tmp_path / "qwen2-derived", {**QWEN3, "model_type": "qwen2", "hidden_size": 128})
+    assert violations([f"model.path={same}", *VLLM_CPU]) == []  # head_dim = 128 / 4: nothing ignored

@@ -240,8 +240,27 @@ def heads_divide(s: RunSpec) -> Iterator[Violation]:
             yield V("heads_divide", (f"{section}.tensor_parallel_size", "model.num_attention_heads"),
                     f"{m.num_attention_heads} attention heads cannot be split over TP={tp}",
                     f"use a {section}.tensor_parallel_size dividing {m.num_attention_heads}")
+    if s.rollout.backend == RolloutBackend.vllm:
+        yield from _vllm_ignores_head_dim(s)
     if s.rollout.backend == RolloutBackend.vllm and s.cluster.gpus_per_node == 0:
         yield from _vllm_cpu_head_dim(s)
+
+
+# families whose vLLM model class (0.32: qwen2.py, qwen2_moe.py) builds attention of hidden_size / heads, ignoring
+# config.json's head_dim that transformers' reads (getattr(config, "head_dim", hidden // heads))
+VLLM_IGNORES_HEAD_DIM = ("qwen2", "qwen2_moe")
+
+
+def _vllm_ignores_head_dim(s: RunSpec) -> Iterator[Violation]:
+    """A qwen2 checkpoint with head_dim ≠ hidden / heads: vLLM's engine is built narrower than the policy (at
+    3ae9508 its CPU build crashed at the first rollout, 'Unsupported CPU attention configuration: head_dim=16')."""
+    m = s.model
+    derived = m.hidden_size // max(m.num_attention_heads, 1)
+    if m.family in VLLM_IGNORES_HEAD_DIM and m.head_dim and m.head_dim != derived:
+        yield V("heads_divide", ("rollout.backend", "model.path" if m.path else "model.head_dim"),
+                f"vLLM's {m.family} model ignores head_dim={m.head_dim} and builds heads of hidden_size / "
+                f"num_attention_heads = {derived}: its attention would not be the policy's",
+                "use rollout=hf (transformers reads head_dim)")
 
 
 def _vllm_cpu_head_dim(s: RunSpec) -> Iterator[Violation]:
