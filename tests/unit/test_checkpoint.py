@@ -157,3 +157,137 @@ def test_a_fresh_start_sets_aside_the_spec_change_log_with_the_other_records(tmp
     set_aside_records(tmp_path, tmp_path / "old")
     assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["metrics.jsonl", "spec_changes.jsonl"]
     assert not (tmp_path / "spec_changes.jsonl").exists()
+
+
+# ------------------------------------------------------------------ optimizer state: the newest checkpoint's only
+
+
+def write_full(d: Path) -> None:
+    """What the workers write: weights, and optimizer files of both backends (torch's optim.pt, megatron's per rank)."""
+    import torch
+
+    (d / "policy").mkdir()
+    (d / "policy" / "model.safetensors").write_bytes(b"w" * 4096)
+    torch.save({"opt": {"state": {0: {"exp_avg": torch.ones(64)}}}, "sched": {"last_epoch": 3}}, d / "optim.pt")
+    for rank in (0, 1):
+        torch.save({"steps": 3, "opt": {"state": {}}}, d / f"megatron_optim_rank{rank}.pt")
+
+
+OPTIM = ["megatron_optim_rank0.pt", "megatron_optim_rank1.pt", "optim.pt"]
+
+
+def optimizer_files(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.name in OPTIM)
+
+
+def test_older_kept_checkpoints_lose_their_optimizer_state_and_still_verify(tmp_path):
+    from grpo_launcher.checkpoint.manager import MANIFEST, has_optimizer, verify_checkpoint
+
+    mgr = CheckpointManager(tmp_path / "ckpt", spec_with(keep_top_k=2))
+    for step in (10, 20):
+        mgr.save(step, write_full, {}, {})
+    (mgr.ckpt_dir / ".tmp-manifest.json-step_000010-99999").write_text("{}")  # a strip killed before its rename
+    mgr.save(30, write_full, {}, {})
+    assert names(mgr.ckpt_dir) == ["step_000020", "step_000030"]  # the stale temp manifest went too
+    old, new = mgr.ckpt_dir / "step_000020", mgr.ckpt_dir / "step_000030"
+    assert optimizer_files(old) == [] and optimizer_files(new) == OPTIM
+    assert verify_checkpoint(old) is None and verify_checkpoint(new) is None
+    assert not has_optimizer(old) and has_optimizer(new)
+    manifest = json.loads((old / MANIFEST).read_text())
+    assert manifest["optimizer"] is False and sorted(manifest["dropped"]) == OPTIM
+    assert "step_000030 holds the optimizer state" in manifest["optimizer_dropped"]
+    assert sorted(manifest["files"]) == ["meta.json", "policy/model.safetensors"]
+    (old / "optim.pt").write_bytes(b"x" * 10)  # a file planted where a dropped one was: refused
+    assert "optim.pt was dropped from the manifest, but another file is there" in verify_checkpoint(old)
+
+
+STRIP_SCRIPT = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_checkpoint import write_full
+from grpo_launcher.checkpoint import CheckpointManager
+from grpo_launcher.spec.schema import CheckpointSpec, RunSpec
+
+mgr = CheckpointManager(Path(sys.argv[1]), RunSpec(checkpoint=CheckpointSpec(keep_top_k=2)))
+for step in (2, 4):
+    mgr.save(step, write_full, {}, {})
+"""
+
+
+@pytest.mark.parametrize("phase", ["after:rename", "after:prune", "after:unlist", "after:strip"])
+def test_a_strip_killed_at_any_phase_leaves_both_checkpoints_verifying(tmp_path, phase):
+    """SIGKILL at each phase boundary of step 4's save: both checkpoints verify; damaging step 4 falls back to step 2,
+    whose strip the resume finishes (no optimizer file left where its manifest no longer lists one)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from grpo_launcher.checkpoint.manager import has_optimizer, verify_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    env = dict(os.environ, GRPO_FAULT_AT=f"{phase}@4")
+    r = subprocess.run([sys.executable, "-c", STRIP_SCRIPT, str(ckpt), str(Path(__file__).parent)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    mgr = CheckpointManager(ckpt, spec_with(keep_top_k=2))
+    assert [p.name for p in mgr.complete()] == ["step_000002", "step_000004"]
+    assert all(verify_checkpoint(p) is None for p in mgr.complete())
+    older = ckpt / "step_000002"
+    assert has_optimizer(older) == (phase in ("after:rename", "after:prune"))
+    assert optimizer_files(older) == ([] if phase == "after:strip" else OPTIM)
+    (ckpt / "step_000004" / "optim.pt").write_bytes(b"torn")
+    messages: list[str] = []
+    assert mgr.resume_point(max_steps=10, say=messages.append) == older
+    assert "step_000004 is not usable: optim.pt has 4 bytes" in messages[0]
+    assert verify_checkpoint(older) is None
+    assert optimizer_files(older) == ([] if not has_optimizer(older) else OPTIM)
+
+
+def test_a_resume_from_a_checkpoint_without_optimizer_state_says_fresh_optimizer(tmp_path, capsys):
+    from grpo_launcher.plan import make_plan
+    from grpo_launcher.train.setup import resume_or_start
+
+    spec = load_spec([f"output_root={tmp_path}", "name=opt", "logging.mlflow=false", "grpo.max_steps=8"])
+    plan = make_plan(spec)
+    plan.run_dir.mkdir(parents=True)
+    mgr = CheckpointManager(plan.checkpoint_dir, spec)
+    for step in (2, 4):
+        mgr.save(step, write_full, {"mlflow_run_id": None}, {})
+    (mgr.ckpt_dir / "step_000004" / "meta.json").write_text("{}")
+    state = resume_or_start(spec, plan)
+    out = capsys.readouterr().out
+    assert state is not None and state.step == 2, out
+    (line,) = [ln for ln in out.splitlines() if "fresh optimizer" in ln]
+    assert line.startswith("grpo-launcher: step_000002 holds the weights but no optimizer state"), line
+    assert "train.warmup_steps=0, starts over" in line, line
+
+
+def test_the_torch_worker_loads_weights_only_with_a_fresh_optimizer(tmp_path):
+    """A real TorchPolicyWorker's checkpoint after an optimizer step, its optim.pt dropped: another worker loads the
+    weights bit-exactly and starts AdamW and the warm-up fresh; with optim.pt, it continues them."""
+    import shutil
+
+    import torch
+
+    from grpo_launcher.models.tiny import build_model, build_tokenizer
+    from grpo_launcher.policy.torch_policy import TorchPolicyWorker
+
+    spec = load_spec([f"output_root={tmp_path}", "logging.mlflow=false", "train.warmup_steps=4"])
+    build_model(spec.model, build_tokenizer(), seed=0).save_pretrained(tmp_path / "model")
+    trained = TorchPolicyWorker(spec, str(tmp_path / "model"), 0, 1)
+    for p in trained.model.parameters():
+        p.grad = torch.ones_like(p)
+    trained.opt.step()
+    trained.sched.step()
+    trained.save(str(tmp_path / "full"))
+    shutil.copytree(tmp_path / "full", tmp_path / "weights")
+    (tmp_path / "weights" / "optim.pt").unlink()
+    for name, steps in (("full", 1), ("weights", 0)):
+        w = TorchPolicyWorker(spec, str(tmp_path / "model"), 0, 1)
+        w.load(str(tmp_path / name))
+        want = trained.model.state_dict()
+        assert all(torch.equal(v, want[k]) for k, v in w.model.state_dict().items()), name
+        assert w.sched.last_epoch == steps and bool(w.opt.state) == bool(steps), name
+        assert w.opt.param_groups[0]["lr"] == pytest.approx(spec.train.lr * (steps + 1) / 4), name

@@ -146,8 +146,8 @@ def test_crafted_pickle_in_optim_file_never_runs(tmp_path):
 
 def test_every_checkpoint_invalid_starts_fresh_with_messages(tmp_path):
     mgr = saved(tmp_path, steps=(10, 20))
-    for p in mgr.complete():
-        (p / "optim.pt").unlink()
+    for p in mgr.complete():  # the weights: every checkpoint has them (only the newest keeps optim.pt)
+        (p / "policy" / "model.safetensors").unlink()
     messages: list[str] = []
     assert mgr.resume_point(max_steps=100, say=messages.append) is None
     assert len(messages) == 2

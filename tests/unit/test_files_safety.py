@@ -6,6 +6,7 @@ name stays short; tests never read the checkout's outputs/. Real files, a real s
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -335,8 +336,23 @@ def test_the_dry_run_prints_one_checkpoint_and_the_peak(launch_here, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("checkpoints on disk  : ")]
     assert "MiB each (fp32 weights + AdamW m, v (fp32)" in line, line
-    assert "= 3 × (checkpoint.keep_top_k=1 kept + the latest + one being written; 3 saved at " \
-           "checkpoint.save_period=10)" in line and " free at " in line, line
+    assert re.search(r"= 2 × [\d.]+ MiB \(the latest \+ one being written, with optimizer state\) \+ 1 × [\d.]+ MiB "
+                     r"\(weights only: the older kept ones\); checkpoint.keep_top_k=1, 3 saved at "
+                     r"checkpoint.save_period=10; [\d.]+ GiB free at ", line), line
+
+
+def test_the_peak_counts_optimizer_state_in_two_checkpoints_only(tmp_path):
+    """What the manager keeps (checkpoint/manager.py strip_older): the latest and the one being written hold the
+    optimizer state, the older kept ones their weights alone; one save: one full checkpoint."""
+    from grpo_launcher.preflight.disk import checkpoint_bytes, peak_bytes
+
+    spec = load_spec([f"output_root={tmp_path}", "checkpoint.keep_top_k=3", "grpo.max_steps=50",
+                      "checkpoint.save_period=10"])
+    cb = checkpoint_bytes(spec)
+    assert cb.weights_only == cb.weights + cb.small_files < cb.total
+    assert peak_bytes(spec) == 2 * cb.total + 3 * cb.weights_only  # 5 saves: keep_top_k=3 + the latest + one
+    one = load_spec([f"output_root={tmp_path}", "grpo.max_steps=5", "checkpoint.save_period=10"])
+    assert peak_bytes(one) == checkpoint_bytes(one).total
 
 
 def test_checkpoint_enabled_false_writes_no_checkpoint_not_even_the_last(tmp_path, capsys, store):

@@ -257,3 +257,26 @@ def test_nanov3_on_torch_is_refused_for_memory_only_with_the_fsdp_figures():
     e = mem.estimate(load_spec(short))  # 8192-token sequences: FSDP2 over 256 H100s fits, with the engines
     assert e.fits and e.peak_gib < 79.6 and e.policy["weights"].gib < 0.5
     assert set(_gaps(short)) <= {"train.sequence_packing", "env.name"}  # packing; Gym where not installed
+
+
+def test_a_sharded_model_loads_weights_only_with_a_fresh_optimizer(one_rank_group):
+    """A checkpoint older than the newest has no optimizer state (checkpoint/manager.py): the weights go into the
+    shards, the optimizer stays as built (no moments) and its first step equals a fresh unsharded model's."""
+    from grpo_launcher.policy import fsdp
+
+    path = tiny_model()
+    trained = _model(path)
+    ids = torch.randint(3, 500, (2, 10), generator=torch.Generator().manual_seed(3))
+    _step(trained, torch.optim.AdamW(trained.parameters(), lr=1e-3), ids)
+    sharded = fsdp.shard(_model(path), bf16=False)
+    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
+    fsdp.load_state(sharded, opt, trained.state_dict(), None)
+    assert not opt.state
+    full = fsdp.full_weights(sharded, device=torch.device("cpu"))
+    assert full.keys() == trained.state_dict().keys()
+    assert all(torch.equal(v, full[k]) for k, v in trained.state_dict().items())
+    plain = _model(path)
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-3)
+    fsdp.load_state(plain, plain_opt, trained.state_dict(), None)
+    assert not plain_opt.state
+    assert _step(sharded, opt, ids) == pytest.approx(_step(plain, plain_opt, ids), rel=1e-5)

@@ -6,9 +6,15 @@ Layout under `ckpt_dir`:
     .invalid-step_000030-*/ one that failed verification on resume (kept for inspection, never loaded)
 Save order (each phase boundary is a named fault point, see `fault_point`): payload → meta.json (with the
 MLflow metrics not yet committed: `pending_metrics`) → manifest.json LAST (size + sha256 of every file)
-→ fsync → rename into place → prune. The caller commits the metrics to MLflow after the rename; a crash
-in between is repaired on resume by replaying `pending_metrics` (the tracker skips (key, step) pairs
+→ fsync → rename into place → prune → unlist → strip. The caller commits the metrics to MLflow after the rename;
+a crash in between is repaired on resume by replaying `pending_metrics` (the tracker skips (key, step) pairs
 MLflow already holds), so the step axis has every step exactly once.
+Optimizer state only where a resume needs it: a resume reads the newest checkpoint's (`optim.pt`,
+`megatron_optim_rank*.pt`: AdamW's m and v, and megatron's fp32 master weights), so once a newer checkpoint is in
+place the older kept ones lose theirs. "unlist": each older manifest is replaced atomically (temp file beside the
+checkpoints, fsync, rename) by one that moves those files from `files` to `dropped` ("optimizer": false); "strip":
+the files are deleted. A dropped file may be there or not (nothing else may differ), so a crash at any point leaves
+every checkpoint verifying; a resume from one finishes its strip first, and the workers start a fresh optimizer.
 Resume (`resume_point`) verifies the newest checkpoint against its manifest (sizes, hashes, meta.json
 readable and naming its own step, every `*.pt` loadable with `torch.load(weights_only=True)`: a pickle
 that would run code is refused, not loaded), falls back to the newest valid one with a message naming
@@ -39,7 +45,9 @@ STEP_DIR = re.compile(r"step_(\d+)")
 TMP_PREFIX = ".tmp-"
 INVALID_PREFIX = ".invalid-"
 FAULT_ENV = "GRPO_FAULT_AT"  # tests: SIGKILL this process at the named phase boundary (see fault_point)
-SAVE_PHASES = ("payload", "meta", "manifest", "fsync", "rename", "prune")
+SAVE_PHASES = ("payload", "meta", "manifest", "fsync", "rename", "prune", "unlist", "strip")
+# The optimizer state files the policy workers write (policy/torch_policy.py, policy/megatron_policy.py save()).
+OPTIMIZER_FILE = re.compile(r"optim\.pt|megatron_optim_rank\d+\.pt")
 # Spec fields a resumed run must share with the checkpoint (a trailing "." = the whole section).
 COMPAT_KEYS = (
     "model.",
@@ -138,9 +146,10 @@ def verify_checkpoint(path: Path, only: str = "") -> Optional[str]:
     try:
         manifest = json.loads(mpath.read_text())
         files = {rel: want for rel, want in manifest["files"].items() if rel.startswith(only)}
+        dropped = {rel: want for rel, want in manifest.get("dropped", {}).items() if rel.startswith(only)}
     except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
         return f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})"
-    problem = files_problem(path, files, only)
+    problem = files_problem(path, files, only, dropped)
     if problem:
         return problem
     try:
@@ -158,9 +167,15 @@ def verify_checkpoint(path: Path, only: str = "") -> Optional[str]:
     return None
 
 
-def files_problem(path: Path, files: dict[str, Any], only: str = "") -> Optional[str]:
+def files_problem(path: Path, files: dict[str, Any], only: str = "",
+                  dropped: Optional[dict[str, Any]] = None) -> Optional[str]:
     """The manifest's files below `only` against the disk: each a regular file (no symlink) of its size and sha256,
-    and no file (or symlink) there that the manifest lacks."""
+    and no file (or symlink) there that the manifest lacks. A `dropped` file (optimizer state being stripped) may
+    be absent; if there, it is the regular file of its size (its strip was cut short)."""
+    for rel, want in sorted((dropped or {}).items()):
+        f = path / rel
+        if f.is_symlink() or (f.exists() and (not f.is_file() or f.stat().st_size != want.get("size"))):
+            return f"{rel} was dropped from the manifest, but another file is there in its place"
     for rel, want in sorted(files.items()):
         f = path / rel
         if f.is_symlink():
@@ -174,7 +189,7 @@ def files_problem(path: Path, files: dict[str, Any], only: str = "") -> Optional
             return f"{rel} does not match its sha256 in the manifest (corrupted or modified)"
     linked_dirs = [Path(d, n).relative_to(path) for d, dirs, _ in os.walk(path) for n in dirs if Path(d, n).is_symlink()]
     extra = [r.as_posix() for r in [*payload_files(path), *linked_dirs]
-             if r.as_posix().startswith(only) and r.as_posix() not in files]
+             if r.as_posix().startswith(only) and r.as_posix() not in files and r.as_posix() not in (dropped or {})]
     if extra:
         return f"files not in the manifest: {', '.join(extra[:5])}"
     return None
@@ -299,6 +314,58 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def read_manifest(path: Path) -> Optional[dict[str, Any]]:
+    """A checkpoint dir's manifest.json, or None when it is missing or unreadable."""
+    try:
+        manifest = json.loads((Path(path) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+
+
+def has_optimizer(path: Path) -> bool:
+    """Whether the checkpoint's manifest lists optimizer state (a resume from it continues the optimizer exactly)."""
+    manifest = read_manifest(path)
+    return manifest is not None and any(OPTIMIZER_FILE.fullmatch(rel) for rel in manifest["files"])
+
+
+def unlist_optimizer(path: Path, newer: str) -> bool:
+    """Replace the manifest, atomically, by one that lists the optimizer files under `dropped` (the files stay until
+    `strip_dropped`). True when it changed. The temp file is written beside the checkpoints (`.tmp-*`, cleaned by
+    the next save), never inside one: a file the manifest lacks would make it fail verification."""
+    manifest = read_manifest(path)
+    if manifest is None:  # unreadable: left as it is (a resume names it)
+        return False
+    gone = {rel: want for rel, want in manifest["files"].items() if OPTIMIZER_FILE.fullmatch(rel)}
+    if not gone:
+        return False
+    new = {**manifest, "files": {rel: w for rel, w in manifest["files"].items() if rel not in gone},
+           "dropped": {**manifest.get("dropped", {}), **gone}, "optimizer": False,
+           "optimizer_dropped": f"{newer} holds the optimizer state a resume reads; this one keeps its weights"}
+    tmp = path.parent / f"{TMP_PREFIX}{MANIFEST}-{path.name}-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(new, indent=1, sort_keys=True))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path / MANIFEST)
+    fsync_dir(path)
+    return True
+
+
+def strip_dropped(path: Path) -> int:
+    """Delete the files the manifest lists as dropped (those still there); the bytes freed."""
+    manifest = read_manifest(path)
+    freed = 0
+    for rel in (manifest or {}).get("dropped", {}):
+        f = path / rel
+        if f.is_file() and not f.is_symlink():
+            freed += f.stat().st_size
+            f.unlink()
+    if freed:
+        fsync_dir(path)
+    return freed
+
+
 def load_meta(path: Path) -> dict[str, Any]:
     """The meta.json of a checkpoint dir."""
     return json.loads((Path(path) / META).read_text())
@@ -395,7 +462,19 @@ class CheckpointManager:
         fault_point(f"after:rename@{step}")
         self.prune()
         fault_point(f"after:prune@{step}")
+        self.strip_older(final, step)
         return final
+
+    def strip_older(self, newest: Path, step: int) -> None:
+        """The kept checkpoints older than `newest` lose their optimizer state: every manifest first, then the
+        files (module doc: a crash at any point leaves each one verifying)."""
+        older = [p for p in self.complete() if (step_of(p) or 0) < step]
+        for p in older:
+            unlist_optimizer(p, newest.name)
+        fault_point(f"after:unlist@{step}")
+        for p in older:
+            strip_dropped(p)
+        fault_point(f"after:strip@{step}")
 
     def write_meta(self, tmp: Path, step: int, state: dict, metrics: dict[str, float],
                    pending_metrics: Optional[list] = None) -> None:
@@ -425,7 +504,10 @@ class CheckpointManager:
     def remove_stale_tmp(self) -> None:
         """Drop `.tmp-*` dirs left by crashed saves (one writer per run, so none is live here)."""
         for p in self.ckpt_dir.glob(f"{TMP_PREFIX}*"):
-            shutil.rmtree(p, ignore_errors=True)
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:  # a manifest's temp file (unlist_optimizer)
+                p.unlink(missing_ok=True)
 
     def prune(self) -> list[Path]:
         """Keep the `keep_top_k` best and the latest; remove the rest. Returns what was removed."""
@@ -451,6 +533,7 @@ class CheckpointManager:
                     raise CheckpointRefused(
                         f"checkpoint {path} is at step {step}, beyond grpo.max_steps={max_steps}: "
                         f"raise grpo.max_steps to continue it, or start over with checkpoint.resume=fresh")
+                strip_dropped(path)  # a strip cut short: the workers read optimizer files only where listed
                 return path
             dest = self.ckpt_dir / f"{INVALID_PREFIX}{path.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
             os.replace(path, dest)

@@ -14,7 +14,7 @@ export` and a resume at another DP size read them as they are).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -171,16 +171,17 @@ def optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, A
 
 
 def load_state(model: nn.Module, opt: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
-               optim: dict[str, Any]) -> None:
+               optim: Optional[dict[str, Any]]) -> None:
     """Full weights and full (name-keyed) optimizer state into a sharded or unsharded model; each rank keeps
-    its shard."""
-    optim = named_optimizer_state(model, optim)
+    its shard. `optim` None: the weights only (the optimizer stays as built: fresh)."""
     if is_sharded(model):
         set_model_state_dict(model, weights, options=FULL)
-        set_optimizer_state_dict(model, opt, optim, options=FULL)
+        if optim is not None:
+            set_optimizer_state_dict(model, opt, named_optimizer_state(model, optim), options=FULL)
         return
     model.load_state_dict(weights, strict=True)
-    set_optimizer_state_dict(model, opt, optim)
+    if optim is not None:
+        set_optimizer_state_dict(model, opt, named_optimizer_state(model, optim))
 
 
 def named_optimizer_state(model: nn.Module, optim: dict[str, Any]) -> dict[str, Any]:

@@ -622,7 +622,9 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         module = self.model.module if self.megatron_opt else self.model
         mc.load_local(module, full, tp_rank=self.tp_rank, tp_size=self.tp_size, layer_offset=self.layer_offset,
                       expert_offset=self.expert_offset, tie=self.arch.tie_embeddings)
-        state = torch.load(path / f"megatron_optim_rank{self.rank}.pt", weights_only=True)  # no code runs
+        optim = path / f"megatron_optim_rank{self.rank}.pt"  # absent in a checkpoint older than the newest:
+        fresh: dict[str, Any] = {"steps": 0, "opt": None}  # a fresh optimizer and warm-up (the driver says so)
+        state = torch.load(optim, weights_only=True) if optim.is_file() else fresh  # no code runs
         self.steps = state["steps"]
         if state["opt"] is not None:
             self.opt.load_state_dict(state["opt"])

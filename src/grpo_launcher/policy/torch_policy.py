@@ -300,15 +300,18 @@ class TorchPolicyWorker(HybridRollout, Profiling):
                 os.fsync(fh.fileno())
 
     def load(self, directory: str) -> None:
-        """Every rank reads the full files and keeps its shard. The weights are read by transformers: a family
+        """Every rank reads the full files and keeps its shard; without optim.pt, the weights only (fresh AdamW and
+        warm-up). The weights are read by transformers: a family
         whose files use other names than its modules (nemotron_h: backbone.*, one tensor per expert) is mapped."""
         from transformers import AutoModelForCausalLM  # here: the driver imports this module, not transformers
 
         path = Path(directory)
-        state = torch.load(path / "optim.pt", weights_only=True)  # tensors and plain values only: no code runs
+        optim = path / "optim.pt"  # absent in a checkpoint older than the newest: a fresh optimizer (the driver says so)
+        state = torch.load(optim, weights_only=True) if optim.is_file() else None  # tensors and plain values only
         weights = AutoModelForCausalLM.from_pretrained(path / "policy", dtype=torch.float32).state_dict()
-        fsdp.load_state(self.model, self.opt, weights, state["opt"])
-        self.sched.load_state_dict(state["sched"])
+        fsdp.load_state(self.model, self.opt, weights, state["opt"] if state is not None else None)
+        if state is not None:
+            self.sched.load_state_dict(state["sched"])
         self._spec_hyperparameters()
 
     def _spec_hyperparameters(self) -> None:

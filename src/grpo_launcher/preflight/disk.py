@@ -10,7 +10,9 @@ One checkpoint (checkpoint/manager.py layout; what a resume reads back to contin
     + the config, generation config and tokenizer files (small_files: ~160 B per vocabulary entry).
 Peak on disk: checkpoint.keep_top_k best + the latest are kept, and one more is written before the pruning, so
 keep_top_k + 2 checkpoints, or as many as the run saves when fewer (grpo.max_steps / checkpoint.save_period, and
-the last step). checkpoint.enabled=false saves none. `launch.py export` writes a bf16 copy of the weights on demand.
+the last step). Only two of them hold the optimizer state (the latest, which a resume reads, and the one being
+written): once a newer one is in place an older one keeps its weights alone (checkpoint/manager.py strip_older).
+checkpoint.enabled=false saves none. `launch.py export` writes a bf16 copy of the weights on demand.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ class CheckpointBytes:
     @property
     def total(self) -> int:
         return self.weights + self.optimizer + self.small_files
+
+    @property
+    def weights_only(self) -> int:
+        """A kept checkpoint older than the latest: its optimizer state dropped."""
+        return self.weights + self.small_files
 
 
 def checkpoint_bytes(spec: RunSpec) -> CheckpointBytes:
@@ -72,8 +79,27 @@ def peak_checkpoints(spec: RunSpec) -> int:
     return min(saves(spec), max(spec.checkpoint.keep_top_k, 0) + 2)
 
 
+def peak_full(spec: RunSpec) -> int:
+    """How many checkpoints at the peak hold their optimizer state: the latest and the one being written."""
+    return min(peak_checkpoints(spec), 2)
+
+
 def peak_bytes(spec: RunSpec) -> int:
-    return peak_checkpoints(spec) * checkpoint_bytes(spec).total if spec.checkpoint.enabled else 0
+    """Two full checkpoints (the latest + the one being written) + the other kept ones' weights."""
+    if not spec.checkpoint.enabled:
+        return 0
+    cb, n, full = checkpoint_bytes(spec), peak_checkpoints(spec), peak_full(spec)
+    return full * cb.total + (n - full) * cb.weights_only
+
+
+def peak_text(spec: RunSpec) -> str:
+    """'N × full + M × weights-only (...)': how the peak adds up, naming the keys."""
+    c, cb, n, full = spec.checkpoint, checkpoint_bytes(spec), peak_checkpoints(spec), peak_full(spec)
+    parts = f"{full} × {size(cb.total)} (the latest + one being written, with optimizer state)" if full == 2 else \
+        f"1 × {size(cb.total)} (the one being written, with optimizer state)"
+    if n > full:
+        parts += f" + {n - full} × {size(cb.weights_only)} (weights only: the older kept ones)"
+    return f"{parts}; checkpoint.keep_top_k={c.keep_top_k}, {saves(spec)} saved at checkpoint.save_period={c.save_period}"
 
 
 def existing_root(path: Path) -> Optional[Path]:
@@ -116,10 +142,8 @@ def report(spec: RunSpec) -> str:
     cb = checkpoint_bytes(spec)
     need, free, where = room(spec)
     free_text = f"; {size(free)} free at {where}" if where is not None else ""
-    c = spec.checkpoint
-    return (head + f"{size(cb.total)} each ({cb.how}: weights {size(cb.weights)}, optimizer {size(cb.optimizer)}); "
-            f"peak {size(peak_bytes(spec))} = {peak_checkpoints(spec)} × (checkpoint.keep_top_k={c.keep_top_k} kept + "
-            f"the latest + one being written; {saves(spec)} saved at checkpoint.save_period={c.save_period})"
+    return (head + f"{size(cb.total)} each ({cb.how}: weights {size(cb.weights)}, optimizer {size(cb.optimizer)}; "
+            f"older kept ones {size(cb.weights_only)}, weights only); peak {size(peak_bytes(spec))} = {peak_text(spec)}"
             + free_text)
 
 
@@ -131,10 +155,8 @@ def room_violations(s: RunSpec) -> Iterator[Violation]:
     if where is None or need <= free:
         return
     cb = checkpoint_bytes(s)
-    c = s.checkpoint
     yield Violation("checkpoint_disk_room", ("checkpoint.keep_top_k", "checkpoint.save_period", "output_root"),
-                    f"the run's checkpoints need {size(need)} more at their peak ({peak_checkpoints(s)} × "
-                    f"{size(cb.total)}: checkpoint.keep_top_k={c.keep_top_k} kept + the latest + one being "
-                    f"written; {cb.how}) and {where} has {size(free)} free",
-                    f"lower checkpoint.keep_top_k (each kept one is {size(cb.total)}), point output_root at a "
-                    "disk with the room, or set checkpoint.enabled=false (no resume after a stop)")
+                    f"the run's checkpoints need {size(need)} more at their peak ({peak_text(s)}; {cb.how}) and "
+                    f"{where} has {size(free)} free",
+                    f"lower checkpoint.keep_top_k (each older kept one is {size(cb.weights_only)}), point "
+                    "output_root at a disk with the room, or set checkpoint.enabled=false (no resume after a stop)")

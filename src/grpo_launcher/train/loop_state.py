@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from tqdm import tqdm
 
-from ..checkpoint.manager import fault_point, record_spec_changes
+from ..checkpoint.manager import fault_point, has_optimizer, record_spec_changes
 from ..exit_codes import ExitCode
 from ..plan import Plan
 from ..runfiles import write_atomic
@@ -118,6 +118,8 @@ class LoopState:
         meta = ckpt.load_meta(path)
         run_id = meta["state"].get("mlflow_run_id")
         print(f"grpo-launcher: resuming from {path.name} (step {meta['step']})", flush=True)
+        if not has_optimizer(path):
+            print(fresh_optimizer_line(spec, path), flush=True)
         tracker = _tracker(spec, plan, run_id)
         changes = record_spec_changes(plan.run_dir, meta, spec)  # keys changed on relaunch: file, message, MLflow
         if tracker is not None and changes:
@@ -180,6 +182,16 @@ class LoopState:
 
     def progress_bar(self, max_steps: int) -> "Progress":
         return Progress(max_steps, self.step, enabled=self.spec.logging.progress, groups=self.plan.prompts_per_step)
+
+
+def fresh_optimizer_line(spec: RunSpec, path: Path) -> str:
+    """What a resume from a checkpoint without optimizer state does (checkpoint/manager.py: only the newest
+    checkpoint keeps it; an older one is resumed when the newest fails verification, or was moved away)."""
+    t = spec.train
+    master = ", fp32 master weights from the saved weights" if t.backend.value == "megatron" else ""
+    return (f"grpo-launcher: {path.name} holds the weights but no optimizer state (only the newest checkpoint keeps "
+            f"it): training continues with a fresh optimizer (AdamW moments zero{master}; the lr warm-up, "
+            f"train.warmup_steps={t.warmup_steps}, starts over)")
 
 
 def _tracker(spec: RunSpec, plan: Plan, run_id: Optional[str]):
