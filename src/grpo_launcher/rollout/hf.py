@@ -20,7 +20,7 @@ cache (and the captured graphs) keep one shape from step to step.
 from __future__ import annotations
 
 import time
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -224,7 +224,7 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature
     return torch.stack(tokens, 1), torch.stack(logprobs, 1)
 
 
-def load_tokenizer(model_dir: str):
+def load_tokenizer(model_dir: str) -> Any:
     """The checkpoint's tokenizer (AutoTokenizer). One without a pad token (Llama-3's, Mistral's) pads with its EOS,
     as NeMo-RL does: padding is told apart by lengths and attention masks here (batch.collate, `left_padded`), never
     by its id, so the pad token's identity does not matter."""
