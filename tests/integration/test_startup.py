@@ -24,7 +24,8 @@ def parts(line: str) -> dict[str, tuple[float, str]]:
 
 def test_startup_line_names_the_policy_and_engine_phases(tmp_path):
     """A separate rollout engine (HF, on a slot of its own): `policy ready` and `engines ready` each name the
-    actor's own phases; no `tokenizer` wait stands for the policy's start-up any more."""
+    actor's own phases; no `tokenizer` wait stands for the policy's start-up any more. The engine's process starts
+    no later than the policy's (create_workers creates the engines first: their start overlaps the policy's load)."""
     cmd = [sys.executable, "-u", str(ROOT / "launch.py"), f"output_root={share_models(tmp_path)}", "grpo.max_steps=1",
            "logging.mlflow=false", *ASYNC]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
@@ -39,3 +40,9 @@ def test_startup_line_names_the_policy_and_engine_phases(tmp_path):
     assert policy == ["from", "imports", "transformers", "device", "load", "setup", "engine"], p["policy ready"]
     engine = [w.split(" ")[0] for w in p["engines ready"][1].split(", ")]
     assert engine == ["from", "imports", "transformers", "engine"], p["engines ready"]
+    assert started(p["engines ready"][1]) <= started(p["policy ready"][1]), (p["engines ready"], p["policy ready"])
+
+
+def started(detail: str) -> float:
+    """An actor's process start, seconds into the run: the bracket's `from`."""
+    return float(detail.split(", ")[0].split(" ")[1])

@@ -125,45 +125,62 @@ def create_workers(spec: RunSpec, plan: Plan, model_dir: str) -> Workers:
     """Policy rank i on bundle i; with rollout=hf it is also engine i (hybrid), else engine e shares bundle e·TP;
     with devices of their own (plan.rollout_devices) engine e is on bundle train_devices + e·TP.
 
-    Returns at once: the actors start (imports, model load) while the driver sets up; `ready()` waits."""
+    Returns at once: the actors start (imports, model load) while the driver sets up; `ready()` waits. Separate
+    engines are created first, the longest to start (vLLM's import, profile run, CUDA graphs; an HF engine's load):
+    their processes start before the policy's (Ray starts a node's worker processes at most num_cpus at a time:
+    one at a time in a local 1-GPU run) and their start overlaps the policy's load. Safe on a GPU the policy shares: no engine sizes
+    anything from the memory it finds free (vLLM is given its KV cache, rollout/vllm.py kv_cache_bytes; its start
+    only checks that rollout.gpu_memory_utilization × the GPU is free, which pre-flight's peak, the policy's
+    start-up memory included, guarantees in either order). The placement group is waited for last (actors queue
+    for it meanwhile): its creation overlaps the classes' imports."""
     pg = placement_group([dict(plan.bundle) for _ in range(plan.world_size)], strategy="PACK")
-    ray.get(pg.ready(), timeout=spec.cluster.ray_join_timeout_s)
-    # of a device slot: the policy's alone (hybrid engine, or engines elsewhere), or half with an engine beside it
-    share = 1.0 if plan.hybrid_rollout or plan.rollout_devices else 0.5
-    threads = max(1, int(plan.bundle.get("CPU", 1.0) * share))  # a shared slot: half its cores each
-
-    def on(i: int) -> dict:
-        gpu = {"num_gpus": share} if plan.use_gpus else {}
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-                "num_cpus": plan.bundle.get("CPU", 1.0) * share, **gpu}
-
+    on = BundleOptions(plan, pg)
+    rollout, new_engine, probe = ([], None, None) if plan.hybrid_rollout else start_engines(spec, plan, model_dir, on)
     P = ray.remote(policy_class(spec.train.backend))
-    ranks = plan.policy_ranks
-    policy = [P.options(**on(i)).remote(spec, model_dir, i, ranks, threads) for i in range(ranks)]
-    if plan.hybrid_rollout:
-        rollout = policy
-    else:
-        # async GRPO with in-flight weight updates: stage_weights runs beside a generate call (rollout/versions.py)
-        cls = rollout_class(spec.rollout.backend)
-        from ..rollout.versions import WEIGHTS_GROUP  # here: it imports torch, which the env worker (this module) must not
-
-        staged = plan.async_grpo and spec.grpo.async_grpo.in_flight_weight_updates
-        probed = ENGINE_KINDS[spec.rollout.backend].health_probe and spec.deadlines.health_period_s > 0
-        groups = {**({WEIGHTS_GROUP: 1} if staged else {}), **({HEALTH_GROUP: 1} if probed else {})}
-        R = ray.remote(concurrency_groups=groups)(cls) if groups else ray.remote(cls)
-        tp = spec.rollout.tensor_parallel_size
-
-        def new_engine(e: int) -> Any:
-            return R.options(**on(plan.engine_bundle0 + e * tp)).remote(spec, model_dir, threads,
-                                                                       max_model_len=plan.max_model_len)
-
-        rollout = [new_engine(e) for e in range(plan.rollout_engines)]
-        d = spec.deadlines
-        probe = EngineProbe(d.health_period_s, d.health_timeout_s) if probed else None
+    policy = [P.options(**on(i)).remote(spec, model_dir, i, plan.policy_ranks, on.threads)
+              for i in range(plan.policy_ranks)]
     env = ray.remote(EnvWorker).options(num_cpus=0).remote(spec, EnvFactory(spec))  # the driver's env class
-    return Workers(policy=policy, rollout=rollout, env=env, pg=pg, clock=PhaseClock(spec.deadlines, plan.run_dir),
-                   new_engine=None if plan.hybrid_rollout else new_engine,
-                   probe=None if plan.hybrid_rollout else probe)
+    ray.get(pg.ready(), timeout=spec.cluster.ray_join_timeout_s)  # never placed: GetTimeoutError, as before
+    return Workers(policy=policy, rollout=policy if plan.hybrid_rollout else rollout, env=env, pg=pg,
+                   clock=PhaseClock(spec.deadlines, plan.run_dir), new_engine=new_engine, probe=probe)
+
+
+class BundleOptions:
+    """An actor's Ray options on bundle i of the run's placement group. A device slot is the policy's alone
+    (hybrid engine, or engines elsewhere), or half of it with an engine beside it (its cores too: `threads`)."""
+
+    def __init__(self, plan: Plan, pg: Any) -> None:
+        self.plan, self.pg = plan, pg
+        self.share = 1.0 if plan.hybrid_rollout or plan.rollout_devices else 0.5
+        self.threads = max(1, int(plan.bundle.get("CPU", 1.0) * self.share))
+
+    def __call__(self, i: int) -> dict:
+        gpu = {"num_gpus": self.share} if self.plan.use_gpus else {}
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+                "num_cpus": self.plan.bundle.get("CPU", 1.0) * self.share, **gpu}
+
+
+def start_engines(spec: RunSpec, plan: Plan, model_dir: str,
+                  on: BundleOptions) -> tuple[list, Callable[[int], Any], EngineProbe | None]:
+    """The separate rollout engines, created (their processes start at once); how to start engine e again; their
+    health probe (rollout=vllm with deadlines.health_period_s > 0)."""
+    cls = rollout_class(spec.rollout.backend)
+    from ..rollout.versions import WEIGHTS_GROUP  # here: it imports torch, which the env worker (this module) must not
+
+    # async GRPO with in-flight weight updates: stage_weights runs beside a generate call (rollout/versions.py)
+    staged = plan.async_grpo and spec.grpo.async_grpo.in_flight_weight_updates
+    probed = ENGINE_KINDS[spec.rollout.backend].health_probe and spec.deadlines.health_period_s > 0
+    groups = {**({WEIGHTS_GROUP: 1} if staged else {}), **({HEALTH_GROUP: 1} if probed else {})}
+    R = ray.remote(concurrency_groups=groups)(cls) if groups else ray.remote(cls)
+    tp = spec.rollout.tensor_parallel_size
+
+    def new_engine(e: int) -> Any:
+        return R.options(**on(plan.engine_bundle0 + e * tp)).remote(spec, model_dir, on.threads,
+                                                                   max_model_len=plan.max_model_len)
+
+    d = spec.deadlines
+    probe = EngineProbe(d.health_period_s, d.health_timeout_s) if probed else None
+    return [new_engine(e) for e in range(plan.rollout_engines)], new_engine, probe
 
 
 class EnvWorker:
