@@ -242,6 +242,7 @@ def heads_divide(s: RunSpec) -> Iterator[Violation]:
                     f"use a {section}.tensor_parallel_size dividing {m.num_attention_heads}")
     if s.rollout.backend == RolloutBackend.vllm:
         yield from _vllm_ignores_head_dim(s)
+        yield from _vllm_transformers_backend(s)
     if s.rollout.backend == RolloutBackend.vllm and s.cluster.gpus_per_node == 0:
         yield from _vllm_cpu_head_dim(s)
 
@@ -261,6 +262,20 @@ def _vllm_ignores_head_dim(s: RunSpec) -> Iterator[Violation]:
                 f"vLLM's {m.family} model ignores head_dim={m.head_dim} and builds heads of hidden_size / "
                 f"num_attention_heads = {derived}: its attention would not be the policy's",
                 "use rollout=hf (transformers reads head_dim)")
+
+
+# families vLLM 0.32 serves only through its Transformers backend: the first refit crashed, 'Current vLLM config is
+# not set' (benchmarks/results/families.md: the backend patches the HF classes that the refit's name map builds)
+VLLM_TRANSFORMERS_BACKEND = ("phi", "olmo2", "starcoder2", "gpt_neox")
+
+
+def _vllm_transformers_backend(s: RunSpec) -> Iterator[Violation]:
+    m = s.model
+    if m.family in VLLM_TRANSFORMERS_BACKEND:
+        yield V("heads_divide", ("rollout.backend", "model.path" if m.path else "model.family"),
+                f"vLLM runs {m.family} through its Transformers backend, whose weights this launcher cannot refit "
+                "(the first refit crashes: 'Current vLLM config is not set')",
+                "use rollout=hf for this model family")
 
 
 def _vllm_cpu_head_dim(s: RunSpec) -> Iterator[Violation]:
