@@ -134,10 +134,10 @@ def test_qwen2_with_a_head_dim_vllm_ignores_is_refused_for_vllm(tmp_path):
     assert violations([f"model.path={same}", *VLLM_CPU]) == []  # head_dim = 128 / 4: nothing ignored
 
 
-@pytest.mark.parametrize("family", ["phi", "olmo2", "starcoder2", "gpt_neox"])
-def test_families_vllm_serves_through_transformers_are_refused_for_vllm(tmp_path, family):
-    """vLLM 0.32 serves these through its Transformers backend and the first refit crashed ('Current vLLM config
-    is not set', benchmarks/results/families.md): refused for rollout=vllm, passed for rollout=hf."""
+@pytest.mark.parametrize("family", ["phi", "gpt_neox"])
+def test_families_vllm_cannot_refit_are_refused_for_vllm(tmp_path, family):
+    """vLLM 0.32's Transformers backend: phi's refit crashes, gpt_neox's rollouts stay 0.95 nats off the policy
+    (benchmarks/results/families.md): refused for rollout=vllm, passed for rollout=hf."""
     d = model_dir(tmp_path / family, {**QWEN3, "model_type": family})
     found = [v for v in violations([f"model.path={d}", *VLLM_CPU]) if "Transformers backend" in v.message]
     assert len(found) == 1 and found[0].keys == ("rollout.backend", "model.path") and "rollout=hf" in found[0].fix
@@ -145,7 +145,8 @@ def test_families_vllm_serves_through_transformers_are_refused_for_vllm(tmp_path
     assert violations([f"model.path={d}", "train.max_total_sequence_length=128"]) == []
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text", "granite", "phi3"])
-def test_families_vllm_runs_natively_are_not_refused(tmp_path, family):
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text", "granite", "phi3",
+                                    "olmo2", "starcoder2"])
+def test_families_vllm_refits_are_not_refused(tmp_path, family):
     d = model_dir(tmp_path / family, {**QWEN3, "model_type": family, "hidden_size": 128})
     assert not [v for v in violations([f"model.path={d}", *VLLM_CPU]) if "Transformers backend" in v.message]
