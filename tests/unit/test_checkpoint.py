@@ -291,3 +291,20 @@ def test_the_torch_worker_loads_weights_only_with_a_fresh_optimizer(tmp_path):
         assert all(torch.equal(v, want[k]) for k, v in w.model.state_dict().items()), name
         assert w.sched.last_epoch == steps and bool(w.opt.state) == bool(steps), name
         assert w.opt.param_groups[0]["lr"] == pytest.approx(spec.train.lr * (steps + 1) / 4), name
+
+
+def test_a_megatron_distributed_optimizer_resume_says_fresh_optimizer(tmp_path):
+    """Megatron's distributed optimizer state is not saved (preflight/disk.py counts none): every resume of such a
+    run says it starts a fresh optimizer, even from the newest checkpoint, never silently."""
+    from dataclasses import replace
+
+    from grpo_launcher.spec.schema import TrainBackend
+    from grpo_launcher.train.loop_state import distributed_optimizer_unsaved, fresh_optimizer_line
+
+    spec = load_spec([f"output_root={tmp_path}", "name=dist", "logging.mlflow=false"])
+    assert not distributed_optimizer_unsaved(spec)
+    dist = replace(spec, train=replace(spec.train, backend=TrainBackend.megatron, distributed_optimizer=True))
+    assert distributed_optimizer_unsaved(dist)
+    line = fresh_optimizer_line(dist, tmp_path / "step_000004")
+    assert "train.distributed_optimizer=true: megatron's sharded optimizer state is not saved" in line, line
+    assert "fresh optimizer" in line and "fp32 master weights from the saved weights" in line, line

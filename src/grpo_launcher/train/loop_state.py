@@ -118,7 +118,7 @@ class LoopState:
         meta = ckpt.load_meta(path)
         run_id = meta["state"].get("mlflow_run_id")
         print(f"grpo-launcher: resuming from {path.name} (step {meta['step']})", flush=True)
-        if not has_optimizer(path):
+        if not has_optimizer(path) or distributed_optimizer_unsaved(spec):
             print(fresh_optimizer_line(spec, path), flush=True)
         tracker = _tracker(spec, plan, run_id)
         changes = record_spec_changes(plan.run_dir, meta, spec)  # keys changed on relaunch: file, message, MLflow
@@ -184,13 +184,20 @@ class LoopState:
         return Progress(max_steps, self.step, enabled=self.spec.logging.progress, groups=self.plan.prompts_per_step)
 
 
+def distributed_optimizer_unsaved(spec: RunSpec) -> bool:
+    """Megatron's distributed optimizer: its sharded state is not in the checkpoint (policy/megatron_policy.py
+    save; preflight/disk.py counts none), so every resume of such a run starts a fresh optimizer."""
+    return spec.train.backend.value == "megatron" and spec.train.distributed_optimizer
+
+
 def fresh_optimizer_line(spec: RunSpec, path: Path) -> str:
     """What a resume from a checkpoint without optimizer state does (checkpoint/manager.py: only the newest
     checkpoint keeps it; an older one is resumed when the newest fails verification, or was moved away)."""
     t = spec.train
     master = ", fp32 master weights from the saved weights" if t.backend.value == "megatron" else ""
-    return (f"grpo-launcher: {path.name} holds the weights but no optimizer state (only the newest checkpoint keeps "
-            f"it): training continues with a fresh optimizer (AdamW moments zero{master}; the lr warm-up, "
+    why = ("train.distributed_optimizer=true: megatron's sharded optimizer state is not saved" if
+           distributed_optimizer_unsaved(spec) else "only the newest checkpoint keeps it")
+    return (f"grpo-launcher: {path.name} holds the weights but no optimizer state ({why}): training continues with a fresh optimizer (AdamW moments zero{master}; the lr warm-up, "
             f"train.warmup_steps={t.warmup_steps}, starts over)")
 
 
