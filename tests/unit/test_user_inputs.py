@@ -478,23 +478,3 @@ def test_async_alone_picks_devices_for_the_engines_and_the_plan_shows_them(tmp_p
     assert (spec.cluster.rollout_devices, spec.cluster.cpu_workers_per_node) == (2, 4)
     run = launch_here(tmp_path, root, "grpo.async_grpo.enabled=true", "cluster.gpus_per_node=1", "dry_run=true")
     assert run.returncode == 2 and "add cluster.rollout_devices=1 cluster.gpus_per_node=2" in run.stderr, run.stderr
-
-
-def test_toy_prompts_under_a_chat_template_are_counted_at_preflight(tmp_path):
-    """env=toy (the default) with a model.path whose tokenizer has a chat template: '4821>' becomes 24 tokens, over
-    the toy budget of 8. At 3ae9508 pre-flight passed it and the run stopped at step 1 (PromptTooLong)."""
-    from grpo_launcher.models.tiny import build_tokenizer
-    from grpo_launcher.spec.compose import load_spec
-    from grpo_launcher.spec.errors import ConfigError
-
-    d = model_dir(tmp_path / "chat", CONFIGS["qwen2"])
-    tok = build_tokenizer()
-    tok.chat_template = CHATML
-    tok.save_pretrained(d)
-    args = [f"model.path={d}", f"output_root={tmp_path}", "train.max_total_sequence_length=64"]
-    with pytest.raises(ConfigError) as info:
-        load_spec(args)
-    (v,) = [v for v in info.value.violations if "env=toy's prompts" in v.message]
-    assert v.keys == ("env.max_prompt_tokens", "model.path") and "env.max_prompt_tokens=24" in v.fix, v.render()
-    load_spec([*args, "env.chat_template=false"])  # the raw prompts fit
-    load_spec([*args, "env.max_prompt_tokens=24"])  # so does the budget the fix names

@@ -112,40 +112,6 @@ def _check_env(s: RunSpec) -> Iterator[Violation]:
     yield from _check_rewards_declared(s, cls)
     if isinstance(cls, type) and issubclass(cls, DatasetEnv):
         yield from check_dataset(s, cls)
-    if cls is ReverseDigitsEnv:
-        yield from check_toy_prompts(s)
-
-
-def _templated_here(s: RunSpec) -> bool:
-    """Whether model.path's tokenizer files carry a chat template (read as files: no tokenizer loaded for none)."""
-    d = Path(s.model.path).expanduser() if s.model.path and here(s, s.model.path) else None
-    if d is None or s.env.chat_template is False:
-        return False
-    try:
-        declared = "chat_template" in (d / "tokenizer_config.json").read_text()
-    except OSError:
-        declared = False
-    return declared or any((d / f).is_file() for f in ("chat_template.jinja", "chat_template.json"))
-
-
-def check_toy_prompts(s: RunSpec) -> Iterator[Violation]:
-    """env=toy: its prompts ('4821>') as model.path's tokenizer gets them fit env.max_prompt_tokens (8). A chat
-    template or env.system_prompt adds tens of tokens: unchecked, the run stopped at step 1 (PromptTooLong), after
-    its allocation."""
-    if not (_templated_here(s) or s.env.system_prompt and s.model.path):
-        return
-    tok = load_tokenizer(s)
-    if tok is None:
-        return
-    env = ReverseDigitsEnv(s.env, seed=s.grpo.seed)
-    prompts = [p.text for p in [*env.val_prompts(), *env.train_prompts(1, 0, s.grpo.num_prompts_per_step)]]
-    longest = max(prompt_lengths(tok, prompts, s.env), default=0)
-    if longest > s.env.max_prompt_tokens:
-        why = " (chat template on)" if templating_on(tok, s.env) else " (env.system_prompt included)"
-        yield V(("env.max_prompt_tokens", "model.path"), f"env=toy's prompts are {longest} tokens{why} with the "
-                f"tokenizer of {s.model.path} > env.max_prompt_tokens={s.env.max_prompt_tokens}",
-                f"set env.max_prompt_tokens={longest} (and keep + rollout.max_new_tokens ≤ train.max_total_sequence_"
-                "length), or env.chat_template=false (the toy task's raw prompts)")
 
 
 def _import_fix(exc: UserCodeError, fix: str) -> str:
