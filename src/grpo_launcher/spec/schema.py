@@ -170,9 +170,6 @@ class MoESpec:
 class TrainSpec:
     backend: TrainBackend = TrainBackend.torch
     global_batch_size: int = 128
-    # a micro-batch's budget in rows of max_total_sequence_length (and rollout.max_new_tokens response positions):
-    # micro-batches are cut to their own longest row and filled with shorter rows up to that many padded tokens
-    # (policy/microbatch.py); logprob_batch_size: the same for the logprob pass
     micro_batch_size: int = 32
     logprob_batch_size: int = 64
     # the output layer runs over this many tokens at a time and each chunk's logits are reduced to the sampled
