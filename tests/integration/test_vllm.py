@@ -265,6 +265,20 @@ def _hf_greedy(model_dir: Path, state: dict, prompt: list[int], steps: int, eos:
     return ids[len(prompt):]
 
 
+def launch_ok(cmd: list[str]) -> str:
+    """Run a `launch.py` command to its end (10 minutes at most; its process group killed past that) and return its
+    output; a non-zero exit fails the test with the output's tail."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the run we started and its Ray processes
+        out, _ = proc.communicate()
+        raise AssertionError(out[-3000:])
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
 # ---------------------------------------------------------------- the loop, end to end (slow)
 
 @pytest.mark.slow
@@ -274,14 +288,7 @@ def test_launch_rollout_vllm_trains(tmp_path, model_dir):
     share_models(tmp_path)  # model_dir is the run's own tiny model: same spec and seed, the run's cache key
     cmd = [sys.executable, "-u", str(ROOT / "launch.py"), "rollout=vllm", f"output_root={tmp_path}",
            "grpo.max_steps=30", "logging.mlflow=false"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the run we started and its Ray processes
-        out, _ = proc.communicate()
-        raise AssertionError(out[-3000:])
-    assert proc.returncode == 0, out[-3000:]
+    out = launch_ok(cmd)
     rewards = [float(r) for r in re.findall(r"^step \d+/30 reward=([0-9.]+)", out, re.M)]
     assert len(rewards) == 30, out[-3000:]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -347,14 +354,7 @@ def test_launch_rollout_vllm_refit_reaches_the_engine(tmp_path, family):
                     family], check=True, capture_output=True, timeout=300)
     cmd = [sys.executable, "-u", str(ROOT / "launch.py"), "rollout=vllm", f"model.path={tmp_path}/models/{family}",
            f"output_root={tmp_path}/out", "name=moe", "grpo.max_steps=2", "logging.mlflow=false"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the run we started and its Ray processes
-        out, _ = proc.communicate()
-        raise AssertionError(out[-3000:])
-    assert proc.returncode == 0, out[-3000:]
+    launch_ok(cmd)
     rows = [json.loads(line) for line in (tmp_path / "out" / "moe" / "metrics.jsonl").read_text().splitlines()]
     gaps = [r["train/gen_vs_policy_logprob_absdiff"] for r in rows if "train/gen_vs_policy_logprob_absdiff" in r]
     assert len(gaps) == 2, rows
