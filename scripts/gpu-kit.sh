@@ -14,6 +14,8 @@
 # causal-conv1d (mamba-ssm's fused conv + scan path) is built on the node, for its GPU only:
 #   bash scripts/gpu-kit.sh OUT_DIR conv-sources          here: its sdist and ninja's wheel into OUT_DIR/conv (~0.2 MB)
 #   bash scripts/gpu-kit.sh build-conv OUT_DIR/conv SITE  on the node (nvcc, torch): a wheel, installed into SITE
+#     CONV_KEEP=$OUT keeps a copy in $OUT/smNN/; put that folder in OUT_DIR/conv and later nodes of that arch
+#     install it instead of building (~400 s on 16 cores)
 #
 # rollout=vllm on such a node (its image: torch 2.11, which vLLM 0.25.0 pins exactly):
 #   VLLM=0.25.0 SPLIT_MIB=56 bash scripts/gpu-kit.sh [OUT_DIR]
@@ -42,9 +44,14 @@ fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ "${1:-}" = build-conv ]; then
   src=$2 site=${3:-/tmp/site} tmp=$(mktemp -d)
+  arch=$(python3 -c "import torch; print('%d%d' % torch.cuda.get_device_capability())")
+  kept=$(ls "$src/sm$arch"/causal_conv1d-*.whl 2>/dev/null | head -1)
+  if [ -n "$kept" ]; then  # a wheel an earlier node built for this arch (CONV_KEEP brought it back)
+    python3 -m pip install -q --no-index --no-deps --target "$site" "$kept"
+    echo "causal-conv1d: the kept build $(basename "$kept") installed into $site"; exit 0
+  fi
   python3 -m pip install -q --no-index --no-deps --target "$tmp/ninja" "$src"/ninja-*.whl
   tar -xzf "$src"/causal_conv1d-*.tar.gz -C "$tmp"
-  arch=$(python3 -c "import torch; print('%d%d' % torch.cuda.get_device_capability())")
   python3 "$root/scripts/gpu_kit.py" one-arch "$(ls "$tmp"/causal_conv1d-*/setup.py)" "$arch"
   start=$(date +%s)
   PATH="$tmp/ninja/bin:$PATH" PYTHONPATH="$tmp/ninja${PYTHONPATH:+:$PYTHONPATH}" CAUSAL_CONV1D_FORCE_BUILD=TRUE \
@@ -54,6 +61,10 @@ if [ "${1:-}" = build-conv ]; then
          tail -5 "$tmp/build.log"; exit 1; }
   python3 -m pip install -q --no-index --no-deps --target "$site" "$tmp"/whl/causal_conv1d-*.whl
   echo "causal-conv1d built for sm_$arch in $(($(date +%s) - start)) s, installed into $site"
+  if [ -n "${CONV_KEEP:-}" ]; then  # keep the build (a later session carries it in OUT_DIR/conv: no 400 s rebuild)
+    mkdir -p "$CONV_KEEP/sm$arch" && cp "$tmp"/whl/causal_conv1d-*.whl "$CONV_KEEP/sm$arch/"
+    ls -la "$CONV_KEEP/sm$arch"
+  fi
   rm -rf "$tmp"
   exit 0
 fi

@@ -38,12 +38,12 @@ print(f"steps {len(rows)}; step-1 {rows[0]['time/step_s']:.2f} s; later mean: st
 PY
 }
 
-run() {  # NAME ARGS...: launch.py with nvidia-smi sampling the whole GPU every 200 ms
+run() {  # NAME ARGS...: launch.py with nvidia-smi sampling the whole GPU every 200 ms, RUN_TIMEOUT s at most
   local name=$1; shift
   rm -rf /tmp/o
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$OUT/$name.smi" &
   local smi=$!
-  /usr/bin/time -f "wall %e s" timeout 500 python3 launch.py output_root=/tmp/o name="$name" "$@" \
+  /usr/bin/time -f "wall %e s" timeout "${RUN_TIMEOUT:-500}" python3 launch.py output_root=/tmp/o name="$name" "$@" \
     > "$OUT/$name.log" 2>&1
   echo "$name: exit $?"
   kill "$smi"
@@ -62,8 +62,9 @@ step() {
         python3 launch.py model=nemotron_h_1b rollout=$r "${GPU[@]}" dry_run=true > "$OUT/dry_1b_$r.txt" 2>&1
         echo "dry $r: exit $?"; grep -E "Mamba-2 path|peak|per GPU" "$OUT/dry_1b_$r.txt" | head -8
       done ;;
-    conv)  # causal-conv1d built on the node for its GPU (scripts/gpu-kit.sh conv-sources carried as .gpu-kit/whl/conv)
-      bash scripts/gpu-kit.sh build-conv .gpu-kit/whl/conv /tmp/site && bash scripts/gpu-kit.sh check /tmp/site ;;
+    conv)  # causal-conv1d built on the node for its GPU (scripts/gpu-kit.sh conv-sources carried as .gpu-kit/whl/conv;
+           # the wheel comes back in $OUT/smNN: kept in .gpu-kit/whl/conv/smNN, a later node installs it, no build)
+      CONV_KEEP=$OUT bash scripts/gpu-kit.sh build-conv .gpu-kit/whl/conv /tmp/site && bash scripts/gpu-kit.sh check /tmp/site ;;
     kernels) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k "nemotron_h and kernel_path" 2>&1 | tail -8 ;;
     pack) python3 -m pytest -q -s -m gpu "$TESTS/test_nemotron_packing.py" 2>&1 | tail -8 ;;
     block) python3 benchmarks/nemotron_memory.py --batch 32 --seq 16 64 300 2>&1 | tail -12 ;;
