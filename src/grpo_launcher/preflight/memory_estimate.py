@@ -99,6 +99,7 @@ from .memory_shapes import (
     mamba_dims,
     mamba_fixed_bytes,
     mamba_work_bytes,
+    megatron_swiglu_fused,
     per_layer_list,
     param_counts,
     rank_params,
@@ -252,7 +253,8 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
     tokens = t.micro_batch_size * seq / lay.cp
     rtokens = t.micro_batch_size * resp / lay.cp
     mamba = mamba or (mamba_path_of(spec)[0] if a.mamba and backend == "torch" else "torch")
-    per_kind = layer_activation_bytes(a, backend, act, autocast, lay, mamba=mamba, seq=seq)
+    fused = megatron_swiglu_fused(spec) and a.gated
+    per_kind = layer_activation_bytes(a, backend, act, autocast, lay, mamba=mamba, seq=seq, fused=fused)
     layers = per_layer_list(a, per_kind)
     stage = layers[: max(1, math.ceil(len(layers) / lay.pp))]
     rows = t.global_batch_size // max(lay.dp, 1)
@@ -272,7 +274,8 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
         work = max(2 * max(stage), per_kind["mamba"] + ssm_work) * tokens
     else:
         stored = sum(stage) * tokens * in_flight
-        how = f"{sum(stage) / len(stage) / 1024:.1f} KiB/tok/layer × {len(stage)} layers × {tokens:.0f} tok"
+        how = f"{sum(stage) / len(stage) / 1024:.1f} KiB/tok/layer × {len(stage)} layers × {tokens:.0f} tok" + (
+            " (fused SwiGLU)" if fused else "")
         work = max(max(stage), ssm_work) * tokens
     if in_flight > 1:
         how += f" × {in_flight} micro-batches in flight (1F1B)"

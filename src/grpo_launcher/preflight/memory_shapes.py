@@ -18,7 +18,10 @@ attention, which never stores the a·s² score matrices: Dao et al. 2022, arXiv:
 `layer_activation_bytes` counts our code's tensors the same way. The per-token coefficients were checked
 tensor by tensor with torch.autograd.graph.saved_tensors_hooks on both workers' models (CPU build, bf16
 autocast / bf16 megatron; per layer and token: torch 30h + 4kv + 8f, megatron 20h + 6q + 6kv + 10f; for the
-1.21 B Llama shape 108,544 B and 112,640 B). TP divides the tensors between the
+1.21 B Llama shape 108,544 B and 112,640 B). On GPUs the megatron worker fuses SwiGLU (train.fused_kernels), which
+saves 3 tensors of f instead of 5: 20h + 6q + 6kv + 6f (1.5 B Qwen2 shape on an H200 through launch.py, megatron
+decode-heavy: the worker's 71.7 GiB whole-process peak against 70.7 predicted so, 82.2 unfused;
+benchmarks/results/memory.md). TP divides the tensors between the
 column- and row-parallel linears; the norms' and the residual's tensors are divided only with sequence
 parallelism (their eq. 4 vs eq. 5). CP divides the tokens. Full recomputation keeps only each layer's input
 (2·s·b·h bytes per layer, their §5) plus one layer re-materialised during its backward. With PP the first
@@ -201,13 +204,14 @@ def rank_params(a: Arch, pc: ParamCounts, lay: Layout) -> tuple[float, float]:
 
 
 def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay: Layout, mamba: str = "torch",
-                           seq: int = 0) -> dict[str, float]:
+                           seq: int = 0, fused: bool = False) -> dict[str, float]:
     """Bytes per token that one layer of each kind saves for its backward, on one rank.
 
     act: bytes of the compute dtype (2 bf16, 4 fp32). Returned per layer kind: 'attention', 'mlp', 'moe',
     'mamba' (each includes its pre-norm). TP divides the parallel-linear tensors; the norm/residual tensors
     only with SP. See the module docstring (Activations) for the derivation. The torch backend's Mamba-2 layers:
-    `mamba_saved_bytes` on the path `mamba` (MAMBA_PATHS) for rows of `seq` tokens.
+    `mamba_saved_bytes` on the path `mamba` (MAMBA_PATHS) for rows of `seq` tokens. fused: megatron's fused SwiGLU
+    (`megatron_swiglu_fused`), which saves 3 tensors of f instead of 5.
     """
     h, q, kv, f = a.hidden, a.q_dim, a.kv_dim, a.ffn
     tp, etp = lay.tp, lay.etp
@@ -232,10 +236,15 @@ def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay:
     # megatron-core local spec: torch RMSNorm in bf16 saves 4h + 2·2h, and the next linear its output (2h);
     # the fused QKV output (kept alive by the V view), RoPE'd q and k, the SDPA output (linear_proj's input is
     # a view of it); fc1's fused gate|up output, silu(gate), one more f-sized tensor and the product (fc2's
-    # input): 5 tensors of f. Counted with saved-tensor hooks on the CPU build (the module docstring).
+    # input): 5 tensors of f. Counted with saved-tensor hooks on the CPU build (the module docstring). With
+    # megatron-core's fused SwiGLU (bias_activation_fusion, on GPUs by default: train.fused_kernels) the
+    # activation is one autograd Function that saves only its input (fc1's gate|up output, 2 tensors of f) and
+    # recomputes silu in its backward (megatron/core/fusions/fused_bias_swiglu.py, BiasSwiGLUFunction), plus
+    # fc2's input: 3 tensors of f. The residual add's fusion (bias_dropout_fusion) saves nothing either way.
     norm = (4 * h + 3 * act * h) / rep
     attn = norm + act * (3 * q + 3 * kv) / tp
-    act_f = 5 * act if a.gated else 4 * act  # bytes per ffn unit: SwiGLU 5 tensors, squared ReLU 4
+    # bytes per ffn unit: SwiGLU 5 tensors (3 fused), squared ReLU 4 (never fused: megatron_hybrid.py)
+    act_f = (3 if fused else 5) * act if a.gated else 4 * act
     mlp = norm + act_f * f / tp
     # MoE: router logits/probs in fp32 (3 tensors of E), every routed copy of a token (top-k) saves its
     # permuted input, the expert's ffn tensors (split over ETP) and the output the combine weights.
@@ -248,6 +257,14 @@ def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay:
     ssm = (norm + (act * (2 * di + 2 * gn + mh) * 2 + act * (di + 2 * gn) + 8 * di + 2 * act * di) / tp
            if a.mamba else 0.0)
     return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": ssm}
+
+
+def megatron_swiglu_fused(spec: RunSpec) -> bool:
+    """The megatron worker runs megatron-core's fused SwiGLU: train.fused_kernels null (on with CUDA) or true, on GPUs
+    (policy/megatron_policy.py `transformer_config`; the CPU build never fuses, and squared-ReLU layers are never
+    fused: megatron_hybrid.py)."""
+    return (spec.train.backend == TrainBackend.megatron and spec.cluster.gpus_per_node > 0
+            and spec.train.fused_kernels is not False)
 
 
 def per_layer_list(a: Arch, per_kind: dict[str, float]) -> list[float]:
