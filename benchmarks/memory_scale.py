@@ -57,6 +57,17 @@ ROWS = {
     # rows that fit an H100 (79.6 GiB; --gpu-gib): both backends awake at 1.5B, 128 x (256 + 512)
     "1.5b-mid": ("1.5b", "torch", 16, 8, 256, 512, 4, ["rollout.gpu_memory_utilization=0.3"]),
     "1.5b-megatron-mid": ("1.5b", "megatron", 16, 8, 256, 512, 4, ["rollout.gpu_memory_utilization=0.3"]),
+    # the same with the fused kernels off (train.fused_kernels=false; on by default with a GPU): the policy worker's
+    # peak with and without megatron's fused SwiGLU (counted 6f vs 10f B per token and layer: 9.6 GiB at 1.5b
+    # decode-heavy, 2.9 GiB at mid) and with and without Liger on the torch worker (not counted by the model)
+    "1.5b-megatron-unfused": ("1.5b", "megatron", 32, 8, 256, 1024, 8, ["rollout.gpu_memory_utilization=0.3",
+                                                                        "train.fused_kernels=false"]),
+    "1.5b-unfused": ("1.5b", "torch", 32, 8, 256, 1024, 8, ["rollout.gpu_memory_utilization=0.3",
+                                                            "train.fused_kernels=false"]),
+    "1.5b-megatron-mid-unfused": ("1.5b", "megatron", 16, 8, 256, 512, 4, ["rollout.gpu_memory_utilization=0.3",
+                                                                            "train.fused_kernels=false"]),
+    "1.5b-mid-unfused": ("1.5b", "torch", 16, 8, 256, 512, 4, ["rollout.gpu_memory_utilization=0.3",
+                                                               "train.fused_kernels=false"]),
 }
 
 
