@@ -478,3 +478,69 @@ def test_async_alone_picks_devices_for_the_engines_and_the_plan_shows_them(tmp_p
     assert (spec.cluster.rollout_devices, spec.cluster.cpu_workers_per_node) == (2, 4)
     run = launch_here(tmp_path, root, "grpo.async_grpo.enabled=true", "cluster.gpus_per_node=1", "dry_run=true")
     assert run.returncode == 2 and "add cluster.rollout_devices=1 cluster.gpus_per_node=2" in run.stderr, run.stderr
+
+
+# ----------------------------------------------------------------------------- 9. prompt budgets under a chat template
+def chat_model_dir(path: Path) -> Path:
+    """qwen2's config with the tiny tokenizer and a ChatML template (as an instruct checkpoint has): '4821>' is 24
+    tokens as the model gets it."""
+    from grpo_launcher.models.tiny import build_tokenizer
+
+    d = model_dir(path, CONFIGS["qwen2"])
+    tok = build_tokenizer()
+    tok.chat_template = CHATML
+    tok.save_pretrained(d)
+    return d
+
+
+def test_toy_prompts_under_a_chat_template_are_counted_when_the_launch_trains(tmp_path, launch_here):
+    """env=toy (the default) with a model.path whose tokenizer has a chat template: '4821>' becomes 24 tokens, over
+    the toy budget of 8. At be57fe8 pre-flight passed it and the run stopped at step 1 (PromptTooLong). A launch (its
+    dry run), a rerun and a sweep's point are refused naming env.max_prompt_tokens; load_spec, which eval and generate
+    compose (generate fits the budget to its own --prompt texts), is not (6daf708 refused generate: reverted)."""
+    from grpo_launcher.launch.preflight import preflight_config
+    from grpo_launcher.spec.compose import compose, load_spec, spec_to_yaml
+    from grpo_launcher.spec.errors import ConfigError
+
+    args = [f"model.path={chat_model_dir(tmp_path / 'chat')}", f"output_root={tmp_path}"]
+    run = launch_here(tmp_path, *args, "dry_run=true")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "  - env.max_prompt_tokens, model.path: env=toy's prompts ('4821>') are up to 24 tokens" in run.stderr
+    assert "fix: set env.max_prompt_tokens=24, or env.chat_template=false" in run.stderr, run.stderr
+    for fix in ("env.max_prompt_tokens=24", "env.chat_template=false"):  # what the fix names passes
+        run = launch_here(tmp_path, *args, fix, "dry_run=true")
+        assert run.returncode == 0, run.stderr
+    run = launch_here(tmp_path, *args, "env.max_prompt_tokens=20", "rollout.max_new_tokens=44", "dry_run=true")
+    assert "fix: set env.max_prompt_tokens=24 train.max_total_sequence_length=68," in run.stderr, run.stderr
+    with pytest.raises(ConfigError) as info:  # a sweep's point
+        preflight_config(compose(args), args)
+    assert [v.keys for v in info.value.violations] == [("env.max_prompt_tokens", "model.path")]
+    spec = load_spec([*args, "name=orig"])  # eval's and generate's door: no refusal for prompts they do not use
+    (tmp_path / "orig").mkdir()
+    (tmp_path / "orig" / "spec.yaml").write_text(spec_to_yaml(spec))
+    run = launch_here(tmp_path, "rerun", str(tmp_path / "orig"), "dry_run=true")
+    assert run.returncode == 2 and "are up to 24 tokens" in run.stderr, run.stdout + run.stderr
+    run = launch_here(tmp_path, f"output_root={tmp_path}", "env.max_prompt_tokens=4", "dry_run=true")  # tiny, raw
+    assert "  - env.max_prompt_tokens: env=toy's prompts ('4821>') are up to 5 tokens" in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("env, key", [("math", "question"), ("dataset", "prompt")])
+def test_a_data_row_over_the_budget_under_a_chat_template_is_named_by_file_and_line(tmp_path, launch_here, env, key):
+    """env=math and env=dataset (env.train_path) count every row as the model gets it: a row that fits raw (30
+    tokens) but not templated (49 > 40) is named by file and line, at pre-flight, eval's and generate's too."""
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.spec.errors import ConfigError
+
+    train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    rows = [{key: "1+1", "answer": "2"}, {key: "2+2", "answer": "4"}, {key: "What is 1+1+1+1+1+1+1+1+1+1+1?", "answer": "11"}]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    val.write_text(json.dumps(rows[0]) + "\n")
+    args = [f"env={env}", f"env.train_path={train}", f"env.val_path={val}", "env.max_prompt_tokens=40",
+            f"model.path={chat_model_dir(tmp_path / 'chat')}", f"output_root={tmp_path}"]
+    run = launch_here(tmp_path, *args, "dry_run=true")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "  - env.max_prompt_tokens, env.train_path: 1 of 3 prompts exceed env.max_prompt_tokens=40 (chat template " \
+           f"on); the longest, 49 tokens, is at {train}:3" in run.stderr, run.stderr
+    with pytest.raises(ConfigError):
+        load_spec(args)
+    assert launch_here(tmp_path, *args, "env.chat_template=false", "dry_run=true").returncode == 0

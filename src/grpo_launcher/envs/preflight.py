@@ -9,6 +9,12 @@ function is called on the first REWARD_PROBE_ROWS rows (the row's answer as the 
 row of the train and val files (within ANSWER_CHECK_BUDGET_S): rows whose own answer scores 0 can never be
 rewarded, and are a warning naming them (file:line). User code (imports, these calls) runs under a time limit
 (usercode.call_with_limit, GRPO_USER_CODE_TIMEOUT_S): one that never returns is a config error naming the key.
+
+Prompt lengths, as the model gets them (chat template, env.system_prompt): a data set's rows (train and val, every
+validation) are each counted, a row over env.max_prompt_tokens named by file and line. env=toy generates its
+prompts: they are counted in the pre-flight of a launch that trains (launch.py run and its dry run, rerun, a sweep's
+points: launch/preflight.py sets training_preflight()), not for `launch.py generate` (its --prompt texts set the
+budget) nor `eval`; a run over the budget would otherwise stop at step 1 (prompting.PromptTooLong).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -29,7 +36,7 @@ from . import ENVS, PLANNED_ONLY, env_class
 from . import rewards as R
 from .dataset import DataError, DatasetEnv, answer_text, load_split
 from .prompting import prompt_lengths, templating_on
-from .toy import ReverseDigitsEnv
+from .toy import ReverseDigitsEnv, every_prompt_text
 from .usercode import (LIMIT_ENV, TimeLimitExceeded, UserCodeError, UserCodeTimeout, call_with_limit, describe,
                        is_file_ref, is_ref, load_ref, split_ref, user_code_limit_s)
 
@@ -41,8 +48,11 @@ SHOWN_ROWS = 5  # rows named in the warning; the rest are counted
 _WARNED: set[str] = set()  # warnings printed by this process (a second pre-flight pass prints none again)
 _CHECKED: dict[tuple, list[Violation]] = {}  # (spec, data files' stats) → the verdict
 _READ: dict[tuple, Any] = {}  # (split, file stats, keys) → its Table or DataError: read once per pre-flight
-_LENGTHS: dict[tuple, list[int]] = {}
-_REWARDED: dict[tuple, list[Violation]] = {}  # (reward fn, data files' stats, env keys) → its verdict  # (split, file stats, how prompts are rendered) → each prompt's tokens
+_LENGTHS: dict[tuple, list[int]] = {}  # (split, file stats, how prompts are rendered) → each prompt's tokens
+_REWARDED: dict[tuple, list[Violation]] = {}  # (reward fn, data files' stats, env keys) → its verdict
+_TOY_LONGEST: dict[tuple, tuple[int, int]] = {}  # (model.path, how prompts are rendered) → env=toy's longest
+RAW_TOY_TOKENS = 8  # '4821>' as raw text: ≤ 5 pieces + a leading-space piece + BOS/EOS, with any tokenizer
+_TRAINING: ContextVar[bool] = ContextVar("grpo_launcher_training_preflight", default=False)
 
 
 def V(keys: str | tuple[str, ...], message: str, fix: str) -> Violation:  # noqa: N802
@@ -58,6 +68,18 @@ def here(s: RunSpec, path: str | None) -> bool:
     return bool(path) and (s.cluster.kind == ClusterKind.local or Path(path).expanduser().exists())
 
 
+@contextmanager
+def training_preflight() -> Iterator[None]:
+    """Pre-flight of a launch that trains (launch/preflight.py: run, rerun, a sweep's points): the prompts an env
+    generates (env=toy's) are counted too. Outside it (load_spec: eval, generate, a test's spec) they are not:
+    generate fits the budget to its own --prompt texts."""
+    token = _TRAINING.set(True)
+    try:
+        yield
+    finally:
+        _TRAINING.reset(token)
+
+
 def check_env(s: RunSpec) -> Iterator[Violation]:
     """Every problem of the env section (kept per spec and data files: the data is read once)."""
     key = (repr(dataclasses.replace(s, dry_run=False)), *(_stat(p) for p in (s.env.train_path, s.env.val_path)))
@@ -65,6 +87,8 @@ def check_env(s: RunSpec) -> Iterator[Violation]:
         _CHECKED.clear()
         _CHECKED[key] = list(_check_env(s))
     yield from _CHECKED[key]
+    if _TRAINING.get() and ENVS.get(s.env.name) is ReverseDigitsEnv:
+        yield from check_toy_prompts(s)
 
 
 def _stat(path: str | None) -> tuple:
@@ -112,6 +136,71 @@ def _check_env(s: RunSpec) -> Iterator[Violation]:
     yield from _check_rewards_declared(s, cls)
     if isinstance(cls, type) and issubclass(cls, DatasetEnv):
         yield from check_dataset(s, cls)
+
+
+def check_toy_prompts(s: RunSpec) -> Iterator[Violation]:
+    """env=toy, in a launch that trains: every prompt it can give ('4821>'), as the model gets it, fits
+    env.max_prompt_tokens (8). A chat template or env.system_prompt adds tens of tokens: unchecked, the run stopped
+    at step 1 (PromptTooLong), after its start-up. No tokenizer is loaded when the raw prompts fit any tokenizer."""
+    e = s.env
+    if not _toy_count_needed(s):
+        return
+    tok = load_tokenizer(s)
+    if tok is None:
+        return  # the model rules name an unreadable tokenizer
+    if e.chat_template and not getattr(tok, "chat_template", None):
+        yield _no_template(s)
+        return
+    longest, plain = toy_longest(s, tok)
+    if longest <= e.max_prompt_tokens:
+        return
+    on = templating_on(tok, e)
+    why, key = ((f"the chat template of {s.model.path}", "model.path") if on else
+                ("env.system_prompt before each", "env.system_prompt") if e.system_prompt else
+                (f"the tokenizer of {s.model.path or 'the tiny model'}", None))
+    need = longest + s.rollout.max_new_tokens
+    total = f" train.max_total_sequence_length={need}" if need > s.train.max_total_sequence_length else ""
+    other = ([f"env.chat_template=false ({plain} tokens without it)"] if on and plain <= e.max_prompt_tokens else []) \
+        + (["env.system_prompt=null"] if e.system_prompt and not on else [])
+    yield V(("env.max_prompt_tokens", *([key] if key else [])),
+            f"env=toy's prompts ('4821>') are up to {longest} tokens as the model gets them ({why}), over "
+            f"env.max_prompt_tokens={e.max_prompt_tokens}: the run would stop at step 1",
+            f"set env.max_prompt_tokens={longest}{total}" + "".join(f", or {o}" for o in other))
+
+
+def _toy_count_needed(s: RunSpec) -> bool:
+    """Whether env=toy's prompts could exceed the budget: a template (on, or declared by model.path's files: read as
+    files, no tokenizer loaded), a system prompt, or a budget under what raw '4821>' takes with any tokenizer."""
+    e = s.env
+    if e.system_prompt or e.max_prompt_tokens < RAW_TOY_TOKENS or e.chat_template:
+        return True
+    if e.chat_template is False or not s.model.path or not here(s, s.model.path):
+        return False
+    d = Path(s.model.path).expanduser()
+    try:
+        declared = "chat_template" in (d / "tokenizer_config.json").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        declared = False
+    return declared or any((d / f).exists() for f in ("chat_template.jinja", "chat_template.json",
+                                                      "additional_chat_templates"))
+
+
+def toy_longest(s: RunSpec, tok: Any) -> tuple[int, int]:
+    """(the longest of env=toy's 10^4 prompts as the model gets them, the longest with env.chat_template=false),
+    once per tokenizer and rendering (0.7 s for the 10^4 under a ChatML template with the tiny tokenizer, on a
+    shared 2-core machine)."""
+    e = s.env
+    key = (s.model.path, e.chat_template, e.system_prompt)
+    if key not in _TOY_LONGEST:
+        texts = every_prompt_text()
+        plain = dataclasses.replace(e, chat_template=False)
+        _TOY_LONGEST[key] = (max(prompt_lengths(tok, texts, e)), max(prompt_lengths(tok, texts, plain)))
+    return _TOY_LONGEST[key]
+
+
+def _no_template(s: RunSpec) -> Violation:
+    return V("env.chat_template", f"env.chat_template=true but the tokenizer of {s.model.path or 'the tiny model'} "
+             "has no chat template", "set env.chat_template=false (raw prompts), or use a tokenizer with a chat_template")
 
 
 def _import_fix(exc: UserCodeError, fix: str) -> str:
@@ -423,9 +512,7 @@ def check_prompts(s: RunSpec, tables: dict) -> Iterator[Violation]:
     if tok is None:
         return
     if e.chat_template and not getattr(tok, "chat_template", None):
-        yield V("env.chat_template", f"env.chat_template=true but the tokenizer of "
-                f"{s.model.path or 'the tiny model'} has no chat template",
-                "set env.chat_template=false (raw prompts), or use a tokenizer with a chat_template")
+        yield _no_template(s)
         return
     if not templating_on(tok, e) and any(isinstance(r[e.prompt_key], list) for t in tables.values()
                                          for r in t.rows):

@@ -15,6 +15,17 @@ DIGITS = "0123456789"
 LENGTH = 4
 
 
+def prompt_text(digits: str) -> str:
+    """The prompt the model gets for a digit string: '4821' → '4821>'."""
+    return f"{digits}>"
+
+
+def every_prompt_text() -> list[str]:
+    """Every prompt env=toy can give, train and val alike, whatever the seed or step: '0000>' ... '9999>' (pre-flight
+    counts them all with the run's tokenizer: a BPE tokenizer's digits may merge, so lengths may differ)."""
+    return [prompt_text(f"{i:0{LENGTH}d}") for i in range(len(DIGITS) ** LENGTH)]
+
+
 class ReverseDigitsEnv:
     def __init__(self, spec: EnvSpec, seed: int = 0):
         self.seed = seed
@@ -27,7 +38,7 @@ class ReverseDigitsEnv:
         return "".join(rng.choice(DIGITS) for _ in range(LENGTH))
 
     def _prompt(self, s: str) -> Prompt:
-        return Prompt(text=f"{s}>", answer=s[::-1], agent_ref="toy/reverse_digits")
+        return Prompt(text=prompt_text(s), answer=s[::-1], agent_ref="toy/reverse_digits")
 
     def train_prompts(self, step: int, round_: int, n: int) -> list[Prompt]:
         rng = random.Random(f"train-{self.seed}-{step}-{round_}")

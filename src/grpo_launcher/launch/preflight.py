@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
+from ..envs.preflight import training_preflight
 from ..finished import last_checkpoint_step
 from ..plan import Plan, make_plan
 from ..preflight.validate import validate
@@ -104,7 +105,8 @@ def preflight(overrides: list[str], source: Optional[ConfigSource] = None, saved
     else:
         cfg, problems = guarded("compose", lambda: compose_all(overrides, source=source))
         name_after_overrides(cfg, overrides, keys)
-    spec = guarded("compose", lambda: checked_spec(cfg, keys, problems, launch=True))  # resolved, then validated
+    with training_preflight():  # a launch that trains: env=toy's prompts counted too (not eval's nor generate's)
+        spec = guarded("compose", lambda: checked_spec(cfg, keys, problems, launch=True))  # resolved, then validated
     return finish(spec)
 
 
@@ -127,7 +129,9 @@ def name_after_overrides(cfg: Any, overrides: list[str], keys: list[str]) -> Non
 def preflight_config(cfg: Any, overrides: list[str]) -> Launch:
     """A composed sweep point → its Launch, or ONE ConfigError (same checks as a single run)."""
     keys = [_override_key(o) for o in overrides]
-    return finish(guarded("compose", lambda: checked_spec(cfg, keys, launch=True)))
+    with training_preflight():  # (the same)
+        spec = guarded("compose", lambda: checked_spec(cfg, keys, launch=True))
+    return finish(spec)
 
 
 def real_launch_problems(spec: RunSpec) -> list[Violation]:
