@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -225,10 +226,12 @@ def test_mamba_torch_path_counts_what_transformers_saves(seq):
     from transformers import NemotronHConfig
     from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHBlock
 
-    from grpo_launcher.models.nemotron_h import nemotron_h_config
+    from grpo_launcher.models.nemotron_h import bind_mamba_kernels, nemotron_h_config
 
     spec = load_spec(["model=nemotron_h_1b", "model.num_layers=1"])  # Nano's pattern starts with a Mamba-2 layer
-    block = NemotronHBlock(NemotronHConfig(**nemotron_h_config(spec.model, 512, 2, 0)), 0)
+    config = NemotronHConfig(**nemotron_h_config(spec.model, 512, 2, 0))
+    bind_mamba_kernels(SimpleNamespace(config=config), on_cuda=False)  # the torch path, as the CPU worker binds it
+    block = NemotronHBlock(config, 0)
     mask = torch.ones(2, seq, dtype=torch.long)
     mask[0, seq // 2:] = 0  # right padding: the mixer multiplies by the mask
     outs = []  # the first forward's graph kept alive: its storages cannot be reused by the second
