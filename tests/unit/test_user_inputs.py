@@ -496,8 +496,9 @@ def chat_model_dir(path: Path) -> Path:
 def test_toy_prompts_under_a_chat_template_are_counted_when_the_launch_trains(tmp_path, launch_here):
     """env=toy (the default) with a model.path whose tokenizer has a chat template: '4821>' becomes 24 tokens, over
     the toy budget of 8. At be57fe8 pre-flight passed it and the run stopped at step 1 (PromptTooLong). A launch (its
-    dry run), a rerun and a sweep's point are refused naming env.max_prompt_tokens; load_spec, which eval and generate
-    compose (generate fits the budget to its own --prompt texts), is not (6daf708 refused generate: reverted)."""
+    dry run), a rerun, a sweep's point and an eval (it scores toy's prompts) are refused naming env.max_prompt_tokens;
+    load_spec, which generate composes (it fits the budget to its own --prompt texts), is not (6daf708 refused
+    generate: reverted)."""
     from grpo_launcher.launch.preflight import preflight_config
     from grpo_launcher.spec.compose import compose, load_spec, spec_to_yaml
     from grpo_launcher.spec.errors import ConfigError
@@ -519,6 +520,8 @@ def test_toy_prompts_under_a_chat_template_are_counted_when_the_launch_trains(tm
     (tmp_path / "orig").mkdir()
     (tmp_path / "orig" / "spec.yaml").write_text(spec_to_yaml(spec))
     run = launch_here(tmp_path, "rerun", str(tmp_path / "orig"), "dry_run=true")
+    assert run.returncode == 2 and "are up to 24 tokens" in run.stderr, run.stdout + run.stderr
+    run = launch_here(tmp_path, "eval", str(tmp_path / "chat"), f"output_root={tmp_path}")  # scores toy's prompts
     assert run.returncode == 2 and "are up to 24 tokens" in run.stderr, run.stdout + run.stderr
     run = launch_here(tmp_path, f"output_root={tmp_path}", "env.max_prompt_tokens=4", "dry_run=true")  # tiny, raw
     assert "  - env.max_prompt_tokens: env=toy's prompts ('4821>') are up to 5 tokens" in run.stderr, run.stderr

@@ -70,9 +70,9 @@ def here(s: RunSpec, path: str | None) -> bool:
 
 @contextmanager
 def training_preflight() -> Iterator[None]:
-    """Pre-flight of a launch that trains (launch/preflight.py: run, rerun, a sweep's points): the prompts an env
-    generates (env=toy's) are counted too. Outside it (load_spec: eval, generate, a test's spec) they are not:
-    generate fits the budget to its own --prompt texts."""
+    """Pre-flight of a launch that trains (launch/preflight.py: run, rerun, a sweep's points) or scores the env's
+    own prompts (eval): the prompts an env generates (env=toy's) are counted too. Outside it (load_spec: generate,
+    a test's spec) they are not: generate fits the budget to its own --prompt texts."""
     token = _TRAINING.set(True)
     try:
         yield

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 from omegaconf import OmegaConf
 
 from ..envs.base import Prompt
-from ..envs.preflight import load_tokenizer
+from ..envs.preflight import load_tokenizer, training_preflight
 from ..envs.prompting import PromptTooLong, prompt_lengths
 from ..exit_codes import ExitCode
 from ..export import ExportError, pick_checkpoint
@@ -174,7 +174,8 @@ def source_label(t: Target) -> str:
 def eval_main(args: list[str]) -> int:
     ns = parse(args, "eval")
     try:
-        t = target(ns)
+        with training_preflight():  # eval scores the env's own prompts: env=toy's are counted as a launch's are
+            t = target(ns)
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
