@@ -8,8 +8,12 @@ rewarded, and is a warning naming it (file:line), the first few shown and the re
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import resource
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from math_verify import parse, verify
@@ -17,6 +21,12 @@ from math_verify import parse, verify
 from grpo_launcher.envs import make_env
 from grpo_launcher.envs.base import Prompt
 from grpo_launcher.spec.compose import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("math_grading", ROOT / "benchmarks" / "math_grading.py")
+grading = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("math_grading", grading)
+_spec.loader.exec_module(grading)
 
 FRAC = r"\frac{1}{2}"
 # (the row's answer cell as JSONL holds it, the completion, the grader's verdict); "old=0": the old reward gave 0
@@ -109,13 +119,17 @@ def test_grading_is_bounded_in_time(monkeypatch):
 def test_preflight_warns_of_rows_whose_own_answer_scores_zero(launch_here, tmp_path):
     """Rows whose answer the reward cannot read (words, a typo) are named with file:line, the first five, then
     counted; answers that are fractions or have separators are not."""
-    rows = [{"question": f"{i}+{i}=", "answer": a} for i, a in enumerate(
-        [2, "1/2", "1,000", "2/3", "four", "n/a", r"\frac{1}{2}", "?", "x=", "--", "seven", "none", 0.5])]
+    rows = [
+        {"question": f"{i}+{i}=", "answer": a}
+        for i, a in enumerate(
+            [2, "1/2", "1,000", "2/3", "four", "n/a", r"\frac{1}{2}", "?", "x=", "--", "seven", "none", 0.5]
+        )
+    ]
     data = tmp_path / "m.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = launch_here(tmp_path, "env=math", f"env.train_path={data}", f"env.val_path={data}", "dry_run=true")
     assert r.returncode == 0, r.stderr
-    warning = r.stderr[r.stderr.index("warning: env.reward_fn"):]
+    warning = r.stderr[r.stderr.index("warning: env.reward_fn") :]
     assert "scores 0 on 14 of 26 rows when the completion is the row's own answer" in warning, r.stderr
     assert f"{data}:5: answer 'four'" in warning and f"{data}:6: answer 'n/a'" in warning
     assert "... and 9 more" in warning
@@ -142,3 +156,54 @@ def test_a_boxed_percentage_is_graded_as_its_number(math_env, answer, completion
     row = {"question": "q", "answer": answer}
     prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
     assert math_env.score(prompt, completion) == verdict
+
+
+# real-world shapes (benchmarks/math_grading.py: GSM8K's `#### 1,234`, MATH's solutions and LaTeX answers, AIME,
+# OlympiadBench's lists, model outputs cut off or pathological); at 534ab89 22 of them were graded wrong: plain-text
+# answer cells read as their last number ((3, -2) as -2, `1, 2` as 2, `6 - 5i` as 5: false positives), `\$18.90`
+# read as nothing, \fbox, a unicode minus, a cut-off `\boxed{` scored by an earlier number
+@pytest.mark.parametrize(
+    "source, answer, completion, verdict", grading.CASES, ids=[f"{i}-{c[0]}" for i, c in enumerate(grading.CASES, 1)]
+)
+def test_real_world_answer_shapes(math_env, source, answer, completion, verdict):
+    row = {"question": "q", "answer": answer}
+    prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
+    assert math_env.score(prompt, completion) == verdict
+
+
+def test_pathological_answers_are_bounded_in_time_and_memory(monkeypatch):
+    """Towers of powers and huge factorials score 0 within the grade's limit (1 s here), and memory stays bounded."""
+    from grpo_launcher.envs import math as math_env
+
+    monkeypatch.setattr(math_env, "GRADE_TIMEOUT_S", 1.0)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    for completion in (r"\boxed{9^{9^{9^{9}}}}", r"\boxed{(10^{10})!}", r"\boxed{10^{10^{10}}}"):
+        t0 = time.monotonic()
+        assert math_env.math_verify_match("q", completion, answer=1) == 0.0
+        assert time.monotonic() - t0 < 5, completion
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 * 1024
+
+
+def test_answer_key_other_than_answer_is_graded(tmp_path, launch_here):
+    """env.answer_key=solution (MATH's rows have no `answer` column): the grader reads the named column, the boxed
+    answer of the solution; at 534ab89 every row scored 0 (the reward read `answer`, absent)."""
+    rows = [
+        {"problem": "2+3?", "solution": r"We have $2+3=\boxed{5}$.", "level": "Level 1"},
+        {"problem": "half?", "solution": r"It is $\boxed{\frac{1}{2}}$, not 2.", "level": "Level 1"},
+    ]
+    data = tmp_path / "m.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    keys = [
+        "env=math",
+        f"env.train_path={data}",
+        f"env.val_path={data}",
+        "env.prompt_key=problem",
+        "env.answer_key=solution",
+    ]
+    env = make_env(load_spec(keys))
+    first, second = env.val_prompts()
+    assert env.score(first, r"\boxed{5}") == 1 and env.score(first, r"\boxed{2}") == 0
+    assert env.score(second, "0.5") == 1 and env.score(second, r"\boxed{2}") == 0
+    r = launch_here(tmp_path, *keys, "dry_run=true")
+    assert r.returncode == 0, r.stderr
+    assert "can never be rewarded" not in r.stderr, r.stderr

@@ -5,9 +5,12 @@ answer symbolically and numerically. A DatasetEnv with this default reward.
 
     reward = 1.0 if verify(parse(answer), parse(completion)) else 0.0
 
-The answer cell may be a number (27, 0.5), or text: `1/2`, `1,000`, `2/3`, `\\frac{1}{2}`, `$x^2+1$`. Each grade
-runs under GRADE_TIMEOUT_S (math-verify's own signal.alarm timeouts are off: they fail off the main thread; our
-bound, usercode.call_with_limit, works in a Ray actor and in threads); one that runs over scores 0.
+The answer cell may be a number (27, 0.5), or text: `1/2`, `1,000`, `2/3`, `\\frac{1}{2}`, `$x^2+1$`, `(3, -2)`,
+a worked solution whose answer is boxed (MATH's `solution`) or follows `####` (GSM8K's `answer`), or a list of
+such strings (OlympiadBench's `final_answer`). Real-world shapes and their verdicts:
+benchmarks/math_grading.py (benchmarks/results/environments.md). Each grade runs under GRADE_TIMEOUT_S
+(math-verify's own signal.alarm timeouts are off: they fail off the main thread; our bound,
+usercode.call_with_limit, works in a Ray actor and in threads); one that runs over scores 0.
 """
 
 from __future__ import annotations
@@ -24,6 +27,15 @@ from .usercode import TimeLimitExceeded, call_with_limit
 GRADE_TIMEOUT_S = 5.0  # one completion's parse + comparison
 _EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 _LATEX_HINTS = ("\\", "^", "{", "_")
+# a number as a cell holds it: 1,234 / 1 234 / .5 / 12.5% / 2/3 (read as a number, not as a list or a product)
+_NUMBER_CELL = re.compile(r"[-+]?(?:\d{1,3}(?:[, ]\d{3})+|\d+)?(?:\.\d+)?%?|[-+]?\d+/\d+")
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")  # prose: a word of two letters or more (not a \command)
+_DOLLAR = re.compile(r"(?<!\\)\$")  # a math delimiter, not an escaped dollar sign (\$18.90)
+# a bare answer (the whole completion): digits, separators, brackets, signs, the imaginary unit: (3, -2), 1, 2, 6-5i
+_BARE = re.compile(r"[\d\s.,/()\[\]+\-%^*i]*\d[\d\s.,/()\[\]+\-%^*i]*")
+_THIN_SEPARATOR = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")  # 1\,234 (a LaTeX thousands separator)
+_ANSWER_WORDS = re.compile(r"\\text\{\s*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*:?\s*\}", re.I)  # in a box
+_UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt"})  # − π √ as a model types them
 
 
 def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any) -> float:
@@ -31,42 +43,86 @@ def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any
     if answer is None or not isinstance(completion, str):
         return 0.0
     try:
-        return 1.0 if call_with_limit(GRADE_TIMEOUT_S, grade, answer_text(answer), completion) else 0.0
+        return 1.0 if call_with_limit(GRADE_TIMEOUT_S, grade, gold_text(answer), completion) else 0.0
     except TimeLimitExceeded:
         return 0.0
 
 
+def gold_text(answer: Any) -> str:
+    """The answer cell as text; a list of strings (OlympiadBench's final_answer, ["$\\frac{1}{2}$"]) as its one
+    answer, or several as one list ($2, 3$)."""
+    if isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer):
+        return answer[0] if len(answer) == 1 else "$" + ", ".join(a.strip().strip("$") for a in answer) + "$"
+    return answer_text(answer)
+
+
 def grade(gold: str, completion: str) -> bool:
     """math-verify's verdict for the completion against the gold answer text (no time bound of its own)."""
-    from math_verify import parse, verify  # here: it imports sympy (seconds), and pre-flight imports this module
+    from math_verify import verify  # here: it imports sympy (seconds), and pre-flight imports this module
 
     target = gold_parsed(gold)
-    if not target:
+    return bool(target) and bool(verify(list(target), completion_parsed(completion), timeout_seconds=None))
+
+
+def completion_parsed(completion: str) -> list:
+    """The completion's final answer as math-verify parses it. A completion that is only a bare answer ((3, -2),
+    1, 2) reads as an answer cell does; one whose last \\boxed{ never closes (cut off at max_new_tokens) has none."""
+    from math_verify import parse  # (the same)
+
+    text = normalized(completion).replace("\\fbox", "\\boxed")  # math-verify reads \fbox's content, not its anchor
+    text = _ANSWER_WORDS.sub("", text)  # \boxed{\text{The answer is } 5}: the words are no part of the answer
+    if unclosed_box(text):
+        return []
+    if _BARE.fullmatch(text.strip()):
+        return list(gold_parsed(text.strip()))
+    got = parse(text, parsing_timeout=None)
+    if "\\%" in text and all(isinstance(x, str) for x in got):  # math-verify 0.9 leaves \boxed{50\%} a
+        got = parse(text.replace("\\%", ""), parsing_timeout=None)  # string: 50, as it reads $50\%$
+    return got
+
+
+def normalized(text: str) -> str:
+    """Unicode minus, π and √ as LaTeX; 1\\,234's thin-space separator dropped."""
+    return _THIN_SEPARATOR.sub("", text.translate(_UNICODE))
+
+
+def unclosed_box(text: str) -> bool:
+    """The last \\boxed{ opens a brace that the text never closes."""
+    at = text.rfind("\\boxed")
+    rest = text[at + len("\\boxed") :].lstrip() if at >= 0 else ""
+    if not rest.startswith("{"):
         return False
-    got = parse(completion, parsing_timeout=None)
-    if "\\%" in completion and all(isinstance(x, str) for x in got):  # math-verify 0.9 leaves \boxed{50\%} a
-        got = parse(completion.replace("\\%", ""), parsing_timeout=None)  # string: 50, as it reads $50\%$
-    return bool(verify(list(target), got, timeout_seconds=None))
+    depth = 0
+    for ch in rest:
+        depth += (ch == "{") - (ch == "}")
+        if depth == 0:
+            return False
+    return True
 
 
 @lru_cache(maxsize=65536)
 def gold_parsed(gold: str) -> tuple:
-    """The answer cell parsed as a grader parses a reference answer: a plain number or expression as it is
-    (`1,000`, `1/2`, `.5`), LaTeX (`\\frac12`, `2\\pi`, `x^2`) as math; `1e3` as the number it means."""
-    from math_verify import parse  # (the same)
+    """The answer cell parsed as a grader parses a reference answer: a number as it is (`1,000`, `1/2`, `.5`,
+    `1e3`), LaTeX or a bare expression (`\\frac12`, `(3, -2)`, `1, 2`, `6 - 5i`) as math, a worked solution by its
+    boxed answer (MATH) or the number after `####` (GSM8K), prose (`18 dollars`) by its last number."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse  # (the same)
 
     _quiet_timeout_warnings()
-    text = gold.strip()
+    text = normalized(gold).strip()
+    if "####" in text:
+        text = text.rsplit("####", 1)[1].strip()
     if _EXPONENT.fullmatch(text):
         try:
             text = format(Decimal(text), "f")
         except InvalidOperation:
             pass
-    if "$" in text:
-        return tuple(parse(text, parsing_timeout=None))
-    if any(h in text for h in _LATEX_HINTS):
-        return tuple(parse(f"${text}$", parsing_timeout=None))
-    return tuple(parse(text, parsing_timeout=None) or parse(f"${text}$", parsing_timeout=None))
+    if "\\boxed" in text or "\\fbox" in text or _DOLLAR.search(text):
+        boxed_first = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+        return tuple(parse(text.replace("\\fbox", "\\boxed"), boxed_first, parsing_timeout=None))
+    readings = [f"${text}$", text]  # the whole cell as math first, then as a completion is read
+    if _NUMBER_CELL.fullmatch(text) or (_WORD.search(text) and not any(h in text for h in _LATEX_HINTS)):
+        readings.reverse()  # a number, or prose: its (last) number first
+    return tuple(parse(readings[0], parsing_timeout=None) or parse(readings[1], parsing_timeout=None))
 
 
 def _quiet_timeout_warnings() -> None:
