@@ -29,6 +29,7 @@ from grpo_launcher.batch import collate
 from grpo_launcher.checkpoint import CheckpointManager
 from grpo_launcher.export import export
 from grpo_launcher.logit_heads import FAMILY_LOGITS, SOFTCAP, head_choice, head_for, unreproduced_keys
+from grpo_launcher.models.attention import hf_attention
 from grpo_launcher.models.tiny import build_tokenizer
 from grpo_launcher.policy.torch_policy import LogprobHead, TorchPolicyWorker
 from grpo_launcher.runfiles import write_atomic
@@ -117,8 +118,9 @@ class Family:
 
 def hf_reference(model_dir: Path, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs [B, T], entropy [B, T]) of the response tokens from a fresh HF model's own forward, one unpadded
-    sequence at a time."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    sequence at a time. Eager attention: the model as its modeling file defines it (transformers' default sdpa
+    drops Gemma-2's attn_logit_softcapping)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     lp, ent = torch.zeros(batch.response_ids.shape), torch.zeros(batch.response_ids.shape)
     for i in range(len(batch)):
         n, p = int(batch.attention_mask[i].sum()), int(batch.prompt_lens[i])
@@ -232,7 +234,7 @@ def test_export_reloads_to_the_trained_logits(families, family):
     write_atomic(run_dir / "spec.yaml", spec_to_yaml(f.spec))
     CheckpointManager(run_dir / "checkpoints", f.spec).save(1, f.chunked.save, {}, {})
     out = export(run_dir, dtype="saved")  # the fp32 master weights as saved (the CLI's default is bf16)
-    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, **hf_attention(str(out))).eval()
     ids, attn = f.batch.input_ids, f.batch.attention_mask
     with torch.no_grad():
         want = f.chunked.model(input_ids=ids, attention_mask=attn).logits
@@ -349,3 +351,38 @@ def test_megatron_is_refused_a_family_that_post_processes_its_logits(families, t
         load_spec([f"model.path={f.dir}", f"output_root={tmp_path}", "train.backend=megatron", "logging.mlflow=false"])
     (v,) = [v for v in info.value.violations if v.rule == "megatron_logits_as_the_family_makes_them"]
     assert "final_logit_softcapping=2" in v.message and "train.backend=torch" in v.fix
+
+
+# ------------------------------------------------------------------ what the engines run (rollout=vllm, rollout=hf)
+
+
+def test_attention_softcapping_is_computed_where_transformers_default_drops_it(families):
+    """transformers' default sdpa drops attn_logit_softcapping (Gemma-2): the policy and rollout=hf load with eager
+    (models/attention.py), the only implementation that caps. The cap matters on this model: sdpa's logprobs move by
+    far more than TOL (at 0aff0b9 the policy ran sdpa, and rollout=vllm, which caps, sat 0.013 nats off it)."""
+    f = families("gemma2")
+    assert hf_attention(str(f.dir)) == {"attn_implementation": "eager"}
+    assert f.chunked.model.config._attn_implementation == "eager"
+    assert hf_attention(str(families("gemma3_text").dir)) == {}  # caps nothing in attention: the default stays
+    sdpa = AutoModelForCausalLM.from_pretrained(f.dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    n, p = int(f.batch.attention_mask[0].sum()), int(f.batch.prompt_lens[0])
+    with torch.no_grad():
+        lp = sdpa(f.batch.input_ids[:1, :n]).logits[0, p - 1:n - 1].log_softmax(-1)
+    uncapped = lp.gather(-1, f.batch.input_ids[0, p:n, None]).squeeze(-1)
+    assert (uncapped - f.ref_lp[0, :n - p]).abs().max() > 100 * TOL
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma", "llama", "qwen3"])
+def test_a_refit_sends_the_names_the_checkpoint_file_holds(tmp_path, family):
+    """The refit (rollout/checkpoint_names.py) sends what save_pretrained wrote: a tied model's lm_head.weight is an
+    alias of the embedding and not in the file. vLLM's Gemma-2 has no lm_head module: at 0aff0b9 the first refit of
+    the tiny gemma2 stopped at "There is no module or parameter named 'lm_head' in Gemma2ForCausalLM"."""
+    from safetensors.torch import load_file
+
+    from grpo_launcher.rollout.checkpoint_names import CheckpointNames
+
+    d = build(tmp_path, family)  # tied but qwen3
+    on_disk = load_file(str(d / "model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    sent = dict(CheckpointNames(str(d))(model.state_dict().items()))
+    assert set(sent) == set(on_disk) and all(torch.equal(sent[k], on_disk[k]) for k in on_disk)

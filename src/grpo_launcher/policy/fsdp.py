@@ -28,6 +28,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from ..models.attention import hf_attention
+
 FULL = StateDictOptions(full_state_dict=True)
 FULL_ON_RANK0_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the other ranks get {}
 
@@ -102,10 +104,11 @@ def load_model(model_dir: str, device: torch.device, sharded: bool) -> nn.Module
     taken until `materialize` fills this rank's shards from rank 0's copy."""
     from transformers import AutoConfig, AutoModelForCausalLM  # here: the driver imports this module, not transformers
 
+    attn = hf_attention(model_dir)  # eager where sdpa would drop Gemma-2's attention softcapping (models/attention.py)
     if not sharded:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **attn).to(device)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32, **attn)
 
 
 def materialize(models: list[nn.Module], model_dir: str, device: torch.device, offload: bool = False) -> None:

@@ -7,6 +7,10 @@ named the first way (the torch backend's state_dict; megatron's `to_hf`), and vL
 with in-memory names stops at the first expert (`KeyError: 'layers.1.mixer.experts.up_proj'`, nemotron_h_1b on a
 GPU). `CheckpointNames` turns one into the other with transformers' own conversion mapping (the one
 `save_pretrained` reverts), tensor by tensor, so a refit still streams.
+
+Tied weights: a tied model's file holds the source only (`model.embed_tokens.weight`), the state dict both names.
+The alias is not sent: vLLM's Gemma-2 has no `lm_head` module at all (its logits reuse the embedding), so the first
+refit of a tied gemma2 stopped at "There is no module or parameter named 'lm_head'" (benchmarks/results/families.md).
 """
 
 from __future__ import annotations
@@ -31,9 +35,13 @@ class CheckpointNames:
             out = revert_weight_conversion(self.model, {name: t})
             if len(out) == 1 and next(iter(out.values())).shape == t.shape:
                 self.renamed[name] = next(iter(out))
+        # alias -> source where the config ties them (lm_head.weight -> model.embed_tokens.weight); {} when untied
+        self.tied = set(getattr(self.model, "all_tied_weights_keys", None) or {})
 
     def __call__(self, items: Iterable[Item]) -> Iterator[Item]:
         for name, t in items:
+            if name in self.tied:  # the file has its source only, and so does what vLLM loads
+                continue
             if name in self.renamed:
                 yield self.renamed[name], t
             else:  # a fused tensor: split as save_pretrained splits it (views of `t`)

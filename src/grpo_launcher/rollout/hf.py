@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from ..models.attention import hf_attention
 from ..models.nemotron_h import bind_mamba_kernels
 from ..spec.schema import RunSpec
 from ..batch import Generation
@@ -67,7 +68,8 @@ class HFEngine:
         self._stop: tuple[int, ...] | None = None
         self.shared = model is not None  # the policy's own model: nothing to refit
         if model is None:  # a separate inference copy in the run's precision, refit in place
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine_dtype(spec, device)).to(device)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine_dtype(spec, device),
+                                                         **hf_attention(model_dir)).to(device)  # models/attention.py
         self.model = model
         bind_mamba_kernels(model, on_cuda=device.type == "cuda")  # nemotron_h: no Triton kernel on CPU tensors
         self.compiled = device.type == "cuda" and spec.rollout.hf_compile
