@@ -169,6 +169,20 @@ CASES = [
     ("math", "Yes", r"\boxed{\text{Yes}}", 1),
     ("math", "Yes", r"\boxed{\text{No}}", 0),
     ("math", r"\text{no}", r"\boxed{No}", 1),
+    ("math-500", r"\$32,\!348", r"\boxed{32348}", 1),
+    ("math-500", r"\$32,\!348", r"\boxed{\$32,348}", 1),
+    ("math-500", r"\$32,\!348", r"\boxed{32,347}", 0),
+    ("math-500", r"x \in [-2,7]", r"\boxed{[-2, 7]}", 1),
+    ("math-500", r"x \in [-2,7]", r"\boxed{(-2, 7)}", 0),
+    ("math-500", "p - q", r"\boxed{p-q}", 1),
+    ("math-500", "p - q", r"\boxed{q-p}", 0),
+    ("math-500", r"3\sqrt{13}", r"\boxed{\sqrt{117}}", 1),
+    ("math-500", r"-\frac{1}{2}, \frac{1}{3}", r"\boxed{\frac13, -\frac12}", 1),
+    ("math-500", r"-\frac{1}{2}, \frac{1}{3}", r"\boxed{\frac13}", 0),
+    ("math-500", r"\text{(C)}", r"\boxed{\textbf{(C)}}", 1),
+    ("math-500", r"\text{(C)}", r"\boxed{\textbf{(D)}}", 0),
+    ("math-500", r"\frac{14}{3}", r"\boxed{4\frac{2}{3}}", 1),
+    ("math-500", r"\frac{14}{3}", r"\boxed{4.67}", 0),
     # a MATH `solution` cell (hendrycks MATH has no `answer` column): the boxed answer is the reference
     ("math-solution", MATH_SOL, r"\boxed{10}", 1),
     ("math-solution", MATH_SOL, r"\boxed{5}", 0),
@@ -189,6 +203,8 @@ CASES = [
     ("omni-math", r"$3$", r"\boxed{4}", 0),
     # model output shapes: thinking blocks, empty, truncated, long, pathological
     ("output", 5, "<think>maybe it is 3</think>\n\\boxed{5}", 1),
+    ("output", 3, "1 2", 0),
+    ("output", 1000, "1 000", 1),
     ("output", 5, "", 0),
     ("output", 5, "   \n", 0),
     ("output", 5, r"so x = 5 and the answer is \boxed{", 0),
@@ -217,6 +233,13 @@ AMBIGUOUS = [
     ("math", "y = 2x + 3", r"\boxed{2x+3}", "an equation's right side for the equation"),
     ("gsm8k", 1234, r"\boxed{1.234}", "a European thousands separator or a decimal point"),
     ("math", 5, "it is 5 or 6", "two answers hedged, no boxed one"),
+    (
+        "math",
+        r"\text{(C)}",
+        "The answer is (C).",
+        "not ambiguous, left as is: an unboxed choice letter; math-verify's StringExtractionConfig misses '(C)' and "
+        "reads 'C is wrong, the answer is (D)' as C (a false positive)",
+    ),
 ]
 
 

@@ -159,7 +159,7 @@ def test_a_boxed_percentage_is_graded_as_its_number(math_env, answer, completion
 
 
 # real-world shapes (benchmarks/math_grading.py: GSM8K's `#### 1,234`, MATH's solutions and LaTeX answers, AIME,
-# OlympiadBench's lists, model outputs cut off or pathological); at 534ab89 22 of them were graded wrong: plain-text
+# OlympiadBench's lists, model outputs cut off or pathological); at 534ab89 24 of the 172 were graded wrong: plain-text
 # answer cells read as their last number ((3, -2) as -2, `1, 2` as 2, `6 - 5i` as 5: false positives), `\$18.90`
 # read as nothing, \fbox, a unicode minus, a cut-off `\boxed{` scored by an earlier number
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")  # prose: a word of two lette
 _DOLLAR = re.compile(r"(?<!\\)\$")  # a math delimiter, not an escaped dollar sign (\$18.90)
 # a bare answer (the whole completion): digits, separators, brackets, signs, the imaginary unit: (3, -2), 1, 2, 6-5i
 _BARE = re.compile(r"[\d\s.,/()\[\]+\-%^*i]*\d[\d\s.,/()\[\]+\-%^*i]*")
+_SIDE_BY_SIDE = re.compile(r"\d\s+\d")
 _THIN_SEPARATOR = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")  # 1\,234 (a LaTeX thousands separator)
 _ANSWER_WORDS = re.compile(r"\\text\{\s*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*:?\s*\}", re.I)  # in a box
 _UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt"})  # − π √ as a model types them
@@ -73,12 +74,17 @@ def completion_parsed(completion: str) -> list:
     text = _ANSWER_WORDS.sub("", text)  # \boxed{\text{The answer is } 5}: the words are no part of the answer
     if unclosed_box(text):
         return []
-    if _BARE.fullmatch(text.strip()):
+    if bare(text.strip()):
         return list(gold_parsed(text.strip()))
     got = parse(text, parsing_timeout=None)
     if "\\%" in text and all(isinstance(x, str) for x in got):  # math-verify 0.9 leaves \boxed{50\%} a
         got = parse(text.replace("\\%", ""), parsing_timeout=None)  # string: 50, as it reads $50\%$
     return got
+
+
+def bare(text: str) -> bool:
+    """The completion is only an answer: (3, -2), 2, 1, 6-5i, 1 000; not numbers side by side (`1 2`, read as 1+2)."""
+    return bool(_BARE.fullmatch(text)) and (not _SIDE_BY_SIDE.search(text) or bool(_NUMBER_CELL.fullmatch(text)))
 
 
 def normalized(text: str) -> str:
