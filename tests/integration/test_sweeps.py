@@ -106,3 +106,30 @@ def test_2x2_slurm_sweep_submits_four_jobs_without_waiting(tmp_path):
         subprocess.run(["scancel", *jobs], capture_output=True)
     children = [r for r in runs_of(tmp_path) if r.data.tags.get("mlflow.parentRunId")]
     assert len(children) == 4 and len({c.data.tags["mlflow.parentRunId"] for c in children}) == 1
+
+
+@pytest.mark.slow
+def test_a_second_study_never_resumes_the_first_ones_runs(tmp_path):
+    """Trial numbers restart with each study: study 'b''s trial 0 ran in the default study's `tiny-grpo-t0`, resumed
+    it (its spec.yaml and MLflow run overwritten) and reported a value of that mixed run. Now it has its own run dir;
+    the same study name in another storage (its trial 0's dir taken) is refused before any trial runs."""
+    import optuna
+
+    share_models(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    common = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", "train.lr=choice(1e-4,3e-4)",
+              f"output_root={tmp_path}", "grpo.val_period=1", "checkpoint.save_period=1"]
+    p = launch(*common, f"hydra.sweeper.storage={storage}", "grpo.max_steps=1")  # study 'tiny-grpo': tiny-grpo-t0
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    first = (tmp_path / "tiny-grpo-t0" / "summary.json").read_text()
+    p = launch(*common, f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=b", "grpo.max_steps=2")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert (tmp_path / "tiny-grpo-t0" / "summary.json").read_text() == first  # untouched
+    assert json.loads((tmp_path / "tiny-grpo-b-t0" / "summary.json").read_text())["step"] == 2  # from step 0
+    assert [t.state.name for t in optuna.load_study(study_name="b", storage=storage).trials] == ["COMPLETE"]
+    children = [r for r in runs_of(tmp_path) if r.data.tags.get("mlflow.parentRunId")]
+    assert len(children) == 2 and len({c.data.tags["mlflow.parentRunId"] for c in children}) == 2
+    p = launch(*common, f"hydra.sweeper.storage=sqlite:///{tmp_path / 'other.db'}", "hydra.sweeper.study_name=b",
+               "grpo.max_steps=2")
+    assert p.returncode == 2 and "  - hydra.sweeper.study_name, hydra.sweeper.storage:" in p.stderr, p.stderr[-3000:]
+    assert "Traceback" not in p.stdout + p.stderr and "tiny-grpo-b-t0" in p.stderr

@@ -19,6 +19,28 @@ def test_64_point_dry_run_prints_64_plans(tmp_path):
     assert len({line for line in p.stdout.splitlines() if line.startswith("run dir")}) == 64
 
 
+def test_values_that_read_the_same_get_run_dirs_of_their_own(tmp_path):
+    """'a%b' and 'a_b' both read 'a_b' in a run name: each point still gets its own run dir (was one for both: the
+    second point resumed the first's run), and a plain value keeps its plain name."""
+    p = launch("-m", "logging.experiment=a%b,a_b,a:b,a b", "dry_run=true", f"output_root={tmp_path}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    dirs = [line.split(":", 1)[1].strip() for line in p.stdout.splitlines() if line.startswith("run dir")]
+    assert len(dirs) == len(set(dirs)) == 4, dirs
+    assert str(tmp_path / "tiny-grpo_logging.experiment=a_b") in dirs
+
+
+def test_a_trial_is_named_after_its_study_and_never_reuses_a_run_dir(tmp_path):
+    from grpo_launcher.launch.sweep import trial_dir_problems, trial_name
+
+    assert trial_name("tiny-grpo", "tiny-grpo", 3) == "tiny-grpo-t3"  # the default study: names as before
+    assert trial_name("tiny-grpo", "lr search/2", 0) == "tiny-grpo-lr_search_2-t0"
+    assert trial_dir_problems(tmp_path, ["tiny-grpo-t0"], "s") == []
+    (tmp_path / "tiny-grpo-t0").mkdir()
+    (bad,) = trial_dir_problems(tmp_path, ["tiny-grpo-t0", "tiny-grpo-t1"], "s")
+    assert bad.keys[0] == "hydra.sweeper.study_name" and str(tmp_path / "tiny-grpo-t0") in bad.message
+    assert "tiny-grpo-t1" not in bad.message
+
+
 def test_bad_point_stops_the_sweep_before_anything_runs(tmp_path):
     p = launch("-m", "train.global_batch_size=128,100", f"output_root={tmp_path}", *SHORT)
     assert p.returncode == 2 and "train.global_batch_size=100" in p.stderr and "Traceback" not in p.stderr

@@ -28,7 +28,7 @@ def readable(override: str) -> str:
 def derived_name(base: str, overrides: Sequence[str]) -> str:
     """`base_override,override...` when that is short and says every value whole, else cut to MAX_DERIVED with a hash
     suffix of the whole (base and overrides)."""
-    exact = UNSAFE.sub("_", ",".join(overrides))
+    exact = ",".join(overrides)  # as given: a value with '_' for an unsafe character ('a%b') is not 'a_b'
     name = f"{base}_{','.join(readable(o) for o in overrides)}"
     if name == f"{base}_{exact}" and len(name) <= MAX_DERIVED:
         return name

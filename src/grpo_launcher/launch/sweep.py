@@ -28,7 +28,7 @@ from ..spec.schema import RunSpec
 from ..tracking import metric_names
 from ..tracking.store import tracking_line
 from . import execute
-from .names import derived_name
+from .names import UNSAFE, derived_name
 from .preflight import EXCLUDED_FROM_NAME, Launch, preflight_config
 from .status import read_status
 
@@ -118,6 +118,25 @@ def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:
         full = derived_name(name, tagged) if tagged else name  # short, readable (launch/names.py)
         named.append([o for o in ov if not o.startswith("name=")] + [f"name='{full}'"])  # quoted: has = and ,
     return named
+
+
+def trial_name(base: str, study: str, number: int) -> str:
+    """An Optuna trial's run name: `BASE-tN` for the study named after the run (the default), else `BASE-STUDY-tN`,
+    so that two studies in one output_root never share a run dir (trial numbers restart with each study)."""
+    return f"{base}-t{number}" if study == base else f"{base}-{UNSAFE.sub('_', study)}-t{number}"
+
+
+def trial_dir_problems(output_root: Path, names: Sequence[str], study: str) -> list[Violation]:
+    """A new trial's run dir that already holds something (another study of the same name in another storage, or
+    whose name reads the same): launching it would resume that run and log into its MLflow run."""
+    taken = [str(output_root / n) for n in names if (output_root / n).exists()]
+    if not taken:
+        return []
+    return [Violation("trial_run_dir_is_new", ("hydra.sweeper.study_name", "hydra.sweeper.storage"),
+                      f"study {study!r}'s new trial(s) would run in {', '.join(taken)}, which already hold(s) a run "
+                      "of another study: the trial would resume it and overwrite its results",
+                      "give the study a name of its own (hydra.sweeper.study_name=NAME), or continue the study that "
+                      "made those runs (its storage: hydra.sweeper.storage=URL)")]
 
 
 def run_point(cfg: DictConfig) -> Optional[float]:

@@ -14,6 +14,7 @@ import itertools
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -26,7 +27,9 @@ from hydra.core.utils import JobStatus
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_launcher.launch.sweep import log_best_to_parent
+from grpo_launcher.exit_codes import ExitCode
+from grpo_launcher.launch.sweep import log_best_to_parent, trial_dir_problems, trial_name
+from grpo_launcher.spec.errors import ConfigError
 
 log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random", "grid")
@@ -131,8 +134,10 @@ class OptunaSweeper(Sweeper):
         job_idx = 0
         while finished < self.conf.n_trials:
             trials = [study.ask(space) for _ in range(min(self.conf.n_jobs, self.conf.n_trials - finished))]
-            overrides = [[*fixed, f"name={self.config.name}-t{t.number}", "cluster.wait=true",
-                          *(as_override(k, v) for k, v in t.params.items())] for t in trials]
+            names = [trial_name(str(self.config.name), study.study_name, t.number) for t in trials]
+            self.check_new(study, trials, names)
+            overrides = [[*fixed, f"name={n}", "cluster.wait=true", *(as_override(k, v) for k, v in t.params.items())]
+                         for t, n in zip(trials, names)]
             results = self.launcher.launch(overrides, initial_job_idx=job_idx)
             for t, r in zip(trials, results):
                 self.tell(study, t, r)
@@ -140,6 +145,17 @@ class OptunaSweeper(Sweeper):
             finished += len(trials)
         self.report(study, sweep_dir)
         return study
+
+    def check_new(self, study, trials, names: List[str]) -> None:
+        """A new trial never runs in a run dir that already holds a run (it would resume it): exit 2, key named."""
+        import optuna  # here: every launch.py start imports the plugins
+
+        bad = trial_dir_problems(Path(str(self.config.output_root)).resolve(), names, study.study_name)
+        if bad:
+            for t in trials:
+                study.tell(t, state=optuna.trial.TrialState.FAIL)
+            print(ConfigError(bad).render(), file=sys.stderr)
+            sys.exit(ExitCode.CONFIG_ERROR)  # passes through Hydra's error reporting: no traceback
 
     def tell(self, study, trial, result) -> None:
         import optuna  # here: every launch.py start imports the plugins
