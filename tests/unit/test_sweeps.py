@@ -68,6 +68,26 @@ def test_an_objective_no_run_logs_is_a_config_error(tmp_path):
     assert "Traceback" not in p.stdout + p.stderr and not list(tmp_path.iterdir())
 
 
+def test_an_optuna_dry_run_searches_int_keys_as_ints_and_never_stores_the_study(tmp_path):
+    """Hydra's interval() has float bounds: an int key got floats (grpo.seed=6.37, every trial refused). A dry run
+    told each trial its exit code as the objective (val/reward_mean = 0, COMPLETE in output_root/optuna.db): a later
+    real sweep of the same n_trials found them finished and ran nothing."""
+    import re
+
+    p = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "grpo.seed=interval(1,10)",
+               "dry_run=true", f"output_root={tmp_path}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    seeds = re.findall(r"#\d: .* grpo\.seed=(\S+)", p.stdout + p.stderr)
+    assert len(seeds) == 2 and all(re.fullmatch(r"\d+", s) for s in seeds), seeds
+    assert not (tmp_path / "optuna.db").exists() and "= 0 " not in p.stdout + p.stderr
+
+
+def test_an_int_key_over_an_interval_of_fractions_is_a_config_error(tmp_path):
+    p = launch("-m", "hydra/sweeper=optuna", "grpo.seed=interval(1.5,10)", f"output_root={tmp_path}")
+    assert p.returncode == 2 and "  - grpo.seed: grpo.seed=interval(1.5,10): grpo.seed is an int" in p.stderr
+    assert "Traceback" not in p.stdout + p.stderr and not list(tmp_path.iterdir())
+
+
 def test_sweep_points_share_the_reward_probe(tmp_path, monkeypatch):
     """A sweep's points that differ only in train.lr / loss keys probe each reward function once (issue 41), and
     every point still gets the same verdict as the unshared path."""

@@ -16,7 +16,8 @@ from typing import Optional, Sequence
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig
+from hydra.core.override_parser.types import IntervalSweep, Override
+from omegaconf import DictConfig, IntegerNode, OmegaConf
 
 from ..exit_codes import ExitCode
 from ..plan import make_plan
@@ -87,10 +88,27 @@ def base_problems(args: list[str], source: ConfigSource) -> list:
         return bad
     fixed = [a for a, ov in zip(args, parsed) if not ov.is_sweep_override()]
     try:
-        compose([a for a in fixed if not a.startswith("hydra")], source=source)
+        base = compose([a for a in fixed if not a.startswith("hydra")], source=source)
     except ConfigError as err:
         return err.violations
-    return []
+    return [v for ov in parsed if isinstance(ov.value(), IntervalSweep) for v in interval_problems(base, ov)]
+
+
+def is_int_key(cfg: DictConfig, key: str) -> bool:
+    """Whether the schema types `key` as an int (Hydra's interval() gives float bounds whatever the key's type)."""
+    parent, _, leaf = key.rpartition(".")
+    section = OmegaConf.select(cfg, parent) if parent else cfg
+    return isinstance(section, DictConfig) and isinstance(section._get_node(leaf), IntegerNode)
+
+
+def interval_problems(cfg: DictConfig, ov: Override) -> list[Violation]:
+    """An Optuna interval over an int key is searched as ints; with bounds that are not whole numbers every trial's
+    value would be a float the int key refuses (each trial FAIL, the study empty)."""
+    key, sweep = ov.get_key_element(), ov.value()
+    if not is_int_key(cfg, key) or all(float(b).is_integer() for b in (sweep.start, sweep.end)):
+        return []
+    return [Violation("int_key_searched_as_int", (key,), f"{ov.input_line}: {key} is an int, the interval's bounds "
+                      "are not whole numbers", f"whole-number bounds ({key}=interval(1,8)) or choice(...)")]
 
 
 def objective_problems(objective: object) -> list[Violation]:

@@ -28,7 +28,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_launcher.exit_codes import ExitCode
-from grpo_launcher.launch.sweep import log_best_to_parent, trial_dir_problems, trial_name
+from grpo_launcher.launch.sweep import is_int_key, log_best_to_parent, trial_dir_problems, trial_name
 from grpo_launcher.spec.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,8 @@ class OptunaSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="grpo_launcher")
 
 
-def distribution(ov: Override):
-    """Hydra sweep override → optuna distribution."""
+def distribution(ov: Override, integer: bool = False):
+    """Hydra sweep override → optuna distribution (`integer`: the key is an int, its interval searched as ints)."""
     import optuna.distributions as d  # here: every launch.py start imports the plugins (Hydra's scan): 0.2 s
 
     sweep, log_scale = ov.value(), "log" in getattr(ov.value(), "tags", set())
@@ -65,7 +65,7 @@ def distribution(ov: Override):
             return d.IntDistribution(values[0], values[-1], step=values[1] - values[0])
         return d.CategoricalDistribution(values)
     if isinstance(sweep, IntervalSweep):
-        if isinstance(sweep.start, int) and isinstance(sweep.end, int):
+        if integer:  # Hydra's interval() bounds are floats; whole numbers for an int key (launch/sweep.py checks)
             return d.IntDistribution(int(sweep.start), int(sweep.end), log=log_scale)
         return d.FloatDistribution(float(sweep.start), float(sweep.end), log=log_scale)
     raise ValueError(f"{ov.input_line}: not a search space (use choice, range or interval)")
@@ -93,7 +93,7 @@ class OptunaSweeper(Sweeper):
         fixed, space = [], {}
         for ov in parser.parse_overrides([*params, *arguments]):
             if ov.is_sweep_override():
-                space[ov.get_key_element()] = distribution(ov)
+                space[ov.get_key_element()] = distribution(ov, is_int_key(self.config, ov.get_key_element()))
             else:
                 fixed.append(ov.input_line)
         return fixed, space
@@ -104,6 +104,9 @@ class OptunaSweeper(Sweeper):
         c = self.config
         name = self.conf.study_name or str(c.name)
         storage = self.conf.storage or f"sqlite:///{Path(str(c.output_root)).resolve() / 'optuna.db'}"
+        if c.dry_run:  # a dry run's trials have no value (their result is the plan's exit code): never stored
+            storage = None
+            log.info("dry run: the study is kept in memory only (its storage is not touched)")
         sampler = (optuna.samplers.TPESampler(seed=self.conf.seed) if self.conf.sampler == "tpe"
                    else optuna.samplers.RandomSampler(seed=self.conf.seed))
         Path(str(c.output_root)).mkdir(parents=True, exist_ok=True)
@@ -135,7 +138,8 @@ class OptunaSweeper(Sweeper):
         while finished < self.conf.n_trials:
             trials = [study.ask(space) for _ in range(min(self.conf.n_jobs, self.conf.n_trials - finished))]
             names = [trial_name(str(self.config.name), study.study_name, t.number) for t in trials]
-            self.check_new(study, trials, names)
+            if not self.config.dry_run:  # a dry run writes no run dir
+                self.check_new(study, trials, names)
             overrides = [[*fixed, f"name={n}", "cluster.wait=true", *(as_override(k, v) for k, v in t.params.items())]
                          for t, n in zip(trials, names)]
             results = self.launcher.launch(overrides, initial_job_idx=job_idx)
@@ -143,7 +147,8 @@ class OptunaSweeper(Sweeper):
                 self.tell(study, t, r)
             job_idx += len(trials)
             finished += len(trials)
-        self.report(study, sweep_dir)
+        if not self.config.dry_run:
+            self.report(study, sweep_dir)
         return study
 
     def check_new(self, study, trials, names: List[str]) -> None:
@@ -160,6 +165,9 @@ class OptunaSweeper(Sweeper):
     def tell(self, study, trial, result) -> None:
         import optuna  # here: every launch.py start imports the plugins
 
+        if self.config.dry_run:  # its return value is execute()'s exit code, not the objective
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return
         value = result._return_value if result.status == JobStatus.COMPLETED else None
         if isinstance(value, (int, float)) and math.isfinite(value):
             study.tell(trial, float(value))
