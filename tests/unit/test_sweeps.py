@@ -82,6 +82,18 @@ def test_an_optuna_dry_run_searches_int_keys_as_ints_and_never_stores_the_study(
     assert not (tmp_path / "optuna.db").exists() and "= 0 " not in p.stdout + p.stderr
 
 
+def test_trials_run_in_parallel_keep_their_own_names(tmp_path):
+    """hydra.sweeper.n_jobs=2: a batch's trials were renamed after what varied in that batch (tiny-grpo-t0_train.lr=
+    0.0003, then tiny-grpo-t2_0), so the run-dir check of a new trial looked at the wrong dir; `-m name=a,b` gave
+    a_0, b_1."""
+    p = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
+               "train.lr=choice(1e-4,3e-4)", "dry_run=true", f"output_root={tmp_path}")
+    q = launch("-m", "name=a,b", "dry_run=true", f"output_root={tmp_path}")
+    assert p.returncode == q.returncode == 0, (p.stderr + q.stderr)[-2000:]
+    dirs = [line.rsplit("/", 1)[1] for line in (p.stdout + q.stdout).splitlines() if line.startswith("run dir")]
+    assert dirs == ["tiny-grpo-t0", "tiny-grpo-t1", "tiny-grpo-t2", "tiny-grpo-t3", "a", "b"]
+
+
 def test_an_int_key_over_an_interval_of_fractions_is_a_config_error(tmp_path):
     p = launch("-m", "hydra/sweeper=optuna", "grpo.seed=interval(1.5,10)", f"output_root={tmp_path}")
     assert p.returncode == 2 and "  - grpo.seed: grpo.seed=interval(1.5,10): grpo.seed is an int" in p.stderr

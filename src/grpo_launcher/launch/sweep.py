@@ -129,10 +129,15 @@ def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:
             key, _, value = o.partition("=")
             values.setdefault(key, set()).add(value)
     varying = {k for k, v in values.items() if len(v) > 1 and k not in EXCLUDED_FROM_NAME}
+    names = [o for ov in points for o in ov if o.startswith("name=")]
+    # each point named apart (an Optuna batch's trials, -m name=a,b): its name as given, never `t0_train.lr=0.0003`
+    # in one batch and `t2_0` in the next
+    own = len(names) == len(set(names)) == len(points) > 1
     named = []
     for i, ov in enumerate(points):
         name = next((o.partition("=")[2] for o in ov if o.startswith("name=")), base)
         tagged = [o for o in ov if o.partition("=")[0] in varying] or ([str(i)] if len(points) > 1 else [])
+        tagged = [] if own else tagged
         full = derived_name(name, tagged) if tagged else name  # short, readable (launch/names.py)
         named.append([o for o in ov if not o.startswith("name=")] + [f"name='{full}'"])  # quoted: has = and ,
     return named
