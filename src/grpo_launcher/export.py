@@ -6,6 +6,8 @@ RUN_DIR/export/step_NNNNNN/. The checkpoint is verified against its manifest fir
 files of its policy/ are copied (a symlink is refused, never followed). The directory is written under a temporary
 name and renamed when complete. The weights are written in bfloat16 (--dtype: float16, float32, or `saved`: as the
 checkpoint holds them, the fp32 master weights of a torch run): floating tensors are cast, config.json's dtype says so.
+From the model directory the run loaded (RUN_DIR/model.json): its tokenizer files byte for byte (unless the
+checkpoint holds a tokenizer) and its generation_config.json (EOS / stop tokens, sampling defaults).
 --out is never emptied: an existing non-empty --out is refused unless it is an earlier
 export of the same run (its EXPORT_RECORD names the run dir), which is replaced.
 """
@@ -26,11 +28,12 @@ from .exit_codes import ExitCode
 from .runfiles import load_spec_file
 from .spec.errors import ConfigError, Violation
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "tiktoken.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
 MODEL_RECORD = "model.json"  # RUN_DIR/model.json: the HF directory the run loaded (tokenizer source)
 EXPORT_RECORD = "grpo_export.json"  # OUT/grpo_export.json: which run and checkpoint this export came from
 DTYPES = ("bfloat16", "float16", "float32", "saved")
+GENERATION_CONFIG = "generation_config.json"
 INDEX = "model.safetensors.index.json"  # a sharded save's weight map (its metadata.total_size follows the cast)
 
 
@@ -59,20 +62,48 @@ def pick_checkpoint(run_dir: Path, step: Optional[int], last: bool) -> Path:
     return picked
 
 
-def tokenizer_source(run_dir: Path, ckpt: Path) -> Path:
-    """Where the run's tokenizer lives: in the checkpoint, or the model directory the run loaded."""
-    if any((ckpt / "policy" / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return ckpt / "policy"
+def source_dir(run_dir: Path) -> Optional[Path]:
+    """The model directory the run loaded (RUN_DIR/model.json, else model.path), or None when it is gone."""
     record = run_dir / MODEL_RECORD
     if record.is_file():
         model_dir = Path(json.loads(record.read_text())["model_dir"])
         if model_dir.is_dir():
             return model_dir
     spec = load_spec_file(run_dir / "spec.yaml")
-    if spec.model.path and Path(spec.model.path).is_dir():
-        return Path(spec.model.path)
-    raise ExportError(f"cannot find the run's tokenizer: not in {ckpt / 'policy'}, no {record}, and "
-                      f"model.path={spec.model.path}")
+    return Path(spec.model.path) if spec.model.path and Path(spec.model.path).is_dir() else None
+
+
+def tokenizer_source(run_dir: Path, ckpt: Path) -> Path:
+    """Where the run's tokenizer lives: in the checkpoint, or the model directory the run loaded."""
+    if any((ckpt / "policy" / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return ckpt / "policy"
+    src = source_dir(run_dir)
+    if src is None:
+        raise ExportError(f"cannot find the run's tokenizer: not in {ckpt / 'policy'}, no {run_dir / MODEL_RECORD}, "
+                          f"and model.path={load_spec_file(run_dir / 'spec.yaml').model.path}")
+    return src
+
+
+def carry_tokenizer(src: Path, dest: Path) -> None:
+    """The source's tokenizer files as they are (the run loaded these): not re-saved through AutoTokenizer, which
+    rewrites them (transformers 5: a qwen2 model's tokenizer.json gets Qwen2Tokenizer's NFC normalizer and split
+    regex, tokenizer_config.json its class and load-time keys). Re-saved only where the source has none of them."""
+    found = [name for name in TOKENIZER_FILES if (src / name).is_file()]
+    if not found:
+        from transformers import AutoTokenizer  # here: launch.py imports this module (pre-flight stays light)
+
+        AutoTokenizer.from_pretrained(src).save_pretrained(dest)
+    for name in found:
+        shutil.copyfile(src / name, dest / name)  # a hub cache's symlink is read through: dest gets the file
+
+
+def carry_generation_config(run_dir: Path, dest: Path) -> None:
+    """The source model's generation_config.json (its EOS / stop tokens, sampling defaults), not the checkpoint's:
+    a sharded torch run builds its model from config.json alone (fsdp.load_model), so the one its checkpoints
+    save derives from config.json (Qwen2.5-Instruct: one EOS of two, no sampling defaults)."""
+    src = source_dir(run_dir)
+    if src is not None and (src / GENERATION_CONFIG).is_file():
+        shutil.copyfile(src / GENERATION_CONFIG, dest / GENERATION_CONFIG)
 
 
 def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: Optional[Path] = None,
@@ -100,9 +131,8 @@ def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: O
             cast_weights(tmp, dtype)
         src = tokenizer_source(run_dir, ckpt)
         if src != policy:
-            from transformers import AutoTokenizer  # here: launch.py imports this module (pre-flight stays light)
-
-            AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
+            carry_tokenizer(src, tmp)
+        carry_generation_config(run_dir, tmp)
         _check_loads(tmp)
         record = {"run_dir": str(run_dir), "checkpoint": ckpt.name, "step": int(ckpt.name.split("_")[-1]),
                   "dtype": dtype}

@@ -1,0 +1,96 @@
+"""`launch.py export` gives THE trained policy as the user's model dir: the checkpoint's logits (exactly, in fp32),
+the source model's generation_config.json (EOS / stop tokens, sampling defaults), tokenizer and chat template.
+Checkpoints written as the policy workers write them (save_pretrained of the model they built), in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+from grpo_launcher.checkpoint import CheckpointManager
+from grpo_launcher.export import export
+from grpo_launcher.launch import rundir
+from grpo_launcher.models.tiny import build_tokenizer
+from grpo_launcher.plan import make_plan
+from grpo_launcher.spec.compose import load_spec
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Qwen2.5-Instruct's shape: config.json names one EOS, generation_config.json two, with sampling defaults
+GENERATION = {"eos_token_id": [2, 0], "pad_token_id": 0, "do_sample": True, "temperature": 0.7, "top_p": 0.8,
+              "top_k": 20, "repetition_penalty": 1.05}
+
+
+def source_model(root: Path) -> Path:
+    """A user's model dir: a tiny Llama, its byte-level tokenizer with a chat template, a generation_config.json."""
+    tok = build_tokenizer()
+    tok.chat_template = CHATML
+    cfg = LlamaConfig(vocab_size=288, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=2, pad_token_id=0,
+                      bos_token_id=None)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(root / "src")
+    tok.save_pretrained(root / "src")
+    (root / "src" / "generation_config.json").write_text(json.dumps(GENERATION))
+    return root / "src"
+
+
+def trained_run(root: Path, src: Path, build) -> tuple[Path, AutoModelForCausalLM]:
+    """A run dir whose step-1 checkpoint holds `build(src)`'s model with perturbed weights (a trained policy),
+    saved with save_pretrained as policy/ (torch_policy.save) with its optimizer state."""
+    spec = load_spec([f"output_root={root / 'runs'}", "name=ex", "logging.mlflow=false", f"model.path={src}"])
+    plan = make_plan(spec)
+    rundir.prepare(spec, plan)
+    model = build(src)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp / "policy")
+        torch.save({"opt": {}, "sched": {}}, tmp / "optim.pt")
+
+    CheckpointManager(plan.checkpoint_dir, spec).save(1, write, {"mlflow_run_id": None}, {})
+    return plan.run_dir, model
+
+
+def sharded_rank0_model(src: Path):
+    """What a sharded torch run's rank 0 saves from (fsdp.load_model: from_config on the meta device, then filled)."""
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src), dtype=torch.float32)
+    model.load_state_dict(AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).state_dict())
+    return model
+
+
+def test_export_keeps_the_source_generation_config_and_the_trained_logits(tmp_path):
+    src = source_model(tmp_path)
+    run, policy = trained_run(tmp_path, src, sharded_rank0_model)
+    out = export(run, out=tmp_path / "out", dtype="float32")
+    assert json.loads((out / "generation_config.json").read_text()) == GENERATION
+    gen = AutoModelForCausalLM.from_pretrained(out).generation_config
+    assert (gen.eos_token_id, gen.temperature, gen.top_k) == ([2, 0], 0.7, 20)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.chat_template == CHATML and tok.eos_token == "<|im_end|>"
+    ids = torch.randint(0, 288, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
+        assert torch.equal(got, policy.eval()(ids).logits)
+
+
+def test_export_carries_the_tokenizer_files_as_they_are(tmp_path):
+    """A qwen2 model whose tokenizer.json has no Qwen split regex: AutoTokenizer's re-save (the export before) wrote
+    Qwen2Tokenizer's NFC normalizer and regex into the exported tokenizer.json: "e\u0301" encoded otherwise."""
+    src = source_model(tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}))
+    run, _ = trained_run(tmp_path, src, lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32))
+    out = export(run, out=tmp_path / "out")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (src / name).read_bytes(), name
+    text = "caf\u0065\u0301 <|im_end|>"
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).encode(text).ids == \
+        Tokenizer.from_file(str(src / "tokenizer.json")).encode(text).ids
+    assert AutoTokenizer.from_pretrained(out)(text).input_ids == AutoTokenizer.from_pretrained(src)(text).input_ids
