@@ -100,6 +100,14 @@ def test_an_int_key_over_an_interval_of_fractions_is_a_config_error(tmp_path):
     assert "Traceback" not in p.stdout + p.stderr and not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("option", ["hydra.sweeper.direction=max", "hydra.sweeper.sampler=cmaes"])
+def test_an_optuna_option_out_of_its_choices_is_a_config_error(tmp_path, option):
+    """Was optuna's ValueError with a traceback (exit 1) once the sweep had started."""
+    p = launch("-m", "hydra/sweeper=optuna", option, "train.lr=choice(1e-4,3e-4)", f"output_root={tmp_path}")
+    assert p.returncode == 2 and f"  - {option.partition('=')[0]}: {option}: not one of" in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stdout + p.stderr and not list(tmp_path.iterdir())
+
+
 def test_sweep_points_share_the_reward_probe(tmp_path, monkeypatch):
     """A sweep's points that differ only in train.lr / loss keys probe each reward function once (issue 41), and
     every point still gets the same verdict as the unshared path."""

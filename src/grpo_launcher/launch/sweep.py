@@ -83,7 +83,7 @@ def base_problems(args: list[str], source: ConfigSource) -> list:
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(args)
     objectives = [ov.value() for ov in parsed if ov.key_or_group == "hydra.sweeper.objective"]
-    bad = [v for name in objectives for v in objective_problems(name)]
+    bad = [v for name in objectives for v in objective_problems(name)] + sweeper_problems(parsed)
     if bad:
         return bad
     fixed = [a for a, ov in zip(args, parsed) if not ov.is_sweep_override()]
@@ -109,6 +109,17 @@ def interval_problems(cfg: DictConfig, ov: Override) -> list[Violation]:
         return []
     return [Violation("int_key_searched_as_int", (key,), f"{ov.input_line}: {key} is an int, the interval's bounds "
                       "are not whole numbers", f"whole-number bounds ({key}=interval(1,8)) or choice(...)")]
+
+
+SWEEPER_CHOICES = {"hydra.sweeper.direction": ("maximize", "minimize"), "hydra.sweeper.sampler": ("tpe", "random", "grid")}
+
+
+def sweeper_problems(parsed: Sequence[Override]) -> list[Violation]:
+    """The Optuna sweeper's choices (was optuna's ValueError and a traceback, e.g. direction=max)."""
+    return [Violation("sweeper_choice", (ov.key_or_group,), f"{ov.input_line}: not one of {', '.join(choices)}",
+                      f"{ov.key_or_group}={choices[0]}")
+            for ov in parsed for choices in [SWEEPER_CHOICES.get(ov.key_or_group)]
+            if choices and ov.value() not in choices]
 
 
 def objective_problems(objective: object) -> list[Violation]:
