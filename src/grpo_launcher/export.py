@@ -5,7 +5,8 @@ The default is the best checkpoint by checkpoint.metric (else the latest); the o
 RUN_DIR/export/step_NNNNNN/. The checkpoint is verified against its manifest first (sizes, sha256); only the regular
 files of its policy/ are copied (a symlink is refused, never followed). The directory is written under a temporary
 name and renamed when complete. The weights are written in bfloat16 (--dtype: float16, float32, or `saved`: as the
-checkpoint holds them, the fp32 master weights of a torch run): floating tensors are cast, config.json's dtype says so.
+checkpoint holds them, the fp32 master weights of a torch run): floating tensors are cast, config.json's dtype says so
+(saved: the dtype the tensors hold).
 From the model directory the run loaded (RUN_DIR/model.json): its tokenizer files byte for byte (unless the
 checkpoint holds a tokenizer) and its generation_config.json (EOS / stop tokens, sampling defaults).
 --out is never emptied: an existing non-empty --out is refused unless it is an earlier
@@ -34,7 +35,8 @@ MODEL_RECORD = "model.json"  # RUN_DIR/model.json: the HF directory the run load
 EXPORT_RECORD = "grpo_export.json"  # OUT/grpo_export.json: which run and checkpoint this export came from
 DTYPES = ("bfloat16", "float16", "float32", "saved")
 GENERATION_CONFIG = "generation_config.json"
-INDEX = "model.safetensors.index.json"  # a sharded save's weight map (its metadata.total_size follows the cast)
+INDEX = "model.safetensors.index.json"
+SAFETENSORS_FLOAT = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # safetensors' dtype names  # a sharded save's weight map (its metadata.total_size follows the cast)
 
 
 class ExportError(Exception):
@@ -129,6 +131,8 @@ def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: O
         copy_regular_files(policy, tmp)
         if dtype != "saved":
             cast_weights(tmp, dtype)
+        else:
+            say_saved_dtype(tmp)
         src = tokenizer_source(run_dir, ckpt)
         if src != policy:
             carry_tokenizer(src, tmp)
@@ -198,15 +202,34 @@ def cast_weights(directory: Path, dtype: str) -> None:
             tensors = {k: (t.to(want) if t.is_floating_point() else t) for k in f.keys() for t in [f.get_tensor(k)]}
         save_file(tensors, str(path), metadata=metadata)
         total += sum(t.numel() * t.element_size() for t in tensors.values())
+    set_config_dtype(directory, dtype)
+    if (directory / INDEX).is_file():
+        index = json.loads((directory / INDEX).read_text())
+        index.setdefault("metadata", {})["total_size"] = total
+        (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def set_config_dtype(directory: Path, dtype: str) -> None:
     config = json.loads((directory / "config.json").read_text())
     config["dtype"] = dtype
     if "torch_dtype" in config:  # written by transformers before 4.56
         config["torch_dtype"] = dtype
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if (directory / INDEX).is_file():
-        index = json.loads((directory / INDEX).read_text())
-        index.setdefault("metadata", {})["total_size"] = total
-        (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def say_saved_dtype(directory: Path) -> None:
+    """--dtype saved: config.json's dtype is the one the floating tensors hold (what from_pretrained and vLLM load
+    by default). A megatron checkpoint's config.json is the source model's copy: fp32 weights under a bf16 source
+    config were loaded as bf16."""
+    from safetensors import safe_open  # here: launch.py imports this module (pre-flight stays light)
+
+    found = set()
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            found |= {f.get_slice(k).get_dtype() for k in f.keys()}
+    floating = {SAFETENSORS_FLOAT[d] for d in found if d in SAFETENSORS_FLOAT}
+    if len(floating) == 1:
+        set_config_dtype(directory, floating.pop())
 
 
 def replace_dir(tmp: Path, out: Path) -> None:

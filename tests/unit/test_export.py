@@ -5,9 +5,11 @@ Checkpoints written as the policy workers write them (save_pretrained of the mod
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
@@ -39,9 +41,10 @@ def source_model(root: Path) -> Path:
     return root / "src"
 
 
-def trained_run(root: Path, src: Path, build) -> tuple[Path, AutoModelForCausalLM]:
+def trained_run(root: Path, src: Path, build, save=None) -> tuple[Path, AutoModelForCausalLM]:
     """A run dir whose step-1 checkpoint holds `build(src)`'s model with perturbed weights (a trained policy),
-    saved with save_pretrained as policy/ (torch_policy.save) with its optimizer state."""
+    saved with save_pretrained as policy/ (torch_policy.save; `save(model, policy_dir)` instead) with its
+    optimizer state."""
     spec = load_spec([f"output_root={root / 'runs'}", "name=ex", "logging.mlflow=false", f"model.path={src}"])
     plan = make_plan(spec)
     rundir.prepare(spec, plan)
@@ -51,7 +54,7 @@ def trained_run(root: Path, src: Path, build) -> tuple[Path, AutoModelForCausalL
             p.add_(torch.randn_like(p) * 0.01)
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp / "policy")
+        (save or (lambda m, d: m.save_pretrained(d)))(model, tmp / "policy")
         torch.save({"opt": {}, "sched": {}}, tmp / "optim.pt")
 
     CheckpointManager(plan.checkpoint_dir, spec).save(1, write, {"mlflow_run_id": None}, {})
@@ -94,3 +97,30 @@ def test_export_carries_the_tokenizer_files_as_they_are(tmp_path):
     assert Tokenizer.from_file(str(out / "tokenizer.json")).encode(text).ids == \
         Tokenizer.from_file(str(src / "tokenizer.json")).encode(text).ids
     assert AutoTokenizer.from_pretrained(out)(text).input_ids == AutoTokenizer.from_pretrained(src)(text).input_ids
+
+
+def megatron_save(src: Path):
+    """What megatron_policy.save writes: the weights (HF names) in one safetensors file beside the source's own
+    config.json and generation_config.json, copied."""
+
+    def save(model, policy: Path) -> None:
+        policy.mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(policy / "model.safetensors"))
+        for name in ("config.json", "generation_config.json"):
+            shutil.copy(src / name, policy / name)
+
+    return save
+
+
+def test_export_saved_dtype_loads_as_the_checkpoint_holds_it(tmp_path):
+    """A bf16 source trained by megatron in fp32: `--dtype saved` loads in fp32 (config.json said bfloat16)."""
+    src = source_model(tmp_path)
+    AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(src)  # dtype: bfloat16
+    run, policy = trained_run(tmp_path, src, lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32),
+                              megatron_save(src))
+    out = export(run, out=tmp_path / "out", dtype="saved")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.dtype == torch.float32 and json.loads((out / "config.json").read_text())["dtype"] == "float32"
+    ids = torch.randint(0, 288, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids).logits, policy.eval()(ids).logits)
