@@ -56,16 +56,18 @@ def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path)
               f"output_root={tmp_path}", *SHORT]
     # grid over 4 points; the two with a model.path that is not a model crash inside the run (for real)
     p = launch(*common, "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=4", "train.lr=choice(1e-4,3e-4)",
-               f"model.path=choice({model},{not_a_model})")
+               f"model.path=choice({not_a_model},{model})")
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     study = optuna.load_study(study_name="s1", storage=storage)
     first_states = [t.state.name for t in study.trials]
-    assert sorted(first_states) == ["COMPLETE", "COMPLETE", "FAIL", "FAIL"]
+    assert first_states == ["FAIL", "COMPLETE", "FAIL", "COMPLETE"]
+    (parent,) = [r for r in runs_of(tmp_path) if r.info.run_name.startswith("sweep-")]
+    assert parent.info.status == "FAILED"  # the study's trials, not its last one alone (was FINISHED)
     assert all(t.params["model.path"] == str(model) for t in study.trials if t.state.name == "COMPLETE")
     assert "best trial of study 's1'" in p.stdout
     # the same study name (and space) again: it continues (5 wanted, 4 done → 1 new trial), no restart
     p = launch(*common, "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=5", "train.lr=choice(1e-4,3e-4)",
-               f"model.path=choice({model},{not_a_model})")
+               f"model.path=choice({not_a_model},{model})")
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert "study 's1': 4 finished trial(s), 5 wanted" in p.stdout + p.stderr
     again = optuna.load_study(study_name="s1", storage=storage)

@@ -245,6 +245,20 @@ def end_sweep_parent_run(spec: RunSpec, sweep_dir: Path, ok: bool) -> Optional[s
     return status
 
 
+def end_study_parent_run(cfg: DictConfig, sweep_dir: Path, ok: bool) -> Optional[str]:
+    """An Optuna study's MLflow parent run ends with the study: FINISHED when every trial of this invocation completed,
+    else FAILED. (Each batch's launch ends it after that batch alone: the last trial alone decided.)"""
+    marker = sweep_dir / "mlflow_parent_run_id"
+    if not marker.exists():
+        return None
+    from mlflow.tracking import MlflowClient  # MLflow: imported by what talks to it, never by pre-flight
+
+    status = "FINISHED" if ok else "FAILED"
+    client = MlflowClient(make_plan(with_mlflow_env(to_spec(cfg))).tracking_uri)  # the parent's store
+    client.set_terminated(marker.read_text().strip(), status=status)
+    return status
+
+
 def objective_metric() -> str:
     return os.environ.get("GRPO_OBJECTIVE_METRIC", metric_names.VAL_REWARD_MEAN)
 

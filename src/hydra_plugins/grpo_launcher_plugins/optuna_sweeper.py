@@ -28,7 +28,8 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_launcher.exit_codes import ExitCode
-from grpo_launcher.launch.sweep import is_int_key, log_best_to_parent, trial_dir_problems, trial_name
+from grpo_launcher.launch.sweep import (end_study_parent_run, is_int_key, log_best_to_parent, trial_dir_problems,
+                                        trial_name)
 from grpo_launcher.spec.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class OptunaSweeper(Sweeper):
         os.environ["GRPO_OBJECTIVE_METRIC"] = self.conf.objective
         finished = sum(t.state.is_finished() for t in study.trials)
         log.info(f"study '{study.study_name}': {finished} finished trial(s), {self.conf.n_trials} wanted")
-        job_idx = 0
+        job_idx, ok = 0, True
         while finished < self.conf.n_trials:
             trials = [study.ask(space) for _ in range(min(self.conf.n_jobs, self.conf.n_trials - finished))]
             names = [trial_name(str(self.config.name), study.study_name, t.number) for t in trials]
@@ -143,12 +144,12 @@ class OptunaSweeper(Sweeper):
             overrides = [[*fixed, f"name={n}", "cluster.wait=true", *(as_override(k, v) for k, v in t.params.items())]
                          for t, n in zip(trials, names)]
             results = self.launcher.launch(overrides, initial_job_idx=job_idx)
-            for t, r in zip(trials, results):
-                self.tell(study, t, r)
+            ok = all([self.tell(study, t, r) for t, r in zip(trials, results)]) and ok
             job_idx += len(trials)
             finished += len(trials)
         if not self.config.dry_run:
             self.report(study, sweep_dir)
+            end_study_parent_run(self.config, sweep_dir, ok)
         return study
 
     def check_new(self, study, trials, names: List[str]) -> None:
@@ -162,20 +163,23 @@ class OptunaSweeper(Sweeper):
             print(ConfigError(bad).render(), file=sys.stderr)
             sys.exit(ExitCode.CONFIG_ERROR)  # passes through Hydra's error reporting: no traceback
 
-    def tell(self, study, trial, result) -> None:
+    def tell(self, study, trial, result) -> bool:
+        """Tell the study the trial's value, or FAIL; whether it completed."""
         import optuna  # here: every launch.py start imports the plugins
 
         if self.config.dry_run:  # its return value is execute()'s exit code, not the objective
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            return
+            return True
         value = result._return_value if result.status == JobStatus.COMPLETED else None
         if isinstance(value, (int, float)) and math.isfinite(value):
             study.tell(trial, float(value))
             log.info(f"trial {trial.number}: {self.conf.objective} = {value:.4g}  {trial.params}")
+            return True
         else:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             why = result._return_value if result.status == JobStatus.FAILED else f"no {self.conf.objective}"
             log.warning(f"trial {trial.number} FAILED ({why}); the study goes on")
+            return False
 
     def report(self, study, sweep_dir: Path) -> None:
         import optuna  # here: every launch.py start imports the plugins
