@@ -104,7 +104,7 @@ class OptunaSweeper(Sweeper):
 
         c = self.config
         name = self.conf.study_name or str(c.name)
-        storage = self.conf.storage or f"sqlite:///{Path(str(c.output_root)).resolve() / 'optuna.db'}"
+        storage: Optional[str] = self.conf.storage or f"sqlite:///{Path(str(c.output_root)).resolve() / 'optuna.db'}"
         if c.dry_run:  # a dry run's trials have no value (their result is the plan's exit code): never stored
             storage = None
             log.info("dry run: the study is kept in memory only (its storage is not touched)")
@@ -152,7 +152,7 @@ class OptunaSweeper(Sweeper):
             end_study_parent_run(self.config, sweep_dir, ok)
         return study
 
-    def check_new(self, study, trials, names: List[str]) -> None:
+    def check_new(self, study: Any, trials: List[Any], names: List[str]) -> None:
         """A new trial never runs in a run dir that already holds a run (it would resume it): exit 2, key named."""
         import optuna  # here: every launch.py start imports the plugins
 
