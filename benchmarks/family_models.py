@@ -66,6 +66,13 @@ FAMILIES: dict[str, tuple[str, Optional[dict[str, Any]], str]] = {
     "gpt_neox": ("gpt_neox", dict(rotary_pct=0.5), ""),
     "gpt_neox_v": ("gpt_neox", dict(V, rotary_pct=0.5), ""),
     "nemotron_h": ("nemotron_h", None, ""),
+    "qwen3_tied": ("qwen3", dict(head_dim=32, tie_word_embeddings=True), ""),
+    "cohere_v": ("cohere", dict(V, logit_scale=0.5), ""),  # tied, logits scaled, LayerNorm, parallel block
+    "cohere2_v": ("cohere2", dict(V, logit_scale=0.5, sliding_window=8,
+                                  layer_types=["sliding_attention", "full_attention"]), ""),  # global layers: no RoPE
+    "exaone4": ("exaone4", dict(head_dim=32, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+                ""),
+    "llama_stop": ("llama", dict(head_dim=32), "stop"),  # generation_config.json: a second stop token
 }
 
 
@@ -96,6 +103,9 @@ def _edit_json(path: Path, **changes: Any) -> None:
 def _tokenizer_variant(out: Path, kind: str) -> None:
     if kind == "chat":
         _edit_json(out / "tokenizer_config.json", chat_template=CHATML)
+    elif kind == "stop":  # a stop set wider than the tokenizer's EOS (Llama-3's <|eot_id|>): '>' ends a sample
+        _edit_json(out / "generation_config.json", eos_token_id=[json.loads((out / "config.json").read_text())[
+            "eos_token_id"], Tokenizer.from_file(str(out / "tokenizer.json")).token_to_id(">")])
     elif kind == "nopad":  # Llama-3's and Mistral's tokenizers declare none
         _edit_json(out / "tokenizer_config.json", pad_token=None)
     elif kind == "bos":  # a BOS prepended by the tokenizer's post-processor, as Llama's

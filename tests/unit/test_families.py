@@ -374,9 +374,10 @@ def test_attention_softcapping_is_computed_where_transformers_default_drops_it(f
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma", "llama", "qwen3"])
 def test_a_refit_sends_the_names_the_checkpoint_file_holds(tmp_path, family):
-    """The refit (rollout/checkpoint_names.py) sends what save_pretrained wrote: a tied model's lm_head.weight is an
-    alias of the embedding and not in the file. vLLM's Gemma-2 has no lm_head module: at 0aff0b9 the first refit of
-    the tiny gemma2 stopped at "There is no module or parameter named 'lm_head' in Gemma2ForCausalLM"."""
+    """The refit (rollout/checkpoint_names.py) sends what save_pretrained wrote, and a tied lm_head.weight (not in the
+    file) where vLLM's model has that module. vLLM's Gemma-2 has none: at 0aff0b9 the first refit of the tiny gemma2
+    stopped at "There is no module or parameter named 'lm_head' in Gemma2ForCausalLM". Without it a tied llama's or
+    qwen3's head kept the engine's start-up dummy weights (0.67 nats off; families.md)."""
     from safetensors.torch import load_file
 
     from grpo_launcher.rollout.checkpoint_names import CheckpointNames
@@ -385,4 +386,20 @@ def test_a_refit_sends_the_names_the_checkpoint_file_holds(tmp_path, family):
     on_disk = load_file(str(d / "model.safetensors"))
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     sent = dict(CheckpointNames(str(d))(model.state_dict().items()))
-    assert set(sent) == set(on_disk) and all(torch.equal(sent[k], on_disk[k]) for k in on_disk)
+    alias = {"lm_head.weight"} if model.config.tie_word_embeddings and family != "gemma2" else set()
+    assert set(sent) == set(on_disk) | alias and all(torch.equal(sent[k], on_disk[k]) for k in on_disk)
+    assert all(torch.equal(sent[k], on_disk["model.embed_tokens.weight"]) for k in alias)
+
+
+def test_vllm_attends_over_the_policys_sliding_window(tmp_path):
+    """vLLM 0.32's Cohere2 attends to sliding_window + 1 tokens, transformers (the policy) to sliding_window: past the
+    window the tiny cohere2's engine logprobs sat 0.22 nats off. The engine gets the window one smaller
+    (hf_overrides); other windowed families are left as config.json has them (gemma2, mistral: the same in both)."""
+    from grpo_launcher.rollout.vllm_compat import hf_overrides
+
+    cfgs = {"cohere2": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+            "mistral": dict(head_dim=32, sliding_window=8), "gemma2": FAMILIES["gemma2"]}
+    for family, quirks in cfgs.items():
+        AutoConfig.for_model(family, **{**COMMON, **quirks}).save_pretrained(tmp_path / family)
+    assert hf_overrides(str(tmp_path / "cohere2")) == {"hf_overrides": {"sliding_window": 7}}
+    assert hf_overrides(str(tmp_path / "mistral")) == {} and hf_overrides(str(tmp_path / "gemma2")) == {}

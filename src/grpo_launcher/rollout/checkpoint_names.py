@@ -9,8 +9,10 @@ GPU). `CheckpointNames` turns one into the other with transformers' own conversi
 `save_pretrained` reverts), tensor by tensor, so a refit still streams.
 
 Tied weights: a tied model's file holds the source only (`model.embed_tokens.weight`), the state dict both names.
-The alias is not sent: vLLM's Gemma-2 has no `lm_head` module at all (its logits reuse the embedding), so the first
-refit of a tied gemma2 stopped at "There is no module or parameter named 'lm_head'" (benchmarks/results/families.md).
+Where vLLM's model has no `lm_head` module at all (VLLM_HEADLESS: its logits reuse the embedding) the alias is not
+sent: the first refit of a tied gemma2 stopped at "There is no module or parameter named 'lm_head'". Elsewhere it
+is: vLLM 0.32's in-place reload leaves a tied llama / qwen3 head on the start-up dummy weights unless
+`lm_head.weight` comes too (0.67 nats off, benchmarks/results/families.md).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.core_model_loading import revert_weight_conversion
 
 Item = tuple[str, torch.Tensor]
+# model_type: vLLM 0.32's causal LM computes its logits from model.embed_tokens and has no lm_head (gemma2.py,
+# commandr.py, cohere2_moe.py)
+VLLM_HEADLESS = ("gemma2", "cohere", "cohere2", "cohere2_moe")
 
 
 class CheckpointNames:
@@ -36,11 +41,12 @@ class CheckpointNames:
             if len(out) == 1 and next(iter(out.values())).shape == t.shape:
                 self.renamed[name] = next(iter(out))
         # alias -> source where the config ties them (lm_head.weight -> model.embed_tokens.weight); {} when untied
-        self.tied = set(getattr(self.model, "all_tied_weights_keys", None) or {})
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        self.tied = set(tied) if self.model.config.model_type in VLLM_HEADLESS else set()
 
     def __call__(self, items: Iterable[Item]) -> Iterator[Item]:
         for name, t in items:
-            if name in self.tied:  # the file has its source only, and so does what vLLM loads
+            if name in self.tied:  # an alias of the embedding, which vLLM's headless model reads its logits from
                 continue
             if name in self.renamed:
                 yield self.renamed[name], t

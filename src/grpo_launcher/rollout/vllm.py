@@ -181,7 +181,8 @@ class VLLMRolloutWorker(VersionedEngine):
             logprobs_mode="processed_logprobs",  # log_softmax(logits / T): the policy's convention
             worker_extension_cls=EXTENSION, served_model_name=[self.served_model_name],
             # the seed PR's fix: a served engine needs its tokenizer (chat templates, text prompts, detokenize)
-            skip_tokenizer_init=not r.expose_http_server, disable_log_stats=True)
+            skip_tokenizer_init=not r.expose_http_server, disable_log_stats=True,
+            **vllm_compat.hf_overrides(self.model_dir))  # cohere2: the policy's sliding window, not vLLM's + 1
         if current_platform.is_cpu():
             kw["kv_cache_memory_bytes"] = kv_cache_bytes(s, None)  # never let vLLM size it from free RAM
         else:  # vLLM still checks at start that gpu_memory_utilization × the GPU is free; the KV size is ours

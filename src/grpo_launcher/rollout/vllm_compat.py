@@ -56,6 +56,22 @@ def environment_defaults() -> None:
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
 
+# model_type -> tokens vLLM adds to config.json's sliding_window. 0.32's commandr.py (Cohere2) and cohere2_moe.py
+# attend to sliding_window + 1 tokens ("the training convention"); transformers, the policy, to sliding_window
+# (masking_utils: kv > q - window). Past the window the engine sampled from another model: the tiny cohere2_v's
+# prompt logprobs 0.22 nats off from token 9 (window 8), equal (9.5e-7) with the override below.
+VLLM_WINDOW_EXTRA = {"cohere2": 1, "cohere2_moe": 1}
+
+
+def hf_overrides(model_dir: str) -> dict[str, Any]:
+    """Engine kwargs that make vLLM's model attend as the policy's transformers model does (see VLLM_WINDOW_EXTRA)."""
+    from transformers import AutoConfig  # here: vLLM's engine processes have it; the driver never calls this
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    extra, window = VLLM_WINDOW_EXTRA.get(cfg.model_type, 0), getattr(cfg, "sliding_window", None)
+    return {"hf_overrides": {"sliding_window": window - extra}} if extra and window else {}
+
+
 def engine_dtype(spec: RunSpec, cuda: bool) -> str:
     """The engine's dtype: on CUDA the run's compute precision (bf16 for train.precision=bfloat16, as the hybrid HF
     engine keeps it; vLLM's flash-attention kernels take no fp32), else model.dtype."""
