@@ -65,7 +65,7 @@ def test_packed_rows_reach_the_kernels_with_seq_idx_and_equal_the_unpacked_batch
     spy("mamba2_chunk_scan")
     spy(nh.FUSED)  # with causal-conv1d, train mode runs the fused split-conv1d-scan instead
     pa = packed.logprobs(batch)[0]
-    slices = len(packed._micro_slices(batch, packed.spec.train.logprob_batch_size))
+    slices = len(packed._micro_batches(batch, packed.spec.train.logprob_batch_size))
     assert calls and all(calls) and len(calls) == slices  # one call per packed micro-batch: the rows, not groups
     calls.clear()
     pb = padded.logprobs(batch)[0]

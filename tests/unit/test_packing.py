@@ -51,7 +51,7 @@ def test_packed_update_equals_the_unpacked_one(model_root, chunk):
     batch = rollout_batch(padded, env)
     lengths = batch.attention_mask.sum(1)
     assert lengths.min() < lengths.max()  # something to pack
-    assert len(packed._micro_slices(batch, 4)) < len(padded._micro_slices(batch, 4))
+    assert len(packed._micro_batches(batch, 4)) < len(padded._micro_batches(batch, 4))
     mask = batch.response_mask.bool()
     (pa, _), (pb, _) = packed.logprobs(batch), padded.logprobs(batch)
     assert (pa - pb)[mask].abs().max() < 1e-5
@@ -108,7 +108,7 @@ def test_packed_nemotron_h_equals_the_unpacked_one(model_root, checkpointing):
     padded = TorchPolicyWorker(load_spec(over), model_dir, 0, 1)
     assert packed.mamba_mixers == 1 and padded.mamba_mixers == 0
     batch = _hybrid_batch(model_dir)
-    assert len(packed._micro_slices(batch, 4)) < len(padded._micro_slices(batch, 4))
+    assert len(packed._micro_batches(batch, 4)) < len(padded._micro_batches(batch, 4))
     mask = batch.response_mask.bool()
     (pa, _), (pb, _) = packed.logprobs(batch), padded.logprobs(batch)
     assert (pa - pb)[mask].abs().max() < 1e-5

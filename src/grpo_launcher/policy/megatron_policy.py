@@ -54,7 +54,7 @@ from ..algos import LossInputs, entropy_from_logits, local_denominator, spec_pol
 from ..algos.linear_logprobs import linear_logprobs, vocab_parallel_linear_logprobs
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch
-from . import megatron_convert as mc, megatron_cpu, megatron_hybrid
+from . import megatron_convert as mc, megatron_cpu, megatron_hybrid, microbatch
 from .hybrid import HybridRollout
 from .megatron_families import CPU_SHIM_ENV
 from .profile import Profiling, profiled
@@ -221,6 +221,12 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         cpu_moe = not self.cuda and self.arch.num_experts and spec.train.moe.token_dispatcher == "alltoall"
         self.dispatcher: Optional[str] = "allgather" if cpu_moe else None
         self.steps = 0
+        # train.dynamic_batching: token-budget micro-batches cut to their own longest row (policy/microbatch.py);
+        # with EP > 1 the ranks of an expert group hold different rows and megatron's allgather dispatcher needs the
+        # same shapes on each: fixed row counts at the batch's length there; Mamba layers: fixed row counts (as the
+        # torch backend)
+        on = spec.train.dynamic_batching and spec.train.expert_parallel_size == 1
+        self.token_budget, self.cut = on and self.arch.mamba is None, on
 
     # ------------------------------------------------------------------ distributed set-up
     def address(self) -> tuple[str, int]:
@@ -419,14 +425,27 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         full, mine = self._replica_batch(b)
         self.model.eval()
         prev, ref = [], []
-        for rows in _chunks(len(full), self.spec.train.logprob_batch_size):
-            mb = full.select(rows)
+        groups = self._micro_batches(full, self.spec.train.logprob_batch_size)
+        for g in groups:
+            mb = microbatch.take(full, g, self.cut)
             prev.append(self._token_stats(self.model, mb)[0].cpu())
             if self.ref is not None:
                 ref.append(self._token_stats(self.ref, mb)[0].cpu())
         self.model.train()
-        prev_t = torch.cat(prev)[mine]
-        return prev_t, (torch.cat(ref)[mine] if ref else None)
+        n, T = len(full), full.response_ids.shape[1]
+        prev_t = microbatch.restore(prev, groups, n, T)[mine]
+        return prev_t, (microbatch.restore(ref, groups, n, T)[mine] if ref else None)
+
+    def _micro_batches(self, b: TrainBatch, rows: int) -> microbatch.Groups:
+        """The row indices of each micro-batch: within a token budget of `rows` full-length rows
+        (policy/microbatch.py), or fixed counts of `rows` (self.token_budget off). The ranks of a replica hold the
+        same rows and so the same micro-batches; data-parallel replicas reduce gradients once per step."""
+        if not self.token_budget:
+            return microbatch.fixed(len(b), rows)
+        lengths, responses = microbatch.lengths_of(b)
+        longest = max(self.spec.train.max_total_sequence_length, b.input_ids.shape[1])
+        return microbatch.plan(lengths, responses, rows, longest,
+                               max(self.spec.rollout.max_new_tokens, b.response_ids.shape[1]))
 
     # ------------------------------------------------------------------ update
     @profiled("update")
@@ -447,8 +466,9 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
             b, mine = self._replica_batch(b)
             self._zero_grad()
             lps, refs = [], []
-            for rows in _chunks(len(b), self.spec.train.micro_batch_size):
-                mb = b.select(rows)
+            groups = self._micro_batches(b, self.spec.train.micro_batch_size)
+            for g in groups:
+                mb = microbatch.take(b, g, self.cut)
                 if on_policy and self.ref is not None:
                     with torch.no_grad():
                         mb = mb.with_(ref_logprobs=self._token_stats(self.ref, mb)[0])
@@ -457,8 +477,9 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
                 lps.append(lp)
                 log.parts.append((metrics, weight if reporter else 0.0))  # the same keys on every rank
             log.grad_norms.append(self._step())
-            log.prev.append(torch.cat(lps)[mine])
-            log.ref.extend([torch.cat(refs)[mine]] if refs else [])
+            n, T = len(b), b.response_ids.shape[1]
+            log.prev.append(microbatch.restore(lps, groups, n, T)[mine])
+            log.ref.extend([microbatch.restore(refs, groups, n, T)[mine]] if refs else [])
         return log.result(getattr(self, "_lr_used", self._lr()), on_policy)
 
     def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], float, torch.Tensor]:
@@ -617,10 +638,6 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
 
     def ping(self) -> float:
         return time.time()
-
-
-def _chunks(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 if TYPE_CHECKING:  # mypy holds the class to the contract the driver calls (interfaces.py)

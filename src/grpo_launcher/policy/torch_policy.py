@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from . import fsdp, fused
+from . import fsdp, fused, microbatch
 from ..algos import (LossInputs, entropy_from_logits, linear_logprobs, local_denominator, spec_policy_loss,
                      token_logprobs)
 from ..logit_heads import HeadChoice, LogitTransform, head_for
@@ -65,6 +65,12 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             fused.apply(self.model, spec.model.family)
         # packing: Mamba-2 mixers run per sequence (policy/packing.py); hooked before the reference is copied
         self.mamba_mixers = segment_mamba_mixers(self.model) if spec.train.sequence_packing else 0
+        # train.dynamic_batching: token-budget micro-batches (policy/microbatch.py), each cut to its own longest row;
+        # a model with Mamba layers keeps fixed row counts (the pure-torch scan pads every row to whole chunks: more,
+        # shorter rows would pass the memory pre-flight's count). Off: fixed rows at the minibatch's length
+        on = spec.train.dynamic_batching
+        self.token_budget = on and not any(type(m).__name__.endswith("Mamba2Mixer") for m in self.model.modules())
+        self.cut = on and not spec.train.sequence_packing  # packed rows are laid out at max_total_sequence_length
         self.router_load = RouterLoad(self.model)  # train/moe/*: MoE routers' load per layer (none: dense)
         self.head = chunked_head(self.model, spec, self.model_dir)  # the family's logit post-processing per chunk
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if spec.loss.kl_coef > 0 else None
@@ -158,26 +164,42 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             if chunked:
                 head.targets = head.result = None
 
-    def _micro_slices(self, b: TrainBatch, size: int) -> list[slice]:
-        """Rows of `size` sequences, or packed (train.sequence_packing): consecutive sequences filling `size` rows."""
-        if not self.spec.train.sequence_packing:
-            return _chunks(len(b), size)
-        capacity = max(self.spec.train.max_total_sequence_length, b.input_ids.shape[1])
-        return packed_slices(b.attention_mask.sum(1).tolist(), capacity, size)
+    def _micro_batches(self, b: TrainBatch, rows: int) -> microbatch.Groups:
+        """The row indices of each micro-batch: within a token budget of `rows` full-length rows
+        (policy/microbatch.py), fixed counts of `rows` (self.token_budget off), or packed (train.sequence_packing):
+        consecutive sequences filling `rows` rows. Sharded: as many on every rank (FSDP2's collectives)."""
+        t = self.spec.train
+        lengths, responses = microbatch.lengths_of(b)
+        capacity = max(t.max_total_sequence_length, b.input_ids.shape[1])
+        if t.sequence_packing:
+            groups = [list(range(s.start, s.stop)) for s in packed_slices(lengths, capacity, rows)]
+        elif self.token_budget:
+            most = max(self.spec.rollout.max_new_tokens, b.response_ids.shape[1])
+            groups = microbatch.plan(lengths, responses, rows, capacity, most)
+        else:
+            groups = microbatch.fixed(len(b), rows)
+        if self.sharded:
+            count = torch.tensor(len(groups), device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            groups = microbatch.even_out(groups, int(count))
+        return groups
 
     @torch.no_grad()
     @profiled("logprobs")
     def logprobs(self, b: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(prev_logprobs [B, T], ref_logprobs [B, T] or None) for this rank's rows."""
+        """(prev_logprobs [B, T], ref_logprobs [B, T] or None) for this rank's rows, in their order."""
         prev, ref = [], []
         b = b.to(self.device)
+        groups = self._micro_batches(b, self.spec.train.logprob_batch_size)
         with self._weight_casts_kept():
-            for rows in self._micro_slices(b, self.spec.train.logprob_batch_size):
-                mb = b.select(rows)
+            for g in groups:
+                mb = microbatch.take(b, g, self.cut)
                 prev.append(self._token_stats(self.model, mb)[0])
                 if self.ref is not None:
                     ref.append(self._token_stats(self.ref, mb)[0])
-        return torch.cat(prev).cpu(), (torch.cat(ref).cpu() if ref else None)
+        n, T = len(b), b.response_ids.shape[1]
+        return (microbatch.restore(prev, groups, n, T).cpu(),
+                microbatch.restore(ref, groups, n, T).cpu() if ref else None)
 
     # ------------------------------------------------------------------ update
     @profiled("update")
@@ -203,20 +225,29 @@ class TorchPolicyWorker(HybridRollout, Profiling):
                 continue
             self.opt.zero_grad(set_to_none=True)
             with self._weight_casts_kept():
-                for rows in self._micro_slices(b, self.spec.train.micro_batch_size):
-                    mb = b.select(rows)
-                    if on_policy and self.ref is not None:
-                        with torch.no_grad():
-                            mb = mb.with_(ref_logprobs=self._token_stats(self.ref, mb)[0])
-                        log.ref.append(mb.ref_logprobs.cpu())
-                    metrics, weight, lp = self._micro_step(mb, den)
-                    log.parts.append((metrics, weight))
-                    log.prev.append(lp)
+                self._backward(b, den, on_policy, log)
             log.grad_norms.append(self._sync_and_clip())
             self.opt.step()
             self.sched.step()
         self.router_load.on = False
         return {**log.result(self.sched.get_last_lr()[0], on_policy), **self.router_load.metrics(self.world, self.device)}
+
+    def _backward(self, b: TrainBatch, den: float, on_policy: bool, log: UpdateLog) -> None:
+        """The minibatch's gradients, micro-batch by micro-batch; old (and reference) logprobs logged in row order."""
+        groups = self._micro_batches(b, self.spec.train.micro_batch_size)
+        prev, ref = [], []
+        for g in groups:
+            mb = microbatch.take(b, g, self.cut)
+            if on_policy and self.ref is not None:
+                with torch.no_grad():
+                    mb = mb.with_(ref_logprobs=self._token_stats(self.ref, mb)[0])
+                ref.append(mb.ref_logprobs.cpu())
+            metrics, weight, lp = self._micro_step(mb, den)
+            log.parts.append((metrics, weight))
+            prev.append(lp)
+        n, T = len(b), b.response_ids.shape[1]
+        log.prev.append(microbatch.restore(prev, groups, n, T))
+        log.ref.extend([microbatch.restore(ref, groups, n, T)] if ref else [])
 
     def _micro_step(self, mb: TrainBatch, den: float) -> tuple[dict[str, float], float, torch.Tensor]:
         """Backward of this micro-batch's share of the loss; (metrics, share of the global denominator, old lp)."""
@@ -338,10 +369,6 @@ def chunked_head(model: torch.nn.Module, spec: RunSpec, model_dir: str) -> HeadC
     if choice.chunk:
         model.set_output_embeddings(LogprobHead(head, spec.rollout.temperature, choice.chunk, choice.transform))
     return choice
-
-
-def _chunks(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 if TYPE_CHECKING:  # mypy holds the class to the contract the driver calls (interfaces.py)

@@ -25,7 +25,6 @@ OPTION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # Keys that existed and were removed because nothing read them: the fix says what to do instead.
 REMOVED_KEYS = {
     "train.min_lr": "removed: the schedule is linear warm-up (train.warmup_steps) then constant train.lr",
-    "train.dynamic_batching": "removed: no backend of this build batches by tokens (micro batches are fixed)",
     "rollout.top_p": "removed: engines sample the full distribution (top_p=1) so the importance ratios hold",
     "rollout.top_k": "removed: engines sample the full distribution (no top-k) so the importance ratios hold",
     "rollout.colocated": "removed: rollout and training always share the devices (colocated) in this build",

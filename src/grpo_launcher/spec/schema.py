@@ -170,8 +170,16 @@ class MoESpec:
 class TrainSpec:
     backend: TrainBackend = TrainBackend.torch
     global_batch_size: int = 128
+    # rows per micro-batch of the update (logprob_batch_size: of the logprob pass), each at the minibatch's length;
+    # with dynamic_batching: a budget of that many rows of max_total_sequence_length tokens (and of
+    # rollout.max_new_tokens response positions) instead
     micro_batch_size: int = 32
     logprob_batch_size: int = 64
+    # token-budget micro-batches (policy/microbatch.py, both backends): rows longest first, each micro-batch cut to
+    # its own longest row and filled with rows up to the budget above (the shape the memory pre-flight counts). The
+    # same loss and gradients as fixed rows up to float summation order: fewer padded tokens on uneven lengths.
+    # Off by default: any reordering changes the default CPU run's trajectory (benchmarks/results/step_phases.md)
+    dynamic_batching: bool = False
     # the output layer runs over this many tokens at a time and each chunk's logits are reduced to the sampled
     # token's logprob and the entropy at once (algos/linear_logprobs.py; megatron: over the response tokens, its
     # vocab-parallel form for TP > 1): no [tokens, V] logits whole, in the update and the logprob pass. 0 = whole

@@ -1,0 +1,107 @@
+"""Token-budget micro-batches (policy/microbatch.py): the plan stays within the budget the memory pre-flight counts,
+processes fewer padded tokens than fixed row counts, and the torch worker's logprobs, loss and gradients equal the
+fixed-row path's on a batch of very uneven lengths, with outputs in the batch's order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_launcher.batch import Generation, collate
+from grpo_launcher.policy import microbatch
+from grpo_launcher.policy.torch_policy import TorchPolicyWorker
+from grpo_launcher.spec.compose import load_spec
+from grpo_launcher.spec.errors import ConfigError
+from unit.test_hybrid import SMALL, setup
+
+
+def uneven_batch(n: int, vocab: int, seed: int = 0, prompt: tuple[int, int] = (2, 9), longest: int = 48):
+    """n rows: prompts of 2-8 tokens, responses of 1 to `longest` tokens (a long tail), in random order."""
+    g = torch.Generator().manual_seed(seed)
+    gens = []
+    for i in range(n):
+        p = torch.randint(3, vocab, (int(torch.randint(*prompt, (1,), generator=g)),), generator=g).tolist()
+        k = longest if i == n // 2 else int(torch.randint(1, longest // 4, (1,), generator=g))
+        r = torch.randint(3, vocab, (k,), generator=g).tolist()
+        gens.append(Generation(p, r, [-1.0] * k, truncated=False))
+    return collate(gens, torch.linspace(-1, 1, n), torch.ones(n), pad_id=0)
+
+
+def test_plan_stays_within_the_budget_and_covers_every_row_once():
+    g = torch.Generator().manual_seed(1)
+    resp = torch.randint(1, 500, (64,), generator=g).tolist()
+    lengths = [r + int(torch.randint(1, 100, (1,), generator=g)) for r in resp]
+    groups = microbatch.plan(lengths, resp, rows=4, max_len=600, max_resp=500)
+    assert sorted(i for grp in groups for i in grp) == list(range(64))
+    for grp in groups:
+        assert len(grp) * max(lengths[i] for i in grp) <= 4 * 600  # the padded tokens the pre-flight counts
+        assert len(grp) * max(resp[i] for i in grp) <= 4 * 500  # and the padded response positions
+    fixed = microbatch.fixed(64, 4)
+    assert microbatch.padded_tokens(groups, lengths) < 0.7 * microbatch.padded_tokens(fixed, lengths, cut=False)
+    # full-length rows: exactly the fixed row count; a row past the budget runs alone
+    assert [len(grp) for grp in microbatch.plan([600] * 8, [500] * 8, 4, 600, 500)] == [4, 4]
+    assert microbatch.plan([900, 10, 10], [800, 5, 5], 1, 600, 500) == [[0], [1, 2]]
+
+
+def test_even_out_splits_the_largest_and_restore_undoes_the_order():
+    groups = microbatch.even_out([[3, 1, 0, 2], [4]], 4)
+    assert len(groups) == 4 and sorted(i for grp in groups for i in grp) == list(range(5))
+    parts = [torch.tensor(grp, dtype=torch.float)[:, None].expand(-1, max(grp) + 1) for grp in groups]  # width ≤ 5
+    out = microbatch.restore(parts, groups, 5, 6)
+    assert out[:, 0].tolist() == [0, 1, 2, 3, 4] and out[0, 1:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("kl", [0.0, 0.1])
+def test_token_budget_update_equals_the_fixed_rows(model_root, kl):
+    """Same batch (a long tail of lengths): token-budget micro-batches vs fixed rows of 4 at the batch's length:
+    logprobs (policy and reference) in the batch's order, loss, grad norm and gradients agree in fp32; fewer
+    padded tokens and fewer micro-batches."""
+    spec, env, model_dir = setup(model_root)
+    over = [f"output_root={model_root}", *SMALL, "train.micro_batch_size=4", "train.logprob_batch_size=4",
+            "train.max_total_sequence_length=64", "rollout.max_new_tokens=48", f"loss.kl_coef={kl}"]
+    budget = TorchPolicyWorker(load_spec([*over, "train.dynamic_batching=true"]), model_dir, 0, 1)
+    rows = TorchPolicyWorker(load_spec(over), model_dir, 0, 1)  # the default: 4 rows at a time at the batch's length
+    assert budget.token_budget and budget.cut and not (rows.token_budget or rows.cut)
+    batch = uneven_batch(32, 250)
+    lengths, _ = microbatch.lengths_of(batch)
+    gb, gr = budget._micro_batches(batch, 4), rows._micro_batches(batch, 4)
+    assert len(gb) < len(gr)
+    assert microbatch.padded_tokens(gb, lengths) < 0.5 * microbatch.padded_tokens(gr, lengths, cut=False)
+    mask = batch.response_mask.bool()
+    (pa, ra), (pb, rb) = budget.logprobs(batch), rows.logprobs(batch)
+    assert pa.shape == pb.shape and (pa - pb)[mask].abs().max() < 1e-5
+    if kl:
+        assert (ra - rb)[mask].abs().max() < 1e-5
+    noise = 0.3 * torch.randn(pb.shape, generator=torch.Generator().manual_seed(1))
+    b = batch.with_(prev_logprobs=pb + noise)  # ratios ≠ 1: clipping is exercised
+    den = [float(b.response_mask.sum())]
+    budget.opt.step = rows.opt.step = lambda: None  # the gradients stay as the backward left them
+    oa, ob = budget.update([b], den), rows.update([b], den)
+    for k in ("loss", "pg_loss", "grad_norm"):
+        assert oa[k] == pytest.approx(ob[k], rel=1e-5, abs=1e-6), k
+    # clip_fraction and entropy are token means per micro-batch weighted by its share of the loss's denominator
+    # (sequences here): other micro-batches, slightly other means (as with sequence packing, test_packing.py)
+    assert oa["clip_fraction"] == pytest.approx(ob["clip_fraction"], abs=1e-2) and oa["clip_fraction"] > 0
+    for (k, x), y in zip(budget.model.named_parameters(), rows.model.parameters()):
+        assert torch.allclose(x.grad, y.grad, atol=1e-6, rtol=1e-4), k
+    # on-policy: the update's own forward gives the old logprobs, back in the batch's order
+    oa = budget.update([batch], den)
+    assert (oa["prev_logprobs"] - pb)[mask].abs().max() < 1e-5
+
+
+def test_without_dynamic_batching_the_micro_batches_are_the_fixed_rows(model_root):
+    """train.dynamic_batching off (the default): consecutive rows, micro_batch_size at a time, uncut: the very
+    micro-batches (and so the very floats) of the code before it."""
+    spec, env, model_dir = setup(model_root)
+    w = TorchPolicyWorker(load_spec([f"output_root={model_root}", *SMALL, "train.micro_batch_size=4"]), model_dir, 0, 1)
+    batch = uneven_batch(10, 250)
+    assert w._micro_batches(batch, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    mb = microbatch.take(batch, [4, 5, 6, 7], w.cut)
+    assert torch.equal(mb.input_ids, batch.input_ids[4:8]) and torch.equal(mb.response_mask, batch.response_mask[4:8])
+
+
+def test_a_micro_batch_below_one_row_is_refused_naming_the_key(model_root):
+    """The budget is micro_batch_size full-length rows: below one row is micro_batch_size < 1, refused by name."""
+    with pytest.raises(ConfigError) as e:
+        load_spec([f"output_root={model_root}", *SMALL, "train.micro_batch_size=0"])
+    assert "train.micro_batch_size" in e.value.render() and "positive_sizes" in e.value.render()
