@@ -73,6 +73,8 @@ FAMILIES: dict[str, tuple[str, Optional[dict[str, Any]], str]] = {
     "exaone4": ("exaone4", dict(head_dim=32, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
                 ""),
     "llama_stop": ("llama", dict(head_dim=32), "stop"),  # generation_config.json: a second stop token
+    "stablelm_v": ("stablelm", dict(V, partial_rotary_factor=0.5, use_qkv_bias=True, qk_layernorm=True), ""),
+    "glm4": ("glm4", dict(head_dim=32, partial_rotary_factor=0.5, attention_bias=True), ""),
 }
 
 

@@ -403,3 +403,27 @@ def test_vllm_attends_over_the_policys_sliding_window(tmp_path):
         AutoConfig.for_model(family, **{**COMMON, **quirks}).save_pretrained(tmp_path / family)
     assert hf_overrides(str(tmp_path / "cohere2")) == {"hf_overrides": {"sliding_window": 7}}
     assert hf_overrides(str(tmp_path / "mistral")) == {} and hf_overrides(str(tmp_path / "gemma2")) == {}
+
+
+def test_rollout_vllm_is_refused_a_switch_its_model_does_not_read(tmp_path):
+    """vLLM 0.32's StableLM has no q/k LayerNorm and no parallel residual: with qk_layernorm the tiny stablelm_v's
+    first refit stopped at "no module or parameter named '...self_attn.k_layernorm'" (rc 1 after start-up). Pre-flight
+    refuses it (rc 2), naming rollout.backend and model.path; rollout=hf and a StableLM without them pass the rule."""
+    import json
+
+    from grpo_launcher.spec.errors import ConfigError
+
+    d = build(tmp_path, "stablelm")  # qk_layernorm=True
+    args = [f"model.path={d}", f"output_root={tmp_path}", "logging.mlflow=false"]
+    with pytest.raises(ConfigError) as info:
+        load_spec([*args, "rollout=vllm"])
+    (v,) = [v for v in info.value.violations if v.rule == "vllm_model_reads_the_checkpoint"]
+    assert v.keys == ("rollout.backend", "model.path") and "qk_layernorm=true" in v.message
+    assert "rollout=hf" in v.fix
+    load_spec(args)  # rollout=hf
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "qk_layernorm": False}))
+    try:
+        load_spec([*args, "rollout=vllm"])
+    except ConfigError as e:  # head_dim 16: vLLM's CPU attention refuses it, not this rule
+        assert not [v for v in e.violations if v.rule == "vllm_model_reads_the_checkpoint"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from ..logit_heads import read_text_config
 from ..plan import engine_max_model_len
 from ..spec.errors import Violation
 from ..spec.model_dir import model_facts
@@ -82,3 +83,25 @@ def sampling_keeps_logprobs_exact(s: RunSpec) -> Iterator[Violation]:
     if r.temperature <= 0:
         yield V("sampling_keeps_logprobs_exact", "rollout.temperature",
                 f"RL sampling needs temperature > 0, got {r.temperature}", "set rollout.temperature=1.0")
+
+
+# model_type -> config.json switches vLLM 0.32's model class does not read: set true, the engine would be another
+# model than the policy's. stablelm.py has no q/k LayerNorm (the tiny stablelm_v's first refit stopped at "There is
+# no module or parameter named 'model.layers.0.self_attn.k_layernorm'", rc 1 after start-up) and always sums the
+# residual after attention (use_parallel_residual is not read). benchmarks/results/families.md.
+VLLM_UNREAD_SWITCHES = {"stablelm": ("qk_layernorm", "use_parallel_residual")}
+
+
+@rule("pure")
+def vllm_model_reads_the_checkpoint(s: RunSpec) -> Iterator[Violation]:
+    """rollout=vllm with a checkpoint whose config.json turns on what vLLM's model class ignores."""
+    if s.rollout.backend != RolloutBackend.vllm:
+        return
+    cfg = read_text_config(s.model.path) or {}
+    family = cfg.get("model_type", "")
+    keys = [k for k in VLLM_UNREAD_SWITCHES.get(family, ()) if cfg.get(k)]
+    if keys:
+        yield V("vllm_model_reads_the_checkpoint", ("rollout.backend", "model.path"),
+                f"{s.model.path}/config.json sets {', '.join(f'{k}=true' for k in keys)}: vLLM's {family} model "
+                "does not implement it, so its engine would not run the policy's model",
+                "use rollout=hf for this checkpoint")
