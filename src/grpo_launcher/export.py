@@ -276,6 +276,8 @@ def main(args: list[str]) -> int:
         print(ConfigError([Violation("export_target", (exc.key,), str(exc), "pick a run dir and a step with a "
                                      "complete checkpoint (launch.py status RUN)")]).render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
-    print(f"exported {out}\n  load it: AutoModelForCausalLM.from_pretrained({str(out)!r}) / "
-          f"vllm.LLM(model={str(out)!r})")
+    picked = json.loads((out / EXPORT_RECORD).read_text())["checkpoint"]
+    why = "as asked" if ns.step is not None or ns.last else "the best by checkpoint.metric, else the latest; --last: the latest"
+    print(f"exported {out}\n  checkpoint: {picked} ({why})\n  load it: AutoModelForCausalLM.from_pretrained("
+          f"{str(out)!r}) / vllm.LLM(model={str(out)!r})")
     return 0
