@@ -258,6 +258,8 @@ FAILING = [
     (["grpo.max_steps=10000000", "checkpoint.keep_top_k=10000000"], "checkpoint_disk_room", "checkpoint.keep_top_k"),
     (["logging.tracking_uri=http://127.0.0.1:9"], "tracking_store_reachable", "logging.tracking_uri"),
     (["rollout=vllm", "rollout.hf_compile=true"], "vllm_only_switches", "rollout.hf_compile"),
+    (["rollout=vllm", f"model.path={TESTS / 'data' / 'stablelm_qk_layernorm'}"], "vllm_model_reads_the_checkpoint",
+     "model.path"),
 ]
 
 
