@@ -2,6 +2,8 @@
 # The issue-40 measurements on one GPU node, as run there (benchmarks/results/nemotron_gpu.md):
 #   bash benchmarks/gpu_jobs/nemotron.sh install PARTS_DIR     # the GPU kit (scripts/gpu-kit.sh) into /tmp/site
 #   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry conv kernels pack block gate hf1b vllm1b tiny mtiny recipe mrecipe mega mem
+#   bash benchmarks/gpu_jobs/nemotron.sh bg STEP [STEP ...]    # the same, detached (setsid): outlives the call
+#   bash benchmarks/gpu_jobs/nemotron.sh wait [SECONDS]        # until the detached steps end: their files to $OUT
 # Each run step writes the run's metrics summary and nvidia-smi's whole-GPU peak to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -40,7 +42,7 @@ PY
 
 run() {  # NAME ARGS...: launch.py with nvidia-smi sampling the whole GPU every 200 ms, RUN_TIMEOUT s at most
   local name=$1; shift
-  rm -rf /tmp/o
+  rm -rf "/tmp/o/$name"  # /tmp/o/.models stays: the next run reuses the warm-started model
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$OUT/$name.smi" &
   local smi=$!
   /usr/bin/time -f "wall %e s" timeout "${RUN_TIMEOUT:-500}" python3 launch.py output_root=/tmp/o name="$name" "$@" \
@@ -52,7 +54,7 @@ run() {  # NAME ARGS...: launch.py with nvidia-smi sampling the whole GPU every 
   grep -m3 -E "Mamba-2 path|peak|memory per GPU" "$OUT/$name.log"
   [ -f "/tmp/o/$name/metrics.jsonl" ] && summary "/tmp/o/$name"
   cp "/tmp/o/$name/summary.json" "$OUT/$name.summary.json" 2>/dev/null
-  rm -rf /tmp/o
+  rm -rf "/tmp/o/$name"
 }
 
 step() {
@@ -89,6 +91,23 @@ step() {
 
 if [ "${1:-}" = install ]; then
   bash scripts/gpu-kit.sh install "$2" /tmp/site && bash scripts/gpu-kit.sh check /tmp/site
+  exit
+fi
+if [ "${1:-}" = bg ]; then  # a run longer than one call: started detached, collected by `wait` in later calls
+  shift
+  mkdir -p /tmp/bg
+  OUT=/tmp/bg setsid bash "$0" "$@" > /tmp/bg/steps.txt 2>&1 < /dev/null &
+  echo $! > /tmp/bg.pid
+  echo "detached: pid $(cat /tmp/bg.pid), steps $*"
+  exit
+fi
+if [ "${1:-}" = wait ]; then  # polls the detached steps' pid (at most $2 s), then copies what they wrote to $OUT
+  pid=$(cat /tmp/bg.pid)
+  end=$((SECONDS + ${2:-560}))
+  while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 5; done
+  mkdir -p "$OUT" && cp -r /tmp/bg/. "$OUT/"
+  cat /tmp/bg/steps.txt
+  if kill -0 "$pid" 2>/dev/null; then echo "detached steps still running"; else echo "detached steps ended"; fi
   exit
 fi
 mkdir -p "$OUT"
