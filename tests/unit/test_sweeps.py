@@ -201,6 +201,12 @@ def put(spec, key, value):
     return dataclasses.replace(spec, **{section: put(getattr(spec, section), rest, value)})
 
 
+def without_tmp(violations):
+    import re
+
+    return [re.sub(r"grpo-spec-[^/]+", "grpo-spec-TMP", repr(v)) for v in violations]
+
+
 TRICKY = ["1e5", "true", "on", "null", "~", "???", "${x}", "\\${x}", "a: b", "x\ny", "", " lead", "0x10", "1:20",
           ".nan", "#c", "'q'", "[1]", "é", "x" * 200, "http://u:pw@h/x", "a?token=z", "<<", "*a", "!t", "12"]
 
@@ -210,7 +216,8 @@ TRICKY = ["1e5", "true", "on", "null", "~", "???", "${x}", "\\${x}", "a: b", "x\
     *[("grpo.seed", v) for v in (0, -1, 2**70, True, 1.5, "3", None)],
     *[("train.lr", v) for v in (1e-6, 1e16, float("inf"), float("nan"), -0.0, 3, "1e-6", None)],
     *[("model.head_dim", v) for v in (None, 64, "64")],
-    ("rollout.backend", "vllm"), ("rollout.http_api_key", "abc"),
+    ("rollout.backend", "vllm"),
+    *[("rollout.http_api_key", s) for s in [*TRICKY, "abc", "\udcff", 5, [], None]],
     *[("env.reward_fns", v) for v in ([], ["a"], ["a", "${x}"], ["1e5", "true"], ("a",), [1])],
 ])
 def test_a_point_reads_back_as_the_full_round_trip_says(tmp_path, key, value):
@@ -227,6 +234,26 @@ def test_a_point_reads_back_as_the_full_round_trip_says(tmp_path, key, value):
     point = put(spec, key, value)
     full = roundtrip_problems(point, read_back_as_the_job(plan))
     assert not (read_back.reads_back_like_one_before(point) and full)
-    assert roundtrip(point, plan) == full
+    assert without_tmp(roundtrip(point, plan)) == without_tmp(full)  # each full check writes to a temporary dir
     if key in ("name", "grpo.seed") and value in ("1e5", "x" * 200, 2**70, 0):
         assert read_back.reads_back_like_one_before(point)
+
+
+def test_points_with_their_own_http_key_read_back_leaf_by_leaf(tmp_path):
+    """A sweep with rollout.expose_http_server draws a fresh key (a secret) per point: after the first point's full
+    check, the others are shown leaf by leaf, and each still reads back (the full check agrees)."""
+    from secrets import token_hex
+
+    from grpo_launcher.launch import read_back
+    from grpo_launcher.launch.preflight import read_back_as_the_job, roundtrip
+    from grpo_launcher.plan import make_plan
+    from grpo_launcher.spec.compose import load_spec, roundtrip_problems
+
+    http = ["rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true"]
+    spec = load_spec([*http, "dry_run=true", f"output_root={tmp_path}"])
+    plan = make_plan(spec)
+    assert spec.rollout.http_api_key is None and roundtrip(put(spec, "rollout.http_api_key", token_hex(32)), plan) == []
+    for seed in range(3):
+        point = put(put(spec, "rollout.http_api_key", token_hex(32)), "grpo.seed", seed)
+        assert read_back.reads_back_like_one_before(point)
+        assert roundtrip_problems(point, read_back_as_the_job(plan)) == []

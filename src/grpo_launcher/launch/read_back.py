@@ -9,10 +9,13 @@ leaf by leaf, the schema converts field by field. Only an interpolation (`${`) o
 
 So a spec whose leaves equal (same type, same value) those of a spec that passed the full check, except leaves
 that each pass it alone, passes it too. A leaf passes alone when its value has exactly the type its field
-declares (OmegaConf's conversion is then the identity), it is no secret, its YAML at its key path (dumped by
-OmegaConf) is left as it is by the redaction, and it loads back as the same value of the same type. Anything
-else (another type, a secret, a list of sections ...) is for the full check. A sweep's 64 points that differ in
-grpo.seed and name: one full check, 63 of two leaves each.
+declares (OmegaConf's conversion is then the identity), and either it is no secret, its YAML at its key path
+(dumped by OmegaConf) is left as it is by the redaction, and it loads back as the same value of the same type;
+or it is a secret string whose YAML and redacted YAML are one line each, the redacted line loading back as a
+string (what the file holds until the job writes the secret over it) and the secret coming back from JSON as
+itself. Anything else (another type, a list of sections, a secret on several lines ...) is for the full check.
+A sweep's 64 points that differ in grpo.seed and name: one full check, 63 of two leaves each; with
+rollout.expose_http_server each point also draws its own HTTP key (a secret leaf): 63 of three leaves.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import json
 import types
 import typing
 from typing import Any, Optional
@@ -92,12 +96,32 @@ def leaf_reads_back(key: str, value: Any) -> bool:
     for part in reversed(key.split(".")):
         doc = {part: doc}
     text = OmegaConf.to_yaml(OmegaConf.create(doc))
-    if has_secret(key, plain) or redact_text(text) != text:
+    if has_secret(key, plain):
+        return secret_reads_back(key, plain, text)
+    if redact_text(text) != text:
         return False
-    back: Any = OmegaConf.to_container(OmegaConf.create(text))
+    return same(at(key, OmegaConf.to_container(OmegaConf.create(text))), plain)
+
+
+def secret_reads_back(key: str, value: Any, text: str) -> bool:
+    """A secret leaf (a sweep point's fresh HTTP key): spec.yaml holds its line redacted, .secrets.json the value
+    (JSON), which the job writes over the redacted one. It passes alone when it is a string (so is the field: the
+    redacted text merges into it), its YAML and the redacted YAML are one line each, the redacted line loads back
+    as a string, and the value comes back from JSON as itself."""
+    redacted, depth = redact_text(text), key.count(".") + 1
+    if type(value) is not str or len(text.splitlines()) != depth or len(redacted.splitlines()) != depth:
+        return False
+    try:
+        shown = at(key, OmegaConf.to_container(OmegaConf.create(redacted)))
+    except Exception:  # noqa: BLE001  (the redacted line no longer parses: the full check says what the job sees)
+        return False
+    return type(shown) is str and same(json.loads(json.dumps(value)), value)
+
+
+def at(key: str, tree: Any) -> Any:
     for part in key.split("."):
-        back = back[part]
-    return same(back, plain)
+        tree = tree[part]
+    return tree
 
 
 @functools.lru_cache(maxsize=None)

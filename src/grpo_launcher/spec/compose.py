@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import re
@@ -216,9 +217,7 @@ def to_spec(cfg: Any) -> RunSpec:
     """DictConfig → frozen RunSpec (the only object passed downstream)."""
     try:
         if "hydra" in cfg:  # a config composed with its hydra node (sweep points, compose)
-            cfg = cfg.copy()
-            with open_dict(cfg):
-                del cfg["hydra"]
+            cfg = _without_hydra(cfg)
         if OmegaConf.get_type(cfg) is not RunSpec:  # e.g. a spec read back from YAML
             cfg = OmegaConf.merge(_unfreeze(OmegaConf.structured(RunSpec)), cfg)
         spec = OmegaConf.to_object(cfg)
@@ -228,6 +227,16 @@ def to_spec(cfg: Any) -> RunSpec:
     if wrong:
         raise ConfigError(wrong)
     return spec
+
+
+def _without_hydra(cfg: DictConfig) -> DictConfig:
+    """A copy of `cfg` without its hydra node, which is not copied (a sweep point's hydra node is about half its
+    nodes, and to_spec copied it once per point only to drop it): deepcopy takes the memo's stand-in for it."""
+    stand_in = DictConfig({})
+    cfg = copy.deepcopy(cfg, memo={id(cfg._get_node("hydra")): stand_in})
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
 
 
 def _misplaced_sections(obj: Any, prefix: str = "") -> Iterator[Violation]:
