@@ -85,10 +85,25 @@ def _reaches_beyond(value: Any) -> bool:
 
 def leaf_reads_back(key: str, value: Any) -> bool:
     """The leaf alone passes the check (module docstring): declared type, no secret, untouched by redaction,
-    loaded back from its YAML as the same value of the same type."""
+    loaded back from its YAML as the same value of the same type. Remembered per (key, repr): a value of the
+    key's declared type (exact types, checked first) is the only one with its repr, and a sweep over group choices
+    compares the same model, rollout ... leaves with the spec that passed, point after point."""
     hint = field_type(key)
     if hint is None or not declared(hint, value):
         return False
+    seen = (key, repr(value))
+    if seen not in _VERDICTS:
+        if len(_VERDICTS) > 10_000:
+            _VERDICTS.clear()
+        _VERDICTS[seen] = reads_back_alone(key, value)
+    return _VERDICTS[seen]
+
+
+_VERDICTS: dict[tuple[str, str], bool] = {}
+
+
+def reads_back_alone(key: str, value: Any) -> bool:
+    """leaf_reads_back's check itself, for a value of the declared type."""
     plain = value.name if isinstance(value, enum.Enum) else value  # as OmegaConf dumps an enum: its name
     if isinstance(plain, list):
         plain = [v.name if isinstance(v, enum.Enum) else v for v in plain]
