@@ -148,8 +148,12 @@ class OptunaSweeper(Sweeper):
             job_idx += len(trials)
             finished += len(trials)
         if not self.config.dry_run:
-            self.report(study, sweep_dir)
+            completed = self.report(study, sweep_dir)
             end_study_parent_run(self.config, sweep_dir, ok)
+            if not completed:  # was exit 0 with a warning: a study of failures read as a finished search
+                print(f"optuna sweep: no trial completed: all {len(study.trials)} trial(s) of study "
+                      f"'{study.study_name}' failed (their errors are above)", file=sys.stderr, flush=True)
+                sys.exit(ExitCode.FAILED)  # passes through Hydra's error reporting: no traceback
         return study
 
     def check_new(self, study: Any, trials: List[Any], names: List[str]) -> None:
@@ -181,13 +185,13 @@ class OptunaSweeper(Sweeper):
             log.warning(f"trial {trial.number} FAILED ({why}); the study goes on")
             return False
 
-    def report(self, study, sweep_dir: Path) -> None:
+    def report(self, study, sweep_dir: Path) -> bool:
+        """Write and print the best trial; whether any trial of the study completed."""
         import optuna  # here: every launch.py start imports the plugins
 
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         if not done:
-            log.warning("no trial completed")
-            return
+            return False
         best = study.best_trial
         text = OmegaConf.to_yaml({"study": study.study_name, "trial": best.number, "value": best.value,
                                   "objective": self.conf.objective, "params": best.params})
@@ -198,3 +202,4 @@ class OptunaSweeper(Sweeper):
             run_id = marker.read_text().strip()
             study.set_user_attr("parent_run_id", run_id)
             log_best_to_parent(self.config, run_id, best.number, best.value, best.params, self.conf.objective)
+        return True
