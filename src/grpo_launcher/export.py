@@ -3,8 +3,9 @@ directory (config.json, model.safetensors, generation_config.json + the tokenize
 
 The default is the best checkpoint by checkpoint.metric (else the latest); the output defaults to
 RUN_DIR/export/step_NNNNNN/. The checkpoint is verified against its manifest first (sizes, sha256); only the regular
-files of its policy/ are copied (a symlink is refused, never followed). The directory is written under a temporary
-name and renamed when complete. The weights are written in bfloat16 (--dtype: float16, float32, or `saved`: as the
+files of its policy/ are copied (a symlink is refused, never followed), and their tensors are checked against
+config.json's architecture (built on the meta device): one missing, unexpected or of another shape is refused,
+named. The directory is written under a temporary name and renamed when complete. The weights are written in bfloat16 (--dtype: float16, float32, or `saved`: as the
 checkpoint holds them, the fp32 master weights of a torch run): floating tensors are cast, config.json's dtype says so
 (saved: the dtype the tensors hold).
 From the model directory the run loaded (RUN_DIR/model.json): its tokenizer files byte for byte (unless the
@@ -137,6 +138,7 @@ def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: O
         if src != policy:
             carry_tokenizer(src, tmp)
         carry_generation_config(run_dir, tmp)
+        check_tensors(tmp, ckpt)
         _check_loads(tmp)
         record = {"run_dir": str(run_dir), "checkpoint": ckpt.name, "step": int(ckpt.name.split("_")[-1]),
                   "dtype": dtype}
@@ -243,6 +245,56 @@ def replace_dir(tmp: Path, out: Path) -> None:
     os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def file_tensors(directory: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the *.safetensors in `directory`: name -> shape (headers only, no tensor is read)."""
+    from safetensors import safe_open  # here: launch.py imports this module (pre-flight stays light)
+
+    found: dict[str, tuple[int, ...]] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            found.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    return found
+
+
+def model_tensors(directory: Path) -> tuple[list[tuple[str, tuple, dict[str, tuple]]], set[str], list]:
+    """What config.json's architecture holds, built on the meta device (no memory): one (in-memory name, shape,
+    {file name: shape}) per state-dict entry (the file names: transformers' conversion reverted, as save_pretrained
+    writes a fused MoE's experts one by one), the tied aliases a file may leave out, and the patterns of keys the
+    architecture ignores on load."""
+    import torch  # here: launch.py imports this module (pre-flight stays light)
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory))
+    entries = [(name, tuple(t.shape), {k: tuple(v.shape) for k, v in revert_weight_conversion(model, {name: t}).items()})
+               for name, t in model.state_dict().items()]
+    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    ignored = [*(getattr(model, "_keys_to_ignore_on_load_missing", None) or []),
+               *(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])]
+    return entries, tied, ignored
+
+
+def check_tensors(directory: Path, ckpt: Path, shown: int = 8) -> None:
+    """The exported weights against config.json's architecture: a tensor missing (from_pretrained initialises it at
+    random, with a warning), one the model has no place for (dropped), or one of another shape is refused, named."""
+    import re  # here: with the rest of the check
+
+    have = file_tensors(directory)
+    entries, tied, ignored = model_tensors(directory)
+    known = {name: shape for name, shape, files in entries for name, shape in [(name, shape), *files.items()]}
+    missing = [name for name, shape, files in entries if name not in have and not set(files) <= set(have)
+               and name not in tied and not any(re.search(p, name) for p in ignored)]
+    unexpected = [k for k in have if k not in known and not any(re.search(p, k) for p in ignored)]
+    shapes = [f"{k} {list(have[k])} (the model's: {list(known[k])})" for k in have if k in known and have[k] != known[k]]
+    problems = [f"{what} ({len(keys)}): {', '.join(sorted(keys)[:shown])}{', ...' if len(keys) > shown else ''}"
+                for what, keys in (("missing", missing), ("unexpected", unexpected), ("of another shape", shapes))
+                if keys]
+    if problems:
+        raise ExportError(f"checkpoint {ckpt}'s weights do not match its config.json ({len(have)} tensors): "
+                          f"{'; '.join(problems)}; nothing was exported", key="--step")
 
 
 def _check_loads(path: Path) -> None:

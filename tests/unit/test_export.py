@@ -5,16 +5,19 @@ Checkpoints written as the policy workers write them (save_pretrained of the mod
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from grpo_launcher.checkpoint import CheckpointManager
-from grpo_launcher.export import export
+from grpo_launcher.export import ExportError, export
+from grpo_launcher.export import main as export_main
 from grpo_launcher.launch import rundir
 from grpo_launcher.models.tiny import build_tokenizer
 from grpo_launcher.plan import make_plan
@@ -124,3 +127,49 @@ def test_export_saved_dtype_loads_as_the_checkpoint_holds_it(tmp_path):
     ids = torch.randint(0, 288, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(model.eval()(ids).logits, policy.eval()(ids).logits)
+
+
+def edited_save(drop: tuple[str, ...] = (), add: dict | None = None):
+    """A policy save whose model.safetensors lost `drop` and gained `add` (a save or a map-back that got the names
+    wrong): a real checkpoint, manifest and all, of weights that do not fit config.json."""
+
+    def save(model, policy: Path) -> None:
+        model.save_pretrained(policy)
+        state = {k: v.contiguous() for k, v in load_file(policy / "model.safetensors").items() if k not in drop}
+        save_file({**state, **(add or {})}, str(policy / "model.safetensors"), metadata={"format": "pt"})
+
+    return save
+
+
+@pytest.mark.parametrize("drop,add,said", [
+    (("model.layers.1.mlp.down_proj.weight",), {}, "missing (1): model.layers.1.mlp.down_proj.weight"),
+    ((), {"model.layers.2.mlp.down_proj.weight": torch.zeros(64, 96)},
+     "unexpected (1): model.layers.2.mlp.down_proj.weight"),
+    (("model.norm.weight",), {"model.norm.weight": torch.ones(32)},
+     "of another shape (1): model.norm.weight [32] (the model's: [64])"),
+])
+def test_export_refuses_weights_that_do_not_fit_the_architecture(tmp_path, capsys, drop, add, said):
+    """Was exported as good: from_pretrained filled a missing tensor at random (a warning among the load logs) and
+    dropped an unexpected one, so the export scored and generated as another model."""
+    src = source_model(tmp_path)
+    run, _ = trained_run(tmp_path, src, lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32),
+                         edited_save(drop, add))
+    with pytest.raises(ExportError, match=re.escape(said)) as err:
+        export(run, out=tmp_path / "out")
+    assert err.value.key == "--step" and "nothing was exported" in str(err.value)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".tmp-out-*"))
+    assert export_main([str(run), "--out", str(tmp_path / "out")]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_export_takes_a_tied_and_a_moe_model_as_saved(tmp_path):
+    """No false refusal: a tied head left out of the file, and a MoE whose experts transformers fuses in memory but
+    saves one by one."""
+    for name, extra in (("tied", dict(tie_word_embeddings=True)),
+                        ("moe", dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4,
+                                     num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[]))):
+        src = source_model(tmp_path / name)
+        (src / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()), **extra}))
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src)).save_pretrained(src)
+        run, _ = trained_run(tmp_path / name, src, lambda d: AutoModelForCausalLM.from_pretrained(d))
+        assert export(run, out=tmp_path / name / "out").is_dir(), name
