@@ -134,6 +134,7 @@ def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: O
             cast_weights(tmp, dtype)
         else:
             say_saved_dtype(tmp)
+        pin_attention(tmp)
         src = tokenizer_source(run_dir, ckpt)
         if src != policy:
             carry_tokenizer(src, tmp)
@@ -217,6 +218,19 @@ def set_config_dtype(directory: Path, dtype: str) -> None:
     if "torch_dtype" in config:  # written by transformers before 4.56
         config["torch_dtype"] = dtype
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def pin_attention(directory: Path) -> None:
+    """config.json names eager attention where the config caps attention logits (Gemma-2): transformers 5 loads it
+    with sdpa, which drops the cap, so a plain from_pretrained of the export computed another model than the one
+    trained (the policy runs eager: models/attention.py's hf_attention, the same rule; not imported, a layer above)."""
+    from transformers import AutoConfig  # here: launch.py imports this module (pre-flight stays light)
+
+    if getattr(AutoConfig.from_pretrained(directory).get_text_config(), "attn_logit_softcapping", None):
+        config = json.loads((directory / "config.json").read_text())
+        if config.get("attn_implementation") in (None, "sdpa"):
+            config["attn_implementation"] = "eager"
+            (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def say_saved_dtype(directory: Path) -> None:

@@ -173,3 +173,25 @@ def test_export_takes_a_tied_and_a_moe_model_as_saved(tmp_path):
         AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src)).save_pretrained(src)
         run, _ = trained_run(tmp_path / name, src, lambda d: AutoModelForCausalLM.from_pretrained(d))
         assert export(run, out=tmp_path / name / "out").is_dir(), name
+
+
+def test_an_exported_gemma2_loads_with_the_attention_it_was_trained_with(tmp_path):
+    """transformers 5 loads Gemma-2 with sdpa, which drops attn_logit_softcapping: `from_pretrained(export)` (what
+    the export tells the user to run) computed another model than the policy (eager, models/attention.py)."""
+    from grpo_launcher.models.attention import hf_attention
+
+    src = source_model(tmp_path)
+    gemma2 = dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"], attn_logit_softcapping=0.5,
+                  final_logit_softcapping=30.0, query_pre_attn_scalar=16, sliding_window=8, initializer_range=0.5)
+    (src / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()), **gemma2}))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src)).save_pretrained(src)
+    run, policy = trained_run(tmp_path, src, lambda d: AutoModelForCausalLM.from_pretrained(
+        d, dtype=torch.float32, **hf_attention(str(d))))
+    out = export(run, out=tmp_path / "out", dtype="float32")
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, 288, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, policy.eval()(ids).logits, atol=1e-5)
+    assert hf_attention(str(out)) == {"attn_implementation": "eager"} == {
+        k: v for k, v in json.loads((out / "config.json").read_text()).items() if k == "attn_implementation"}

@@ -30,6 +30,7 @@ from ..spec.schema import RunSpec
 from ..gym import register_env
 from ..gym.servers import GymError, GymServers, _pid_alive
 from ..gym.serving import CHATML
+from ..models.attention import hf_attention
 from .setup import prepare_model
 
 if TYPE_CHECKING:  # the probe's module stays light (its heavy imports are in the functions that need them)
@@ -79,7 +80,8 @@ def policy_logprobs(model_dir: Path, gens: Sequence[GymGeneration]) -> list[list
     import torch  # here: heavy (see TYPE_CHECKING above)
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    # the policy's attention (eager where sdpa drops Gemma-2's softcapping: models/attention.py)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **hf_attention(str(model_dir))).eval()
     out = []
     with torch.no_grad():
         for g in gens:
