@@ -50,10 +50,12 @@ def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any
 
 
 def gold_text(answer: Any) -> str:
-    """The answer cell as text; a list of strings (OlympiadBench's final_answer, ["$\\frac{1}{2}$"]) as its one
-    answer, or several as one list ($2, 3$)."""
-    if isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer):
-        return answer[0] if len(answer) == 1 else "$" + ", ".join(a.strip().strip("$") for a in answer) + "$"
+    """The answer cell as text; a list of strings or numbers (OlympiadBench's final_answer, ["$\\frac{1}{2}$"]; the
+    roots [1, 2]) as its one answer, or several as one list ($1, 2$; its JSON text [1, 2] reads as an interval)."""
+    items = answer if isinstance(answer, list) and answer else [None]
+    if all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in items):
+        texts = [answer_text(a) for a in answer]
+        return texts[0] if len(texts) == 1 else "$" + ", ".join(t.strip().strip("$") for t in texts) + "$"
     return answer_text(answer)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import os
 import sys
 import time
@@ -35,6 +36,7 @@ from ..spec.schema import ClusterKind, RunSpec
 from . import ENVS, PLANNED_ONLY, env_class
 from . import rewards as R
 from .dataset import DataError, DatasetEnv, answer_text, load_split
+from .math import gold_text
 from .prompting import prompt_lengths, templating_on
 from .toy import ReverseDigitsEnv, every_prompt_text
 from .usercode import (LIMIT_ENV, TimeLimitExceeded, UserCodeError, UserCodeTimeout, call_with_limit, describe,
@@ -277,6 +279,7 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
             yield from reward_verdict(s, r, tables, columns)
     if "train" in tables:
         yield from _check_epochs(s, len(tables["train"].rows))
+        warn_of_repeats(e, tables)
     if tables:
         yield from check_prompts(s, tables)
 
@@ -352,8 +355,11 @@ def _check_answers_score(s: RunSpec, r: Any, tables: dict) -> Iterator[Violation
                 break
             answer = answer_text(row[e.answer_key])
             try:
-                got = call_with_limit(user_code_limit_s(), R.score, [r], row[e.prompt_key], answer, row,
-                                      e.prompt_key, t.where(i), on_error="zero")
+                for completion in answer_forms(row[e.answer_key]):  # until one is rewarded
+                    got = call_with_limit(user_code_limit_s(), R.score, [r], row[e.prompt_key], completion, row,
+                                          e.prompt_key, t.where(i), on_error="zero")
+                    if got.total != 0:
+                        break
             except TimeLimitExceeded as exc:
                 yield _timed_out(r, exc, t.where(i))
                 return
@@ -362,6 +368,14 @@ def _check_answers_score(s: RunSpec, r: Any, tables: dict) -> Iterator[Violation
                 zero.append(f"{t.where(i)}: answer {_short(answer)}" + (" (the call raised)" if got.error else ""))
     if zero:
         warn(_unrewardable_text(r, zero, checked, total))
+
+
+def answer_forms(value: Any) -> list[str]:
+    """The completions a row's own answer is tried as: its text, then (a list cell: [1, 2]) as the grader reads the
+    cell ($1, 2$; its JSON text `[1, 2]` is an interval to math-verify). Not boxed: `\\boxed{?}` or `\\boxed{n/a}`
+    match themselves as strings, and the check is there to name such cells."""
+    text, gold = answer_text(value), gold_text(value)
+    return [text] if gold == text else [text, gold]
 
 
 def _unrewardable_text(r: Any, zero: list[str], checked: int, total: int) -> str:
@@ -462,9 +476,40 @@ def _data_fix(message: str) -> str:
         return "point it at a file with rows"
     if "invalid JSON" in message or "not an object" in message or "must be a JSON" in message:
         return "fix those lines (JSONL: one JSON object per line)"
+    if " whose " in message:
+        return ('fix those rows\' prompts: a string, or chat messages [{"role": "user", "content": "..."}, ...] '
+                "ending with the user's turn")
     if " without " in message or "with an empty" in message or "no row has" in message:
         return "fix those rows (or drop them), or name the right column with env.prompt_key / env.answer_key"
     return "fix the file or point the key at another one"
+
+
+def warn_of_repeats(e: Any, tables: dict) -> None:
+    """Warnings (the run goes on): validation prompts that are also training prompts (its rewards then measure
+    recall, not held-out accuracy), and a training prompt given two different answers (one of them is never
+    rewarded)."""
+    def text(row: dict) -> str:  # a prompt as compared: a string stripped, a message list as its JSON text
+        return row[e.prompt_key].strip() if isinstance(row[e.prompt_key], str) else json.dumps(row[e.prompt_key])
+
+    train = tables["train"]
+    seen: dict[str, tuple[int, Any]] = {}
+    clash = []
+    for i, row in enumerate(train.rows):
+        first = seen.setdefault(text(row), (i, row.get(e.answer_key) if e.answer_key else None))
+        if e.answer_key and answer_text(first[1]) != answer_text(row[e.answer_key]):
+            clash.append(f"{train.where(i)} (answer {_short(answer_text(row[e.answer_key]), 30)}; "
+                         f"{train.label(first[0])}: {_short(answer_text(first[1]), 30)})")
+    if clash:
+        warn(f"{len(clash)} training row(s) repeat an earlier row's prompt with another answer (only one can be "
+             f"rewarded): {'; '.join(clash[:SHOWN_ROWS])}{' ...' if len(clash) > SHOWN_ROWS else ''}")
+    val = tables.get("val")
+    if val is None:
+        return
+    same = [i for i, row in enumerate(val.rows) if text(row) in seen]
+    if same:
+        also = " (env.val_path is env.train_path)" if Path(e.val_path).resolve() == Path(e.train_path).resolve() else ""
+        warn(f"{len(same)} of {len(val.rows)} validation prompts are also training prompts{also}: validation "
+             f"rewards will not measure held-out accuracy; the first at {val.where(same[0])}")
 
 
 def _check_epochs(s: RunSpec, rows: int) -> Iterator[Violation]:
