@@ -82,6 +82,20 @@ def test_an_optuna_dry_run_searches_int_keys_as_ints_and_never_stores_the_study(
     assert not (tmp_path / "optuna.db").exists() and "= 0 " not in p.stdout + p.stderr
 
 
+def test_an_optuna_dry_run_names_each_refused_trial(tmp_path):
+    """Each batch (one trial here) is checked by every rule through the launcher's composition kept from the first
+    batch; a trial a rule refuses is named with its key (a dry run's refused trials were dropped without a word)."""
+    import re
+
+    p = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=4",
+               "train.global_batch_size=choice(128,100)", "grpo.seed=choice(1,2)", "dry_run=true",
+               f"output_root={tmp_path}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    dirs = [line.rsplit("/", 1)[1] for line in p.stdout.splitlines() if line.startswith("run dir")]
+    refused = re.findall(r"^config error: point \[.*name='(\S+)'\]:\n  - train.global_batch_size", p.stderr, re.M)
+    assert dirs == ["tiny-grpo-t0", "tiny-grpo-t1"] and refused == ["tiny-grpo-t2", "tiny-grpo-t3"], p.stderr[-2000:]
+
+
 def test_trials_run_in_parallel_keep_their_own_names(tmp_path):
     """hydra.sweeper.n_jobs=2: a batch's trials were renamed after what varied in that batch (tiny-grpo-t0_train.lr=
     0.0003, then tiny-grpo-t2_0), so the run-dir check of a new trial looked at the wrong dir; `-m name=a,b` gave

@@ -3,6 +3,7 @@
 
 
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -41,6 +42,7 @@ class GrpoLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        self.shared = None  # made at the first batch, kept for the next ones (an Optuna study: one a trial)
 
     def point_config(self, overrides: Sequence[str], idx: int) -> Tuple[Optional[DictConfig], Optional[Exception]]:
         """(the point's composed config, None), or (None, why it does not compose): reported as a config error."""
@@ -57,7 +59,8 @@ class GrpoLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         job_overrides = named_points(str(self.config.name), job_overrides)
-        self.shared = SharedCompose(self.hydra_context.config_loader, self.config)  # a batch's shared composition
+        if self.shared is None:  # the points' shared composition: the setup's loader and master config
+            self.shared = SharedCompose(self.hydra_context.config_loader, self.config)
         composed = [self.point_config(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
         configs = [cfg for cfg, _ in composed]
         checked = [self.point_problems(cfg, o, exc) for (cfg, exc), o in zip(composed, job_overrides)]  # (launch, bad)
@@ -88,6 +91,9 @@ class GrpoLauncher(Launcher):
         for i, (cfg, (launch, problems)) in enumerate(zip(configs, checked)):
             log.info(f"#{initial_job_idx + i}: {' '.join(filter_overrides(job_overrides[i]))}")
             if problems:  # only with the optuna sweeper: a point that breaks a rule is a failed trial
+                if self.config is not None and self.config.dry_run:  # a dry run's refused trial, named here
+                    point = f"config error: point [{' '.join(job_overrides[i])}]:\n"
+                    print(point + "\n".join(problems), file=sys.stderr, flush=True)  # (the sweeper tells FAIL only)
                 runs.append(JobReturn(status=JobStatus.FAILED, _return_value=ValueError("\n".join(problems))))
                 continue
             if launch.spec.dry_run:  # print the plan (and sbatch script) only: no job dir, no Hydra job machinery
