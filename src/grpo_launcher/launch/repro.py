@@ -23,7 +23,7 @@ from ..spec.compose import _override_key, spec_to_yaml
 from ..spec.errors import ConfigError, Violation
 from ..spec.model_dir import ARCH_KEYS
 from ..spec.schema import ModelSpec, RunSpec
-from ..tracking.repro import REPRO, git_state
+from ..tracking.repro import REPRO, data_files, git_state, user_files
 from .rundir import load_spec_file
 
 
@@ -45,6 +45,7 @@ def rerun(args: list[str], single_run: Callable[..., int]) -> int:
         return 2
     _launch_dir(ns.run_dir / REPRO / "git.json")
     _say_code_drift(ns.run_dir / REPRO / "git.json")
+    _say_input_drift(ns.run_dir, ns.overrides)
     print(f"grpo-launcher: rerunning {ns.run_dir}", flush=True)
     return single_run(ns.overrides, saved=spec_file)
 
@@ -121,3 +122,38 @@ def _say_code_drift(git_file: Path) -> None:
     if then.get("dirty") and diff.is_file():
         print(f"grpo-launcher: note: the run had uncommitted changes: `git apply {diff}` reproduces them",
               flush=True)
+
+
+def _say_input_drift(run_dir: Path, overrides: list[str]) -> None:
+    """The data files (repro/data.json: size, sha256) and reward / Env files (repro/user_code/) the run read,
+    against those files now: a rerun reads them as they are now, so one changed since is said, with where the
+    run's copy is (was silent: the rerun trained on other data or another reward under the run's name)."""
+    repro, given = run_dir / REPRO, {_override_key(o) for o in overrides if "=" in o}
+    try:
+        then = json.loads((repro / "data.json").read_text())
+        spec = load_spec_file(run_dir / "spec.yaml")
+    except (OSError, ValueError, ConfigError):
+        return
+    now = data_files(spec)
+    changed = [f"{key}: {path} {_drift(info, now.get(key, {}).get(path))}" for key, files in then.items()
+               if key not in given for path, info in files.items() if _drift(info, now.get(key, {}).get(path))]
+    changed += [f"{key}: {path} is new since the run" for key, files in now.items() if key in then and key not in given
+                for path in files if path not in then[key]]
+    reward_keys = {"env.reward_fn", "env.reward_fns", "env.name"}
+    for f in user_files(spec) if not reward_keys & given else []:
+        copy = repro / "user_code" / f.name
+        if copy.is_file() and copy.read_bytes() != f.read_bytes():
+            changed.append(f"{f} differs from the run's copy {copy}")
+    if changed:
+        print("grpo-launcher: warning: files the run read have changed since; this rerun reads them as they are "
+              "now:\n" + "\n".join(f"  - {c}" for c in changed), flush=True)
+
+
+def _drift(then: dict, now: Any) -> str:
+    """How a data file differs from its record ('' when it does not, or when neither has a hash to compare)."""
+    if now is None:
+        return "is gone"
+    if then.get("bytes") != now.get("bytes") or then.get("sha256") != now.get("sha256"):
+        return f"changed since the run ({then.get('bytes')} → {now.get('bytes')} bytes, sha256 " \
+               f"{str(then.get('sha256'))[:12]} → {str(now.get('sha256'))[:12]})"
+    return ""
