@@ -120,11 +120,23 @@ def test_message_lists_a_template_would_render_wrong_are_named(tmp_path):
         """1 row whose 'question' holds an item that is not a {"role", "content"} object: line 2""",
         "3 rows whose 'question' holds a message whose content is not text: lines 3, 4, 7",
         "1 row whose 'question' holds a message whose role is 'human', not one of system, developer, user, "
-        "assistant, tool: line 5",
+        "assistant, tool, ipython, function: line 5",
         """1 row whose 'question' holds ShareGPT-style {"from", "value"} messages, not {"role", "content"}: line 6""",
         "1 row with an empty 'question' (env.prompt_key): line 8",
     ]:
         assert f"\n      {line}\n" in message + "\n", (line, message)
+
+
+def test_a_tool_call_turn_without_content_is_a_prompt(tmp_path):
+    """OpenAI's assistant turn that calls a tool has content null: a multi-turn tool prompt is read as it is."""
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    msgs = [
+        {"role": "user", "content": "What is 2+3?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "5", "tool_call_id": "c1"},
+    ]
+    (tmp_path / "tool.jsonl").write_text(jsonl([{"question": msgs, "answer": 5}]))
+    assert read(tmp_path / "tool.jsonl")[0]["question"] == msgs
 
 
 def test_openai_content_parts_are_given_as_their_text(tmp_path):

@@ -285,7 +285,7 @@ def check_rows(table: Table, env: EnvSpec, key: str) -> None:
             elif empty(row[k]):
                 bad.setdefault(f"with an empty {k!r} ({knob})", []).append(i)
         prompt = row.get(env.prompt_key)
-        problem = None if empty(prompt) else prompt_problem(prompt)
+        problem = None if isinstance(prompt, str) or empty(prompt) else prompt_problem(prompt)
         if problem:
             bad.setdefault(f"whose {env.prompt_key!r} {problem}", []).append(i)
     if not bad:
@@ -307,13 +307,13 @@ def empty(value: Any) -> bool:
             or (isinstance(value, float) and math.isnan(value)))
 
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool", "ipython", "function")  # ipython: Llama 3.1's tool
 
 
 def prompt_problem(prompt: Any) -> Optional[str]:
     """Why a prompt cannot be given to the model as it is meant ('is neither a string nor ...'), or None. A message
-    list is what chat templates render: {"role", "content"} objects, the roles of ROLES, text content, and not
-    ending with the assistant's message (that is the answer: the model would be shown it)."""
+    list is what chat templates render: {"role", "content"} objects, the roles of ROLES, text content (none beside an
+    assistant's tool_calls), and not ending with the assistant's message (the answer: the model would be shown it)."""
     if isinstance(prompt, str):
         return None
     if not isinstance(prompt, list):
@@ -325,7 +325,7 @@ def prompt_problem(prompt: Any) -> Optional[str]:
     roles = [m.get("role") for m in prompt if m.get("role") not in ROLES]
     if roles:
         return f"holds a message whose role is {roles[0]!r}, not one of {', '.join(ROLES)}"
-    if not all(isinstance(m.get("content"), str) for m in prompt):
+    if not all(isinstance(m.get("content"), str) or (m.get("content") is None and m.get("tool_calls")) for m in prompt):
         return "holds a message whose content is not text"
     if prompt[-1]["role"] == "assistant":
         return ("ends with the assistant's message (the model would be shown it: drop it from the prompt, or move it "

@@ -1,13 +1,14 @@
-"""env=math: verifiable math from JSONL rows {"question": ..., "answer": ...} (env.prompt_key / answer_key),
-graded as a math grader does: math-verify parses the completion's final answer (`\\boxed{}` first, then LaTeX,
-then a plain expression: `\\frac{1}{2}`, `1/2`, `.5`, `1,000`, signs, percentages) and compares it with the row's
-answer symbolically and numerically. A DatasetEnv with this default reward.
+"""env=math: verifiable math from rows {"question": ..., "answer": ...} (env.prompt_key / answer_key; any file
+env=dataset reads: envs/dataset.py), graded as a math grader does: math-verify parses the completion's final
+answer (`\\boxed{}` first, then LaTeX, then a plain expression: `\\frac{1}{2}`, `1/2`, `.5`, `1,000`, signs,
+percentages) and compares it with the row's answer symbolically and numerically. A DatasetEnv with this default
+reward.
 
     reward = 1.0 if verify(parse(answer), parse(completion)) else 0.0
 
 The answer cell may be a number (27, 0.5), or text: `1/2`, `1,000`, `2/3`, `\\frac{1}{2}`, `$x^2+1$`, `(3, -2)`,
 a worked solution whose answer is boxed (MATH's `solution`) or follows `####` (GSM8K's `answer`), or a list of
-such strings (OlympiadBench's `final_answer`). Real-world shapes and their verdicts:
+such strings or numbers (OlympiadBench's `final_answer`; [1, 2]: its answers 1 and 2). Real-world shapes and verdicts:
 benchmarks/math_grading.py (benchmarks/results/environments.md). Each grade runs under GRADE_TIMEOUT_S
 (math-verify's own signal.alarm timeouts are off: they fail off the main thread; our bound,
 usercode.call_with_limit, works in a Ray actor and in threads); one that runs over scores 0.
@@ -52,8 +53,8 @@ def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any
 def gold_text(answer: Any) -> str:
     """The answer cell as text; a list of strings or numbers (OlympiadBench's final_answer, ["$\\frac{1}{2}$"]; the
     roots [1, 2]) as its one answer, or several as one list ($1, 2$; its JSON text [1, 2] reads as an interval)."""
-    items = answer if isinstance(answer, list) and answer else [None]
-    if all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in items):
+    scalar = (str, int, float)
+    if isinstance(answer, list) and answer and all(isinstance(a, scalar) and not isinstance(a, bool) for a in answer):
         texts = [answer_text(a) for a in answer]
         return texts[0] if len(texts) == 1 else "$" + ", ".join(t.strip().strip("$") for t in texts) + "$"
     return answer_text(answer)

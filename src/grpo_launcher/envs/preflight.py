@@ -355,7 +355,8 @@ def _check_answers_score(s: RunSpec, r: Any, tables: dict) -> Iterator[Violation
                 break
             answer = answer_text(row[e.answer_key])
             try:
-                for completion in answer_forms(row[e.answer_key]):  # until one is rewarded
+                value = row[e.answer_key]
+                for completion in answer_forms(value) if isinstance(value, list) else (answer,):  # until rewarded
                     got = call_with_limit(user_code_limit_s(), R.score, [r], row[e.prompt_key], completion, row,
                                           e.prompt_key, t.where(i), on_error="zero")
                     if got.total != 0:
@@ -374,7 +375,8 @@ def answer_forms(value: Any) -> list[str]:
     """The completions a row's own answer is tried as: its text, then (a list cell: [1, 2]) as the grader reads the
     cell ($1, 2$; its JSON text `[1, 2]` is an interval to math-verify). Not boxed: `\\boxed{?}` or `\\boxed{n/a}`
     match themselves as strings, and the check is there to name such cells."""
-    text, gold = answer_text(value), gold_text(value)
+    text = answer_text(value)
+    gold = gold_text(value) if isinstance(value, list) else text
     return [text] if gold == text else [text, gold]
 
 
@@ -491,17 +493,18 @@ def warn_of_repeats(e: Any, tables: dict) -> None:
     def text(row: dict) -> str:  # a prompt as compared: a string stripped, a message list as its JSON text
         return row[e.prompt_key].strip() if isinstance(row[e.prompt_key], str) else json.dumps(row[e.prompt_key])
 
-    train = tables["train"]
-    seen: dict[str, tuple[int, Any]] = {}
-    clash = []
+    train, key = tables["train"], e.answer_key
+    seen: dict[str, int] = {}
+    clash = []  # (row, the earlier row with the same prompt)
     for i, row in enumerate(train.rows):
-        first = seen.setdefault(text(row), (i, row.get(e.answer_key) if e.answer_key else None))
-        if e.answer_key and answer_text(first[1]) != answer_text(row[e.answer_key]):
-            clash.append(f"{train.where(i)} (answer {_short(answer_text(row[e.answer_key]), 30)}; "
-                         f"{train.label(first[0])}: {_short(answer_text(first[1]), 30)})")
+        first = seen.setdefault(text(row), i)
+        if key and first != i and answer_text(train.rows[first][key]) != answer_text(row[key]):
+            clash.append((i, first))
     if clash:
+        shown = [f"{train.where(i)} (answer {_short(answer_text(train.rows[i][key]), 30)}; {train.label(first)}: "
+                 f"{_short(answer_text(train.rows[first][key]), 30)})" for i, first in clash[:SHOWN_ROWS]]
         warn(f"{len(clash)} training row(s) repeat an earlier row's prompt with another answer (only one can be "
-             f"rewarded): {'; '.join(clash[:SHOWN_ROWS])}{' ...' if len(clash) > SHOWN_ROWS else ''}")
+             f"rewarded): {'; '.join(shown)}{' ...' if len(clash) > SHOWN_ROWS else ''}")
     val = tables.get("val")
     if val is None:
         return
