@@ -187,8 +187,9 @@ def eval_main(args: list[str]) -> int:
               "data": val_source(t.spec), "metrics": metrics}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
+    width = max([32, *(len(k) + 2 for k in metrics)])  # a long reward name ran into its value ("..._mean0")
     for key in sorted(metrics):
-        print(f"{key:32s}{metrics[key]:.4g}")
+        print(f"{key:{width}s}{metrics[key]:.4g}")
     print(f"grpo-launcher: eval metrics written to {out}", flush=True)
     return ExitCode.OK
 
