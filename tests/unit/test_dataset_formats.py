@@ -140,7 +140,7 @@ def test_a_tool_call_turn_without_content_is_a_prompt(tmp_path):
 
 
 def test_openai_content_parts_are_given_as_their_text(tmp_path):
-    """content=[{"type": "text", "text": ...}]: a text-only template printed the list's repr ("[{'type': 'text', ...")."""
+    """content=[{"type": "text", "text": ...}]: a text-only template printed the list's repr ("[{'type': ...")."""
     parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+3?"}]
     rows = [{"question": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": parts}], "answer": 5}]
     (tmp_path / "parts.jsonl").write_text(jsonl(rows))
@@ -199,6 +199,17 @@ def test_a_dry_run_names_bad_messages_as_a_config_error(tmp_path, launch_here):
     assert "1 row with an empty 'messages' (env.prompt_key): line 1" in run.stderr
     assert "1 row whose 'messages' ends with the assistant's message" in run.stderr
     assert "fix: fix those rows' prompts: a string, or chat messages" in run.stderr
+
+
+def test_the_answer_column_as_the_prompt_is_refused(tmp_path, launch_here):
+    """env.prompt_key=answer (GSM8K's worked solution ending '#### 72'): at HEAD the model was shown its answer."""
+    data = tmp_path / "gsm.jsonl"
+    data.write_text(jsonl([{"question": "48 clips, half as many in May: total?", "answer": "48/2 = 24\n#### 72"}]))
+    args = [f"env.train_path={data}", f"env.val_path={data}", "env.prompt_key=answer", "env.max_prompt_tokens=0"]
+    run = launch_here(tmp_path, "env=math", *args, "train.max_total_sequence_length=128", "dry_run=true")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "  - env.answer_key, env.prompt_key: env.prompt_key and env.answer_key are both 'answer': the model " \
+           "would be shown the answer in its prompt" in run.stderr  # fmt: skip
 
 
 # --------------------------------------------------------------------------- answers

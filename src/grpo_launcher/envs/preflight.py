@@ -260,12 +260,16 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
     if not R.reward_refs(e) and not e.answer_key:
         yield V("env.reward_fn", f"env={e.name} has no answer column (env.answer_key=null) and no reward function",
                 "set env.reward_fn=path/to/rewards.py:function")
+    if e.answer_key and e.answer_key == e.prompt_key:
+        yield V(("env.answer_key", "env.prompt_key"), f"env.prompt_key and env.answer_key are both {e.prompt_key!r}: "
+                "the model would be shown the answer in its prompt", "name the question's column in env.prompt_key")
     tables = {}
     for which in ("train", "val"):
         path = getattr(e, f"{which}_path")
         if not path:
             yield V(f"env.{which}_path", f"env={e.name} reads its prompts from files, and env.{which}_path is null",
-                    f"set env.{which}_path to a JSONL / Parquet file or a saved datasets directory")
+                    f"set env.{which}_path to a data file (.jsonl, .json, .csv, .tsv, gzip'ed or not; .parquet) or a "
+                    "saved datasets directory" + (" of held-out rows" if which == "val" else ""))
             continue
         if not Path(path).expanduser().exists():
             continue  # local_paths_exist names it (local runs); a Slurm job's file may live on the cluster
