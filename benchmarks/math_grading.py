@@ -59,6 +59,16 @@ CASES = [
     ("gsm8k", 1234, "1,234.5", 0),
     ("gsm8k", 42, "**Answer:** 42", 1),
     ("gsm8k", 42, "Final Answer: The final answer is $42$. I hope it is correct.", 1),
+    # a completion in GSM8K's own format (a model tuned on it): its answer line, what follows the first `####`
+    ("gsm8k-output", GSM, "48/2 = 24 in May, 48 + 24 = 72 in all.\n#### 72", 1),
+    ("gsm8k-output", GSM, "####72", 1),
+    ("gsm8k-output", GSM, "####\n72", 1),
+    ("gsm8k-output", GSM, "#### 72 clips", 1),
+    ("gsm8k-output", GSM, "#### 72\n\nQuestion: Tom has 15 apples and eats 3. How many are left?\nAnswer: 12", 1),
+    ("gsm8k-output", GSM, "So 72 in all.\n#### 71", 0),
+    ("gsm8k-output", GSM_SEP, "#### 1,234", 1),
+    ("gsm8k-output", GSM_SEP, "#### $1,234", 1),
+    ("gsm8k-output", GSM_SEP, "#### 1,235", 0),
     # MATH / MATH-500 / DeepScaleR: LaTeX answer cells
     ("math", "10", r"\boxed{10 \text{ cm}}", 1),
     ("math", r"10\text{ cm}", r"\boxed{10}", 1),
@@ -233,6 +243,13 @@ AMBIGUOUS = [
     ("math", "y = 2x + 3", r"\boxed{2x+3}", "an equation's right side for the equation"),
     ("gsm8k", 1234, r"\boxed{1.234}", "a European thousands separator or a decimal point"),
     ("math", 5, "it is 5 or 6", "two answers hedged, no boxed one"),
+    (
+        "gsm8k-output",
+        GSM,
+        "#### 24\nWait: 48 + 24 = 72",
+        "an answer line, then a correction without one: read by its answer line (GSM8K's strict match), as a run-on "
+        "past `#### 72` into a new question must be",
+    ),
     (
         "math",
         r"\text{(C)}",

@@ -37,6 +37,7 @@ _BARE = re.compile(r"[\d\s.,/()\[\]+\-%^*i]*\d[\d\s.,/()\[\]+\-%^*i]*")
 _SIDE_BY_SIDE = re.compile(r"\d\s+\d")
 _THIN_SEPARATOR = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")  # 1\,234 (a LaTeX thousands separator)
 _ANSWER_WORDS = re.compile(r"\\text\{\s*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*:?\s*\}", re.I)  # in a box
+_HASHES = re.compile(r"####\s*(\S[^\n]*)?")  # GSM8K's answer line: what follows the first `####`, to the line's end
 _UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt"})  # − π √ as a model types them
 
 
@@ -70,13 +71,18 @@ def grade(gold: str, completion: str) -> bool:
 
 def completion_parsed(completion: str) -> list:
     """The completion's final answer as math-verify parses it. A completion that is only a bare answer ((3, -2),
-    1, 2) reads as an answer cell does; one whose last \\boxed{ never closes (cut off at max_new_tokens) has none."""
+    1, 2) reads as an answer cell does; one whose last \\boxed{ never closes (cut off at max_new_tokens) has none;
+    one in GSM8K's format (no box) by what follows its first `####` on that line (`####72`; not a number the model
+    wrote after it, running on into a new question)."""
     from math_verify import parse  # (the same)
 
     text = normalized(completion).replace("\\fbox", "\\boxed")  # math-verify reads \fbox's content, not its anchor
     text = _ANSWER_WORDS.sub("", text)  # \boxed{\text{The answer is } 5}: the words are no part of the answer
     if unclosed_box(text):
         return []
+    if "####" in text and "\\boxed" not in text:  # GSM8K's format: its answer line, not a run-on's last number
+        line = _HASHES.search(text)
+        text = (line.group(1) or "").strip() if line else ""
     if bare(text.strip()):
         return list(gold_parsed(text.strip()))
     got = parse(text, parsing_timeout=None)
