@@ -74,7 +74,8 @@ def parse(args: list[str], prog: str) -> argparse.Namespace:
     ap.add_argument("--root", type=Path, default=Path(os.environ.get("GRPO_OUTPUT_ROOT", "outputs")),
                     help="where run dirs live, for a run name (default: $GRPO_OUTPUT_ROOT, else ./outputs)")
     if prog == "eval":
-        ap.add_argument("--out", type=Path, default=None, help="the metrics JSON (default RUN_DIR/eval/step_N.json)")
+        ap.add_argument("--out", type=Path, default=None, help="the metrics JSON (default RUN_DIR/eval/step_N.json; "
+                        "a directory: that name in it)")
     else:
         ap.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
         ap.add_argument("-n", type=int, default=1, help="samples per prompt (default 1)")
@@ -141,6 +142,19 @@ def default_out(t: Target) -> Path:
     return t.out_dir / (f"{base}.{t.data_label}.json" if t.data_label else f"{base}.json")
 
 
+def metrics_file(out: Optional[Path], t: Target) -> Path:
+    """Where the metrics JSON goes, checked before anything runs (an --out that is a directory crashed with
+    IsADirectoryError once the eval was done): --out DIR puts it there under its default name."""
+    path = default_out(t) if out is None else out / default_out(t).name if out.is_dir() else out
+    above = next((p for p in path.parents if p.exists()), None)
+    why = ("it is not a regular file" if path.exists() and not path.is_file()
+           else f"{above} is not a directory" if above is not None and not above.is_dir() else "")
+    if why:
+        raise ConfigError([Violation("eval_out", ("--out",), f"{path} cannot be written as a file ({why})",
+                                     "give a file path, or a directory to write it in")])
+    return path
+
+
 def _checked(spec: RunSpec) -> RunSpec:
     spec = dataclasses.replace(spec, dry_run=False)
     if spec.cluster.kind.value != "local":
@@ -176,10 +190,10 @@ def eval_main(args: list[str]) -> int:
     try:
         with training_preflight():  # eval scores the env's own prompts: env=toy's are counted as a launch's are
             t = target(ns)
+        out = metrics_file(ns.out, t)
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
-    out = ns.out or default_out(t)
     print(f"grpo-launcher: eval of {source_label(t)} on {val_source(t.spec)}", flush=True)
     metrics = run_workers(t, lambda trainer: trainer.validate())
     record = {"checkpoint": str(t.checkpoint) if t.checkpoint else None, "model_path": t.spec.model.path,
