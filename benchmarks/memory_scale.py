@@ -68,6 +68,10 @@ ROWS = {
                                                                             "train.fused_kernels=false"]),
     "1.5b-mid-unfused": ("1.5b", "torch", 16, 8, 256, 512, 4, ["rollout.gpu_memory_utilization=0.3",
                                                                "train.fused_kernels=false"]),
+    # megatron's local core attention (train.core_attention=local): [rows, heads, T, T] scores in every layer and its
+    # kept baddbmm scratch buffer, counted since 2026-12-06 (preflight/memory_estimate.py score_bytes); fits an H100
+    "1.5b-megatron-mid-local": ("1.5b", "megatron", 16, 8, 256, 512, 4, ["rollout.gpu_memory_utilization=0.3",
+                                                                          "train.core_attention=local"]),
 }
 
 

@@ -15,7 +15,7 @@ from grpo_launcher.preflight import memory_shapes as shapes
 from grpo_launcher.spec.compose import compose, load_spec, to_spec
 from grpo_launcher.spec.errors import ConfigError
 from grpo_launcher.spec.resolve import resolve
-from grpo_launcher.spec.schema import ModelSpec, Precision, RunSpec, TrainBackend, TrainSpec
+from grpo_launcher.spec.schema import ModelSpec, Precision, RolloutBackend, RunSpec, TrainBackend, TrainSpec
 from helpers import ROOT, launch
 
 NANOV3 = ["+recipe=nanov3", "cluster=slurm", "dry_run=true"]
@@ -202,14 +202,15 @@ def test_mamba_saved_bytes_by_hand_on_each_path():
     assert shapes.mamba_fixed_bytes(a, "fused", True) == 2 * 8 * 8 and shapes.mamba_fixed_bytes(a, "kernels", True) == 0
 
 
-def _saved_storages(fn) -> dict[int, int]:
-    """{storage pointer: bytes} of every tensor autograd saves while fn() runs."""
+def _saved_storages(fn, skip=lambda t: False) -> dict[int, int]:
+    """{storage pointer: bytes} of every tensor autograd saves while fn() runs (but those `skip` names)."""
     import torch
 
     seen: dict[int, int] = {}
 
     def pack(t):
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        if not skip(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -479,3 +480,257 @@ def test_the_decode_heavy_policy_workers_own_peak_is_its_train_phase(row, worker
     outside = mem.CUDA_CONTEXT_GIB + (mem.NCCL_GIB if worker.startswith("Megatron") else 0.0)
     predicted = mem.phase_reserved(e, "train") + outside
     assert -0.03 <= predicted / peak - 1 <= 0.05, (predicted, peak)
+
+
+# ------------------------------------------------------------------ the path that runs (attention, logprob head)
+
+GEMMA2_2B = dict(model_type="gemma2", num_hidden_layers=26, hidden_size=2304, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=256, intermediate_size=9216, vocab_size=256000,
+                 max_position_embeddings=8192, tie_word_embeddings=True)
+
+
+def _model_dir(tmp_path, name: str, **config) -> str:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    return str(d)
+
+
+def _gpu_spec(model_dir: str, family: str, **train) -> RunSpec:
+    """A one-GPU torch run (bf16) of the model in model_dir, sized as its config.json says (Gemma-2 2B's shape)."""
+    c = GEMMA2_2B
+    m = ModelSpec(name=family, family=family, path=model_dir, num_layers=c["num_hidden_layers"],
+                  hidden_size=c["hidden_size"], num_attention_heads=c["num_attention_heads"],
+                  num_kv_heads=c["num_key_value_heads"], ffn_hidden_size=c["intermediate_size"],
+                  vocab_size=c["vocab_size"], max_position_embeddings=8192, dtype=Precision.bfloat16)
+    s = RunSpec(model=m, train=TrainSpec(precision=Precision.bfloat16, **train))
+    return replace(s, cluster=replace(s.cluster, gpus_per_node=1, gpu_memory_gib=140.4))
+
+
+@pytest.mark.parametrize("config, eager", [
+    ({}, True),  # absent: Gemma2Config's default cap (50)
+    ({"attn_logit_softcapping": 5.0}, True),
+    ({"attn_logit_softcapping": None}, False),
+    ({"model_type": "gemma3_text"}, False),  # Gemma3TextConfig's default: None
+    ({"model_type": "gemma3_text", "attn_logit_softcapping": 20.0}, True),
+    ({"model_type": "llama"}, False),
+])
+def test_eager_attention_is_models_attention_choice(config, eager, tmp_path):
+    """memory_shapes.eager_attention reads config.json as files and decides as models/attention.py hf_attention does
+    with transformers' AutoConfig (the class default where the key is absent)."""
+    from grpo_launcher.models.attention import hf_attention
+
+    cfg = {**GEMMA2_2B, **config}
+    d = _model_dir(tmp_path, "m", **cfg)
+    assert (hf_attention(d).get("attn_implementation") == "eager") is eager
+    assert shapes.eager_attention(_gpu_spec(d, cfg["model_type"])) is eager
+    megatron = _gpu_spec(d, cfg["model_type"])
+    assert not shapes.eager_attention(replace(megatron, train=replace(megatron.train, backend=TrainBackend.megatron)))
+
+
+def test_eager_attention_scores_are_counted_in_the_update_and_the_logprob_pass(tmp_path):
+    """A softcapped Gemma-2 runs eager attention (models/attention.py): every layer saves its [heads, T, T] scores 3
+    times (tanh's output, the fp32 softmax, its bf16 cast: 8 B per score) and the logprob pass holds one layer's (10 B
+    per score in bf16) and the fp32 masks. Gemma-2 2B's shape, 2 rows of 2048 tokens: 26 × 8 × 8 heads × 2048 B per token = 6.5 GiB
+    more activations than the same model on sdpa (attn_logit_softcapping=null); b4e6e4d counted none of it."""
+    on = _gpu_spec(_model_dir(tmp_path, "on", **GEMMA2_2B), "gemma2", micro_batch_size=2, logprob_batch_size=4,
+                   max_total_sequence_length=2048)
+    off = replace(on, model=replace(on.model, path=_model_dir(tmp_path, "off", **GEMMA2_2B,
+                                                               attn_logit_softcapping=None)))
+    e_on, e_off = mem.estimate(on), mem.estimate(off)
+    tokens, lp_tokens, per_score = 2 * 2048, 4 * 2048, 8 * 2048  # heads × T per token
+    saved = 8 * per_score  # bytes per token and layer
+    assert e_on.policy["activations"].bytes - e_off.policy["activations"].bytes == 26 * saved * tokens
+    assert e_on.policy["activation work"].bytes - e_off.policy["activation work"].bytes == saved * tokens
+    assert "eager attention's [T, T] scores" in e_on.policy["activations"].how
+    fwd = 10 * per_score + 2 * 4 * 2048  # one layer's transient scores + the fp32 masks of the 2 layer types
+    assert e_on.phases["logprobs"] - e_off.phases["logprobs"] == pytest.approx(fwd * lp_tokens / shapes.GIB)
+    assert e_on.peak_gib - e_off.peak_gib > 6.5
+
+
+def test_eager_score_bytes_are_what_transformers_saves():
+    """eager_score_bytes against what autograd keeps for a tiny Gemma-2 (2 layers, 8 heads) on eager vs sdpa, fp32 and
+    bf16 autocast, one padded row of 256 tokens: the difference is the layers' scores, 8 B each, less SDPA's own
+    logsumexp [heads, T] fp32 per layer (the shared [1, 1, T, T] mask, which the CPU SDPA kernel saves, left out).
+    The peaks: benchmarks/eager_attention_memory.py (benchmarks/results/memory.md)."""
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    seq, heads, layers = 256, 8, 2
+    cfg = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=heads,
+               num_key_value_heads=4, head_dim=8, query_pre_attn_scalar=8, attn_logit_softcapping=50.0)
+    ids, mask = torch.randint(0, 64, (1, seq)), torch.ones(1, seq, dtype=torch.long)
+    mask[0, -3:] = 0  # a padded row: a 4-D mask, as the worker's batches have
+    a = shapes.Arch(hidden=32, heads=heads, kv_heads=4, head_dim=8, ffn=64, vocab=64, attention=layers, mlp=layers,
+                    moe=0, mamba=0)
+    for bf16, act in ((False, 4), (True, 2)):
+        saved = {}
+        for attn in ("eager", "sdpa"):
+            torch.manual_seed(0)
+            model = Gemma2ForCausalLM(Gemma2Config(**cfg, attn_implementation=attn)).train()
+            params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                got = _saved_storages(lambda: model(input_ids=ids, attention_mask=mask, use_cache=False),
+                                      skip=lambda t: t.untyped_storage().data_ptr() in params
+                                      or (t.dim() == 4 and t.shape[1] == 1 and t.shape[-1] == seq))
+            saved[attn] = sum(got.values())
+        lse = layers * heads * seq * 4
+        assert saved["eager"] - saved["sdpa"] == layers * shapes.eager_score_bytes(a, act, seq) * seq - lse, bf16
+
+
+def test_the_logits_term_follows_the_logprob_head_the_plan_prints(tmp_path):
+    """The torch worker's head is logit_heads.head_for's (the plan's "logprob head" line): whole logits where config.json
+    holds a post-processing the chunked head does not reproduce (a llama with logits_scaling: 2·2·V·L + 10·V·T, not
+    one chunk; b4e6e4d counted the chunk), one more fp32 [chunk, V] temporary where the chunked head applies the
+    family's transform (Gemma-2's final softcap), and tanh's saved [L, V] output on whole logits of a softcapped one."""
+    base = GEMMA2_2B | {"attn_logit_softcapping": None}
+    train = dict(micro_batch_size=2, logprob_batch_size=4, max_total_sequence_length=2048)
+    v, tokens, lp_tokens, c = 256000, 2 * 2048, 4 * 2048, 4096
+    llama = base | {"model_type": "llama"}
+    plain = mem.estimate(_gpu_spec(_model_dir(tmp_path, "llama", **llama), "llama", **train))
+    odd = _gpu_spec(_model_dir(tmp_path, "odd", **llama, logits_scaling=2.0), "llama", **train)
+    resp = odd.rollout.max_new_tokens * 2
+    e = mem.estimate(odd)
+    assert e.policy["logits"].bytes == 4 * v * tokens + 10 * v * resp and "whole logits: llama's" in e.policy[
+        "logits"].how
+    assert mem.logprob_head(odd).chunk == 0 and "logits_scaling=2.0" in mem.logprob_head(odd).why
+    assert plain.policy["logits"].bytes == 12 * v * c + (2 * 2304 + 16) * tokens  # chunked, no transform
+    capped = mem.estimate(_gpu_spec(_model_dir(tmp_path, "gemma2", **base), "gemma2", **train))
+    assert capped.policy["logits"].bytes - plain.policy["logits"].bytes == 4 * v * c
+    assert capped.policy["logprob logits"].bytes - plain.policy["logprob logits"].bytes == 4 * v * min(c, lp_tokens)
+    whole = _gpu_spec(_model_dir(tmp_path, "whole", **base), "gemma2", **train, logprob_chunk_tokens=0)
+    plain_whole = _gpu_spec(_model_dir(tmp_path, "lw", **llama), "llama", **train, logprob_chunk_tokens=0)
+    assert mem.estimate(whole).policy["logits"].bytes - mem.estimate(plain_whole).policy["logits"].bytes == \
+        2 * v * tokens
+    # megatron: chunked by the key, never a transform (pre-flight refuses those families there)
+    meg = replace(odd, train=replace(odd.train, backend=TrainBackend.megatron))
+    assert mem.logprob_head(meg).chunk == 4096 and mem.logprob_head(meg).transform is None
+
+
+@pytest.mark.parametrize("transform", [{"softcap": 30.0}, {"divide": 4.0}])
+def test_a_logit_transform_adds_one_fp32_chunk_to_the_heads_peak(transform):
+    """What the +4·V per chunk token rests on: algos/linear_logprobs' peak (the profiler's allocation events, CPU, fp32)
+    over the backward and over a no-grad forward, with the transform minus without, is one fp32 [chunk, V]."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from grpo_launcher.algos.linear_logprobs import linear_logprobs
+    from grpo_launcher.logit_heads import LogitTransform
+
+    n, h, v, c = 256, 16, 4096, 128
+
+    def peak(fn) -> int:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+        cur = top = 0
+        for _, b in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                           if e.name() == "[memory]"):
+            cur += b
+            top = max(top, cur)
+        return top
+
+    got = {}
+    for tr in (None, LogitTransform(**transform)):
+        torch.manual_seed(0)
+        hid, w = torch.randn(n, h, requires_grad=True), torch.randn(v, h, requires_grad=True)
+        t = torch.randint(0, v, (n,))
+        loss = linear_logprobs(hid, w, t, transform=tr, chunk=c)[0].sum()
+        with torch.no_grad():
+            fwd = peak(lambda: linear_logprobs(hid, w, t, transform=tr, chunk=c))
+        got[tr is None] = (peak(loss.backward), fwd)
+    for with_t, without in zip(got[False], got[True]):
+        assert with_t - without == pytest.approx(4 * v * c, rel=0.01)
+
+
+@pytest.mark.parametrize("bf16, act", [(0, 4), (1, 2)])
+def test_megatron_local_core_attention_saves_its_scores(bf16, act):
+    """train.core_attention=local (megatron's DotProductAttention, torch softmax): per token and layer the fp32 softmax
+    and its cast back ((act + 4) B per score; fp32: 4) and the key and value repeated to every head, beyond the
+    worker's SDPA core attention; measured with saved-tensor hooks on the CPU build (a subprocess: its own gloo group),
+    one row of 256 tokens, 8 heads / 2 KV heads of 16."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/eager_attention_memory.py"), "--megatron-local",
+                          str(bf16), "256", "8", "2", "16"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    a = shapes.Arch(hidden=128, heads=8, kv_heads=2, head_dim=16, ffn=256, vocab=64, attention=1, mlp=1, moe=0, mamba=0)
+    saved, fwd = mem.local_score_bytes(a, act, 256, 1)
+    assert got["local"] - got["sdpa"] == saved * 256 and fwd == 8 * 8 * 256
+
+
+def test_megatron_local_core_attention_is_counted(tmp_path):
+    """The megatron worker's train.core_attention=local: its scores in every layer (6 B per score in bf16 + the
+    repeated K, V) and megatron's kept baddbmm scratch buffer (resident: [rows · heads, T, T] bf16 for the larger of
+    the update's and the logprob pass's micro-batches); b4e6e4d counted SDPA's tensors whatever the key said."""
+    s = RunSpec(model=LLAMA_1B, train=TrainSpec(backend=TrainBackend.megatron, precision=Precision.bfloat16,
+                                                micro_batch_size=2, logprob_batch_size=4,
+                                                max_total_sequence_length=2048))
+    sdpa = replace(s, cluster=replace(s.cluster, gpus_per_node=1))
+    local = replace(sdpa, train=replace(sdpa.train, core_attention="local"))
+    e_sdpa, e_local = mem.estimate(sdpa), mem.estimate(local)
+    tokens, per_tok = 2 * 2048, 6 * 16 * 2048 + 2 * 2 * (2048 - 512)
+    assert e_local.policy["activations"].bytes - e_sdpa.policy["activations"].bytes == 24 * per_tok * tokens
+    buf = 2 * 4 * 16 * 2048 * 2048  # bf16 × 4 rows × 16 heads × T²
+    assert e_local.policy["attention score buffer"].bytes == buf and "attention score buffer" not in e_sdpa.policy
+    assert e_local.phases["generate"] - e_sdpa.phases["generate"] == pytest.approx(buf / shapes.GIB)
+    assert e_local.phases["logprobs"] - e_sdpa.phases["logprobs"] == pytest.approx(
+        (buf + 8 * 16 * 2048 * 4 * 2048) / shapes.GIB)
+
+
+def test_the_hf_engine_counts_its_eager_prefill(tmp_path):
+    """rollout=hf loads a softcapped model with eager attention too (rollout/hf.py, models/attention.py): its prefill
+    runs every prompt at once, one layer's [prompts, heads, W, W] scores (bf16 engine: 10 B per score, the CPU's
+    figure) + the masks; 16 prompts of 1024 tokens on Gemma-2 2B's shape: 1.25 GiB b4e6e4d did not count."""
+    spec = _gpu_spec(_model_dir(tmp_path, "g", **GEMMA2_2B), "gemma2", max_total_sequence_length=1024 + 256,
+                     global_batch_size=128)
+    spec = replace(spec, rollout=replace(spec.rollout, backend=RolloutBackend.hf, max_new_tokens=256),
+                   env=replace(spec.env, max_prompt_tokens=1024))
+    item = mem.estimate(spec).rollout["prefill scores"]
+    assert item.bytes == 16 * 1024 * (10 * 8 * 1024 + 8 * 1024)
+    off = replace(spec, model=replace(spec.model, path=_model_dir(tmp_path, "n", **GEMMA2_2B,
+                                                                  attn_logit_softcapping=None)))
+    assert "prefill scores" not in mem.estimate(off).rollout
+
+
+def test_dynamic_batching_stays_within_the_shape_the_estimate_counts():
+    """train.dynamic_batching (policy/microbatch.py plan, both workers): a micro-batch of n rows cut to its longest row
+    L and longest response R holds n·L ≤ micro_batch_size × max_total_sequence_length tokens, n·R ≤ micro_batch_size ×
+    max_new_tokens response positions and n·L² ≤ micro_batch_size × max_total_sequence_length² attention scores (eager
+    / local attention), on any lengths: the token budget is the very shape the estimate counts with it off, so the
+    estimate is the same either way (checked here on 200 seeded batches; no gap found, nothing changed)."""
+    import random
+
+    from grpo_launcher.policy import microbatch
+
+    rows, seq, resp = 4, 1280, 1024
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 64)
+        responses = [rng.randint(1, resp) for _ in range(n)]
+        lengths = [min(seq, r + rng.randint(1, 256)) for r in responses]
+        for g in microbatch.plan(lengths, responses, rows, seq, resp):
+            L, R = max(lengths[i] for i in g), max(responses[i] for i in g)
+            assert len(g) * L <= rows * seq and len(g) * R <= rows * resp and len(g) * L * L <= rows * seq * seq
+    base = spec_of(["cluster=slurm", "dry_run=true", "train.precision=bfloat16", "train.micro_batch_size=4",
+                    f"train.max_total_sequence_length={seq}", f"rollout.max_new_tokens={resp}"])
+    for backend in (TrainBackend.torch, TrainBackend.megatron):
+        off = replace(base, train=replace(base.train, backend=backend))
+        on = replace(off, train=replace(off.train, dynamic_batching=True))
+        assert mem.estimate(on).policy == mem.estimate(off).policy
+
+
+def test_a_plan_refused_for_local_attention_names_sdpa_as_the_fix():
+    """megatron with train.core_attention=local at 2 rows of 4096 tokens on H100s (Llama 3 8B, TP 8, engines asleep):
+    its scores do not fit (80.4 GiB), SDPA's count does (64.9); the refusal names the key and the fix."""
+    over = ["model=llama3_1_8b", "cluster=slurm", "dry_run=true", "cluster.gpus_per_node=8", "rollout=vllm",
+            "train.precision=bfloat16", "train.backend=megatron", "train.distributed_optimizer=true",
+            "train.tensor_parallel_size=8", "train.micro_batch_size=2", "train.logprob_batch_size=2",
+            "train.global_batch_size=128", "train.max_total_sequence_length=4096", "rollout.max_new_tokens=2048",
+            "env.max_prompt_tokens=2048", "rollout.sleep_mode=true"]
+    assert mem.estimate(load_spec(over)).fits
+    with pytest.raises(ConfigError) as info:
+        load_spec([*over, "train.core_attention=local"])
+    (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
+    assert "train.core_attention" in v.keys and v.fix.startswith("cheapest: train.core_attention=sdpa → peak")

@@ -38,6 +38,16 @@ input for the backward, which then allocates a zero-filled gradient of that shap
 as k·V·L + c·V·T bytes for L sequence and T response tokens (`LOGITS_COEF`: megatron k = 3a, c = 16; torch
 k = 2a, c = 2a + 6; a = compute dtype bytes).
 
+The path that runs decides the count: the logprob head is the one the plan prints (`logprob_head`: the torch
+worker's logit_heads.head_for, whole logits where config.json holds a logit post-processing the chunked head does not
+reproduce; the family's transform adds one fp32 [chunk, V] temporary; a softcapped family's own forward keeps tanh's
+[L, V] output on whole logits); attention that materialises [heads, T, T] scores adds them per layer (`score_bytes`:
+the torch worker's eager attention for softcapped families, models/attention.py; megatron's
+train.core_attention=local, with its kept scratch buffer), and rollout=hf's eager prefill holds one layer's.
+train.dynamic_batching needs nothing of its own: its token budget is micro_batch_size rows of
+max_total_sequence_length tokens (and max_new_tokens response positions), the shape counted here, and n rows of
+length L ≤ that budget hold n·L² ≤ micro_batch_size·T² scores (policy/microbatch.py; tests/unit/test_memory.py).
+
 Rollout engines (vLLM, Kwon et al. 2023, arXiv:2309.06180; vLLM docs, `gpu_memory_utilization`: the
 fraction of the GPU's *total* memory this engine instance may use, weights + activations + KV cache): the
 engine claims `rollout.gpu_memory_utilization × gpu_memory_gib` per GPU; weights are split over the engine's
@@ -81,6 +91,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ..logit_heads import HeadChoice, head_for, logit_transform, read_text_config
 from ..models.nemotron_h import mamba_train_path, planned_packages
 from ..plan import devices_per_node, engine_max_model_len, engine_sleeps, make_plan
 from ..spec.errors import Violation
@@ -90,7 +101,12 @@ from .memory_shapes import (
     Arch,
     ParamCounts,
     arch_of,
+    Layout,
+    attention_softcapped,
     dtype_bytes,
+    eager_attention,
+    eager_forward_score_bytes,
+    eager_score_bytes,
     gib,
     kv_bytes_per_token,
     largest_tensor,
@@ -126,7 +142,7 @@ LOGITS_COEF = {"megatron": lambda a: (3 * a, 16 if a == 2 else 20),
                "torch": lambda a: (2 * a, 2 * a + 6)}
 
 
-RESIDENT = ("weights", "grads", "optimizer", "reference")
+RESIDENT = ("weights", "grads", "optimizer", "reference", "attention score buffer")  # the buffer: core_attention=local
 FSDP_PARTS = ("fsdp gathered weights", "fsdp gradient buffers")  # torch with FSDP2 (DP > 1) only
 PHASE_PARTS = {  # what the policy holds in each phase (the engine: `engine_gib`)
     "generate": (*RESIDENT, "optimizer step temp"),  # held through the next rollout (phase_reserved)
@@ -181,18 +197,40 @@ def _fmt_params(n: float) -> str:
 
 
 def _chunked_logits(add: Callable[[str, float, str], None], a: Arch, v: float, act: int, chunk: int, tokens: float,
-                    lp_tokens: float) -> None:
+                    lp_tokens: float, transform: bool = False) -> None:
     """The chunked output layer (train.logprob_chunk_tokens, algos/linear_logprobs.py) over `tokens` positions: the
     torch worker's from the shortest prompt's end (counted as every token), megatron's the response tokens' (V: the
-    rank's vocabulary rows, V/TP; the hidden states whole on each TP rank). One chunk's logits at a time. Update: the backward's chunk (the compute-dtype GEMM output, fp32
-    logits, the fp32 gradient and its compute-dtype copy: (2a + 8)·V per token) + the saved compute-dtype hidden
-    states and fp32 per-token stats; the logprob pass: the forward's chunk (GEMM output, fp32 logits and softmax:
-    (a + 8)·V per token)."""
+    rank's vocabulary rows, V/TP; the hidden states whole on each TP rank). One chunk's logits at a time. Update: the
+    backward's chunk (the compute-dtype GEMM output, fp32 logits, the fp32 gradient and its compute-dtype copy:
+    (2a + 8)·V per token) + the saved compute-dtype hidden states and fp32 per-token stats; the logprob pass: the
+    forward's chunk (GEMM output, fp32 logits and softmax: (a + 8)·V per token). transform: the family's logit
+    post-processing (logit_heads.LogitTransform: Gemma's softcap, Granite's / Cohere's scale) makes one more fp32
+    [chunk, V] temporary in both (4·V per token: the profiler on CPU, tests/unit/test_memory.py)."""
     c, lp_c = min(chunk, tokens), min(chunk, lp_tokens)
-    add("logits", (2 * act + 8) * v * c + (act * a.hidden + 16) * tokens,
-        f"chunked: {2 * act + 8}·V × {c:.0f} tok (train.logprob_chunk_tokens={chunk}) + saved hidden")
-    add("logprob logits", (act + 8) * v * lp_c + (act * a.hidden + 16) * lp_tokens,
-        f"chunked, forward only: {act + 8}·V × {lp_c:.0f} tok + hidden")
+    x = 4 if transform else 0
+    why = " + the family's logit transform" if transform else ""
+    add("logits", (2 * act + 8 + x) * v * c + (act * a.hidden + 16) * tokens,
+        f"chunked: {2 * act + 8 + x}·V × {c:.0f} tok (train.logprob_chunk_tokens={chunk}){why} + saved hidden")
+    add("logprob logits", (act + 8 + x) * v * lp_c + (act * a.hidden + 16) * lp_tokens,
+        f"chunked, forward only: {act + 8 + x}·V × {lp_c:.0f} tok{why} + hidden")
+
+
+def softcapped_logits(spec: RunSpec) -> bool:
+    """The family's own forward caps its logits (Gemma's final_logit_softcapping: logit_heads.logit_transform)."""
+    tr = logit_transform(read_text_config(spec.model.path) or {"model_type": spec.model.family})
+    return tr is not None and tr.softcap is not None
+
+
+def logprob_head(spec: RunSpec) -> HeadChoice:
+    """The policy's logprob head as the worker builds it: the torch worker's logit_heads.head_for (the plan's "logprob
+    head" line: whole logits where config.json holds a post-processing the chunked head does not reproduce);
+    megatron's is chunked by train.logprob_chunk_tokens, without a transform (softcapped or scaled families are
+    refused there), and whole logits with sequence parallelism (the worker refuses SP: counted as whole)."""
+    t = spec.train
+    if t.backend == TrainBackend.torch:
+        return head_for(spec.model.path, spec.model.family, t.logprob_chunk_tokens)
+    chunk = 0 if layout_of(spec).sp else t.logprob_chunk_tokens
+    return HeadChoice(chunk, None, "")
 
 
 def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -> None:
@@ -255,8 +293,11 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
     mamba = mamba or (mamba_path_of(spec)[0] if a.mamba and backend == "torch" else "torch")
     fused = megatron_swiglu_fused(spec) and a.gated
     per_kind = layer_activation_bytes(a, backend, act, autocast, lay, mamba=mamba, seq=seq, fused=fused)
-    layers = per_layer_list(a, per_kind)
-    stage = layers[: max(1, math.ceil(len(layers) / lay.pp))]
+    on_stage = max(1, math.ceil(a.layers / lay.pp))  # the first PP stage's layers
+    plain = per_layer_list(a, per_kind)[:on_stage]
+    scores, lp_scores, score_how = score_bytes(spec, a, act, seq, lay)  # eager / local attention's [T, T] scores
+    per_kind = {**per_kind, "attention": per_kind["attention"] + scores}
+    stage = per_layer_list(a, per_kind)[:on_stage]
     rows = t.global_batch_size // max(lay.dp, 1)
     in_flight = min(lay.pp, max(1, math.ceil(rows / t.micro_batch_size))) if lay.pp > 1 else 1
     rep = lay.tp if lay.sp else 1
@@ -275,7 +316,7 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
     else:
         stored = sum(stage) * tokens * in_flight
         how = f"{sum(stage) / len(stage) / 1024:.1f} KiB/tok/layer × {len(stage)} layers × {tokens:.0f} tok" + (
-            " (fused SwiGLU)" if fused else "")
+            " (fused SwiGLU)" if fused else "") + score_how
         work = max(max(stage), ssm_work) * tokens
     if in_flight > 1:
         how += f" × {in_flight} micro-batches in flight (1F1B)"
@@ -283,28 +324,34 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
         how += f" (Mamba-2 on the {mamba} path: {per_kind['mamba'] / 1024:.1f} KiB/tok each)"
         stored += a.mamba * mamba_fixed_bytes(a, mamba, autocast)
     add("activations", stored + final * tokens, how)
+    buf = score_buffer_bytes(spec, a, act, seq, lay)
+    if buf:
+        add("attention score buffer", buf, f"{act} B × {max(t.micro_batch_size, t.logprob_batch_size)} rows × "
+            f"{a.heads / lay.tp:g} heads × T² (megatron's global memory buffer: baddbmm's scratch, kept)")
     add("activation work", work, "one layer re-materialised/back-propagated" if ckpt else "one layer's gradients")
     v = a.vocab / lay.tp
     lp_tokens, lp_rtokens = t.logprob_batch_size * seq / lay.cp, t.logprob_batch_size * resp / lay.cp
-    # megatron: over the response tokens (policy/megatron_policy.py _token_stats); not with sequence parallelism
-    # (the worker has no such path: it refuses SP, which needs Transformer Engine), counted as whole logits
-    if t.logprob_chunk_tokens and not (backend == "megatron" and lay.sp):
+    # megatron: over the response tokens (policy/megatron_policy.py _token_stats)
+    head = logprob_head(spec)
+    if head.chunk:
         n, lp_n = (tokens, lp_tokens) if backend == "torch" else (rtokens, lp_rtokens)
-        _chunked_logits(add, a, v, act, t.logprob_chunk_tokens, n, lp_n)
+        _chunked_logits(add, a, v, act, head.chunk, n, lp_n, transform=head.transform is not None)
     else:
         lead, c = LOGITS_COEF[backend](act)
-        add("logits", lead * v * tokens + c * v * rtokens,
-            f"{lead}·V·L + {c}·V·T = V {v:.0f} × (L {tokens:.0f}, T {rtokens:.0f} tok)")
+        cap = act if backend == "torch" and softcapped_logits(spec) else 0  # the family's forward: tanh keeps [L, V]
+        add("logits", (lead + cap) * v * tokens + c * v * rtokens,
+            f"{lead + cap}·V·L + {c}·V·T = V {v:.0f} × (L {tokens:.0f}, T {rtokens:.0f} tok)"
+            + (f" ({head.why})" if t.logprob_chunk_tokens and head.why else ""))
         add("logprob logits", 2 * act * v * lp_tokens + 12 * v * lp_rtokens,
             f"forward only: {2 * act}·V·L + 12·V·T for train.logprob_batch_size={t.logprob_batch_size}")
 
     g = lambda *keys: sum(it[k].bytes for k in keys if k in it)  # noqa: E731
-    resident = g("weights", "grads", "optimizer", "reference")
+    resident = g(*RESIDENT)
     cast = g("autocast copies") + g("fsdp gathered weights")  # FSDP2: the unsharded compute copies instead
     est.phases = {
         "generate": gib(resident),
         # (the frozen reference model's casts are not cached: autocast caches leaves that require grad)
-        "logprobs": gib(resident + cast + g("logprob logits") + 2 * max(stage) * lp_tokens),
+        "logprobs": gib(resident + cast + g("logprob logits") + (2 * max(plain) + lp_scores) * lp_tokens),
         "train": gib(resident + cast + g("activations", "activation work", "logits", "fsdp gradient buffers")),
         "optimizer step": gib(resident + g("optimizer step temp")),
     }
@@ -332,6 +379,44 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
                              "up to 2x their tokens; counted as the packed rows")
     if backend == "megatron" and (lay.pp > 1 or lay.cp > 1 or lay.sp or a.experts):
         est.notes.append("extrapolated: PP/CP/SP/MoE activation terms (calibrated on dense TP=1 only)")
+
+
+def score_bytes(spec: RunSpec, a: Arch, act: int, seq: int, lay: Layout) -> tuple[float, float, str]:
+    """(bytes per token one attention layer saves for its backward beyond SDPA's count, bytes per token of one layer's
+    forward transient without grad, the `how` words) for attention that materialises the [heads, T, T] scores: the
+    torch worker's eager attention (memory_shapes.eager_attention: softcapped families) and megatron's local core
+    attention (train.core_attention=local: `local_score_bytes`). 0 for SDPA / flash, which never store them."""
+    if eager_attention(spec):
+        saved, fwd = eager_score_bytes(a, act, seq), eager_forward_score_bytes(a, act, seq)
+        return saved, fwd, f" + eager attention's [T, T] scores ({saved / a.heads / seq:.0f} B × {a.heads} heads × " \
+                           f"T {seq} per token and layer: attn_logit_softcapping, models/attention.py)"
+    if spec.train.backend == TrainBackend.megatron and spec.train.core_attention == "local":
+        saved, fwd = local_score_bytes(a, act, seq, lay.tp)
+        return saved, fwd, f" + local core attention's [T, T] scores ({act + 4 if act < 4 else 4} B × " \
+                           f"{a.heads / lay.tp:g} heads × T {seq} per token and layer: train.core_attention=local)"
+    return 0.0, 0.0, ""
+
+
+def local_score_bytes(a: Arch, act: int, seq: int, tp: int) -> tuple[float, float]:
+    """megatron's local DotProductAttention (megatron/core/transformer/dot_product_attention.py, the torch softmax
+    path: masked_softmax_fusion off), per token and layer on one TP rank: (saved, forward transient without grad).
+    Saved: the fp32 softmax and its cast back for the second bmm (act + 4 B per score; 4 in fp32, where the cast is a
+    no-op) and the key and value repeated to every query head (repeat_interleave; SDPA keeps the KV heads):
+    2·act·(q − kv)/TP. Forward: baddbmm's output and its fp32 copy, then the softmax's fp32 input and output: 8 B
+    per score. Checked with saved-tensor hooks on the CPU build (benchmarks/results/memory.md)."""
+    heads = a.heads / tp
+    saved = (act + 4 if act < 4 else 4) * heads * seq + 2 * act * (a.q_dim - a.kv_dim) / tp
+    return saved, 8 * heads * seq
+
+
+def score_buffer_bytes(spec: RunSpec, a: Arch, act: int, seq: int, lay: Layout) -> float:
+    """megatron's local core attention computes the raw scores with baddbmm over a scratch tensor from megatron's
+    global memory buffer ([rows · heads/TP, T, T] in the compute dtype), which is kept and grown to the largest
+    micro-batch it served (the logprob pass's or the update's): resident from the first forward on."""
+    if spec.train.backend != TrainBackend.megatron or spec.train.core_attention != "local":
+        return 0.0
+    rows = max(spec.train.micro_batch_size, spec.train.logprob_batch_size)
+    return act * rows * a.heads / lay.tp * (seq / lay.cp) * seq
 
 
 MAMBA_WORDS = {"torch": "pure-torch (transformers' reference scan, chunk-padded)",
@@ -455,6 +540,12 @@ def rollout_estimate(spec: RunSpec, est: Estimate) -> None:
     it["KV cache"] = Item("KV cache", seqs * mml * per_tok, f"{seqs:.0f} seq × {mml} tok × "
                           f"{per_tok / 1024:.1f} KiB (generate's dynamic cache)")
     it["sampling logits"] = Item("sampling logits", 3 * 4 * seqs * a.vocab, "fp32 logits/probs of one step")
+    if attention_softcapped(spec):  # eager attention (models/attention.py): the prefill's [prompts, heads, W, W]
+        width = mml - spec.rollout.max_new_tokens
+        prompts = seqs / spec.grpo.num_generations_per_prompt if not a.mamba else seqs  # rollout/hf.py sample
+        it["prefill scores"] = Item("prefill scores", prompts * width * eager_forward_score_bytes(a, db, width),
+                                    f"eager attention: {prompts:.0f} prompts × {a.heads} heads × {width}² scores "
+                                    "of one layer (the prompts' prefill, at once)")
     if a.mamba:  # generate's cache: per sequence and Mamba-2 layer the SSM state [h, p, n] and conv state [cd, K]
         md = mamba_dims(a)
         it["Mamba states"] = Item("Mamba states", seqs * a.mamba * (md.d * md.n + md.cd * a.conv) * db,

@@ -103,6 +103,8 @@ def _fixes(spec: RunSpec, est: Estimate) -> list[str]:
             return True
         return False
 
+    if t.backend == TrainBackend.megatron and t.core_attention == "local":  # no [T, T] scores (score_bytes)
+        attempt("train.core_attention=sdpa", _with(spec, "train", core_attention="sdpa"))
     if est.policy_phase == "train" and t.micro_batch_size > 1:
         mb = t.micro_batch_size // 2
         while mb >= 1 and not attempt(f"train.micro_batch_size={mb}", _with(spec, "train", micro_batch_size=mb)):
@@ -198,6 +200,8 @@ def violations(spec: RunSpec) -> list[Violation]:
             keys = tuple(k for k in keys if k != "train.tensor_parallel_size")
         if r.backend == RolloutBackend.vllm:
             keys = (*keys, "rollout.sleep_mode")
+        if t.backend == TrainBackend.megatron and t.core_attention == "local":
+            keys = (*keys, "train.core_attention")
         if r.backend == RolloutBackend.vllm and r.kv_cache_memory_mb is not None:  # the engine's size is the user's
             keys = tuple(k for k in keys if k != "rollout.gpu_memory_utilization") + ("rollout.kv_cache_memory_mb",)
         phase = est.peak_phase

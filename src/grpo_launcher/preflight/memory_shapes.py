@@ -15,7 +15,9 @@ Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Larg
 arXiv:2205.05198, §4): count the tensors each layer saves for its backward, per token. Their GPT layer
 gives s·b·h·(34 + 5·a·s/h) bytes; our layers differ (no dropout masks, SwiGLU, GQA, RMSNorm, and SDPA/flash
 attention, which never stores the a·s² score matrices: Dao et al. 2022, arXiv:2205.14135), so
-`layer_activation_bytes` counts our code's tensors the same way. The per-token coefficients were checked
+`layer_activation_bytes` counts our code's tensors the same way. Where the score matrices are stored after all
+(transformers' eager attention for softcapped families, megatron's local core attention) they are added per layer:
+`eager_score_bytes` and memory_estimate.local_score_bytes. The per-token coefficients were checked
 tensor by tensor with torch.autograd.graph.saved_tensors_hooks on both workers' models (CPU build, bf16
 autocast / bf16 megatron; per layer and token: torch 30h + 4kv + 8f, megatron 20h + 6q + 6kv + 10f; for the
 1.21 B Llama shape 108,544 B and 112,640 B). On GPUs the megatron worker fuses SwiGLU (train.fused_kernels), which
@@ -35,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..logit_heads import read_text_config
 from ..models.nemotron_h import memory_layout
 from ..plan import train_devices, world_size
 from ..spec.model_dir import model_facts
@@ -257,6 +260,49 @@ def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay:
     ssm = (norm + (act * (2 * di + 2 * gn + mh) * 2 + act * (di + 2 * gn) + 8 * di + 2 * act * di) / tp
            if a.mamba else 0.0)
     return {"attention": attn, "mlp": mlp, "moe": moe, "mamba": ssm}
+
+
+# transformers 5's config classes that cap attention logits when config.json omits attn_logit_softcapping (their
+# configuration_*.py defaults: Gemma-2's and VaultGemma's 50; Gemma-3's is None)
+ATTN_SOFTCAP_DEFAULTS = {"gemma2": 50.0, "vaultgemma": 50.0}
+
+
+def attention_softcapped(spec: RunSpec) -> bool:
+    """The model caps its attention logits, so transformers runs it with eager attention, the policy and rollout=hf's
+    engine alike: models/attention.py `hf_attention`'s choice, read here as files (config.json's
+    attn_logit_softcapping, else the config class's default; the family's default where the directory is not readable
+    here, as logit_heads.head_for)."""
+    cfg = read_text_config(spec.model.path) or {"model_type": spec.model.family}
+    key = "attn_logit_softcapping"
+    cap = cfg[key] if key in cfg else ATTN_SOFTCAP_DEFAULTS.get(str(cfg.get("model_type")))
+    return bool(cap)
+
+
+def eager_attention(spec: RunSpec) -> bool:
+    """The torch worker's policy runs transformers' eager attention (`attention_softcapped`). The megatron worker never
+    does (its core attention is train.core_attention's; softcapped families are refused there)."""
+    return spec.train.backend == TrainBackend.torch and attention_softcapped(spec)
+
+
+def eager_score_bytes(a: Arch, act: int, seq: int) -> float:
+    """Bytes per token one layer of transformers' eager attention (eager_attention_forward, softcapped) saves for its
+    backward beyond SDPA, for rows of `seq` tokens: the [heads, seq] scores of each token three times, tanh's output
+    (`act` bytes), the fp32 softmax (4) and its cast back to the compute dtype for the second matmul (`act`; the same
+    tensor when act = 4): 8 bytes per score in bf16 and fp32. Checked with saved-tensor hooks and the process's peak
+    RSS on a CPU Gemma-2 (benchmarks/eager_attention_memory.py; benchmarks/results/memory.md). A micro-batch of n
+    rows cut to its own longest row L (train.dynamic_batching) holds n·L² ≤ micro_batch_size·seq² scores: the
+    full-length rows are the bound."""
+    return (2 * act + 4 if act < 4 else 8) * a.heads * seq
+
+
+def eager_forward_score_bytes(a: Arch, act: int, seq: int) -> float:
+    """Bytes per token of one eager attention layer's transient scores in a forward without grad (the logprob pass,
+    the hf engine's prefill): the largest moment is the mask's add, whose fp32 mask promotes bf16 scores (CPU: the
+    bf16 input, a promoted copy and the fp32 sum, act + 8 bytes per score), or the fp32 softmax's input and output
+    (8); plus the fp32 [T, T] masks eager attention is given, one per layer type (Gemma-2: full and sliding, 2 × 4 B
+    × T per token; SDPA's are bool). Measured on the CPU (the same file); a GPU adds without the promoted copy (6 B
+    per score): counted as the CPU's."""
+    return (act + 8 if act < 4 else 8) * a.heads * seq + 2 * 4 * seq
 
 
 def megatron_swiglu_fused(spec: RunSpec) -> bool:
