@@ -92,6 +92,14 @@ def test_csv_headers_and_rows_that_would_be_misread_are_named(tmp_path):
     assert "1 row with fewer cells than the header names (2): line 2" in refusal(tmp_path / "short.csv")
 
 
+def test_rows_nested_under_a_key_are_named(tmp_path):
+    """The HF datasets-server's lines ({"row_idx", "row": {...}}): 'no row has 'question'' now says where they are."""
+    (tmp_path / "api.jsonl").write_text(jsonl([{"row_idx": 0, "row": ROWS[0], "truncated_cells": []}]))
+    assert "the columns: row, row_idx, truncated_cells (the rows are objects under 'row'" in refusal(
+        tmp_path / "api.jsonl"
+    )
+
+
 def test_a_nan_answer_is_an_empty_one(tmp_path):
     """JSON's NaN (pandas writes it for a missing number): at HEAD the row trained with the answer 'NaN'."""
     (tmp_path / "nan.jsonl").write_text('{"question": "q1", "answer": NaN}\n{"question": "q2", "answer": 4}\n')

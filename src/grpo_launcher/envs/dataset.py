@@ -297,8 +297,16 @@ def check_rows(table: Table, env: EnvSpec, key: str) -> None:
     missing = next((i for what, rows in bad.items() if what.startswith("without") and what not in everywhere
                     for i in rows[:1]), None)
     hint = "" if missing is None else f"{table.where(missing)} has the keys {sorted(table.rows[missing])}"
-    hint = f"the columns: {', '.join(table.columns)}" if everywhere else hint
+    hint = f"the columns: {', '.join(table.columns)}{nested(table, env.prompt_key)}" if everywhere else hint
     raise DataError(f"{key}: {table.path}:{lines_of(lines + ([hint] if hint else []))}")
+
+
+def nested(table: Table, key: str) -> str:
+    """' (the rows are objects under 'row': write each row's 'row' as the line)' when a column holds objects with the
+    key (the HF datasets-server's {"row_idx", "row"} lines), else ''."""
+    first = table.rows[0]
+    under = next((c for c in table.columns if isinstance(first.get(c), dict) and key in first[c]), None)
+    return f" (the rows are objects under {under!r}: write each row's {under!r} as the line)" if under else ""
 
 
 def empty(value: Any) -> bool:
