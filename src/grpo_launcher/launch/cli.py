@@ -142,12 +142,14 @@ def status(args: list[str]) -> int:
     s = info.get("slurm", {})
     rows = [("run", info["name"]),
             ("state", info["state"] + (f"  ({info['note']})" if info["note"] else "")),
-            ("job", f"{info['job_id']}  (start #{info['restarts'] or 0}; job ids {', '.join(info['job_ids'])})")]
+            ("job", "local" if info.get("kind") == "local"  # no Slurm job: no start count, no job ids
+             else f"{info['job_id']}  (start #{info['restarts'] or 0}; job ids {', '.join(info['job_ids'])})")]
     if s:
         rows.append(("slurm", f"{s.get('JobState')} on {s.get('NodeList')}  run time {s.get('RunTime')} / "
                               f"{s.get('TimeLimit')}  restarts {s.get('Restarts')}  reason {s.get('Reason')}"))
     if info["step"]:
-        rows.append(("step", f"{info['step']}  (last step line of the driver log)"))
+        where = "the last step in metrics.jsonl" if info.get("kind") == "local" else "last step line of the driver log"
+        rows.append(("step", f"{info['step']}  ({where})"))
     if info.get("timing"):
         rows.append(("time", info["timing"]))
     if info.get("phase"):
@@ -158,7 +160,8 @@ def status(args: list[str]) -> int:
         rows.append(("message", info["message"]))
     rows += [("run dir", info["run_dir"]), ("driver log", info["driver_log"]), ("slurm log", info["slurm_log"])]
     for key, value in rows:
-        print(f"{key:11s}{value}")
+        if value is not None:  # a local run has no Slurm log ('slurm log None' was printed)
+            print(f"{key:11s}{value}")
     return ExitCode.OK
 
 

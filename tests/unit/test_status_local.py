@@ -1,0 +1,26 @@
+"""`launch.py status RUN` of a cluster=local run: what it has, nothing of a Slurm job's it does not have."""
+
+from __future__ import annotations
+
+import json
+
+from grpo_launcher.launch.local_status import recorded
+from grpo_launcher.plan import make_plan
+from grpo_launcher.spec.compose import load_spec
+
+
+def test_status_of_a_local_run_shows_no_slurm_fields(launch_here, tmp_path):
+    """Was 'job local  (start #0; job ids )' (a resumed run too: no start is counted for a local run), 'slurm log
+    None', and a step said to come from the driver log's step lines (it is metrics.jsonl's last step)."""
+    spec = load_spec([f"output_root={tmp_path}", "name=loc", "logging.mlflow=false", "grpo.max_steps=4"])
+    plan = make_plan(spec)
+    for _ in range(2):  # a run and its resume, recorded as a local launch records them
+        with recorded(spec, plan) as rec:
+            rec["rc"] = 0
+    (plan.run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4)))
+    r = launch_here(tmp_path, "status", "loc", "--root", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = {line[:11].strip(): line[11:] for line in r.stdout.splitlines()}
+    assert rows["job"] == "local" and rows["step"] == "4/4  (the last step in metrics.jsonl)", r.stdout
+    assert "slurm log" not in rows and "None" not in r.stdout and "start #" not in r.stdout, r.stdout
+    assert rows["driver log"] == str(plan.run_dir / "logs" / "driver-local.log")
