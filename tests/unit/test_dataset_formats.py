@@ -220,6 +220,20 @@ def test_the_answer_column_as_the_prompt_is_refused(tmp_path, launch_here):
            "would be shown the answer in its prompt" in run.stderr  # fmt: skip
 
 
+def test_exact_match_on_worked_solutions_is_warned_of(tmp_path, launch_here):
+    """env=dataset's default reward (exact_match) on GSM8K's answer column: only the whole solution text scores, so
+    every reward is 0; at HEAD nothing was said (the own-answer check passes: the answer matches itself)."""
+    data = tmp_path / "gsm.jsonl"
+    data.write_text(jsonl([{"question": "48 clips, half as many in May: total?", "answer": "48/2 = 24\n#### 72"}]))
+    args = [f"env.train_path={data}", f"env.val_path={data}", "env.prompt_key=question", "env.max_prompt_tokens=0"]
+    run = launch_here(tmp_path, "env=dataset", *args, "dry_run=true")
+    assert run.returncode == 0, run.stderr
+    assert f"warning: 1 of 1 answers in {data} are worked solutions" in run.stderr, run.stderr
+    assert "every reward would be 0; use env=math" in run.stderr
+    run = launch_here(tmp_path, "env=math", *args, "train.max_total_sequence_length=128", "dry_run=true")
+    assert run.returncode == 0 and "worked solutions" not in run.stderr, run.stderr
+
+
 # --------------------------------------------------------------------------- answers
 @pytest.mark.parametrize(
     "answer, completion, verdict",

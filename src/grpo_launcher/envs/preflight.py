@@ -284,6 +284,8 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
     if "train" in tables:
         yield from _check_epochs(s, len(tables["train"].rows))
         warn_of_repeats(e, tables)
+        if not R.reward_refs(e) and cls.DEFAULT_REWARD == DatasetEnv.DEFAULT_REWARD and e.answer_key:
+            warn_of_solutions(e, tables["train"])
     if tables:
         yield from check_prompts(s, tables)
 
@@ -517,6 +519,18 @@ def warn_of_repeats(e: Any, tables: dict) -> None:
         also = " (env.val_path is env.train_path)" if Path(e.val_path).resolve() == Path(e.train_path).resolve() else ""
         warn(f"{len(same)} of {len(val.rows)} validation prompts are also training prompts{also}: validation "
              f"rewards will not measure held-out accuracy; the first at {val.where(same[0])}")
+
+
+def warn_of_solutions(e: Any, train: Any) -> None:
+    """env=dataset's default reward (exact match with the answer) on answers that are worked solutions (GSM8K's
+    `#### 72`, MATH's `\\boxed{}`): no completion matches a whole solution, every reward would be 0."""
+    texts = (answer_text(row[e.answer_key]) for row in train.rows)
+    worked = [i for i, text in enumerate(texts) if "####" in text or "\\boxed" in text]
+    if len(worked) * 2 > len(train.rows):
+        warn(f"{len(worked)} of {len(train.rows)} answers in {train.path} are worked solutions (`####` / `\\boxed`; "
+             f"the first at {train.where(worked[0])}), and env={e.name}'s reward compares the whole completion with "
+             "the whole answer (exact_match): every reward would be 0; use env=math (graded by the final answer) "
+             "or env.reward_fn")
 
 
 def _check_epochs(s: RunSpec, rows: int) -> Iterator[Violation]:
