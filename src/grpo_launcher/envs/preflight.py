@@ -284,7 +284,7 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
     if "train" in tables:
         yield from _check_epochs(s, len(tables["train"].rows))
         warn_of_repeats(e, tables)
-        if not R.reward_refs(e) and cls.DEFAULT_REWARD == DatasetEnv.DEFAULT_REWARD and e.answer_key:
+        if not R.reward_refs(e) and getattr(cls, "DEFAULT_REWARD", None) == DatasetEnv.DEFAULT_REWARD and e.answer_key:
             warn_of_solutions(e, tables["train"])
     if tables:
         yield from check_prompts(s, tables)
