@@ -250,6 +250,23 @@ def test_a_list_of_numbers_is_its_answers(answer, completion, verdict):
     assert math_verify_match("q", completion, answer=answer) == verdict
 
 
+def test_exact_match_takes_a_whole_float_as_its_integer(tmp_path):
+    """pandas makes an integer column with a missing value float64; dropping that row leaves 5.0: env=dataset's
+    exact_match compared '5' with '5.0' and scored every correct completion 0 (at HEAD)."""
+    import pandas as pd
+
+    from grpo_launcher.envs import make_env
+    from grpo_launcher.spec.compose import load_spec
+
+    df = pd.DataFrame({"prompt": ["2+3?", "1+1?"], "answer": [5, None]}).dropna()
+    df.to_parquet(tmp_path / "a.parquet")
+    path = tmp_path / "a.parquet"
+    env = make_env(load_spec(["env=dataset", f"env.train_path={path}", f"env.val_path={path}"]))
+    prompt = env.train_prompts(1, 0, 1)[0]
+    assert prompt.row["answer"] == 5.0
+    assert [env.score(prompt, c) for c in ("5", "5.0", " 5\n", "6", "50")] == [1.0, 1.0, 1.0, 0.0, 0.0]
+
+
 def test_preflight_warns_of_repeated_prompts(tmp_path, launch_here):
     """Validation prompts that are also training prompts (validation then measures recall), and one prompt given two
     answers: a warning each, naming a row (at HEAD nothing was said). A list answer [1, 2] is not called

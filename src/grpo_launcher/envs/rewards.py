@@ -32,8 +32,11 @@ def last_number_match(prompt: Any, completion: str, answer: Any = None, **_: Any
 
 
 def exact_match(prompt: Any, completion: str, answer: Any = None, **_: Any) -> float:
-    """1.0 when the stripped completion equals the answer."""
-    return 1.0 if completion.strip() == str(answer).strip() else 0.0
+    """1.0 when the stripped completion equals the answer; a whole number stored as a float (5.0: pandas' integer
+    column with a missing value becomes float64) also as the integer (5)."""
+    got = completion.strip()
+    whole = isinstance(answer, float) and answer.is_integer() and got == str(int(answer))
+    return 1.0 if got == str(answer).strip() or whole else 0.0
 
 
 @dataclass
