@@ -149,7 +149,7 @@ def test_a_tool_call_turn_without_content_is_a_prompt(tmp_path):
 
 def test_openai_content_parts_are_given_as_their_text(tmp_path):
     """content=[{"type": "text", "text": ...}]: a text-only template printed the list's repr ("[{'type': ...")."""
-    parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+3?"}]
+    parts = [{"type": "text", "text": "What is "}, {"type": "input_text", "text": "2+3?"}]  # input_text: Responses API
     rows = [{"question": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": parts}], "answer": 5}]
     (tmp_path / "parts.jsonl").write_text(jsonl(rows))
     assert read(tmp_path / "parts.jsonl")[0]["question"] == [

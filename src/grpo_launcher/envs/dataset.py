@@ -341,6 +341,9 @@ def prompt_problem(prompt: Any) -> Optional[str]:
     return None
 
 
+TEXT_PARTS = ("text", "input_text")  # Chat Completions' and the Responses API's text part types
+
+
 def text_parts(prompt: Any) -> Any:
     """A message list with OpenAI-style content parts ([{"type": "text", "text": ...}]) as the text it holds (what a
     template that reads parts renders; a text-only template would print the list); any other value as it is."""
@@ -349,7 +352,7 @@ def text_parts(prompt: Any) -> Any:
     out = []
     for m in prompt:
         parts = m.get("content") if isinstance(m, dict) else None
-        if isinstance(parts, list) and parts and all(isinstance(x, dict) and x.get("type") == "text"
+        if isinstance(parts, list) and parts and all(isinstance(x, dict) and x.get("type") in TEXT_PARTS
                                                      and isinstance(x.get("text"), str) for x in parts):
             m = {**m, "content": "".join(x["text"] for x in parts)}
         out.append(m)
