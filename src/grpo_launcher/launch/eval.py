@@ -40,8 +40,10 @@ from ..runfiles import load_spec_file
 from ..spec.compose import _override_key, load_spec, spec_to_yaml, to_spec
 from ..spec.errors import ConfigError, Violation
 from ..spec.schema import RunSpec
+from ..tracking.repro import REPRO
 from . import execute
 from .preflight import Launch
+from .repro import work_from_launch_dir
 
 if TYPE_CHECKING:
     from ..train.driver import Trainer
@@ -92,7 +94,13 @@ def target(ns: argparse.Namespace) -> Target:
     path = Path(ns.target)
     run_dir = next((p for p in (path, ns.root / ns.target) if (p / "spec.yaml").is_file()), None)
     if run_dir is not None:
-        return _run_target(run_dir.resolve(), ns.step, ns.overrides)
+        run_dir = run_dir.resolve()
+        if getattr(ns, "out", None) is not None:
+            ns.out = ns.out.absolute()  # --out is the caller's, before the working directory changes
+        # the spec's relative paths (env.val_path=data/val.jsonl) are the launch directory's: from elsewhere, eval
+        # read the same name in this directory (another file, or none)
+        work_from_launch_dir(run_dir / REPRO / "git.json")
+        return _run_target(run_dir, ns.step, ns.overrides)
     if (path / "config.json").is_file():
         if ns.step is not None:
             raise ConfigError([Violation("eval_step", ("--step",), f"{path} is a model directory, not a run dir: "

@@ -43,7 +43,7 @@ def rerun(args: list[str], single_run: Callable[..., int]) -> int:
     if incomplete:
         print(ConfigError(incomplete).render(), file=sys.stderr)
         return 2
-    _launch_dir(ns.run_dir / REPRO / "git.json")
+    work_from_launch_dir(ns.run_dir / REPRO / "git.json")
     _say_code_drift(ns.run_dir / REPRO / "git.json")
     _say_input_drift(ns.run_dir, ns.overrides)
     print(f"grpo-launcher: rerunning {ns.run_dir}", flush=True)
@@ -91,8 +91,9 @@ def saved_config(spec_file: Path, overrides: list[str]) -> tuple[Any, list[Viola
     return cfg, []
 
 
-def _launch_dir(git_file: Path) -> None:
-    """Work from the directory the run was launched in: its spec's relative paths are relative to it."""
+def work_from_launch_dir(git_file: Path) -> None:
+    """Work from the directory the run was launched in: its spec's relative paths are relative to it (rerun, and
+    eval / generate of a run dir)."""
     try:
         then = json.loads(git_file.read_text()).get("cwd")
     except (OSError, ValueError):
