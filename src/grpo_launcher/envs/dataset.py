@@ -114,11 +114,15 @@ def file_format(p: Path) -> tuple[str, bool]:
 
 
 def read_bytes(p: Path, key: str) -> bytes:
-    """The file's bytes, un-gzipped when its name ends in .gz (DataError when it is not gzip data)."""
-    if not file_format(p)[1]:
-        return p.read_bytes()
+    """The file's bytes, un-gzipped when its name ends in .gz (DataError when it is not gzip data, or unreadable)."""
     try:
-        return gzip.decompress(p.read_bytes())
+        data = p.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{key}: cannot read {p}: {type(exc).__name__}: {exc.strerror or exc}") from None
+    if not file_format(p)[1]:
+        return data
+    try:
+        return gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{key}: {p} is named .gz but cannot be un-gzipped: {type(exc).__name__}: {exc}") from None
 
