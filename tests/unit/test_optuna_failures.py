@@ -22,3 +22,6 @@ def test_a_study_whose_trials_all_fail_exits_non_zero(tmp_path):
         last == "optuna sweep: no trial completed: all 2 trial(s) of study 'tiny-grpo' failed (their errors are above)"
     )
     assert "Traceback" not in p.stdout + p.stderr and not list(tmp_path.rglob("optuna_best.yaml"))
+    again = launch(*p.args[2:])  # the same study, its trials all run: none left, still no result
+    assert again.returncode == 1, again.stderr[-2000:]
+    assert again.stderr.strip().splitlines()[-1].endswith("failed (in earlier sweeps; none was left to run)")

@@ -151,8 +151,9 @@ class OptunaSweeper(Sweeper):
             completed = self.report(study, sweep_dir)
             end_study_parent_run(self.config, sweep_dir, ok)
             if not completed:  # was exit 0 with a warning: a study of failures read as a finished search
+                where = "their errors are above" if job_idx else "in earlier sweeps; none was left to run"
                 print(f"optuna sweep: no trial completed: all {len(study.trials)} trial(s) of study "
-                      f"'{study.study_name}' failed (their errors are above)", file=sys.stderr, flush=True)
+                      f"'{study.study_name}' failed ({where})", file=sys.stderr, flush=True)
                 sys.exit(ExitCode.FAILED)  # passes through Hydra's error reporting: no traceback
         return study
 
