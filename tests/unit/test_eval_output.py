@@ -36,6 +36,8 @@ def test_eval_prints_a_long_reward_name_apart_from_its_value(tmp_path):
     (written,) = (tmp_path / "metrics").glob("*.reverse_val.json")
     record = json.loads(written.read_text())
     assert record["metrics"]["val/reward/a_rather_long_reward_name_mean"] == 0.25
+    # what the eval ran under is in the file (an eval with other sampling wrote a record like the default's)
+    assert "grpo.max_val_samples=8" in record["overrides"] and record["sampling"]["temperature"] == 1.0
 
 
 def test_an_out_that_cannot_be_a_file_is_refused_before_the_eval_runs(launch_here, tmp_path):

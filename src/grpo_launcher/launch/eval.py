@@ -206,7 +206,10 @@ def eval_main(args: list[str]) -> int:
     metrics = run_workers(t, lambda trainer: trainer.validate())
     record = {"checkpoint": str(t.checkpoint) if t.checkpoint else None, "model_path": t.spec.model.path,
               "step": int(t.checkpoint.name.split("_")[-1]) if t.checkpoint else None,
-              "data": val_source(t.spec), "metrics": metrics}
+              "data": val_source(t.spec), "metrics": metrics,
+              # what else this eval was run under (rollout.temperature=0 ...): the file was the same as the default's
+              "overrides": list(ns.overrides),
+              "sampling": {"temperature": t.spec.rollout.temperature, "max_new_tokens": t.spec.rollout.max_new_tokens}}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     width = max([32, *(len(k) + 2 for k in metrics)])  # a long reward name ran into its value ("..._mean0")
