@@ -263,6 +263,10 @@ def fit_prompt_budget(t: Target, prompts: list[str], overrides: list[str]) -> Ta
     if tok is None:
         return t  # the model rules name an unreadable tokenizer
     lengths = prompt_lengths(tok, list(prompts), spec.env)
+    empty = [repr(p) for p, n in zip(prompts, lengths) if n == 0]
+    if empty:  # no token to condition on: was a worker's traceback (an empty index tensor) after start-up
+        raise ConfigError([Violation("generate_prompt_empty", ("--prompt",), f"--prompt {', '.join(empty)} is no "
+                                     "token as the model gets it (no chat template adds any)", "give a prompt text")])
     i = max(range(len(lengths)), key=lengths.__getitem__)
     longest, budget = lengths[i], spec.env.max_prompt_tokens
     if longest <= budget:
