@@ -152,6 +152,7 @@ class Plan:
     engine_sleeps: bool = False  # rollout.sleep_mode resolved: the engines sleep through logprobs + update
     logprob_head: str = ""  # the policy's logprob head for this family (logit_heads.head_for: what the worker builds)
     model_path: Optional[str] = None  # model.path: the summary prints the stop tokens the engines read from it
+    mlflow: bool = True  # logging.mlflow: the summary names the tracking store only when runs go to it
 
     @property
     def policy_ranks(self) -> int:
@@ -185,7 +186,8 @@ class Plan:
                 f"stop tokens          : {describe_stop_tokens(self.model_path)}",
                 f"Ray bundle / device  : {self.bundle}",
                 f"run dir              : {self.run_dir}",
-                f"tracking             : {redact_value(self.tracking_uri)}",  # a password in the URI: ***
+                "tracking             : " + (redact_value(self.tracking_uri) if self.mlflow  # a password: ***
+                                              else "MLflow off (logging.mlflow=false)"),
             ]
         )
 
@@ -227,5 +229,6 @@ def make_plan(spec: RunSpec) -> Plan:
         max_trajectory_age=a.max_trajectory_age_steps if a.enabled else 0,
         engine_sleeps=engine_sleeps(spec),
         model_path=spec.model.path,
+        mlflow=spec.logging.mlflow,
         logprob_head=head_for(spec.model.path, spec.model.family, spec.train.logprob_chunk_tokens).why,
     )
