@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from ..envs.dataset import FORMATS
 from ..spec.errors import Violation
 from ..spec.schema import ClusterKind, RunSpec
 from .registry import V, rule
@@ -40,7 +41,8 @@ def local_paths_exist(s: RunSpec) -> Iterator[Violation]:
         path = getattr(s.env, key)
         if path and not Path(path).exists():
             yield V("local_paths_exist", f"env.{key}", f"no file at {path}",
-                    f"point env.{key} at a JSONL / Parquet file or a saved datasets directory")
+                    f"point env.{key} at a data file ({', '.join(FORMATS)}, each also .gz; .parquet) "
+                    "or a saved datasets directory")
 
 
 @rule("pure")
