@@ -734,3 +734,77 @@ def test_a_plan_refused_for_local_attention_names_sdpa_as_the_fix():
         load_spec([*over, "train.core_attention=local"])
     (v,) = [v for v in info.value.violations if v.rule == "gpu_memory_fits"]
     assert "train.core_attention" in v.keys and v.fix.startswith("cheapest: train.core_attention=sdpa → peak")
+
+
+def test_no_sdpa_lists_the_causal_lms_transformers_runs_eagerly():
+    """memory_shapes.NO_SDPA = the causal-LM families whose transformers class has no SDPA (from_pretrained falls back to
+    eager attention), the attention-free ones left out: checked against this transformers."""
+    import warnings
+
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    attention_free = {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = {mt for mt, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()
+                 if not getattr(getattr(transformers, name), "_supports_sdpa", False)}
+    assert found - attention_free == shapes.NO_SDPA
+
+
+EAGER_FAMILIES = {  # tiny configs (1 layer, 4 heads) of families transformers runs eagerly
+    "gptj": dict(n_embd=64, n_layer=1, n_head=4, n_positions=512, rotary_dim=8),
+    "gpt_neo": dict(num_layers=1, attention_types=[[["global"], 1]], num_heads=4, max_position_embeddings=512),
+    "bloom": dict(n_layer=1, n_head=4),
+    "codegen": dict(n_embd=64, n_layer=1, n_head=4, n_positions=512, rotary_dim=8),
+    "mpt": dict(d_model=64, n_layers=1, n_heads=4, max_seq_len=512),
+    "xglm": dict(d_model=64, num_layers=1, attention_heads=4, ffn_dim=128),
+    "gpt_oss": dict(num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=2,
+                    num_experts_per_tok=1, layer_types=["full_attention"]),
+    "granite_swa": dict(num_key_value_heads=2, intermediate_size=128),
+    "granitemoe_swa": dict(num_key_value_heads=2, intermediate_size=64, num_local_experts=2, num_experts_per_tok=1),
+}
+
+
+@pytest.mark.parametrize("family", EAGER_FAMILIES)
+def test_eager_bytes_per_score_are_what_each_family_saves(family):
+    """eager_bytes_per_score against what autograd keeps of [heads, T, T]-sized tensors in one layer of the family's
+    own (eager) attention, one padded row of 128 tokens, fp32 and bf16 autocast."""
+    import warnings
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    seq, heads = 128, 4
+    common = dict(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=heads,
+                  max_position_embeddings=512, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    spec = RunSpec(model=replace(RunSpec().model, family=family))
+    ids, mask = torch.randint(0, 64, (1, seq)), torch.ones(1, seq, dtype=torch.long)
+    mask[0, -3:] = 0
+    for bf16, act in ((False, 4), (True, 2)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **{**common,
+                                                                                   **EAGER_FAMILIES[family]})).train()
+        assert model.config._attn_implementation == "eager"
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            got = _saved_storages(lambda: model(input_ids=ids, attention_mask=mask, use_cache=False),
+                                  skip=lambda t: not t.is_floating_point()
+                                  or t.untyped_storage().nbytes() < heads * seq * seq * t.element_size())
+        assert sum(got.values()) / (heads * seq * seq) == pytest.approx(shapes.eager_bytes_per_score(spec, act),
+                                                                         abs=0.05), bf16
+    assert shapes.eager_attention(spec) and shapes.hf_eager(spec)
+
+
+def test_a_family_without_sdpa_counts_its_eager_scores():
+    """GPT-J has no SDPA in transformers: the torch worker's policy runs eager attention, 6 B per [heads, T, T] score and
+    layer in bf16 (the fp32 softmax and its cast back); the same shape as a llama (SDPA) counts none (b4e6e4d: none for
+    either)."""
+    base = RunSpec(model=LLAMA_1B, train=TrainSpec(precision=Precision.bfloat16, micro_batch_size=2,
+                                                   max_total_sequence_length=1024))
+    sdpa = replace(base, cluster=replace(base.cluster, gpus_per_node=1))
+    gptj = replace(sdpa, model=replace(sdpa.model, family="gptj"))
+    diff = mem.estimate(gptj).policy["activations"].bytes - mem.estimate(sdpa).policy["activations"].bytes
+    assert diff == 24 * 6 * 16 * 1024 * 2 * 1024
+    assert "gptj has no SDPA in transformers" in mem.estimate(gptj).policy["activations"].how

@@ -42,7 +42,8 @@ The path that runs decides the count: the logprob head is the one the plan print
 worker's logit_heads.head_for, whole logits where config.json holds a logit post-processing the chunked head does not
 reproduce; the family's transform adds one fp32 [chunk, V] temporary; a softcapped family's own forward keeps tanh's
 [L, V] output on whole logits); attention that materialises [heads, T, T] scores adds them per layer (`score_bytes`:
-the torch worker's eager attention for softcapped families, models/attention.py; megatron's
+the torch worker's eager attention for softcapped families (models/attention.py) and for families transformers has
+no SDPA for (memory_shapes.NO_SDPA, their own bytes per score: EAGER_BYTES); megatron's
 train.core_attention=local, with its kept scratch buffer), and rollout=hf's eager prefill holds one layer's.
 train.dynamic_batching needs nothing of its own: its token budget is micro_batch_size rows of
 max_total_sequence_length tokens (and max_new_tokens response positions), the shape counted here, and n rows of
@@ -105,9 +106,11 @@ from .memory_shapes import (
     attention_softcapped,
     dtype_bytes,
     eager_attention,
+    eager_bytes_per_score,
     eager_forward_score_bytes,
     eager_score_bytes,
     gib,
+    hf_eager,
     kv_bytes_per_token,
     largest_tensor,
     layer_activation_bytes,
@@ -116,6 +119,7 @@ from .memory_shapes import (
     mamba_fixed_bytes,
     mamba_work_bytes,
     megatron_swiglu_fused,
+    model_type,
     per_layer_list,
     param_counts,
     rank_params,
@@ -384,12 +388,16 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
 def score_bytes(spec: RunSpec, a: Arch, act: int, seq: int, lay: Layout) -> tuple[float, float, str]:
     """(bytes per token one attention layer saves for its backward beyond SDPA's count, bytes per token of one layer's
     forward transient without grad, the `how` words) for attention that materialises the [heads, T, T] scores: the
-    torch worker's eager attention (memory_shapes.eager_attention: softcapped families) and megatron's local core
+    torch worker's eager attention (memory_shapes.eager_attention: softcapped families, families without SDPA) and
+    megatron's local core
     attention (train.core_attention=local: `local_score_bytes`). 0 for SDPA / flash, which never store them."""
     if eager_attention(spec):
-        saved, fwd = eager_score_bytes(a, act, seq), eager_forward_score_bytes(a, act, seq)
-        return saved, fwd, f" + eager attention's [T, T] scores ({saved / a.heads / seq:.0f} B × {a.heads} heads × " \
-                           f"T {seq} per token and layer: attn_logit_softcapping, models/attention.py)"
+        per = eager_bytes_per_score(spec, act)
+        saved, fwd = eager_score_bytes(a, act, seq, per), eager_forward_score_bytes(a, act, seq)
+        why = "attn_logit_softcapping, models/attention.py" if attention_softcapped(spec) else \
+            f"{model_type(spec)} has no SDPA in transformers"
+        return saved, fwd, f" + eager attention's [T, T] scores ({per} B × {a.heads} heads × T {seq} per token and " \
+                           f"layer: {why})"
     if spec.train.backend == TrainBackend.megatron and spec.train.core_attention == "local":
         saved, fwd = local_score_bytes(a, act, seq, lay.tp)
         return saved, fwd, f" + local core attention's [T, T] scores ({act + 4 if act < 4 else 4} B × " \
@@ -540,7 +548,7 @@ def rollout_estimate(spec: RunSpec, est: Estimate) -> None:
     it["KV cache"] = Item("KV cache", seqs * mml * per_tok, f"{seqs:.0f} seq × {mml} tok × "
                           f"{per_tok / 1024:.1f} KiB (generate's dynamic cache)")
     it["sampling logits"] = Item("sampling logits", 3 * 4 * seqs * a.vocab, "fp32 logits/probs of one step")
-    if attention_softcapped(spec):  # eager attention (models/attention.py): the prefill's [prompts, heads, W, W]
+    if hf_eager(spec):  # eager attention (models/attention.py, or no SDPA): the prefill's [prompts, heads, W, W]
         width = mml - spec.rollout.max_new_tokens
         prompts = seqs / spec.grpo.num_generations_per_prompt if not a.mamba else seqs  # rollout/hf.py sample
         it["prefill scores"] = Item("prefill scores", prompts * width * eager_forward_score_bytes(a, db, width),

@@ -265,6 +265,25 @@ def layer_activation_bytes(a: Arch, backend: str, act: int, autocast: bool, lay:
 # transformers 5's config classes that cap attention logits when config.json omits attn_logit_softcapping (their
 # configuration_*.py defaults: Gemma-2's and VaultGemma's 50; Gemma-3's is None)
 ATTN_SOFTCAP_DEFAULTS = {"gemma2": 50.0, "vaultgemma": 50.0}
+# causal LMs whose transformers class has no SDPA (transformers 5.19: `_supports_sdpa` unset), so from_pretrained falls
+# back to eager attention (modeling_utils.get_correct_attn_implementation); the attention-free ones (mamba, rwkv, xlstm)
+# left out. Checked against transformers by tests/unit/test_memory.py.
+NO_SDPA = frozenset("""big_bird bigbird_pegasus bloom codegen cpmant deepseek_v4 git got_ocr2 gpt_neo gpt_neox_japanese
+    gpt_oss gptj granite_swa granitemoe_swa hy_v4 megatron-bert mimo_v2_flash mpt mvp openai-gpt prophetnet reformer
+    rembert roformer trocr xglm xlm xlnet""".split())
+# bytes autograd keeps per attention score and layer on eager attention, (fp32, bf16 autocast), measured with
+# saved-tensor hooks (tests/unit/test_memory.py): softcapped (Gemma-2: tanh's output, the fp32 softmax, its cast
+# back); these families' own eager functions; any other: the fp32 softmax and its cast back (Llama's
+# eager_attention_forward; gptj, gpt_neo, bloom, codegen, mpt, gpt_oss measured so)
+SOFTCAPPED_BYTES = (8, 8)
+EAGER_BYTES = {"xglm": (16, 14), "granite_swa": (8, 10), "granitemoe_swa": (8, 10)}
+PLAIN_EAGER_BYTES = (4, 6)
+
+
+def model_type(spec: RunSpec) -> str:
+    """config.json's model_type (its text model's) where model.path is readable here, else model.family."""
+    cfg = read_text_config(spec.model.path) or {}
+    return str(cfg.get("model_type") or spec.model.family)
 
 
 def attention_softcapped(spec: RunSpec) -> bool:
@@ -278,21 +297,35 @@ def attention_softcapped(spec: RunSpec) -> bool:
     return bool(cap)
 
 
+def hf_eager(spec: RunSpec) -> bool:
+    """transformers runs this model's attention eagerly: softcapped (models/attention.py asks for it) or a family
+    without SDPA (`NO_SDPA`: transformers' own fallback)."""
+    return attention_softcapped(spec) or model_type(spec) in NO_SDPA
+
+
 def eager_attention(spec: RunSpec) -> bool:
-    """The torch worker's policy runs transformers' eager attention (`attention_softcapped`). The megatron worker never
-    does (its core attention is train.core_attention's; softcapped families are refused there)."""
-    return spec.train.backend == TrainBackend.torch and attention_softcapped(spec)
+    """The torch worker's policy runs transformers' eager attention (`hf_eager`). The megatron worker never does (its
+    core attention is train.core_attention's; softcapped families are refused there)."""
+    return spec.train.backend == TrainBackend.torch and hf_eager(spec)
 
 
-def eager_score_bytes(a: Arch, act: int, seq: int) -> float:
-    """Bytes per token one layer of transformers' eager attention (eager_attention_forward, softcapped) saves for its
-    backward beyond SDPA, for rows of `seq` tokens: the [heads, seq] scores of each token three times, tanh's output
-    (`act` bytes), the fp32 softmax (4) and its cast back to the compute dtype for the second matmul (`act`; the same
-    tensor when act = 4): 8 bytes per score in bf16 and fp32. Checked with saved-tensor hooks and the process's peak
-    RSS on a CPU Gemma-2 (benchmarks/eager_attention_memory.py; benchmarks/results/memory.md). A micro-batch of n
-    rows cut to its own longest row L (train.dynamic_batching) holds n·L² ≤ micro_batch_size·seq² scores: the
-    full-length rows are the bound."""
-    return (2 * act + 4 if act < 4 else 8) * a.heads * seq
+def eager_bytes_per_score(spec: RunSpec, act: int) -> int:
+    """Bytes one layer's eager attention keeps per [T, T] score for the backward (SOFTCAPPED_BYTES, EAGER_BYTES,
+    PLAIN_EAGER_BYTES), for compute dtype bytes `act`."""
+    fp32, bf16 = SOFTCAPPED_BYTES if attention_softcapped(spec) else EAGER_BYTES.get(model_type(spec),
+                                                                                     PLAIN_EAGER_BYTES)
+    return fp32 if act == 4 else bf16
+
+
+def eager_score_bytes(a: Arch, act: int, seq: int, per_score: int = 8) -> float:
+    """Bytes per token one layer of transformers' eager attention saves for its backward beyond SDPA, for rows of
+    `seq` tokens: `per_score` bytes for each of the token's [heads, seq] scores (`eager_bytes_per_score`; 8 for the
+    softcapped eager_attention_forward: tanh's output (`act` bytes), the fp32 softmax (4) and its cast back to the
+    compute dtype for the second matmul (`act`; the same tensor when act = 4), in bf16 and fp32). Checked with
+    saved-tensor hooks and the process's peak RSS on a CPU Gemma-2 (benchmarks/eager_attention_memory.py;
+    benchmarks/results/memory.md). A micro-batch of n rows cut to its own longest row L (train.dynamic_batching)
+    holds n·L² ≤ micro_batch_size·seq² scores: the full-length rows are the bound."""
+    return per_score * a.heads * seq
 
 
 def eager_forward_score_bytes(a: Arch, act: int, seq: int) -> float:
