@@ -213,8 +213,8 @@ class Trainer:
             self.w.clock.step = step
             metrics = self.profiled_step(step) if step == s.logging.profile_step else self.step(step)
             if self.clock is not None:
-                self.clock.mark("step 1")
-                print(self.clock.report(), flush=True)
+                self.clock.mark(f"step {step}")  # this start's first step: a resumed run's is not step 1
+                print(self.clock.report(step), flush=True)
                 self.clock = None
             if s.grpo.val_period and step % s.grpo.val_period == 0 or (step == s.grpo.max_steps and s.grpo.val_at_end):
                 metrics.update(self.validate())

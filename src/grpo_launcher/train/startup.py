@@ -56,9 +56,10 @@ class StartupClock:
         self.parts.append((name, now - self.last, detail))
         self.last = now
 
-    def report(self) -> str:
+    def report(self, step: int = 1) -> str:
+        """The line; `step`: this start's first step (a resumed run's is not step 1)."""
         parts = ", ".join(f"{n} {s:.1f}" + (f" [{d}]" if d else "") for n, s, d in self.parts)
-        return f"grpo-launcher: start-up {self.last - self.t0:.1f} s to the end of step 1 ({parts})"
+        return f"grpo-launcher: start-up {self.last - self.t0:.1f} s to the end of step {step} ({parts})"
 
 
 def actor_startup(actor: Any) -> dict:
