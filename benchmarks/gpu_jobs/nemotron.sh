@@ -21,6 +21,7 @@ RECIPE=(+recipe=nanov3 model=nemotron_h_1b cluster=local cluster.nodes=1 rollout
   train.expert_parallel_size=1 train.sequence_parallel=false train.max_total_sequence_length=1024
   rollout.max_model_len=1024 rollout.max_new_tokens=16 env.max_prompt_tokens=64 grpo.num_prompts_per_step=32
   train.global_batch_size=512 grpo.max_steps=10 checkpoint.enabled=false)
+read -ra EXTRA_ARGS <<< "${EXTRA:-}"  # overrides appended to every run step's launch.py (e.g. rollout.enforce_eager=true)
 TESTS=$(dirname "$(find tests -name test_gpu.py | head -1)")
 
 summary() {  # RUN_DIR: per-step means over steps 2.. of the phases, logprob gap, reward first/last
@@ -46,7 +47,7 @@ run() {  # NAME ARGS...: launch.py with nvidia-smi sampling the whole GPU every 
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$OUT/$name.smi" &
   local smi=$!
   /usr/bin/time -f "wall %e s" timeout "${RUN_TIMEOUT:-500}" python3 launch.py output_root=/tmp/o name="$name" "$@" \
-    > "$OUT/$name.log" 2>&1
+    "${EXTRA_ARGS[@]}" > "$OUT/$name.log" 2>&1
   echo "$name: exit $?"
   kill "$smi"
   tail -1 "$OUT/$name.log"
