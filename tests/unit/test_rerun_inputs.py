@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grpo_launcher.checkpoint.manager import record_spec_changes, spec_as_dict
 from grpo_launcher.spec.compose import load_spec, spec_to_yaml
 from grpo_launcher.tracking.repro import write_repro
 
@@ -62,3 +63,21 @@ def test_rerun_names_the_data_and_reward_files_changed_since_the_run(launch_here
         f"env.reward_fn={tmp_path / 'rewards.py'}:digits",
     )
     assert r.returncode == 0 and "changed since" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_rerun_names_the_keys_a_resume_changed(launch_here, tmp_path):
+    """Resumed at step 3 with train.lr 3e-4 → 1e-4: spec.yaml holds 1e-4, which a rerun ran from step 1, a run the
+    original never was, without a word."""
+    run_dir = recorded_run(tmp_path)
+    spec = load_spec([f"output_root={tmp_path / 'out'}", "name=orig", "logging.mlflow=false", "train.lr=1e-4"])
+    before = load_spec([f"output_root={tmp_path / 'out'}", "name=orig", "logging.mlflow=false", "grpo.max_steps=2"])
+    record_spec_changes(run_dir, {"step": 2, "spec": spec_as_dict(before)}, spec, say=lambda _: None)
+    r = launch_here(tmp_path, "rerun", str(run_dir), "dry_run=true")
+    assert r.returncode == 0, r.stderr
+    said = r.stdout.split("warning: the run was resumed with changed keys")[1].split("rerunning")[0]
+    assert (
+        "this rerun runs their last values from step 1:\n  - train.lr: 0.0003 until step 2, 0.0001 from step 3" in said
+    )
+    assert "grpo.max_steps" not in said  # the rerun's length is the run's last: nothing to warn of
+    r = launch_here(tmp_path, "rerun", str(run_dir), "dry_run=true", "train.lr=3e-4")  # chosen on the command line
+    assert r.returncode == 0 and "resumed with changed keys" not in r.stdout, r.stdout + r.stderr

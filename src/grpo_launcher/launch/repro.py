@@ -19,6 +19,7 @@ from typing import Any, Callable
 import yaml
 from omegaconf import OmegaConf
 
+from ..checkpoint.manager import SPEC_CHANGES
 from ..spec.compose import _override_key, spec_to_yaml
 from ..spec.errors import ConfigError, Violation
 from ..spec.model_dir import ARCH_KEYS
@@ -46,6 +47,7 @@ def rerun(args: list[str], single_run: Callable[..., int]) -> int:
     work_from_launch_dir(ns.run_dir / REPRO / "git.json")
     _say_code_drift(ns.run_dir / REPRO / "git.json")
     _say_input_drift(ns.run_dir, ns.overrides)
+    _say_resumed_changes(ns.run_dir, ns.overrides)
     print(f"grpo-launcher: rerunning {ns.run_dir}", flush=True)
     return single_run(ns.overrides, saved=spec_file)
 
@@ -158,3 +160,27 @@ def _drift(then: dict, now: Any) -> str:
         return f"changed since the run ({then.get('bytes')} → {now.get('bytes')} bytes, sha256 " \
                f"{str(then.get('sha256'))[:12]} → {str(now.get('sha256'))[:12]})"
     return ""
+
+
+def _say_resumed_changes(run_dir: Path, overrides: list[str]) -> None:
+    """A run resumed with changed keys (RUN/spec_changes.jsonl) ran its first steps under other values than its
+    spec.yaml's last ones, which a rerun runs from step 1: said, key by key (grpo.max_steps and logging.* aside)."""
+    given, history = {_override_key(o) for o in overrides if "=" in o}, {}
+    try:
+        lines = (run_dir / SPEC_CHANGES).read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            for key, change in entry["changes"].items():
+                history.setdefault(key, []).append((int(entry["from_step"]), change["old"], change["new"]))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    said = [f"  - {key}: {hist[0][1]!r} until step {hist[0][0] - 1}, "
+            + ", ".join(f"{new!r} from step {step}" for step, _, new in hist)
+            for key, hist in history.items() if key not in given and key != "grpo.max_steps"
+            and not key.startswith("logging.")]
+    if said:
+        print(f"grpo-launcher: warning: the run was resumed with changed keys ({run_dir / SPEC_CHANGES}); this rerun "
+              "runs their last values from step 1:\n" + "\n".join(said), flush=True)
