@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from .checkpoint import CheckpointManager
-from .checkpoint.manager import verify_checkpoint
+from .checkpoint.manager import load_meta, verify_checkpoint
 from .exit_codes import ExitCode
 from .runfiles import load_spec_file
 from .spec.errors import ConfigError, Violation
@@ -63,6 +63,19 @@ def pick_checkpoint(run_dir: Path, step: Optional[int], last: bool) -> Path:
     picked = (None if last else ckpt.best()) or ckpt.latest()
     assert picked is not None  # `done` is not empty
     return picked
+
+
+def why_picked(run_dir: Path, picked: str) -> str:
+    """Why the default pick is this checkpoint, in the run's terms (was one sentence for both cases: 'the best by
+    checkpoint.metric, else the latest', whichever applied)."""
+    spec = load_spec_file(Path(run_dir) / "spec.yaml")
+    c = spec.checkpoint
+    best = CheckpointManager(Path(run_dir) / "checkpoints", spec).best()
+    if best is None or best.name != picked:
+        return f"the latest: no checkpoint has {c.metric} (checkpoint.metric); --step N picks another"
+    value = load_meta(best)["metrics"][c.metric]
+    return (f"the best by {c.metric} = {value:.4g}, {'highest' if c.higher_is_better else 'lowest'} of the kept "
+            f"checkpoints; --last: the latest")
 
 
 def source_dir(run_dir: Path) -> Optional[Path]:
@@ -343,7 +356,7 @@ def main(args: list[str]) -> int:
                                      "complete checkpoint (launch.py status RUN)")]).render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
     picked = json.loads((out / EXPORT_RECORD).read_text())["checkpoint"]
-    why = "as asked" if ns.step is not None or ns.last else "the best by checkpoint.metric, else the latest; --last: the latest"
+    why = "as asked" if ns.step is not None else "the latest, as asked" if ns.last else why_picked(run_dir, picked)
     print(f"exported {out}\n  checkpoint: {picked} ({why})\n  load it: AutoModelForCausalLM.from_pretrained("
           f"{str(out)!r}) / vllm.LLM(model={str(out)!r})")
     return 0

@@ -21,6 +21,7 @@ from grpo_launcher.export import main as export_main
 from grpo_launcher.launch import rundir
 from grpo_launcher.models.tiny import build_tokenizer
 from grpo_launcher.plan import make_plan
+from grpo_launcher.runfiles import load_spec_file
 from grpo_launcher.spec.compose import load_spec
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -195,3 +196,20 @@ def test_an_exported_gemma2_loads_with_the_attention_it_was_trained_with(tmp_pat
         assert torch.allclose(loaded(ids).logits, policy.eval()(ids).logits, atol=1e-5)
     assert hf_attention(str(out)) == {"attn_implementation": "eager"} == {
         k: v for k, v in json.loads((out / "config.json").read_text()).items() if k == "attn_implementation"}
+
+
+def test_export_says_which_rule_picked_the_checkpoint(tmp_path, capsys):
+    """Was 'the best by checkpoint.metric, else the latest' whichever applied: a checkpoint without the metric was
+    exported as if it were the best one."""
+    src = source_model(tmp_path)
+    run, _ = trained_run(tmp_path, src, lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32))
+    assert export_main([str(run), "--out", str(tmp_path / "out")]) == 0
+    assert "checkpoint: step_000001 (the latest: no checkpoint has val/reward_mean (checkpoint.metric)" in \
+        capsys.readouterr().out
+    meta = run / "checkpoints" / "step_000001" / "meta.json"
+    CheckpointManager(run / "checkpoints", load_spec_file(run / "spec.yaml")).save(
+        2, lambda d: shutil.copytree(run / "checkpoints" / "step_000001" / "policy", d / "policy"),
+        {"mlflow_run_id": None}, {"val/reward_mean": 0.25})
+    assert meta.is_file() and export_main([str(run), "--out", str(tmp_path / "out")]) == 0
+    assert "checkpoint: step_000002 (the best by val/reward_mean = 0.25, highest of the kept checkpoints" in \
+        capsys.readouterr().out
