@@ -165,7 +165,8 @@ def _drift(then: dict, now: Any) -> str:
 def _say_resumed_changes(run_dir: Path, overrides: list[str]) -> None:
     """A run resumed with changed keys (RUN/spec_changes.jsonl) ran its first steps under other values than its
     spec.yaml's last ones, which a rerun runs from step 1: said, key by key (grpo.max_steps and logging.* aside)."""
-    given, history = {_override_key(o) for o in overrides if "=" in o}, {}
+    given = {_override_key(o) for o in overrides if "=" in o}
+    history: dict[str, list[tuple[int, Any, Any]]] = {}
     try:
         lines = (run_dir / SPEC_CHANGES).read_text().splitlines()
     except OSError:
