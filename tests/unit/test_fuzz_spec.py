@@ -13,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from grpo_launcher.exit_codes import ExitCode
+from grpo_launcher.launch.app import main
 from grpo_launcher.spec.compose import REMOVED_KEYS, SELECTORS, dotted_keys
 from grpo_launcher.spec.errors import ConfigError
 from grpo_launcher.launch.preflight import preflight
@@ -69,3 +71,34 @@ def test_preflight_never_crashes(base, extra):
 ])
 def test_known_crash_classes(overrides):
     check(overrides)
+
+
+# Found by benchmarks/config_fuzz.py (launch.py's own path, in-process): `+KEY=v` on a key the config has and `~KEY`
+# were a `config error` naming `<config>` and stopped composition there (the other overrides went unjudged).
+EDIT_CASES = [
+    (["+env.prompt_key=2"], "env.prompt_key"),
+    (["train.backend=megatron", "+train.moe.token_dispatcher=inf"], "train.moe.token_dispatcher"),
+    (["+checkpoint.metric='\\${x}'"], "checkpoint.metric"),
+    (["~rollout.gpu_memory_utilization"], "rollout.gpu_memory_utilization"),
+    (["cluster=local_slurm", "~cluster.account"], "cluster.account"),
+    (["~cluster.time=5"], "cluster.time"),
+    (["+logging=inf"], "logging"),
+    (["++env=token"], "env"),
+    (["train.backend=megatron", "~recipe"], "recipe"),
+    # these escaped main as a traceback, exit 1 (a reader met the key unresolved, or not at all)
+    (["checkpoint.resume=${nope}"], "checkpoint.resume"),
+    (["cluster=ray", "~output_root"], "output_root"),
+    (["cluster=slurm", "~checkpoint"], "checkpoint"),
+    (["train.lr=${oc.env:GRPO_FUZZ_UNSET}"], "train.lr"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", EDIT_CASES)
+def test_dry_run_names_the_edited_key(overrides, key, capsys):
+    rc = main([*overrides, "grpo.max_steps=-1", "dry_run=true"])
+    err = capsys.readouterr().err
+    assert rc == ExitCode.CONFIG_ERROR, err
+    problems = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert any(line.startswith(f"  - {key}: ") for line in problems), err
+    assert not any(line.startswith("  - <") for line in problems), err
+    assert any(line.startswith("  - grpo.max_steps") for line in problems), f"not all at once:\n{err}"

@@ -104,6 +104,9 @@ def _override_problems(ov: Any, text: str, known: set[str], multirun: bool) -> I
     if ov.is_sweep_override() and not multirun:
         yield Violation("override_syntax", (key,), f"{text!r} is a sweep (several values) in a single run",
                         f"add -m to sweep over {key}, or give one value")
+    elif ov.is_delete() and key in known and key not in SELECTORS:  # its readers would meet no key at all
+        yield Violation("override_syntax", (key,), f"'{text}' removes a key of the run spec",
+                        f"set it instead: {key}=VALUE ({key}=null where its type allows)")
     elif key in SELECTORS and not ov.is_delete() and not ov.is_sweep_override():
         value = ov.value()
         if not isinstance(value, str) or not OPTION_NAME.fullmatch(value):
@@ -126,6 +129,22 @@ def _override_problems(ov: Any, text: str, known: set[str], multirun: bool) -> I
         yield Violation("unknown_key", (key,), f"'{key}' is not a config key", hint)
 
 
+# `+key=v` on a key the config has, `~key` on a schema key or a missing one: Hydra's message names the key
+EDIT_KEY = re.compile(r"An item is already at '([^']+)'|Could not delete from config\. (?:The value of )?'([^']+)'"
+                      r"|force-add of config groups is not supported: '\+\+([^=']+)"
+                      r"|Could not delete '([^'/]+)[^']*'\. No match")
+EDIT_FIXES = {
+    "No match in the defaults list": "no {key} option is chosen here, so there is none to remove: drop '~{key}'",
+    "An item is already at": "{key} is in the config already: set it with {key}=VALUE ('+' adds a new key; "
+                             "'++' sets a key whether or not it exists)",
+    "does not support deletion": "a key of the run spec cannot be removed: set it ({key}=VALUE, or {key}=null "
+                                 "where its type allows)",
+    "force-add of config groups": "choose a {key} option with {key}=NAME ('++' adds or sets keys, not groups)",
+    "Could not delete from config": "'~' removes a key the config has, with its value if given: drop '~{key}' "
+                                    "or set it with {key}=VALUE",
+}
+
+
 def _composition_violation(exc: BaseException) -> Violation:
     """Hydra/OmegaConf errors carry the key in `full_key` or in their message: surface it."""
     cause = exc
@@ -138,11 +157,14 @@ def _composition_violation(exc: BaseException) -> Violation:
         key = nested.group(1)
         text = f"{text.split(':')[0]}: {lines[1].strip()}" if len(lines) > 1 else text
     if not key:
-        m = re.search(r"Could not (?:find|load|override) '([^']+)'", str(exc))
-        key = m.group(1).split("/")[0] if m else "<config>"
+        m = re.search(r"Could not (?:find|load|override) '([^']+)'", str(exc)) or EDIT_KEY.search(str(exc))
+        key = (m.group(1).split("/")[0] if m.re is not EDIT_KEY else m.group(m.lastindex or 1)) if m else "<config>"
     options = re.search(r"Available options in '[^']+':\n((?:\t\S+\n)+)", str(exc))
     fix = "fix the value or the key named here"
-    if options:
+    edit = next((why for pattern, why in EDIT_FIXES.items() if pattern in f"{exc}\n{cause}"), None)
+    if edit:
+        fix = edit.format(key=key)
+    elif options:
         fix = "choose one of: " + ", ".join(options.group(1).split())
     elif key and "not in" in text:
         near = difflib.get_close_matches(key, list(dotted_keys()), n=1, cutoff=0.6)
@@ -179,16 +201,37 @@ def compose(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[Co
             with initialize_config_dir(config_dir=str(source.conf_dir), version_base="1.3"):
                 cfg = hydra_compose(config_name=source.config_name, overrides=[*source.overrides(), *usable],
                                     return_hydra_config=False)
-            break
         except Exception as exc:  # Hydra, OmegaConf, ValueError, or a file it cannot read: named, never a traceback
             unknown.append(_composition_violation(exc))
             culprit = [o for o in usable if _override_key(o) == unknown[-1].keys[0]]
             if not culprit:
                 raise ConfigError(unknown) from exc
             usable = [o for o in usable if o not in culprit]
+            continue
+        unresolved = unresolvable(cfg, usable)  # `KEY=${nope}`: named here, not when a reader first touches KEY
+        if not unresolved:
+            break
+        unknown.extend(unresolved)
+        usable = [o for o in usable if _override_key(o) not in {v.keys[0] for v in unresolved}]
     if unknown:
         raise ConfigError(unknown, partial=cfg)
     return cfg
+
+
+def unresolvable(cfg: DictConfig, overrides: list[str]) -> list[Violation]:
+    """Overrides whose interpolation does not resolve (`${nope}`, `${oc.env:UNSET}`, `${${x}}`), each named."""
+    out = []
+    for key in dict.fromkeys(_override_key(o) for o in overrides if "${" in o and not o.startswith("~")):
+        try:
+            node = OmegaConf.select(cfg, key, throw_on_missing=False)
+            if OmegaConf.is_config(node):
+                OmegaConf.to_container(node, resolve=True)
+        except Exception as exc:  # OmegaConf's interpolation errors (a missing key, resolver or env variable)
+            why = str(exc).split("\n")[0]
+            out.append(Violation("composition", (key,), f"{key}: {why}",
+                                 "give a value, or an interpolation that resolves (e.g. ${train.lr}; quote a "
+                                 "literal '$': \\${...})"))
+    return out
 
 
 def value_type_problems(overrides: list[str]) -> list[Violation]:
