@@ -90,6 +90,12 @@ EDIT_CASES = [
     (["cluster=ray", "~output_root"], "output_root"),
     (["cluster=slurm", "~checkpoint"], "checkpoint"),
     (["train.lr=${oc.env:GRPO_FUZZ_UNSET}"], "train.lr"),
+    # a path component past NAME_MAX: ENAMETOOLONG escaped (output_root: exit 1 from the tracking line) or was
+    # caught only by the safety net (model.path while resolving; env.train_path as '<spec>')
+    (["output_root=" + "9" * 300], "output_root"),
+    (["++output_root=" + "9" * 300, "rollout=vllm"], "output_root"),
+    (["model.path=/tmp/" + "9" * 300 + "/x"], "model.path"),
+    (["env=math", "env.train_path=" + "9" * 300], "env.train_path"),
 ]
 
 

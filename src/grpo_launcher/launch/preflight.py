@@ -117,7 +117,10 @@ def name_after_overrides(cfg: Any, overrides: list[str], keys: list[str]) -> Non
     tag = ",".join(o for o, k in zip(overrides, keys) if k not in EXCLUDED_FROM_NAME)
     if not tag or "name" in keys or cfg.checkpoint.resume != Resume.auto:
         return
-    step = last_checkpoint_step(Path(str(cfg.output_root)).resolve() / str(cfg.name))
+    try:
+        step = last_checkpoint_step(Path(str(cfg.output_root)).resolve() / str(cfg.name))
+    except OSError:  # a run dir that cannot be stat'ed (a name past NAME_MAX): rule field_values names the key
+        return
     if step is None or step < cfg.grpo.max_steps:
         return
     name = derived_name(str(cfg.name), [o for o, k in zip(overrides, keys) if k not in EXCLUDED_FROM_NAME])

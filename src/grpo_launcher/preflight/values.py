@@ -55,6 +55,31 @@ def field_values(s: RunSpec) -> Iterator[Violation]:
             yield V("field_values", key, why, f"set {key} to a plain, finite, one-line value")
 
 
+PATH_KEYS = ("path", "paths", "root", "_dir", "python", "mounts")  # key suffixes of the values used as paths
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits, in bytes: os.stat past them raises OSError (ENAMETOOLONG)
+
+
+def path_problem(value: str) -> str | None:
+    """Why a path cannot be stat'ed on Linux (a component or the whole too long), or None."""
+    size = len(os.fsencode(value))
+    longest = max((len(os.fsencode(part)) for part in re.split(r"[/:]", value)), default=0)
+    if longest > NAME_MAX:
+        return f"has a path component of {longest} bytes (at most {NAME_MAX}): no file can have that name"
+    return None if size <= PATH_MAX else f"is a path of {size} bytes (at most {PATH_MAX})"
+
+
+@rule("pure", name="field_values")
+def path_lengths(s: RunSpec) -> Iterator[Violation]:
+    """Paths (and the run name, a directory) within Linux's name and path lengths: beyond them every stat of the
+    run dir, the data or the model fails with ENAMETOOLONG instead of a config error."""
+    for key, value in leaf_values(s):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if key == "name" or key.endswith(PATH_KEYS):
+            why = next((w for w in (path_problem(v) for v in items if isinstance(v, str)) if w), None)
+            if why:
+                yield V("field_values", key, why, f"shorten {key}")
+
+
 @rule("pure", name="field_values")
 def list_keys_hold_lists(s: RunSpec) -> Iterator[Violation]:
     """A list key holds a list: an interpolation of a scalar into one (cluster.container_mounts=${train.lr}) passes

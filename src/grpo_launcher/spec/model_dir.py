@@ -184,9 +184,17 @@ def tokenizer_problems(path: Path) -> list[Violation]:
           "(and pads with it when there is no pad token)", f"set \"eos_token\" in {path / 'tokenizer_config.json'}")]
 
 
+def is_dir(path: str) -> bool:
+    """Path.is_dir, False where the path cannot be stat'ed (a name past NAME_MAX: rule field_values names it)."""
+    try:
+        return Path(path).is_dir()
+    except OSError:
+        return False
+
+
 def resolve_model(spec: RunSpec, cli_keys: Iterable[str]) -> tuple[RunSpec, list[Violation]]:
     """Fill the model's architecture from model.path's config.json (when the directory is readable here)."""
-    if not spec.model.path or not Path(spec.model.path).is_dir():
+    if not spec.model.path or not is_dir(spec.model.path):
         return spec, []  # null: the tiny model; not here: a cluster path (rule local_paths_exist covers local runs)
     path = Path(spec.model.path)
     cfg, problem = read_config(path)
