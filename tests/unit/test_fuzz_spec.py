@@ -85,6 +85,7 @@ EDIT_CASES = [
     (["+logging=inf"], "logging"),
     (["++env=token"], "env"),
     (["train.backend=megatron", "~recipe"], "recipe"),
+    (["rollout=vllm", "+rollout=vllm"], "rollout"),
     # these escaped main as a traceback, exit 1 (a reader met the key unresolved, or not at all)
     (["checkpoint.resume=${nope}"], "checkpoint.resume"),
     (["cluster=ray", "~output_root"], "output_root"),

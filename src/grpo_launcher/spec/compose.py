@@ -132,8 +132,11 @@ def _override_problems(ov: Any, text: str, known: set[str], multirun: bool) -> I
 # `+key=v` on a key the config has, `~key` on a schema key or a missing one: Hydra's message names the key
 EDIT_KEY = re.compile(r"An item is already at '([^']+)'|Could not delete from config\. (?:The value of )?'([^']+)'"
                       r"|force-add of config groups is not supported: '\+\+([^=']+)"
-                      r"|Could not delete '([^'/]+)[^']*'\. No match")
+                      r"|Could not delete '([^'/]+)[^']*'\. No match|Multiple values for ([\w.]+)\."
+                      r"|^([\w.]+) appears more than once in the final defaults list", re.M)
 EDIT_FIXES = {
+    "Multiple values for": "{key} has an option already: choose another with {key}=NAME (no '+')",
+    "appears more than once in the final defaults list": "{key} is chosen twice: give {key}=NAME once (no '+')",
     "No match in the defaults list": "no {key} option is chosen here, so there is none to remove: drop '~{key}'",
     "An item is already at": "{key} is in the config already: set it with {key}=VALUE ('+' adds a new key; "
                              "'++' sets a key whether or not it exists)",
