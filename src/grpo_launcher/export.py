@@ -304,6 +304,15 @@ def model_tensors(directory: Path) -> tuple[list[tuple[str, tuple, dict[str, tup
     return entries, tied, ignored
 
 
+def per_expert_names(name: str, shape: tuple) -> dict[str, tuple]:
+    """A stacked experts tensor [E, ...] (`...experts.up_proj`) as the per-expert names a checkpoint may hold
+    (`...experts.{e}.up_proj.weight`: nemotron_h's FSDP checkpoints), whatever transformers' conversion reverts to."""
+    stem, _, leaf = name.rpartition(".")
+    if not stem.endswith(".experts") or len(shape) != 3:
+        return {}
+    return {f"{stem}.{e}.{leaf}.weight": shape[1:] for e in range(shape[0])}
+
+
 def check_tensors(directory: Path, ckpt: Path, shown: int = 8) -> None:
     """The exported weights against config.json's architecture: a tensor missing (from_pretrained initialises it at
     random, with a warning), one the model has no place for (dropped), or one of another shape is refused, named."""
@@ -311,8 +320,11 @@ def check_tensors(directory: Path, ckpt: Path, shown: int = 8) -> None:
 
     have = file_tensors(directory)
     entries, tied, ignored = model_tensors(directory)
-    known = {name: shape for name, shape, files in entries for name, shape in [(name, shape), *files.items()]}
-    missing = [name for name, shape, files in entries if name not in have and not set(files) <= set(have)
+    checked = [(name, shape, files, per_expert_names(name, shape)) for name, shape, files in entries]
+    known = {name: shape for name, shape, files, alt in checked
+             for name, shape in [(name, shape), *files.items(), *alt.items()]}
+    missing = [name for name, shape, files, alt in checked if name not in have and not set(files) <= set(have)
+               and not (alt and set(alt) <= set(have))
                and name not in tied and not any(re.search(p, name) for p in ignored)]
     unexpected = [k for k in have if k not in known and not any(re.search(p, k) for p in ignored)]
     shapes = [f"{k} {list(have[k])} (the model's: {list(known[k])})" for k in have if k in known and have[k] != known[k]]
