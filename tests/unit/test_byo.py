@@ -14,6 +14,9 @@ import pytest
 
 from helpers import ROOT, launch
 
+from grpo_launcher.envs import MathEnv
+from grpo_launcher.train.workers import own_score
+
 REWARDS = '''
 def correct(prompt, completion, answer, **row):
     """1 for the exact reversal; the row's other columns (here `id`) arrive as keyword arguments."""
@@ -185,3 +188,14 @@ def test_dataset_order_epochs_and_resume_safety():
     epoch2 = [p.source for s in range(33, 65) for p in env.train_prompts(s, 0, 16)]
     assert len(set(epoch1)) == len(set(epoch2)) == rows and epoch1 != epoch2
     assert [p.source for p in make_env(spec).train_prompts(40, 0, 16)] == epoch2[7 * 16:8 * 16]
+
+
+def test_a_subclass_score_override_is_the_reward_the_worker_gives():
+    """A user's MathEnv subclass that overrides score (the issue's workaround) scores in the env worker: the inherited
+    score_detail (per-function rewards) no longer bypasses it."""
+
+    class AlwaysRight(MathEnv):
+        def score(self, prompt, completion):
+            return 1.0
+
+    assert own_score(AlwaysRight) and not own_score(MathEnv)

@@ -183,6 +183,13 @@ def start_engines(spec: RunSpec, plan: Plan, model_dir: str,
     return [new_engine(e) for e in range(plan.rollout_engines)], new_engine, probe
 
 
+def own_score(cls: type) -> bool:
+    """Whether cls's score is defined below the class that defines its score_detail (an override)."""
+    mro = cls.__mro__
+    where = lambda name: next(i for i, c in enumerate(mro) if name in vars(c))  # noqa: E731
+    return where("score") < where("score_detail")
+
+
 class EnvWorker:
     """Scores completions for the env named in the spec (runs as its own Ray actor)."""
 
@@ -190,6 +197,9 @@ class EnvWorker:
         self.env = factory() if factory is not None else make_env(spec)  # factory: the class the driver loaded
 
     def score(self, prompts: list, completions: list[str]) -> list[Scored]:
-        """Scored per completion (envs/rewards.py): an env with per-function rewards gives its score_detail."""
+        """Scored per completion (envs/rewards.py): an env with per-function rewards gives its score_detail,
+        unless a subclass overrides score below it (a user's MathEnv subclass: its score is the reward)."""
         detail = getattr(self.env, "score_detail", None)
+        if detail is not None and own_score(type(self.env)):
+            detail = None
         return [detail(p, c) if detail else Scored(self.env.score(p, c)) for p, c in zip(prompts, completions)]
