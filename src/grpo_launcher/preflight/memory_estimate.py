@@ -237,66 +237,111 @@ def logprob_head(spec: RunSpec) -> HeadChoice:
     return HeadChoice(chunk, None, "")
 
 
+@dataclass(frozen=True)
+class Rank:
+    """What the policy's most loaded rank holds, as the estimate's parts read it."""
+    a: Arch
+    lay: Layout
+    dense: float  # params on this rank outside the experts
+    experts: float  # expert params on this rank
+    bf16: bool
+    autocast: bool  # FSDP2's bf16 compute on the torch backend: counted with the same activations
+    act: int  # bytes per activation element
+    backend: str
+
+    @property
+    def n(self) -> float:
+        return self.dense + self.experts
+
+
+def rank_of(spec: RunSpec, est: Estimate) -> Rank:
+    a, lay = arch_of(spec), layout_of(spec)
+    dense, experts = rank_params(a, param_counts(a), lay)
+    bf16, backend = spec.train.precision == Precision.bfloat16, spec.train.backend.value
+    return Rank(a, lay, dense, experts, bf16, autocast=backend == "torch" and bf16 and est.use_gpus,
+                act=2 if bf16 and (est.use_gpus or backend == "megatron") else 4, backend=backend)
+
+
 def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -> None:
     """Fill est.policy / est.phases for one policy rank (the most loaded one); `mamba`: the torch backend's Mamba-2
     path (memory_shapes.MAMBA_PATHS) instead of the planned one (`mamba_path_of`)."""
-    t, lo = spec.train, spec.loss
-    backend = t.backend.value
-    a, lay = arch_of(spec), layout_of(spec)
-    pc = param_counts(a)
-    dense, experts = rank_params(a, pc, lay)
-    n = dense + experts
-    bf16 = t.precision == Precision.bfloat16
-    gpu = est.use_gpus
-    autocast = backend == "torch" and bf16 and gpu  # FSDP2's bf16 compute: counted with the same activations
-    act = 2 if bf16 and (gpu or backend == "megatron") else 4
+    r = rank_of(spec, est)
     it = est.policy
 
     def add(key: str, nbytes: float, how: str) -> None:
         it[key] = Item(key, nbytes, how)
 
+    _resident_items(spec, est, r, add)
+    mamba = mamba or (mamba_path_of(spec)[0] if r.a.mamba and r.backend == "torch" else "torch")
+    plain, lp_scores = _activation_items(spec, r, add, mamba)
+    lp_tokens = _logit_items(spec, r, add)
+    g = lambda *keys: sum(it[k].bytes for k in keys if k in it)  # noqa: E731
+    resident = g(*RESIDENT)
+    cast = g("autocast copies") + g("fsdp gathered weights")  # FSDP2: the unsharded compute copies instead
+    est.phases = {
+        "generate": gib(resident),
+        # (the frozen reference model's casts are not cached: autocast caches leaves that require grad)
+        "logprobs": gib(resident + cast + g("logprob logits") + (2 * max(plain) + lp_scores) * lp_tokens),
+        "train": gib(resident + cast + g("activations", "activation work", "logits", "fsdp gradient buffers")),
+        "optimizer step": gib(resident + g("optimizer step temp")),
+    }
+    if "refit gather" in it:
+        est.phases["refit"] = gib(resident + g("refit gather"))
+    est.policy_phase = max(est.phases, key=est.phases.get)
+    est.policy_alloc_gib = est.phases[est.policy_phase]
+    # the big resident blocks (weights, grad buffer, optimizer states) do not fragment; the transients do
+    est.policy_reserved_gib = est.policy_alloc_gib + ALLOCATOR_SLACK * (est.policy_alloc_gib - est.phases["generate"])
+    est.notes.extend(_policy_notes(spec, r, mamba))
+
+
+def _resident_items(spec: RunSpec, est: Estimate, r: Rank, add: Callable[[str, float, str], None]) -> None:
+    """Weights, gradients, optimizer states, the reference model and the optimizer step's temporary."""
+    t, lo, n, lay = spec.train, spec.loss, r.n, r.lay
     P = _fmt_params(n)
-    if backend == "megatron":
-        wb = 2 if bf16 else 4
+    if r.backend == "megatron":
+        wb = 2 if r.bf16 else 4
         add("weights", wb * n, f"{P} params/rank × {wb} B ({t.precision.value})")
         add("grads", 4 * n, f"{P} × 4 B (fp32 grad buffer)")
-        ob = 12 if bf16 else 8
+        ob = 12 if r.bf16 else 8
         if t.distributed_optimizer:
             d_dense, d_exp = lay.dp * lay.cp, lay.expert_dp
-            opt_n = dense / d_dense + experts / d_exp
-            how = f"{ob} B × ({_fmt_params(dense)} dense / {d_dense} + {_fmt_params(experts)} expert / {d_exp}) " \
-                  "(distributed optimizer)" if experts else f"{ob} B × {P} / {d_dense} (distributed optimizer, DP·CP)"
+            opt_n = r.dense / d_dense + r.experts / d_exp
+            how = f"{ob} B × ({_fmt_params(r.dense)} dense / {d_dense} + {_fmt_params(r.experts)} expert / {d_exp}) " \
+                  "(distributed optimizer)" if r.experts else f"{ob} B × {P} / {d_dense} (distributed optimizer, DP·CP)"
         else:
             opt_n = n
-            how = f"{P} × {ob} B ({'fp32 master + ' if bf16 else ''}Adam m, v)"
+            how = f"{P} × {ob} B ({'fp32 master + ' if r.bf16 else ''}Adam m, v)"
         add("optimizer", ob * opt_n, how)
         if lo.kl_coef > 0:
             add("reference", wb * n, f"loss.kl_coef={lo.kl_coef:g}: {P} × {wb} B")
         step_tmp = 4 * opt_n
     elif fsdp_sharded(spec):
-        step_tmp = _torch_fsdp(spec, est, a, pc, n, lay.dp, act)
+        step_tmp = _torch_fsdp(spec, est, r.a, param_counts(r.a), n, lay.dp, r.act)
     else:
         add("weights", 4 * n, f"{P} params × 4 B (fp32: the torch worker loads fp32)")
         add("grads", 4 * n, f"{P} × 4 B (fp32)")
         add("optimizer", 8 * n, f"{P} × 8 B (AdamW m, v, fp32)")
-        if autocast:
+        if r.autocast:
             add("autocast copies", 2 * n, f"{P} × 2 B (bf16 weight casts kept for the backward)")
         if lo.kl_coef > 0:
             add("reference", 4 * n, f"loss.kl_coef={lo.kl_coef:g}: {P} × 4 B (fp32 copy)")
         step_tmp = 4 * n
     add("optimizer step temp", step_tmp, "4 B × optimizer params (foreach AdamW's sqrt(v))")
 
-    # activations of one micro-batch on this rank
+
+def _activation_items(spec: RunSpec, r: Rank, add: Callable[[str, float, str], None],
+                      mamba: str) -> tuple[list[float], float]:
+    """Activations of one micro-batch on this rank; returns the per-layer bytes/token without attention scores
+    (the logprob pass's layers) and the logprob pass's score bytes/token."""
+    t, a, lay, act, backend = spec.train, r.a, r.lay, r.act, r.backend
     ckpt = t.activation_checkpointing
     # a layer's input under full recompute: megatron's and FSDP2's residual stream is in the compute dtype, the
     # unsharded torch worker's in fp32 (its master weights; autocast casts only inside the linears)
     res = act if backend == "megatron" or fsdp_sharded(spec) else 4
-    seq, resp = t.max_total_sequence_length, spec.rollout.max_new_tokens
+    seq = t.max_total_sequence_length
     tokens = t.micro_batch_size * seq / lay.cp
-    rtokens = t.micro_batch_size * resp / lay.cp
-    mamba = mamba or (mamba_path_of(spec)[0] if a.mamba and backend == "torch" else "torch")
     fused = megatron_swiglu_fused(spec) and a.gated
-    per_kind = layer_activation_bytes(a, backend, act, autocast, lay, mamba=mamba, seq=seq, fused=fused)
+    per_kind = layer_activation_bytes(a, backend, act, r.autocast, lay, mamba=mamba, seq=seq, fused=fused)
     on_stage = max(1, math.ceil(a.layers / lay.pp))  # the first PP stage's layers
     plain = per_layer_list(a, per_kind)[:on_stage]
     scores, lp_scores, score_how = score_bytes(spec, a, act, seq, lay)  # eager / local attention's [T, T] scores
@@ -308,7 +353,7 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
     # final norm + the output layer's input, and RoPE's cos/sin (fp32, shared by the layers)
     final: float
     if backend == "torch":
-        final = 8 * a.hidden + (2 if autocast else 4) * a.hidden + 2 * 4 * a.head_dim
+        final = 8 * a.hidden + (2 if r.autocast else 4) * a.hidden + 2 * 4 * a.head_dim
     else:
         final = (4 * a.hidden + 3 * act * a.hidden) / rep + 4 * a.head_dim
     # the torch backend's Mamba-2 blocks: their transient peak while one runs (memory_shapes.mamba_work_bytes)
@@ -326,20 +371,28 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
         how += f" × {in_flight} micro-batches in flight (1F1B)"
     if backend == "torch" and a.mamba:
         how += f" (Mamba-2 on the {mamba} path: {per_kind['mamba'] / 1024:.1f} KiB/tok each)"
-        stored += a.mamba * mamba_fixed_bytes(a, mamba, autocast)
+        stored += a.mamba * mamba_fixed_bytes(a, mamba, r.autocast)
     add("activations", stored + final * tokens, how)
     buf = score_buffer_bytes(spec, a, act, seq, lay)
     if buf:
         add("attention score buffer", buf, f"{act} B × {max(t.micro_batch_size, t.logprob_batch_size)} rows × "
             f"{a.heads / lay.tp:g} heads × T² (megatron's global memory buffer: baddbmm's scratch, kept)")
     add("activation work", work, "one layer re-materialised/back-propagated" if ckpt else "one layer's gradients")
-    v = a.vocab / lay.tp
+    return plain, lp_scores
+
+
+def _logit_items(spec: RunSpec, r: Rank, add: Callable[[str, float, str], None]) -> float:
+    """The output layer's logits in the update and in the logprob pass; returns the logprob pass's tokens."""
+    t, lay, act, backend = spec.train, r.lay, r.act, r.backend
+    seq, resp = t.max_total_sequence_length, spec.rollout.max_new_tokens
+    tokens, rtokens = t.micro_batch_size * seq / lay.cp, t.micro_batch_size * resp / lay.cp
+    v = r.a.vocab / lay.tp
     lp_tokens, lp_rtokens = t.logprob_batch_size * seq / lay.cp, t.logprob_batch_size * resp / lay.cp
     # megatron: over the response tokens (policy/megatron_policy.py _token_stats)
     head = logprob_head(spec)
     if head.chunk:
         n, lp_n = (tokens, lp_tokens) if backend == "torch" else (rtokens, lp_rtokens)
-        _chunked_logits(add, a, v, act, head.chunk, n, lp_n, transform=head.transform is not None)
+        _chunked_logits(add, r.a, v, act, head.chunk, n, lp_n, transform=head.transform is not None)
     else:
         lead, c = LOGITS_COEF[backend](act)
         cap = act if backend == "torch" and softcapped_logits(spec) else 0  # the family's forward: tanh keeps [L, V]
@@ -348,41 +401,31 @@ def policy_estimate(spec: RunSpec, est: Estimate, mamba: Optional[str] = None) -
             + (f" ({head.why})" if t.logprob_chunk_tokens and head.why else ""))
         add("logprob logits", 2 * act * v * lp_tokens + 12 * v * lp_rtokens,
             f"forward only: {2 * act}·V·L + 12·V·T for train.logprob_batch_size={t.logprob_batch_size}")
+    return lp_tokens
 
-    g = lambda *keys: sum(it[k].bytes for k in keys if k in it)  # noqa: E731
-    resident = g(*RESIDENT)
-    cast = g("autocast copies") + g("fsdp gathered weights")  # FSDP2: the unsharded compute copies instead
-    est.phases = {
-        "generate": gib(resident),
-        # (the frozen reference model's casts are not cached: autocast caches leaves that require grad)
-        "logprobs": gib(resident + cast + g("logprob logits") + (2 * max(plain) + lp_scores) * lp_tokens),
-        "train": gib(resident + cast + g("activations", "activation work", "logits", "fsdp gradient buffers")),
-        "optimizer step": gib(resident + g("optimizer step temp")),
-    }
-    if "refit gather" in it:
-        est.phases["refit"] = gib(resident + g("refit gather"))
-    est.policy_phase = max(est.phases, key=est.phases.get)
-    est.policy_alloc_gib = est.phases[est.policy_phase]
-    # the big resident blocks (weights, grad buffer, optimizer states) do not fragment; the transients do
-    est.policy_reserved_gib = est.policy_alloc_gib + ALLOCATOR_SLACK * (est.policy_alloc_gib - est.phases["generate"])
+
+def _policy_notes(spec: RunSpec, r: Rank, mamba: str) -> list[str]:
+    """What the policy's estimate extrapolates (hybrid layouts, PP/CP/SP/MoE) and which Mamba-2 path it counts."""
+    a, lay, notes = r.a, r.lay, []
     if a.hybrid:
         where = "the one built here (models/nemotron_h.py)" if spec.model.path is None else \
             "the published one, not read from model.path"
-        est.notes.append(f"extrapolated: the {spec.model.family} layer layout ({a.mamba} Mamba / {a.moe} MoE / "
-                         f"{a.attention} attention) is {where}; Mamba/MoE activations are counted, not measured")
-        if backend == "torch":
+        notes.append(f"extrapolated: the {spec.model.family} layer layout ({a.mamba} Mamba / {a.moe} MoE / "
+                     f"{a.attention} attention) is {where}; Mamba/MoE activations are counted, not measured")
+        if r.backend == "torch":
             known = mamba_path_of(spec)[1]
-            est.notes.append(f"Mamba-2 counted on the {MAMBA_WORDS[mamba]} path" + (
+            notes.append(f"Mamba-2 counted on the {MAMBA_WORDS[mamba]} path" + (
                 " (judged from this interpreter's packages, as the plan's Mamba-2 line)" if known else
                 " (the node's packages decide: counted as the pure-torch path, the largest)"))
         if spec.train.sequence_packing and mamba != "torch":
-            est.notes.append("packed: the Mamba layers take seq_idx on the packed rows (mamba-ssm's kernels, true "
-                             "varlen; policy/packing.py)")
+            notes.append("packed: the Mamba layers take seq_idx on the packed rows (mamba-ssm's kernels, true "
+                         "varlen; policy/packing.py)")
         elif spec.train.sequence_packing:
-            est.notes.append("packed: the Mamba layers run on the sequences as padded groups (policy/packing.py), "
-                             "up to 2x their tokens; counted as the packed rows")
-    if backend == "megatron" and (lay.pp > 1 or lay.cp > 1 or lay.sp or a.experts):
-        est.notes.append("extrapolated: PP/CP/SP/MoE activation terms (calibrated on dense TP=1 only)")
+            notes.append("packed: the Mamba layers run on the sequences as padded groups (policy/packing.py), "
+                         "up to 2x their tokens; counted as the packed rows")
+    if r.backend == "megatron" and (lay.pp > 1 or lay.cp > 1 or lay.sp or a.experts):
+        notes.append("extrapolated: PP/CP/SP/MoE activation terms (calibrated on dense TP=1 only)")
+    return notes
 
 
 def score_bytes(spec: RunSpec, a: Arch, act: int, seq: int, lay: Layout) -> tuple[float, float, str]:
