@@ -7,7 +7,7 @@ import json
 import pytest
 
 
-from helpers import launch
+from helpers import launch, share_models
 
 SHORT = ["grpo.max_steps=1", "grpo.val_period=1", "checkpoint.save_period=1"]
 
@@ -120,6 +120,36 @@ def test_an_optuna_option_out_of_its_choices_is_a_config_error(tmp_path, option)
     p = launch("-m", "hydra/sweeper=optuna", option, "train.lr=choice(1e-4,3e-4)", f"output_root={tmp_path}")
     assert p.returncode == 2 and f"  - {option.partition('=')[0]}: {option}: not one of" in p.stderr, p.stderr[-2000:]
     assert "Traceback" not in p.stdout + p.stderr and not list(tmp_path.iterdir())
+
+
+FAILS_AT_RUN_TIME = """def boom(prompt, completion, answer=None, **row):
+    if str(completion).strip() == str(answer).strip():  # pre-flight's probe: the row's answer as the completion
+        return 1.0
+    raise ValueError("reward broke on " + repr(completion))
+"""
+
+
+def test_points_that_fail_at_run_time_end_in_a_summary_not_a_traceback(tmp_path):
+    """Points that pass pre-flight and fail in the run (a reward function that raises on a model's completion): the
+    sweep printed Hydra's 'Error executing job' and a traceback of run_point. Now every point runs, the summary names
+    each failed one with its reason (the run's 'error:' line, kept in status.json) and run dir, and the exit is 1."""
+    (tmp_path / "bad.py").write_text(FAILS_AT_RUN_TIME)
+    (tmp_path / "out").mkdir()
+    out = share_models(tmp_path / "out")
+    p = launch("-m", "loss.clip_high=0.2,0.28", "env=math", f"env.reward_fn={tmp_path}/bad.py:boom",
+               "grpo.max_steps=1", "logging.mlflow=false", f"output_root={out}", timeout=600)
+    text = p.stdout + p.stderr
+    assert p.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "Error executing job" not in text, text[-3000:]
+    summary = p.stdout[p.stdout.index("sweep summary (2 runs, 2 failed):"):].splitlines()
+    for clip in ("0.2", "0.28"):
+        run_dir = out / f"tiny-grpo_loss.clip_high={clip}"
+        (row,) = [i for i, line in enumerate(summary) if line.split()[:2] == [run_dir.name, "FAILED"]]
+        why = summary[row + 1]
+        assert "exit 1: reward function" in why and "raised ValueError: reward broke on" in why, why
+        assert why.endswith(f"(run dir {run_dir})"), why
+        assert json.loads((run_dir / "status.json").read_text())["message"].startswith("reward function")
+    assert p.stderr.strip().splitlines()[-1].startswith("sweep failed: 2 of 2 point(s) failed")
 
 
 def test_sweep_points_share_the_reward_probe(tmp_path, monkeypatch):

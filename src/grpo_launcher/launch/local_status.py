@@ -26,12 +26,18 @@ LOCAL = "local"
 
 
 class Tee:
-    """A text stream writing to the terminal stream and a log file (the file gets no terminal control codes)."""
+    """A text stream writing to the terminal stream and a log file (the file gets no terminal control codes). It keeps
+    the first line that starts with 'error:' (the run's own one-line reason: status.json's message when it fails)."""
 
     def __init__(self, stream: TextIO, log: TextIO):
         self._stream, self._log = stream, log
+        self._line, self.first_error = "", ""
 
     def write(self, text: str) -> int:
+        if not self.first_error:
+            self._line = (self._line + text)[-4000:]
+            *whole, self._line = self._line.split("\n")
+            self.first_error = next((line.strip() for line in whole if line.startswith("error:")), "")
         try:
             self._log.write(text)
             self._log.flush()
@@ -66,7 +72,8 @@ def recorded(spec, plan) -> Iterator[dict]:
         write_status(plan.run_dir, "RUNNING", kind=LOCAL, name=spec.name, pid=os.getpid(), host=socket.gethostname(),
                      driver_log=str(path), max_steps=spec.grpo.max_steps, event="started")
         out, err = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = Tee(out, log), Tee(err, log)
+        tee = Tee(err, log)
+        sys.stdout, sys.stderr = Tee(out, log), tee
         try:
             yield rec
         except BaseException as exc:
@@ -75,6 +82,8 @@ def recorded(spec, plan) -> Iterator[dict]:
             raise
         finally:
             sys.stdout, sys.stderr = out, err
+            if rec["rc"] != 0 and not rec.get("message") and tee.first_error:
+                rec["message"] = tee.first_error.removeprefix("error:").strip()[:500]
             try:
                 write_status(plan.run_dir, state_for(rec["rc"]), exit_code=rec["rc"], message=rec.get("message"),
                              event="ended")

@@ -17,6 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
+from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, IntegerNode, OmegaConf
 
 from ..exit_codes import ExitCode
@@ -282,9 +283,36 @@ def log_best_to_parent(cfg: DictConfig, run_id: str, trial: int, value: float, p
         client.set_tag(run_id, f"best.{k}", str(v))
 
 
-def print_summary(launches: Sequence[Launch]) -> None:
-    """Run names and, for Slurm points, job ids (from each run dir's status.json)."""
-    print(f"sweep summary ({len(launches)} runs):")
-    for launch in launches:
+def print_summary(points: Sequence[tuple[Launch, Optional[JobReturn]]]) -> int:
+    """Each point's run: name, state, job id (Slurm); a failed point also says why, in one line, and its run dir.
+    `points`: each point's Launch and Hydra's JobReturn (None where it did not run). Returns how many failed."""
+    outcomes = [point_outcome(launch, result) for launch, result in points]
+    failed = sum(1 for bad, _ in outcomes if bad)
+    print(f"sweep summary ({len(points)} runs" + (f", {failed} failed" if failed else "") + "):")
+    for (launch, _), (bad, why) in zip(points, outcomes):
         status = read_status(launch.plan.run_dir)
-        print(f"  {launch.spec.name:60s} {status.get('state', '-'):10s} job {status.get('job_id', '-')}")
+        state = "FAILED" if bad and status.get("state") in (None, "RUNNING") else status.get("state", "-")
+        print(f"  {launch.spec.name:60s} {state:10s} job {status.get('job_id', '-')}"
+              + (f"\n    {why} (run dir {launch.plan.run_dir})" if bad else ""))
+    return failed
+
+
+def point_outcome(launch: Launch, result: Optional[JobReturn]) -> tuple[bool, str]:
+    """(failed, why in one line) of a point Hydra ran: the run's recorded reason (status.json's message), else what
+    its task raised."""
+    if result is None or result.status != JobStatus.FAILED:
+        return False, ""
+    status = read_status(launch.plan.run_dir)
+    raised = str(result._return_value or "").strip().splitlines()
+    why = status.get("message") or (raised[0] if raised else "")
+    code = status.get("exit_code")
+    return True, (f"exit {code}: " if code is not None else "") + (why or "see its log: python launch.py logs "
+                                                                    f"{launch.plan.run_dir}")
+
+
+def end_of_sweep(failed: int, points: int) -> None:
+    """A sweep in which a point failed at run time exits 1 after the summary, without Hydra's traceback."""
+    if failed:
+        print(f"sweep failed: {failed} of {points} point(s) failed (each named above with its run dir)",
+              file=sys.stderr, flush=True)
+        sys.exit(ExitCode.FAILED)  # SystemExit passes through Hydra's error reporting: no traceback

@@ -5,6 +5,7 @@
 import logging
 import sys
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -16,8 +17,8 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
 from grpo_launcher.launch import execute
-from grpo_launcher.launch.sweep import (check_points, end_sweep_parent_run, named_points, point_problems,
-                                        print_summary, sweep_parent_run)
+from grpo_launcher.launch.sweep import (check_points, end_of_sweep, end_sweep_parent_run, named_points,
+                                        point_problems, print_summary, sweep_parent_run)
 
 from .shared_compose import SharedCompose
 
@@ -78,7 +79,9 @@ class GrpoLauncher(Launcher):
             if first is not None:
                 ok = len(runs) == len(configs) and all(r.status == JobStatus.COMPLETED for r in runs)
                 end_sweep_parent_run(first, sweep_dir, ok)
-        print_summary([launch for launch, _ in checked if launch is not None])
+        failed = print_summary([(launch, run) for (launch, _), run in zip_longest(checked, runs) if launch is not None])
+        if not self.invalid_points_fail:  # (the optuna sweeper counts failed trials itself)
+            end_of_sweep(failed, len(runs))  # failed points: exit 1 after the summary, no traceback
         return runs
 
     def point_problems(self, cfg: Optional[DictConfig], overrides: Sequence[str],
