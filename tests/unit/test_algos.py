@@ -370,9 +370,12 @@ def test_policy_loss_clip_metrics_and_padding_garbage():
         (grad,) = torch.autograd.grad(loss, lp)
         assert torch.isfinite(loss) and torch.isfinite(grad).all() and torch.isfinite(per_tok).all()
         assert grad[1, 1].item() == 0.0
-        assert m["clip_fraction"] == pytest.approx(1 / 3)
+        # token metrics are averaged as the aggregation weighs tokens: 3 tokens, or 2 sequences of 2 and 1
+        per_token = agg == "token_mean"
+        assert m["clip_fraction"] == pytest.approx(1 / 3 if per_token else (1 / 2 + 0) / 2)
         assert m["ratio_max"] == pytest.approx(math.exp(0.5))
-        assert m["ratio_mean"] == pytest.approx((math.exp(0.5) + 2) / 3)
+        want = (math.exp(0.5) + 2) / 3 if per_token else ((math.exp(0.5) + 1) / 2 + 1) / 2
+        assert m["ratio_mean"] == pytest.approx(want)
 
 
 def test_policy_loss_composes_components():
@@ -395,7 +398,8 @@ def test_policy_loss_composes_components():
         pg, _ = clipped_surrogate(ratio, adv, clip_low=0.2, clip_high=0.28, dual_clip_c=3.0)
         per = isw * pg + 0.05 * kl_estimate(lp, ref, estimator="k2")
         assert_close(loss, aggregate_loss("seq_mean_token_mean", per, eff))
-        assert m["kl"] == pytest.approx(masked_mean(kl_estimate(lp, ref, estimator="k2"), eff).item())
+        kl = kl_estimate(lp, ref, estimator="k2")
+        assert m["kl"] == pytest.approx(aggregate_loss("seq_mean_token_mean", kl, eff).item())  # as the loss weighs
 
 
 # --------------------------------------------------------------------------- issue 11: numerics that must hold

@@ -449,7 +449,8 @@ def policy_loss(
 
     The effective mask is mask * sample_mask[:, None]: every metric is over it too. Returns (loss scalar,
     per_token_loss [B, T] detached, metrics: pg_loss, kl, clip_fraction, ratio_mean, ratio_max (a max:
-    combine micro-batches with ``combine_metrics``), and entropy when per-token ``entropy`` is given).
+    combine micro-batches with ``combine_metrics``), and entropy when per-token ``entropy`` is given). The
+    per-token metrics are averaged as the aggregation weighs tokens (``metric_mean``).
     """
     # logprobs, old_logprobs: [B, T]; advantages: [B]; mask: [B, T]; sample_mask: [B]
     # is_weights, ref_logprobs, entropy: [B, T]
@@ -476,11 +477,20 @@ def policy_loss(
         ratio_max = ratio[mb].max().item() if bool(mb.any()) else 0.0
         metrics = {
             "pg_loss": aggregate_loss(aggregation, pg, m, norm_len=norm_len).item(),
-            "kl": masked_mean(kl, m).item(),
-            "clip_fraction": masked_mean(clipped.to(m.dtype), m).item(),
-            "ratio_mean": masked_mean(ratio, m).item(),
+            "kl": metric_mean(aggregation, kl, m),
+            "clip_fraction": metric_mean(aggregation, clipped.to(m.dtype), m),
+            "ratio_mean": metric_mean(aggregation, ratio, m),
             "ratio_max": ratio_max,
         }
         if entropy is not None:
-            metrics["entropy"] = masked_mean(entropy.detach(), m).item()
+            metrics["entropy"] = metric_mean(aggregation, entropy.detach(), m)
     return loss, per_token.detach(), metrics
+
+
+def metric_mean(aggregation: str, x: Tensor, mask: Tensor) -> float:
+    """A per-token metric averaged the way the loss weighs tokens: over all tokens (token_mean), else per sequence
+    and then over the non-empty sequences. Micro-batches and DP ranks weigh their metrics by their share of the
+    loss's denominator (tokens, or sequences: loss.local_denominator, combine_metrics), so only this averaging
+    combines to the whole minibatch's value whatever the split (a token mean weighed by sequences does not)."""
+    # x: [B, T]; mask: [B, T] -> float
+    return (masked_mean(x, mask) if aggregation == "token_mean" else seq_mean_token_mean(x, mask)).item()
