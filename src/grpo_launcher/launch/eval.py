@@ -3,7 +3,8 @@
     python launch.py eval RUN_DIR|RUN_NAME|MODEL_DIR [--step N] [--out FILE] [key=value ...]
         scores the val set (or env.val_path=FILE) with the run's env and reward, through the same Ray workers,
         engines and validation code as training; prints the metrics and writes them as JSON
-        (default RUN_DIR/eval/step_NNNNNN.json; a MODEL_DIR: OUTPUT_ROOT/eval/<dir name>.json; another val set
+        (default RUN_DIR/eval/step_NNNNNN.json; a MODEL_DIR: OUTPUT_ROOT/.eval/<dir name>-<hash>/<dir name>.json,
+        apart from every run dir and from another model dir of the same name; another val set
         than the run's own: named after it beside the run's, e.g. RUN_DIR/eval/step_NNNNNN.my_val.json)
     python launch.py generate RUN_DIR|RUN_NAME|MODEL_DIR --prompt TEXT [--prompt TEXT ...] [-n N] [--step N]
         N samples per prompt from the checkpoint (the newest, or --step N), the run's chat template and sampling;
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -42,6 +44,7 @@ from ..spec.errors import ConfigError, Violation
 from ..spec.schema import RunSpec
 from ..tracking.repro import REPRO
 from . import execute
+from .names import UNSAFE
 from .preflight import Launch
 from .repro import work_from_launch_dir
 
@@ -130,7 +133,19 @@ def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Tar
 def _model_target(model_dir: Path, overrides: list[str]) -> Target:
     spec = load_spec([f"model.path={model_dir}", *overrides])  # ConfigError: every problem, keys named
     other = {"env", "env.name", "env.val_path"} & {_override_key(o) for o in overrides}
-    return Target(_checked(spec), None, Path(spec.output_root).resolve() / "eval", data_label(spec) if other else None)
+    return Target(_checked(spec), None, model_eval_dir(spec, model_dir), data_label(spec) if other else None)
+
+
+MODEL_EVALS = ".eval"  # under output_root: no run's dir (a run name never starts with '.': preflight/paths.py)
+
+
+def model_eval_dir(spec: RunSpec, model_dir: Path) -> Path:
+    """Where an eval or generate of a model dir writes (its metrics, the workers' phase.json and prompting.json):
+    OUTPUT_ROOT/.eval/<dir name>-<hash of its path>. It was OUTPUT_ROOT/eval, the run dir of a run named `eval`
+    (whose phase.json it overwrote), shared by every model dir of the same name (/a/export and /b/export: one
+    metrics file)."""
+    digest = hashlib.sha256(str(model_dir).encode()).hexdigest()[:8]
+    return Path(spec.output_root).resolve() / MODEL_EVALS / f"{UNSAFE.sub('_', model_dir.name)}-{digest}"
 
 
 def data_label(spec: RunSpec) -> str:
@@ -144,7 +159,7 @@ def _env_name(spec: RunSpec) -> str:
 
 
 def default_out(t: Target) -> Path:
-    """RUN_DIR/eval/step_NNNNNN.json (a MODEL_DIR: OUTPUT_ROOT/eval/<dir name>.json); another val set than the
+    """RUN_DIR/eval/step_NNNNNN.json (a MODEL_DIR: model_eval_dir/<dir name>.json); another val set than the
     run's own is named after it (step_NNNNNN.<val set>.json): the run's own result is never overwritten."""
     base = t.checkpoint.name if t.checkpoint else Path(str(t.spec.model.path)).name
     return t.out_dir / (f"{base}.{t.data_label}.json" if t.data_label else f"{base}.json")
@@ -202,7 +217,7 @@ def eval_main(args: list[str]) -> int:
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
-    print(f"grpo-launcher: eval of {source_label(t)} on {val_source(t.spec)}", flush=True)
+    print(f"grpo-launcher: eval of {source_label(t)} on {val_source(t.spec)}; metrics to {out}", flush=True)
     metrics = run_workers(t, lambda trainer: trainer.validate())
     record = {"checkpoint": str(t.checkpoint) if t.checkpoint else None, "model_path": t.spec.model.path,
               "step": int(t.checkpoint.name.split("_")[-1]) if t.checkpoint else None,
