@@ -32,6 +32,7 @@ from grpo_launcher.algos import (
     spec_policy_loss,
 )
 from grpo_launcher.spec.compose import CONF_DIR, load_spec
+from grpo_launcher.spec.errors import ConfigError
 from grpo_launcher.spec.schema import Advantage, Aggregation, ISTruncation, KLEstimator, LossSpec, RatioLevel
 
 D = torch.float64
@@ -472,3 +473,52 @@ def test_micro_batch_metrics_combine_to_the_full_batch_metrics(agg):
         combined.append(combine_metrics(parts))
     for k, v in combined[0].items():
         assert all(abs(m[k] - v) < TOL for m in combined[1:]), (k, [m[k] for m in combined])
+
+
+# --------------------------------------------------------------------------- keys at their edges
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["loss.clip_low=0", "loss.clip_high=0"],  # ratio clipped to exactly 1 on the side A points to
+        ["loss.clip_low=0.3", "loss.clip_high=0.1"],  # clip_high < clip_low: an asymmetric range, as DAPO's
+        ["loss=gspo", "loss.clip_low=0", "loss.clip_high=0"],
+        ["loss.kl_coef=0", "loss.kl_estimator=k1"],  # no KL term (and no reference model)
+        ["loss.importance_sampling_correction=true", "loss.is_truncation=tis", "loss.is_threshold=0.5"],
+        ["rollout.temperature=0.00001"],
+    ],
+    ids=" ".join,
+)
+def test_keys_at_their_edges_are_accepted_and_match_the_reference(overrides):
+    lo = load_spec(overrides).loss
+    dv, dg = deltas(case_of(lo), 0, spec=lo)
+    assert dv < TOL and dg < TOL, (dv, dg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rule", "keys"),
+    [
+        # vLLM samples greedily below 1e-5 (sampling_params._SAMPLING_EPS) and its processed logprobs are then
+        # log softmax(logits) at temperature 1, while the policy divides by rollout.temperature
+        (["rollout.temperature=0.000001"], "sampling_keeps_logprobs_exact", ("rollout.temperature",)),
+        (["rollout=vllm", "rollout.temperature=1e-9"], "sampling_keeps_logprobs_exact", ("rollout.temperature",)),
+        # a threshold without a truncation mode: the weights stay untruncated, silently
+        (
+            ["loss.importance_sampling_correction=true", "loss.is_threshold=2"],
+            "importance_sampling_truncation",
+            ("loss.is_threshold", "loss.is_truncation"),
+        ),
+        (["loss.is_threshold=2"], "importance_sampling_truncation", ("loss.is_threshold", "loss.is_truncation")),
+        (["loss.clip_low=1"], "loss_ranges", ("loss.clip_low",)),
+        (["loss.clip_high=-0.1"], "loss_ranges", ("loss.clip_high",)),
+        (["loss.dual_clip_c=1"], "loss_ranges", ("loss.dual_clip_c",)),
+        (["grpo.num_generations_per_prompt=1"], "group_size_at_least_two", ("grpo.num_generations_per_prompt",)),
+    ],
+)
+def test_keys_past_their_edges_are_refused_naming_them(overrides, rule, keys):
+    with pytest.raises(ConfigError) as info:
+        load_spec(overrides)
+    found = [v for v in info.value.violations if v.rule == rule]
+    assert found, [v.rule for v in info.value.violations]
+    assert set(keys) <= set(found[0].keys), found[0].keys

@@ -77,12 +77,19 @@ def vllm_engine_memory_and_length(s: RunSpec) -> Iterator[Violation]:
                     f"set rollout.kv_cache_memory_mb ≥ {int(need_mb) + 1}")
 
 
+# vLLM samples greedily below this temperature (vllm/sampling_params.py _SAMPLING_EPS) and its processed logprobs
+# are then log softmax(logits) at temperature 1, while the policy's are log softmax(logits / T)
+MIN_TEMPERATURE = 1e-5
+
+
 @rule("pure")
 def sampling_keeps_logprobs_exact(s: RunSpec) -> Iterator[Violation]:
     r = s.rollout
-    if r.temperature <= 0:
+    if not r.temperature >= MIN_TEMPERATURE:
         yield V("sampling_keeps_logprobs_exact", "rollout.temperature",
-                f"RL sampling needs temperature > 0, got {r.temperature}", "set rollout.temperature=1.0")
+                f"RL sampling needs temperature ≥ {MIN_TEMPERATURE:g}, got {r.temperature} (below it vLLM samples "
+                "greedily and returns logprobs at temperature 1, the policy's are at the temperature)",
+                "set rollout.temperature=1.0")
 
 
 # model_type -> config.json switches vLLM 0.32's model class does not read: set true, the engine would be another

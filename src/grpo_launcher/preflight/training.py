@@ -61,6 +61,10 @@ def importance_sampling_truncation(s: RunSpec) -> Iterator[Violation]:
                 f"icepop keeps weights in [low, high] around 1: low must be in (0, 1), got {low}",
                 "e.g. loss.is_threshold_low=0.5 (the IcePop paper's)")
     if lo.is_truncation == ISTruncation.none:
+        if lo.is_threshold is not None:  # the weights would stay untruncated, silently
+            yield V("importance_sampling_truncation", ("loss.is_threshold", "loss.is_truncation"),
+                    f"loss.is_threshold={lo.is_threshold} bounds the IS weights only under a truncation, but "
+                    "loss.is_truncation=none", "set loss.is_truncation=tis (or icepop), or loss.is_threshold=null")
         return
     if not lo.importance_sampling_correction:
         yield V("importance_sampling_truncation", ("loss.importance_sampling_correction", "loss.is_truncation"),

@@ -114,8 +114,8 @@ class RolloutSpec:
     http_host: str = "127.0.0.1"  # never 0.0.0.0 unless asked for explicitly
     # the HTTP server's API key: null = a fresh one per run (RUN_DIR/rollout_endpoints.json, 0600); "" = none
     http_api_key: Optional[str] = None
-    # sampling temperature (> 0); engines always sample the full distribution (no top_p / top_k): the
-    # importance ratios need the logprobs of the distribution the policy trains on
+    # sampling temperature (≥ 1e-5: vLLM is greedy below); engines always sample the full distribution (no top_p /
+    # top_k): the importance ratios need the logprobs of the distribution the policy trains on
     temperature: float = 1.0
     max_new_tokens: int = 8
     # null = prompt budget + max_new_tokens (derived in the plan)
