@@ -15,6 +15,7 @@ from ..preflight.disk import report as disk_report
 from ..preflight.memory_report import report as memory_report
 from ..spec.schema import ClusterKind, RolloutBackend
 from .local import run_local, run_workers
+from .repro import say_resume_input_drift
 from .rundir import live_holder, read_lock
 from .slurm import submit_slurm
 
@@ -52,6 +53,7 @@ def execute(launch: Launch, work: Optional[Callable[[Trainer], T]] = None) -> in
     if not spec.dry_run and busy(launch):  # refused before its plan is printed (the executors' lock still decides)
         return ExitCode.FAILED
     print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
+    say_resume_input_drift(spec, plan.run_dir)  # a resume whose data or reward files changed since the run began
     if mamba_line(spec):  # nemotron_h on the torch backend: which Mamba-2 kernels its workers will run
         print(mamba_line(spec), flush=True)
     print(disk_report(spec), flush=True)  # one checkpoint's bytes, the peak on disk, the room (preflight/disk.py)

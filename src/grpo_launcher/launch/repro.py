@@ -20,10 +20,11 @@ import yaml
 from omegaconf import OmegaConf
 
 from ..checkpoint.manager import SPEC_CHANGES
+from ..finished import last_checkpoint_step
 from ..spec.compose import _override_key, spec_to_yaml
 from ..spec.errors import ConfigError, Violation
 from ..spec.model_dir import ARCH_KEYS
-from ..spec.schema import ModelSpec, RunSpec
+from ..spec.schema import ModelSpec, Resume, RunSpec
 from ..tracking.repro import REPRO, data_files, git_state, user_files
 from .rundir import load_spec_file
 
@@ -128,28 +129,68 @@ def _say_code_drift(git_file: Path) -> None:
 
 
 def _say_input_drift(run_dir: Path, overrides: list[str]) -> None:
-    """The data files (repro/data.json: size, sha256) and reward / Env files (repro/user_code/) the run read,
-    against those files now: a rerun reads them as they are now, so one changed since is said, with where the
-    run's copy is (was silent: the rerun trained on other data or another reward under the run's name)."""
-    repro, given = run_dir / REPRO, {_override_key(o) for o in overrides if "=" in o}
+    """The data and reward / Env files the run read at its start against those files now: a rerun reads them as they
+    are now, so one changed since is said, with where the run's copy is (was silent: the rerun trained on other data
+    or another reward under the run's name). A key given anew on the command line is the user's choice: not said."""
     try:
-        then = json.loads((repro / "data.json").read_text())
         spec = load_spec_file(run_dir / "spec.yaml")
     except (OSError, ValueError, ConfigError):
         return
-    now = data_files(spec)
-    changed = [f"{key}: {path} {_drift(info, now.get(key, {}).get(path))}" for key, files in then.items()
-               if key not in given for path, info in files.items() if _drift(info, now.get(key, {}).get(path))]
-    changed += [f"{key}: {path} is new since the run" for key, files in now.items() if key in then and key not in given
-                for path in files if path not in then[key]]
-    reward_keys = {"env.reward_fn", "env.reward_fns", "env.name"}
-    for f in user_files(spec) if not reward_keys & given else []:
-        copy = repro / "user_code" / f.name
-        if copy.is_file() and copy.read_bytes() != f.read_bytes():
-            changed.append(f"{f} differs from the run's copy {copy}")
+    changed = input_changes(run_dir, spec, {_override_key(o) for o in overrides if "=" in o})
     if changed:
         print("grpo-launcher: warning: files the run read have changed since; this rerun reads them as they are "
               "now:\n" + "\n".join(f"  - {c}" for c in changed), flush=True)
+
+
+REWARD_KEYS = {"env.reward_fn", "env.reward_fns", "env.name"}
+
+
+def input_changes(run_dir: Path, spec: RunSpec, skip: set[str]) -> list[str]:
+    """What differs between the files `spec` reads now and those the run read at its start (RUN/repro/data.json:
+    size, sha256; RUN/repro/user_code/: the reward / Env files), one line each; keys in `skip` are not compared."""
+    repro = run_dir / REPRO
+    try:
+        then = json.loads((repro / "data.json").read_text())
+    except (OSError, ValueError):
+        return []
+    now = data_files(spec)
+    changed = [f"{key}: {path} {_drift(info, now.get(key, {}).get(path))}" for key, files in then.items()
+               if key not in skip for path, info in files.items() if _drift(info, now.get(key, {}).get(path))]
+    changed += [f"{key}: {path} is new since the run" for key, files in now.items() if key in then and key not in skip
+                for path in files if path not in then[key]]
+    for f in user_files(spec) if not REWARD_KEYS & skip else []:
+        copy = repro / "user_code" / f.name
+        if copy.is_file() and copy.read_bytes() != f.read_bytes():
+            changed.append(f"{f} differs from the run's copy {copy}")
+    return changed
+
+
+def say_resume_input_drift(spec: RunSpec, run_dir: Path) -> None:
+    """A launch that resumes a run (checkpoint.resume=auto, the run dir holds a checkpoint) whose data or reward
+    files differ from those the run started with (repro/data.json, user_code/): said, file by file, before it runs
+    (was silent: the run went on with other data under the same name, and data.json was overwritten). A key that
+    now names another file is not compared (the resume says the keys it changed)."""
+    step = last_checkpoint_step(run_dir) if spec.checkpoint.resume == Resume.auto else None
+    if step is None:
+        return
+    try:
+        then = json.loads((run_dir / REPRO / "data.json").read_text())
+    except (OSError, ValueError):
+        return
+    moved = {key for key, files in then.items() if not _reads_same_path(getattr(spec.env, key[4:], None), files)}
+    changed = [c for c in input_changes(run_dir, spec, moved) if not c.endswith(" is gone")]
+    if changed:
+        print(f"grpo-launcher: warning: this launch resumes run '{spec.name}' from step {step}, and files the run read "
+              f"at its start have changed since ({run_dir / REPRO}): its next steps read them as they are now:\n"
+              + "\n".join(f"  - {c}" for c in changed), flush=True)
+
+
+def _reads_same_path(value: Any, files: dict) -> bool:
+    """Whether a data key's value now names the file (or directory of files) recorded for it."""
+    if not value:
+        return False
+    path = Path(str(value)).expanduser().resolve()
+    return any(Path(f) == path or path in Path(f).parents for f in files)
 
 
 def _drift(then: dict, now: Any) -> str:

@@ -6,6 +6,11 @@
     RUN_DIR/repro/pip-freeze.txt      every installed distribution, `name==version`
     RUN_DIR/repro/user_code/          copies of the user's reward / Env files named in the spec
     RUN_DIR/repro/data.json           the data files: size, mtime, sha256 (files up to 256 MiB)
+    RUN_DIR/repro/launches.jsonl      one line per launch: time, commit, command, and its data files (as data.json)
+
+data.json and user_code/ are the run's start's (the launch that began at step 1): a resume keeps them (it overwrote
+them: a resume on edited data left no record of what the first steps read), and its own data files are in its line
+of launches.jsonl. launch.py rerun and a resume compare the files against them (launch/repro.py input_changes).
 
 The driver records it once a launch is accepted (`record_launch`), on the MLflow run too; `launch.py rerun
 RUN_DIR` (launch/repro.py) reads it back.
@@ -105,9 +110,9 @@ def _file_info(f: Path) -> dict[str, Any]:
     return info
 
 
-def write_repro(spec: RunSpec, run_dir: Path, argv: Optional[list[str]] = None) -> Path:
-    """Record the code, packages, user files and data of this launch under RUN_DIR/repro/ (the last launch's;
-    earlier launches of a resumed run are listed in repro/launches.jsonl)."""
+def write_repro(spec: RunSpec, run_dir: Path, argv: Optional[list[str]] = None, resumed: bool = False) -> Path:
+    """Record the code, packages, user files and data of this launch under RUN_DIR/repro/ (code and packages: the last
+    launch's; data.json and user_code/: the start's, kept by a resume; every launch is a line of launches.jsonl)."""
     out = Path(run_dir) / REPRO
     out.mkdir(parents=True, exist_ok=True)
     git = git_state()
@@ -118,14 +123,19 @@ def write_repro(spec: RunSpec, run_dir: Path, argv: Optional[list[str]] = None) 
     write_atomic(out / "git.json", json.dumps(git, indent=1) + "\n")
     write_atomic(out / "uncommitted.diff", _git("diff", "HEAD", "--binary") or "")
     write_atomic(out / "pip-freeze.txt", pip_freeze())
-    write_atomic(out / "data.json", json.dumps(data_files(spec), indent=1) + "\n")
+    data = data_files(spec)
+    if not (resumed and (out / "data.json").is_file()):
+        write_atomic(out / "data.json", json.dumps(data, indent=1) + "\n")
     code = out / "user_code"
-    shutil.rmtree(code, ignore_errors=True)
+    if not resumed:
+        shutil.rmtree(code, ignore_errors=True)
     for f in user_files(spec):
         code.mkdir(exist_ok=True)
-        shutil.copy2(f, code / f.name)
+        if not (code / f.name).exists():  # a resume keeps the start's copy
+            shutil.copy2(f, code / f.name)
     with open(out / "launches.jsonl", "a") as fh:
-        fh.write(json.dumps({k: git[k] for k in ("time", "commit", "dirty", "command")}) + "\n")
+        fh.write(json.dumps({**{k: git[k] for k in ("time", "commit", "dirty", "command")}, "resumed": resumed,
+                             "data": data}) + "\n")
     return out
 
 
@@ -148,7 +158,7 @@ def log_to_mlflow(tracker: Any, run_dir: Path) -> None:
 def record_launch(spec: RunSpec, plan: Plan, state: Any) -> None:
     """After a launch is accepted (never before a refusal): RUN_DIR/repro/, and the same on the MLflow run."""
     try:
-        write_repro(spec, plan.run_dir)
+        write_repro(spec, plan.run_dir, resumed=getattr(state, "checkpoint_path", None) is not None)
     except OSError as exc:
         print(f"grpo-launcher: WARNING: could not record {plan.run_dir / REPRO}: {exc}", file=sys.stderr)
         return
