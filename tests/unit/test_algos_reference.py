@@ -12,8 +12,12 @@ k1/k2/k3 (Schulman, "Approximating KL divergence"), TIS (Yao et al. 2025), IcePo
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import shutil
 import statistics
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -522,3 +526,32 @@ def test_keys_past_their_edges_are_refused_naming_them(overrides, rule, keys):
     found = [v for v in info.value.violations if v.rule == rule]
     assert found, [v.rule for v in info.value.violations]
     assert set(keys) <= set(found[0].keys), found[0].keys
+
+
+VLLM_DEFAULTS = """
+import json, sys
+from vllm.engine.arg_utils import EngineArgs
+from grpo_launcher.rollout.vllm import ENGINE_SAMPLING
+for kw in ({"generation_config": "auto"}, ENGINE_SAMPLING):
+    mc = EngineArgs(model=sys.argv[1], skip_tokenizer_init=True, **kw).create_model_config()
+    print(json.dumps(mc.get_diff_sampling_param()))
+"""
+
+
+def test_vllm_http_requests_sample_the_full_distribution(tmp_path):
+    """Gym's requests (the engine's HTTP server) set temperature and top_p only: vLLM fills what a request leaves
+    unset from the engine's defaults, which with generation_config="auto" (vLLM's default) are the checkpoint's
+    generation_config.json (Qwen3's top_k=20 ...). The engine would sample, and return processed logprobs of, a
+    truncated, penalised distribution while the policy's logprobs are the full softmax(logits / T): the engine's
+    own sampling settings (rollout/vllm.py ENGINE_SAMPLING) leave none of it. A child process: vLLM's CPU build
+    patches torch's threads in the process that imports it (tests/unit/test_vllm.py)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model(), model)
+    sampling = {"top_k": 20, "top_p": 0.95, "temperature": 0.6, "repetition_penalty": 1.1, "min_p": 0.05}
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, **sampling}))
+    out = subprocess.run(
+        [sys.executable, "-c", VLLM_DEFAULTS, str(model)], capture_output=True, text=True, timeout=300, check=True
+    )
+    auto, ours = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
+    assert auto == sampling  # what generation_config="auto" would put into every Gym request
+    assert ours == {}

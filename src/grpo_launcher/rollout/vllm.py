@@ -28,7 +28,8 @@ offline engine holds the actor's thread through a generate call, so it applies s
 Logprobs: `logprobs_mode="processed_logprobs"` returns log_softmax(logits / temperature) of the sampled
 token, which is the policy's convention (policy/torch_policy.py divides the logits by rollout.temperature);
 at temperature 1 it equals vLLM's default raw logprobs. top-p/top-k stay off (rules.py enforces it), so no
-filtering enters the returned distribution.
+filtering enters the returned distribution; nor do the checkpoint's generation_config.json defaults on the HTTP
+path (ENGINE_SAMPLING).
 
 Imports. vLLM (an extra: .[cpu] / .[gpu]; seconds to import) and uvicorn (which comes with it) inside the functions
 that use them: the driver imports this module to start the engines, and it imports without vLLM; checkpoint_names at
@@ -119,6 +120,14 @@ class WeightRefitExtension:
         return sum(storages.values())
 
 
+# The engine's sampling settings. logprobs_mode: log_softmax(logits / T) of the sampled token, the policy's convention.
+# generation_config="vllm": vLLM's neutral defaults for what a request leaves unset; "auto" (vLLM's default) takes
+# them from the checkpoint's generation_config.json (Qwen3: top_k=20, min_p, repetition_penalty ...) for every HTTP
+# request, and Gym's set temperature and top_p only: the engine would sample a truncated, penalised distribution and
+# return its logprobs, not the policy's softmax. Special tokens (EOS) are still read from the checkpoint.
+ENGINE_SAMPLING = {"logprobs_mode": "processed_logprobs", "generation_config": "vllm"}
+
+
 class VLLMRolloutWorker(VersionedEngine):
     def __init__(self, spec: RunSpec, model_dir: str, threads: int = 1, max_model_len: Optional[int] = None):
         t0 = time.perf_counter()
@@ -178,7 +187,7 @@ class VLLMRolloutWorker(VersionedEngine):
             enforce_eager=r.enforce_eager, tensor_parallel_size=r.tensor_parallel_size,
             pipeline_parallel_size=r.pipeline_parallel_size,
             load_format="dummy",  # the driver pushes the policy's weights before the first rollout
-            logprobs_mode="processed_logprobs",  # log_softmax(logits / T): the policy's convention
+            **ENGINE_SAMPLING,
             worker_extension_cls=EXTENSION, served_model_name=[self.served_model_name],
             # the seed PR's fix: a served engine needs its tokenizer (chat templates, text prompts, detokenize)
             skip_tokenizer_init=not r.expose_http_server, disable_log_stats=True,
