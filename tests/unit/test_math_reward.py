@@ -117,8 +117,8 @@ def test_grading_is_bounded_in_time(monkeypatch):
 
 
 def test_preflight_warns_of_rows_whose_own_answer_scores_zero(launch_here, tmp_path):
-    """Rows whose answer the reward cannot read (words, a typo) are named with file:line, the first five, then
-    counted; answers that are fractions or have separators are not."""
+    """Rows whose answer the grader reads as no math (words, a placeholder, a typo) are named with file:line, the
+    first five, then counted; answers that are fractions or have separators are not."""
     rows = [
         {"question": f"{i}+{i}=", "answer": a}
         for i, a in enumerate(
@@ -130,12 +130,74 @@ def test_preflight_warns_of_rows_whose_own_answer_scores_zero(launch_here, tmp_p
     r = launch_here(tmp_path, "env=math", f"env.train_path={data}", f"env.val_path={data}", "dry_run=true")
     assert r.returncode == 0, r.stderr
     warning = r.stderr[r.stderr.index("warning: env.reward_fn") :]
-    assert "scores 0 on 14 of 26 rows when the completion is the row's own answer" in warning, r.stderr
+    assert "14 of 26 rows have an answer that is no math to the grader" in warning, r.stderr
     assert f"{data}:5: answer 'four'" in warning and f"{data}:6: answer 'n/a'" in warning
     assert "... and 9 more" in warning
     for line in (1, 2, 3, 4, 7, 13):
         assert f"{data}:{line}:" not in warning
-    assert "config error" not in r.stderr
+    assert "can never be rewarded" not in r.stderr and "config error" not in r.stderr
+
+
+# pre-flight's answer check (issue: bare answers were said to be never rewarded): the answer cell, what pre-flight
+# says of its row ("ok": nothing; "never": can never be rewarded; "text": no math to the grader, only the same text
+# boxed is rewarded), and a completion that math_verify_match rewards for it (None: none of the forms is rewarded)
+ANSWER_CHECK = [
+    ("A", "ok", r"The answer is \boxed{A}"),  # was "never": the bare `A` scores 0 as a whole completion
+    ("(A)", "ok", r"\boxed{A}"),
+    ("B", "ok", r"\boxed{B}"),
+    ("x^2", "ok", r"\boxed{x^2}"),  # was "never"
+    ("x", "ok", r"$x$"),
+    ("e", "ok", r"\boxed{e}"),
+    ("1e21", "ok", r"\boxed{1e21}"),  # was "never", and \boxed{1e21} scored 0 (read as 1·e·21)
+    ("1E21", "ok", "1e21"),  # was "never"
+    ("2.5e-3", "ok", r"\boxed{2.5e-3}"),
+    ("-1e21", "ok", "-1e21"),
+    ("1e3", "ok", r"\boxed{1000}"),
+    (27, "ok", "27"),
+    ("1/2", "ok", "0.5"),
+    (r"\frac{1}{2}", "ok", r"\boxed{\frac12}"),
+    ([1, 2], "ok", r"\boxed{1, 2}"),
+    (r"\infty", "ok", r"\boxed{\infty}"),
+    ("four", "text", r"\boxed{four}"),
+    ("n/a", "text", r"\boxed{n/a}"),
+    ("?", "text", r"\boxed{?}"),
+    ("x=", "text", r"\boxed{x=}"),
+    ("--", "text", r"\boxed{--}"),
+    ("yes", "text", r"\boxed{yes}"),
+    ("none", "text", r"\boxed{none}"),
+    (r"\boxed{}", "never", None),
+    ("####", "never", None),
+    ("$$", "never", None),
+    (r"\text{}", "never", None),
+]
+
+
+def test_the_answer_check_agrees_with_what_the_grader_rewards(launch_here, tmp_path, monkeypatch):
+    """A row is said never to be rewarded exactly when none of its answer's forms (as written, boxed, in $..$) is
+    rewarded, and each row's listed completion is rewarded: no false warnings (`A`, `x^2`, `1e21`), none missed."""
+    from grpo_launcher.envs import preflight
+    from grpo_launcher.envs.math import math_verify_match
+    from grpo_launcher.envs.preflight import answer_forms
+
+    monkeypatch.setattr(preflight, "SHOWN_ROWS", len(ANSWER_CHECK))  # every row named, none counted
+
+    for answer, verdict, completion in ANSWER_CHECK:
+        rewarded = [math_verify_match("q", form, answer=answer) for form in answer_forms(answer)]
+        assert (max(rewarded) == 0) == (verdict == "never"), (answer, rewarded)
+        if completion is not None:
+            assert math_verify_match("q", completion, answer=answer) == 1.0, (answer, completion)
+    data = tmp_path / "m.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": a}) + "\n"
+                            for i, (a, _, _) in enumerate(ANSWER_CHECK)))
+    val = tmp_path / "v.jsonl"
+    val.write_text(json.dumps({"question": "v", "answer": 1}) + "\n")
+    r = launch_here(tmp_path, "env=math", f"env.train_path={data}", f"env.val_path={val}", "dry_run=true")
+    assert r.returncode == 0, r.stderr
+    blocks = {"never": "can never be rewarded", "text": "no math to the grader"}
+    for i, (answer, verdict, _) in enumerate(ANSWER_CHECK, 1):
+        for name, head in blocks.items():
+            block = r.stderr[r.stderr.index(head):].split("\n  (")[0] if head in r.stderr else ""
+            assert (f"{data}:{i}: " in block) == (verdict == name), (answer, name, r.stderr)
 
 
 # a boxed percentage: math-verify 0.9 parses `\boxed{50\%}` to the string '50\%' only, so it matched no answer cell

@@ -27,11 +27,16 @@ from .usercode import TimeLimitExceeded, call_with_limit
 
 GRADE_TIMEOUT_S = 5.0  # one completion's parse + comparison
 _EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+# a number in e-notation inside a text (1e21, 2.5E-3): not part of a word or a longer number (x1e2, 0x1e5, 1.2.3e4)
+_E_NUMBER = re.compile(r"(?<![\w.\\])(\d+\.?\d*|\.\d+)[eE]([-+]?\d+)(?![\w.])")
+EXPANDED_EXPONENT = 400  # e-notation up to 10^±400 is written out (1e21 → 1000...0); beyond, as m \times 10^{n}
 _LATEX_HINTS = ("\\", "^", "{", "_")
 # a number as a cell holds it: 1,234 / 1 234 / .5 / 12.5% / 2/3 (read as a number, not as a list or a product)
 _NUMBER_CELL = re.compile(r"[-+]?(?:\d{1,3}(?:[, ]\d{3})+|\d+)?(?:\.\d+)?%?|[-+]?\d+/\d+")
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")  # prose: a word of two letters or more (not a \command)
-_DOLLAR = re.compile(r"(?<!\\)\$")  # a math delimiter, not an escaped dollar sign (\$18.90)
+_DOLLAR = re.compile(r"(?<!\\)\$")
+# a cell that stands for no answer: n/a, none, null, nan, tbd, unknown, ?, --, ...
+_PLACEHOLDER = re.compile(r"\s*(?:n/?a|null|none|nan|tbd|unknown|[?\-_.\u2013\u2014]*)\s*", re.I)  # a math delimiter, not an escaped dollar sign (\$18.90)
 # a bare answer (the whole completion): digits, separators, brackets, signs, the imaginary unit: (3, -2), 1, 2, 6-5i
 _BARE = re.compile(r"[\d\s.,/()\[\]+\-%^*i]*\d[\d\s.,/()\[\]+\-%^*i]*")
 _SIDE_BY_SIDE = re.compile(r"\d\s+\d")
@@ -76,7 +81,8 @@ def completion_parsed(completion: str) -> list:
     wrote after it, running on into a new question)."""
     from math_verify import parse  # (the same)
 
-    text = normalized(completion).replace("\\fbox", "\\boxed")  # math-verify reads \fbox's content, not its anchor
+    text = e_notation(normalized(completion))
+    text = text.replace("\\fbox", "\\boxed")  # math-verify reads \fbox's content, not its anchor
     text = _ANSWER_WORDS.sub("", text)  # \boxed{\text{The answer is } 5}: the words are no part of the answer
     if unclosed_box(text):
         return []
@@ -99,6 +105,21 @@ def bare(text: str) -> bool:
 def normalized(text: str) -> str:
     """Unicode minus, π and √ as LaTeX; 1\\,234's thin-space separator dropped."""
     return _THIN_SEPARATOR.sub("", text.translate(_UNICODE))
+
+
+def e_notation(text: str) -> str:
+    """Numbers in e-notation as math reads them: math-verify reads `1e21` as 1·e·21 (Euler's e), so a completion
+    `\\boxed{1e21}` never matched the answer 1e21. Written out up to EXPANDED_EXPONENT (1e21 → 1000...0, 2.5e-3 →
+    0.0025), beyond it as `m \\times 10^{n}` (1e999999999 is not written out: a billion digits)."""
+    def expand(m: re.Match) -> str:
+        mantissa, exponent = m.group(1), m.group(2).lstrip("+")
+        if len(exponent.lstrip("-").lstrip("0")) > 6 or abs(int(exponent)) > EXPANDED_EXPONENT:
+            return f"{mantissa} \\times 10^{{{exponent}}}"
+        try:
+            return format(Decimal(m.group(0)), "f")
+        except InvalidOperation:
+            return m.group(0)
+    return _E_NUMBER.sub(expand, text)
 
 
 def unclosed_box(text: str) -> bool:
@@ -127,10 +148,7 @@ def gold_parsed(gold: str) -> tuple:
     if "####" in text:
         text = text.rsplit("####", 1)[1].strip()
     if _EXPONENT.fullmatch(text):
-        try:
-            text = format(Decimal(text), "f")
-        except InvalidOperation:
-            pass
+        text = e_notation(text)
     if "\\boxed" in text or "\\fbox" in text or _DOLLAR.search(text):
         boxed_first = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
         return tuple(parse(text.replace("\\fbox", "\\boxed"), boxed_first, parsing_timeout=None))
@@ -138,6 +156,20 @@ def gold_parsed(gold: str) -> tuple:
     if _NUMBER_CELL.fullmatch(text) or (_WORD.search(text) and not any(h in text for h in _LATEX_HINTS)):
         readings.reverse()  # a number, or prose: its (last) number first
     return tuple(parse(readings[0], parsing_timeout=None) or parse(readings[1], parsing_timeout=None))
+
+
+def not_math(gold: str) -> bool:
+    """The answer cell is no math to the grader: a placeholder (n/a, ?, --), plain words (`four`, `yes`: math-verify
+    reads f·o·u·r, so `\\boxed{4}` scores 0 and `\\boxed{ruof}` 1), or text it parses to no expression (`x=`). Such a
+    row is rewarded only for the same text in \\boxed{}: pre-flight names them."""
+    from sympy import Basic  # here: sympy takes seconds to import (math-verify's own dependency)
+
+    text = gold.strip().strip("$").strip()
+    if _PLACEHOLDER.fullmatch(text):
+        return True
+    if _WORD.search(text) and not any(c.isdigit() for c in text) and not any(h in text for h in _LATEX_HINTS):
+        return True
+    return not any(isinstance(x, Basic) for x in gold_parsed(gold))
 
 
 def _quiet_timeout_warnings() -> None:

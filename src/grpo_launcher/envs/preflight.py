@@ -36,7 +36,7 @@ from ..spec.schema import ClusterKind, RunSpec
 from . import ENVS, PLANNED_ONLY, env_class
 from . import rewards as R
 from .dataset import DataError, DatasetEnv, answer_text, load_split
-from .math import gold_text
+from .math import gold_text, math_verify_match, not_math
 from .prompting import prompt_lengths, templating_on
 from .toy import ReverseDigitsEnv, every_prompt_text
 from .usercode import (LIMIT_ENV, TimeLimitExceeded, UserCodeError, UserCodeTimeout, call_with_limit, describe,
@@ -189,14 +189,17 @@ def _toy_count_needed(s: RunSpec) -> bool:
 
 def toy_longest(s: RunSpec, tok: Any) -> tuple[int, int]:
     """(the longest of env=toy's 10^4 prompts as the model gets them, the longest with env.chat_template=false),
-    once per tokenizer and rendering (0.7 s for the 10^4 under a ChatML template with the tiny tokenizer, on a
-    shared 2-core machine)."""
+    once per tokenizer and rendering; the second is counted only under a template (without one it is the first).
+    A long env.system_prompt is tokenised once, not with each prompt (prompting.shared_head_lengths: 25 s → 0.3 s
+    at 5,000 characters)."""
     e = s.env
     key = (s.model.path, e.chat_template, e.system_prompt)
     if key not in _TOY_LONGEST:
         texts = every_prompt_text()
+        longest = max(prompt_lengths(tok, texts, e))
         plain = dataclasses.replace(e, chat_template=False)
-        _TOY_LONGEST[key] = (max(prompt_lengths(tok, texts, e)), max(prompt_lengths(tok, texts, plain)))
+        on = templating_on(tok, e)
+        _TOY_LONGEST[key] = (longest, max(prompt_lengths(tok, texts, plain)) if on else longest)
     return _TOY_LONGEST[key]
 
 
@@ -349,20 +352,20 @@ def _timed_out(r: Any, exc: TimeLimitExceeded, where: str) -> Violation:
 
 
 def _check_answers_score(s: RunSpec, r: Any, tables: dict) -> Iterator[Violation]:
-    """Call the reward on every row with the row's own answer as the completion (within ANSWER_CHECK_BUDGET_S);
-    rows scored 0 can never be rewarded: one warning naming the first SHOWN_ROWS (file:line) and counting the rest.
-    A call that does not return is a config error."""
-    e, zero, checked = s.env, [], 0
+    """Call the reward on every row with the row's own answer as the completion, as written, then boxed and in $..$
+    (answer_forms; within ANSWER_CHECK_BUDGET_S): rows that no form scores can never be rewarded: one warning naming
+    the first SHOWN_ROWS (file:line) and counting the rest. Under math_verify_match, rows whose answer is no math to
+    the grader (math.not_math: n/a, words) are a warning too. A call that does not return is a config error."""
+    e, zero, text_only, checked = s.env, [], [], 0
     total = sum(len(t.rows) for t in tables.values())
     deadline = time.monotonic() + ANSWER_CHECK_BUDGET_S
     for t in tables.values():
         for i, row in enumerate(t.rows):
             if time.monotonic() > deadline:
                 break
-            answer = answer_text(row[e.answer_key])
+            value = row[e.answer_key]
             try:
-                value = row[e.answer_key]
-                for completion in answer_forms(value) if isinstance(value, list) else (answer,):  # until rewarded
+                for completion in answer_forms(value):  # until one is rewarded
                     got = call_with_limit(user_code_limit_s(), R.score, [r], row[e.prompt_key], completion, row,
                                           e.prompt_key, t.where(i), on_error="zero")
                     if got.total != 0:
@@ -371,19 +374,25 @@ def _check_answers_score(s: RunSpec, r: Any, tables: dict) -> Iterator[Violation
                 yield _timed_out(r, exc, t.where(i))
                 return
             checked += 1
+            answer = answer_text(value)
             if got.total == 0:
                 zero.append(f"{t.where(i)}: answer {_short(answer)}" + (" (the call raised)" if got.error else ""))
+            elif r.fn is math_verify_match and not_math(gold_text(value)):
+                text_only.append(f"{t.where(i)}: answer {_short(answer)}")
     if zero:
         warn(_unrewardable_text(r, zero, checked, total))
+    if text_only:
+        warn(_text_only_text(r, text_only, checked, total))
 
 
 def answer_forms(value: Any) -> list[str]:
-    """The completions a row's own answer is tried as: its text, then (a list cell: [1, 2]) as the grader reads the
-    cell ($1, 2$; its JSON text `[1, 2]` is an interval to math-verify). Not boxed: `\\boxed{?}` or `\\boxed{n/a}`
-    match themselves as strings, and the check is there to name such cells."""
+    """The completions a row's own answer is tried as: its text, (a list cell: [1, 2]) as the grader reads the cell
+    ($1, 2$; its JSON text `[1, 2]` is an interval to math-verify), then in \\boxed{} and in $..$ as a model writes
+    it (`A`, `x^2` score 0 as a whole completion: math-verify reads a bare answer only when it is a number)."""
     text = answer_text(value)
-    gold = gold_text(value) if isinstance(value, list) else text
-    return [text] if gold == text else [text, gold]
+    gold = (gold_text(value) if isinstance(value, list) else text).strip()
+    inner = gold[1:-1] if len(gold) > 1 and gold[0] == gold[-1] == "$" else gold
+    return list(dict.fromkeys([text, gold, f"\\boxed{{{inner}}}", f"${inner}$"]))
 
 
 def _unrewardable_text(r: Any, zero: list[str], checked: int, total: int) -> str:
@@ -391,12 +400,23 @@ def _unrewardable_text(r: Any, zero: list[str], checked: int, total: int) -> str
         else f"{total} rows"
     every = len(zero) == checked
     head = (f"{r.key} ({r.ref}) scores 0 on {'every one' if every else len(zero)} of {of} when the completion is "
-            f"the row's own answer: {'they' if every else 'those rows'} can never be rewarded")
+            f"the row's own answer (as written, in \\boxed{{}} or in $..$): {'they' if every else 'those rows'} can "
+            "never be rewarded")
     shown = [f"    {z}" for z in zero[:SHOWN_ROWS]]
     more = [f"    ... and {len(zero) - SHOWN_ROWS} more"] if len(zero) > SHOWN_ROWS else []
     hint = ("  (if the reward expects more than the bare answer, e.g. a format, this is expected)" if every else
             "  (check those answers: a grader reads them as it reads a completion)")
     return "\n".join([head, *shown, *more, hint])
+
+
+def _text_only_text(r: Any, rows: list[str], checked: int, total: int) -> str:
+    of = f"{checked} rows checked of {total}" if checked < total else f"{total} rows"
+    shown = [f"    {z}" for z in rows[:SHOWN_ROWS]]
+    more = [f"    ... and {len(rows) - SHOWN_ROWS} more"] if len(rows) > SHOWN_ROWS else []
+    return "\n".join([f"{r.key} ({r.ref}): {len(rows)} of {of} have an answer that is no math to the grader (a "
+                      "placeholder such as n/a or ?, words such as `four`, which math-verify reads as f·o·u·r): only "
+                      "a completion with the same text in \\boxed{} is rewarded (\\boxed{four}, not 4)", *shown, *more,
+                      "  (fix those answers: a number or an expression)"])
 
 
 def warn(text: str) -> None:

@@ -11,6 +11,7 @@ records, per split, how many prompts took which (system_prompt_source) and the f
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..spec.schema import EnvSpec
@@ -47,17 +48,60 @@ def encode(tokenizer, prompt: Any, env: EnvSpec) -> list[int]:
 
 
 def prompt_lengths(tokenizer: Any, prompts: list, env: EnvSpec, chunk: int = 8192) -> list[int]:
-    """Token count of each prompt as encode() makes it, tokenised in batches (pre-flight over a whole data set)."""
+    """Token count of each prompt as encode() makes it, tokenised in batches (pre-flight over a whole data set).
+    Prompts rendered with a long shared head (env.system_prompt, the chat template's) are counted by their tails:
+    the head is tokenised once (shared_head_lengths), not once per prompt."""
     on = templating_on(tokenizer, env)
     fast = getattr(tokenizer, "is_fast", False) and getattr(tokenizer, "backend_tokenizer", None)
     out: list[int] = []
     for i in range(0, len(prompts), chunk):
         texts = [render(tokenizer, p, env) for p in prompts[i:i + chunk]]
         if fast:  # the Rust tokenizer's encodings, without transformers' per-row conversion
-            out += [len(x.ids) for x in fast.encode_batch(texts, add_special_tokens=not on)]
+            shared = shared_head_lengths(fast, texts, not on)
+            out += shared if shared is not None else [len(x.ids) for x in fast.encode_batch(
+                texts, add_special_tokens=not on)]
         else:
             out += [len(x) for x in tokenizer(texts, add_special_tokens=not on)["input_ids"]]
     return out
+
+
+SHARED_HEAD_MIN = 256  # rendered prompts that share this many leading characters are counted by their tails
+CUT_MARGIN = 64  # characters of shared text kept in each tail (the cut is a token boundary this far before the end)
+EXACT_CHECKS = 8  # tails' counts compared with a whole encoding: the longest, the shortest and these spread out
+
+
+def shared_head_lengths(fast: Any, texts: list[str], special: bool) -> list[int] | None:
+    """Each text's token count, the shared head (a system prompt, a template's preamble: its common prefix) tokenised
+    once: cut at a token boundary CUT_MARGIN characters inside the head, count = head's tokens + the tail's. None
+    (count them whole) when the head is short or the cut does not tokenise as it does in the whole text; the
+    longest, the shortest and EXACT_CHECKS more are compared with their whole encodings (None on any difference)."""
+    head = len(os.path.commonprefix(texts)) if len(texts) > 1 else 0
+    if head < SHARED_HEAD_MIN:
+        return None
+    whole = fast.encode(texts[0], add_special_tokens=special)
+    k = _cut_token(whole.offsets, head - CUT_MARGIN)
+    if k is None:
+        return None
+    cut = whole.offsets[k][0]
+    tail = fast.encode(texts[0][cut:], add_special_tokens=False).ids
+    if whole.ids[k:k + len(tail)] != tail:
+        return None
+    base = len(whole.ids) - len(tail)
+    lengths = [base + len(x.ids) for x in fast.encode_batch([t[cut:] for t in texts], add_special_tokens=False)]
+    check = {max(range(len(texts)), key=lengths.__getitem__), min(range(len(texts)), key=lengths.__getitem__),
+             *range(0, len(texts), max(1, len(texts) // EXACT_CHECKS))}
+    if any(len(fast.encode(texts[i], add_special_tokens=special).ids) != lengths[i] for i in check):
+        return None
+    return lengths
+
+
+def _cut_token(offsets: list, at: int) -> int | None:
+    """The last token that starts cleanly (after the previous token's end, not at 0) at or before character `at`."""
+    for k in range(len(offsets) - 1, 0, -1):
+        start = offsets[k][0]
+        if 0 < start <= at and offsets[k - 1][1] <= start and offsets[k - 1][0] < start:
+            return k
+    return None
 
 
 class PromptTooLong(UserCodeError):
