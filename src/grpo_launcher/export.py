@@ -8,8 +8,11 @@ config.json's architecture (built on the meta device): one missing, unexpected o
 named. The directory is written under a temporary name and renamed when complete. The weights are written in bfloat16 (--dtype: float16, float32, or `saved`: as the
 checkpoint holds them, the fp32 master weights of a torch run): floating tensors are cast, config.json's dtype says so
 (saved: the dtype the tensors hold).
-From the model directory the run loaded (RUN_DIR/model.json): its tokenizer files byte for byte (unless the
-checkpoint holds a tokenizer) and its generation_config.json (EOS / stop tokens, sampling defaults).
+The run's tokenizer files byte for byte (unless the checkpoint holds a tokenizer) and its generation_config.json (EOS /
+stop tokens, sampling defaults): those the run started with, copied at its launch into RUN_DIR/model_files/ with
+their sha256 in RUN_DIR/model.json; the model directory the run loaded may have been edited, replaced or deleted
+since (its files were read at export time: a silently different export, or none). A run dir from before the copy:
+the model directory's files, checked against nothing.
 --out is never emptied: an existing non-empty --out is refused unless it is an earlier
 export of the same run (its EXPORT_RECORD names the run dir), which is replaced.
 """
@@ -17,6 +20,7 @@ export of the same run (its EXPORT_RECORD names the run dir), which is replaced.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -27,7 +31,7 @@ from typing import Optional
 from .checkpoint import CheckpointManager
 from .checkpoint.manager import load_meta, verify_checkpoint
 from .exit_codes import ExitCode
-from .runfiles import load_spec_file
+from .runfiles import load_spec_file, write_atomic
 from .spec.errors import ConfigError, Violation
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -89,10 +93,78 @@ def source_dir(run_dir: Path) -> Optional[Path]:
     return Path(spec.model.path) if spec.model.path and Path(spec.model.path).is_dir() else None
 
 
+RUN_MODEL_FILES = "model_files"  # RUN_DIR/model_files/: the tokenizer and generation config the run started with
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_files(model_dir: Path) -> dict[str, str]:
+    """The tokenizer files and generation_config.json of an HF directory: name -> sha256."""
+    return {n: file_sha256(model_dir / n) for n in (*TOKENIZER_FILES, GENERATION_CONFIG) if (model_dir / n).is_file()}
+
+
+def write_model_record(run_dir: Path, model_dir: Path) -> list[str]:
+    """At a launch: RUN_DIR/model.json (the HF directory the run loaded, its tokenizer and generation config files'
+    sha256) and RUN_DIR/model_files/ (their copies), what `export` carries. A resume keeps the start's record and
+    copies; returns the files of model_dir that differ from them now (the resumed run reads model_dir's)."""
+    record_file, copies = Path(run_dir) / MODEL_RECORD, Path(run_dir) / RUN_MODEL_FILES
+    now = model_files(Path(model_dir))
+    try:
+        then = json.loads(record_file.read_text())["files"]
+        if copies.is_dir():
+            return sorted(n for n in {*then, *now} if then.get(n) != now.get(n))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    tmp = copies.with_name(f".tmp-{RUN_MODEL_FILES}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in now:
+        shutil.copyfile(Path(model_dir) / name, tmp / name)
+    shutil.rmtree(copies, ignore_errors=True)
+    os.replace(tmp, copies)
+    write_atomic(record_file, json.dumps({"model_dir": str(Path(model_dir).resolve()), "files": now}) + "\n")
+    return []
+
+
+def run_copy(run_dir: Path) -> Optional[Path]:
+    """RUN_DIR/model_files/ when it holds what model.json lists (a run dir from before it: None)."""
+    copies = run_dir / RUN_MODEL_FILES
+    try:
+        listed = json.loads((run_dir / MODEL_RECORD).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return copies if copies.is_dir() and all((copies / n).is_file() for n in listed) else None
+
+
+def drift_note(run_dir: Path, copies: Path) -> Optional[str]:
+    """The model directory's tokenizer / generation config files that differ from the run's copies now (or that it
+    is gone): said by export, which carries the copies."""
+    record = json.loads((run_dir / MODEL_RECORD).read_text())
+    model_dir = Path(record["model_dir"])
+    if not model_dir.is_dir():
+        return f"the model directory the run loaded, {model_dir}, is gone; the run's copy {copies} is exported"
+    now = model_files(model_dir)
+    changed = sorted(n for n in {*record["files"], *now} if record["files"].get(n) != now.get(n))
+    if not changed:
+        return None
+    return (f"{', '.join(changed)} in {model_dir} changed since the run began; the run's copies ({copies}) are "
+            "exported, as it trained with them")
+
+
 def tokenizer_source(run_dir: Path, ckpt: Path) -> Path:
-    """Where the run's tokenizer lives: in the checkpoint, or the model directory the run loaded."""
+    """Where the run's tokenizer lives: in the checkpoint, the run's copy (RUN_DIR/model_files), or the model
+    directory the run loaded."""
     if any((ckpt / "policy" / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         return ckpt / "policy"
+    copies = run_copy(run_dir)
+    if copies is not None and any((copies / f).is_file() for f in TOKENIZER_FILES):
+        return copies
     src = source_dir(run_dir)
     if src is None:
         raise ExportError(f"cannot find the run's tokenizer: not in {ckpt / 'policy'}, no {run_dir / MODEL_RECORD}, "
@@ -116,8 +188,9 @@ def carry_tokenizer(src: Path, dest: Path) -> None:
 def carry_generation_config(run_dir: Path, dest: Path) -> None:
     """The source model's generation_config.json (its EOS / stop tokens, sampling defaults), not the checkpoint's:
     a sharded torch run builds its model from config.json alone (fsdp.load_model), so the one its checkpoints
-    save derives from config.json (Qwen2.5-Instruct: one EOS of two, no sampling defaults)."""
-    src = source_dir(run_dir)
+    save derives from config.json (Qwen2.5-Instruct: one EOS of two, no sampling defaults). The run's copy when it
+    has one (RUN_DIR/model_files: what it started with)."""
+    src = run_copy(run_dir) or source_dir(run_dir)
     if src is not None and (src / GENERATION_CONFIG).is_file():
         shutil.copyfile(src / GENERATION_CONFIG, dest / GENERATION_CONFIG)
 
@@ -155,7 +228,7 @@ def export(run_dir: Path, step: Optional[int] = None, last: bool = False, out: O
         check_tensors(tmp, ckpt)
         _check_loads(tmp)
         record = {"run_dir": str(run_dir), "checkpoint": ckpt.name, "step": int(ckpt.name.split("_")[-1]),
-                  "dtype": dtype}
+                  "dtype": dtype, "model_files": str(run_copy(run_dir) or source_dir(run_dir))}
         (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n")
         replace_dir(tmp, out)
     finally:
@@ -367,6 +440,10 @@ def main(args: list[str]) -> int:
         print(ConfigError([Violation("export_target", (exc.key,), str(exc), "pick a run dir and a step with a "
                                      "complete checkpoint (launch.py status RUN)")]).render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
+    copies = run_copy(run_dir.resolve())
+    note = drift_note(run_dir.resolve(), copies) if copies is not None else None
+    if note:
+        print(f"export: note: {note}", flush=True)
     picked = json.loads((out / EXPORT_RECORD).read_text())["checkpoint"]
     why = "as asked" if ns.step is not None else "the latest, as asked" if ns.last else why_picked(run_dir, picked)
     print(f"exported {out}\n  checkpoint: {picked} ({why})\n  load it: AutoModelForCausalLM.from_pretrained("

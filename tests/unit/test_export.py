@@ -213,3 +213,33 @@ def test_export_says_which_rule_picked_the_checkpoint(tmp_path, capsys):
     assert meta.is_file() and export_main([str(run), "--out", str(tmp_path / "out")]) == 0
     assert "checkpoint: step_000002 (the best by val/reward_mean = 0.25, highest of the kept checkpoints" in \
         capsys.readouterr().out
+
+
+def test_export_carries_what_the_run_trained_with_after_the_base_model_dir_changed_or_went(tmp_path):
+    """export read the tokenizer and generation_config.json from the model dir as it was at export time: after the user
+    edited the base model's generation_config.json the export was silently another model's; after deleting the dir,
+    no export ('cannot find the run's tokenizer'). The run now keeps its own copies (RUN_DIR/model_files, sha256 in
+    model.json), which export carries, saying what changed."""
+    from helpers import launch, tiny_model
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model(), base)
+    started = {n: (base / n).read_bytes() for n in ("generation_config.json", "tokenizer.json", "tokenizer_config.json")}
+    run = launch(f"model.path={base}", "name=r", "grpo.max_steps=1", "checkpoint.save_period=1", "grpo.val_period=1",
+                 "logging.mlflow=false", f"output_root={tmp_path / 'out'}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    run_dir = tmp_path / "out" / "r"
+    gen = json.loads(started["generation_config.json"])
+    (base / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": 5, "temperature": 0.1}))
+
+    first = launch("export", str(run_dir), "--out", str(tmp_path / "e1"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (f"export: note: generation_config.json in {base} changed since the run began; the run's copies "
+            f"({run_dir / 'model_files'}) are exported") in first.stdout, first.stdout
+    shutil.rmtree(base)
+    second = launch("export", str(run_dir), "--out", str(tmp_path / "e2"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"export: note: the model directory the run loaded, {base}, is gone" in second.stdout, second.stdout
+    for out in (tmp_path / "e1", tmp_path / "e2"):
+        assert {n: (out / n).read_bytes() for n in started} == started, out
+        assert AutoTokenizer.from_pretrained(out).eos_token_id is not None

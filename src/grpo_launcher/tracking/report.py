@@ -11,7 +11,7 @@ from pathlib import Path
 from ..checkpoint import CheckpointManager
 from ..envs.prompting import prompting_record
 from ..exit_codes import ExitCode
-from ..export import MODEL_RECORD
+from ..export import RUN_MODEL_FILES, write_model_record
 from ..plan import Plan
 from ..runfiles import write_atomic
 from ..secrets import redact_value
@@ -31,8 +31,12 @@ def write_prompting(run_dir: Path, tokenizer, env, data_log=None, model_dir: Pat
     """How prompts are built (chat template, system prompt, an example): RUN_DIR/prompting.json, and beside
     the train-data log (train_data/prompting.json) when that is on. Also RUN_DIR/model.json: the HF directory
     the run loaded (where `launch.py export` finds the tokenizer)."""
-    if model_dir is not None:
-        write_atomic(Path(run_dir) / MODEL_RECORD, json.dumps({"model_dir": str(Path(model_dir).resolve())}) + "\n")
+    if model_dir is not None:  # + the tokenizer and generation config the run starts with (export carries them)
+        changed = write_model_record(Path(run_dir), Path(model_dir))
+        if changed:
+            print(f"grpo-launcher: warning: {', '.join(changed)} in {model_dir} differ from those the run started "
+                  f"with (copied in {Path(run_dir) / RUN_MODEL_FILES}): this resume reads the model directory's",
+                  file=sys.stderr, flush=True)
 
     record = prompting_record(tokenizer, env, splits)  # splits: envs.prompting.split_prompts
     text = json.dumps(record, indent=1) + "\n"
