@@ -35,7 +35,7 @@ from ..spec.errors import Violation
 from ..spec.schema import ClusterKind, RunSpec
 from . import ENVS, PLANNED_ONLY, env_class
 from . import rewards as R
-from .dataset import DataError, DatasetEnv, answer_text, load_split
+from .dataset import DataError, DatasetEnv, answer_text, load_split, validation_on
 from .math import gold_text, math_verify_match, not_math
 from .prompting import prompt_lengths, templating_on
 from .toy import ReverseDigitsEnv, every_prompt_text
@@ -84,7 +84,7 @@ def training_preflight() -> Iterator[None]:
 
 def check_env(s: RunSpec) -> Iterator[Violation]:
     """Every problem of the env section (kept per spec and data files: the data is read once)."""
-    key = (repr(dataclasses.replace(s, dry_run=False)), *(_stat(p) for p in (s.env.train_path, s.env.val_path)))
+    key = (repr(dataclasses.replace(s, dry_run=False)), *(_stat(getattr(s.env, f"{w}_path")) for w in data_splits(s)))
     if key not in _CHECKED:
         _CHECKED.clear()
         _CHECKED[key] = list(_check_env(s))
@@ -267,12 +267,15 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
         yield V(("env.answer_key", "env.prompt_key"), f"env.prompt_key and env.answer_key are both {e.prompt_key!r}: "
                 "the model would be shown the answer in its prompt", "name the question's column in env.prompt_key")
     tables = {}
-    for which in ("train", "val"):
+    for which in data_splits(s):
         path = getattr(e, f"{which}_path")
         if not path:
-            yield V(f"env.{which}_path", f"env={e.name} reads its prompts from files, and env.{which}_path is null",
+            yield V(f"env.{which}_path", f"env={e.name} reads its prompts from files, and env.{which}_path is null"
+                    + (f" ({_validating(s.grpo)})" if which == "val" else ""),
                     f"set env.{which}_path to a data file (.jsonl, .json, .csv, .tsv, gzip'ed or not; .parquet) or a "
-                    "saved datasets directory" + (" of held-out rows" if which == "val" else ""))
+                    "saved datasets directory" + (" of held-out rows, or turn validation off: grpo.val_period=0 "
+                                                  "grpo.val_at_start=false grpo.val_at_end=false" if which == "val"
+                                                  else ""))
             continue
         if not Path(path).expanduser().exists():
             continue  # local_paths_exist names it (local runs); a Slurm job's file may live on the cluster
@@ -291,6 +294,17 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
             warn_of_solutions(e, tables["train"])
     if tables:
         yield from check_prompts(s, tables)
+
+
+def data_splits(s: RunSpec) -> tuple[str, ...]:
+    """The splits a run reads: train, and val when it validates (dataset.validation_on)."""
+    return ("train", "val") if validation_on(s.grpo) else ("train",)
+
+
+def _validating(grpo: Any) -> str:
+    on = [f"grpo.val_period={grpo.val_period}"] if grpo.val_period > 0 else []
+    on += [f"grpo.{k}=true" for k in ("val_at_start", "val_at_end") if getattr(grpo, k)]
+    return "validation is on: " + ", ".join(on)
 
 
 def reward_verdict(s: RunSpec, r: Any, tables: dict, columns: list[str]) -> list[Violation]:
@@ -474,7 +488,7 @@ def resolve_prompt_budget(s: RunSpec) -> tuple[RunSpec, list[Violation]]:
     if not dataset:
         return s, [V("env.max_prompt_tokens", f"env.max_prompt_tokens=0 takes the longest prompt of a data set, and "
                      f"env={e.name} reads none", fix)]
-    paths = [p for p in (e.train_path, e.val_path) if p]
+    paths = [p for p in (getattr(e, f"{w}_path") for w in data_splits(s)) if p]
     if any(here(s, p) and not Path(p).expanduser().exists() for p in paths):
         return s, []  # a missing file: check_dataset names it
     if not paths or not all(here(s, p) for p in paths):
@@ -486,7 +500,7 @@ def resolve_prompt_budget(s: RunSpec) -> tuple[RunSpec, list[Violation]]:
                      f"tokenizer, which cannot be read from {s.model.path}", fix)]
     longest, where = 0, ""
     try:
-        for which in ("train", "val"):
+        for which in data_splits(s):
             if getattr(e, f"{which}_path"):
                 t = read_split(e, which)
                 lengths = split_lengths(s, tok, which, t)

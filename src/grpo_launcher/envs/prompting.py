@@ -135,15 +135,17 @@ def system_source(prompts: list, env: EnvSpec) -> str:
     return "; ".join(f"{n} prompt{'s' if n != 1 else ''}: {what}" for n, what in parts if n)
 
 
-def split_prompts(env: Any, n: int) -> dict[str, list]:
+def split_prompts(env: Any, n: int, val: bool = True) -> dict[str, list]:
     """Each split's prompts in the order the run gives them to the model, from step 1's first: a data set's whole
-    first epoch (env=dataset, math), otherwise step 1's n prompts; and the validation set. {} for an env with a loop
-    of its own (rollout_source: env=nemo_gym, whose agents build what the model gets)."""
+    first epoch (env=dataset, math), otherwise step 1's n prompts; and the validation set (val=False: a run that does
+    not validate, whose env.val_path is not read). {} for an env with a loop of its own (rollout_source:
+    env=nemo_gym, whose agents build what the model gets)."""
     if hasattr(env, "rollout_source"):
         return {}
     if hasattr(env, "table"):
         n = len(env.table("train").rows)
-    return {"train": [p.text for p in env.train_prompts(1, 0, n)], "val": [p.text for p in env.val_prompts()]}
+    return {"train": [p.text for p in env.train_prompts(1, 0, n)], **({"val": [p.text for p in env.val_prompts()]}
+                                                                       if val else {})}
 
 
 def prompting_record(tokenizer: Any, env: EnvSpec, splits: dict[str, list] | None = None) -> dict:

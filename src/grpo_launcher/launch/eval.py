@@ -184,7 +184,8 @@ def _checked(spec: RunSpec) -> RunSpec:
         raise ConfigError([Violation("eval_here", ("cluster.kind",), f"eval and generate run on this machine; the run "
                                      f"is cluster.kind={spec.cluster.kind.value}", "add cluster.kind=local "
                                      "cluster.nodes=1 (and cluster.gpus_per_node=N on a GPU node)")])
-    bad = [v for v in validate(spec) if v.rule not in NOT_FOR_EVAL]
+    scoring = dataclasses.replace(spec.grpo, val_at_end=True)  # eval scores the val set: env.val_path is required
+    bad = [v for v in validate(dataclasses.replace(spec, grpo=scoring)) if v.rule not in NOT_FOR_EVAL]
     if bad:
         raise ConfigError(bad)
     return spec

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from ..envs.dataset import FORMATS
+from ..envs.dataset import FORMATS, validation_on
 from ..spec.errors import Violation
 from ..spec.schema import ClusterKind, RunSpec
 from .registry import V, rule
@@ -37,7 +37,7 @@ def local_paths_exist(s: RunSpec) -> Iterator[Violation]:
     if s.model.path and not Path(s.model.path).is_dir():
         yield V("local_paths_exist", "model.path", f"no model directory at {s.model.path}",
                 "point model.path at an HF checkpoint directory (or null for the tiny model)")
-    for key in ("train_path", "val_path"):
+    for key in ("train_path", "val_path") if validation_on(s.grpo) else ("train_path",):  # val: read if validating
         path = getattr(s.env, key)
         if path and not Path(path).exists():
             yield V("local_paths_exist", f"env.{key}", f"no file at {path}",

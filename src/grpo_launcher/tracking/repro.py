@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..envs.dataset import validation_on
 from ..envs.rewards import reward_refs
 from ..envs.usercode import is_file_ref, is_ref, split_ref
 from ..runfiles import write_atomic
@@ -88,7 +89,7 @@ def user_files(spec: RunSpec) -> list[Path]:
 
 def data_files(spec: RunSpec) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in ("train_path", "val_path"):
+    for key in ("train_path", "val_path") if validation_on(spec.grpo) else ("train_path",):  # val: if validating
         path = getattr(spec.env, key)
         if not path or not Path(path).expanduser().exists():
             continue

@@ -20,6 +20,7 @@ from ..batch import Generation, TrainBatch, shard_rows
 from ..deadlines import ActorDied, Hung, hang_report, stack_on_node
 from ..disk_full import report as disk_full_report
 from ..envs import EnvNotAvailable, UserCodeError, make_env
+from ..envs.dataset import validation_on
 from ..envs.prompting import split_prompts
 from ..envs.rewards import keep_first_error, reward_metrics
 from ..exit_codes import ExitCode
@@ -39,7 +40,7 @@ from .loop_state import LoopState, StopRequest
 from .setup import prepare_model, resume_or_start
 from .sources import RolloutSource, SyncSource, Timer
 from .startup import Readiness, StartupClock, prefetch_tokenizer_imports, process_start, quiet_libraries
-from .workers import Workers, create_workers, ray_session
+from .workers import Workers, create_workers, ray_session, ray_temp_problem
 
 
 def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
@@ -57,6 +58,9 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
     gpu_peak = GpuPeak.start(spec.cluster.gpus_per_node, predicted)  # before this process or a worker uses a GPU
     model_dir = prepare_model(spec, plan, env)
     clock.mark("model")
+    if (problem := ray_temp_problem(spec)) is not None:  # nothing started yet: one message, not ray.init's traceback
+        print(f"error: {problem}", file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
     with ray_session(spec, plan):
         stop.reinstall()  # ray.init() replaced the SIGTERM handler with Ray's (which exits without saving)
         clock.mark("ray")
@@ -191,7 +195,7 @@ class Trainer:
         self.tok = workers.get("load_tokenizer", [workers.policy[0].load_tokenizer.remote()],  # policy/hybrid.py:
                                workers.policy[:1])[0]  # why not AutoTokenizer
         write_prompting(plan.run_dir, self.tok, spec.env, state.data_log, model_dir,  # chat template, system prompt,
-                        split_prompts(env, plan.prompts_per_step))  # each split's first prompt as rendered
+                        split_prompts(env, plan.prompts_per_step, validation_on(spec.grpo)))  # first prompts
         self.engines = EnginePool(spec, plan, workers, self.tok)
         self.source: RolloutSource = source(spec, plan, env, self.engines, stop)
         self.deadline = (time.monotonic() + parse_duration(spec.checkpoint.must_save_by)
