@@ -107,6 +107,10 @@ def _ref_advantages(name: str, rewards: list[float], g: int, eps: float = 1e-6) 
                 out.append((r - mean) / (std + eps))
             elif name == "leave_one_out":
                 out.append(r - (sum(grp) - r) / (g - 1))
+            elif name == "leave_one_out_std":  # / the others' population std, unscaled where they agree
+                others = grp[:i] + grp[i + 1 :]
+                base, sd = statistics.fmean(others), statistics.pstdev(others) if max(others) > min(others) else 0.0
+                out.append((r - base) / (sd + eps) if sd > 0 else r - base)
             else:
                 out.append(r - mean)
     return out

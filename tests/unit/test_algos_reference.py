@@ -359,8 +359,9 @@ def test_micro_batches_and_ranks_give_the_full_batch_loss_and_gradient(c):
 
 
 def ref_advantages(name: str, rewards: list[float], eps: float = 1e-6) -> list[float]:
-    """Per group: GRPO (r - mean) / (std + eps), sample std; RLOO r_i - mean of the others; Dr. GRPO r - mean.
-    A group whose rewards are all equal learns nothing: exactly 0."""
+    """Per group: GRPO (r - mean) / (std + eps), sample std; RLOO r_i - mean of the others; RLOO / the others'
+    std (NeMo-RL's calculate_baseline_and_std_per_prompt, the seed recipe's); Dr. GRPO r - mean. A group whose
+    rewards are all equal learns nothing: exactly 0."""
     out: list[float] = []
     for k in range(0, len(rewards), G):
         grp = rewards[k : k + G]
@@ -372,6 +373,12 @@ def ref_advantages(name: str, rewards: list[float], eps: float = 1e-6) -> list[f
             out += [(r - mean) / (statistics.stdev(grp) + eps) for r in grp]
         elif name == "leave_one_out":
             out += [r - (sum(grp) - r) / (G - 1) for r in grp]
+        elif name == "leave_one_out_std":  # NeMo-RL: normalize_rewards + use_leave_one_out_baseline
+            for i, r in enumerate(grp):
+                others = grp[:i] + grp[i + 1 :]
+                base = statistics.fmean(others)
+                sd = statistics.pstdev(others) if max(others) > min(others) else 0.0  # the others' population std
+                out.append((r - base) / (sd + eps) if sd > 0 else r - base)  # unscaled where the others agree
         else:
             out += [r - mean for r in grp]
     return out
@@ -380,6 +387,7 @@ def ref_advantages(name: str, rewards: list[float], eps: float = 1e-6) -> list[f
 @pytest.mark.parametrize("name", [a.value for a in Advantage])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_advantages_match_the_loop_reference(name, dtype):
+    """Every loss.advantage against its loop; float32 rewards as the envs give them, float64."""
     g = torch.Generator().manual_seed(7)
     rewards = torch.cat(
         [
@@ -387,6 +395,8 @@ def test_advantages_match_the_loop_reference(name, dtype):
             torch.full((G,), 0.3),  # equal, not exact in binary
             torch.tensor([1.0, 1.0, 1.0, 1.0 + 2**-20]),  # nearly equal: std ~ 2.4e-7 < eps
             torch.randint(0, 2, (2 * G,), generator=g).float(),
+            torch.tensor([1.0, 0.1, 0.1, 0.1]),  # the others of row 0 agree (not exactly in binary): unscaled
+            torch.tensor([1.0, 0.0, 0.0, 0.0]),  # binary, one right
         ]
     ).to(dtype)
     got = compute_advantages(name, rewards, G)
@@ -555,3 +565,37 @@ def test_vllm_http_requests_sample_the_full_distribution(tmp_path):
     auto, ours = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
     assert auto == sampling  # what generation_config="auto" would put into every Gym request
     assert ours == {}
+
+
+@pytest.mark.parametrize("estimator", [e.value for e in KLEstimator])
+def test_kl_estimators_gradients_in_expectation_as_a_loss_term(estimator):
+    """As a loss term at samples of pi (the on-policy case, exact expectation over a categorical): k1's gradient is 0
+    in expectation (only its value estimates the KL), k2's is the gradient of KL(pi || pi_ref), k3's (GRPO's) that of
+    KL(pi_ref || pi) (Schulman's note; Tang & Munos 2025). kl_estimate's docstring says so."""
+    g = torch.Generator().manual_seed(1)
+    theta = torch.randn(30, generator=g, dtype=D).requires_grad_(True)
+    log_q = torch.log_softmax(torch.randn(30, generator=g, dtype=D), 0)
+    log_p = torch.log_softmax(theta, 0)
+    p = log_p.exp().detach()  # the sampling distribution carries no gradient
+    (grad,) = torch.autograd.grad(
+        (p * kl_estimate(log_p[None], log_q[None], estimator=estimator)[0]).sum(), theta, retain_graph=True
+    )
+    reverse = (log_p.exp() * (log_p - log_q)).sum()  # KL(pi || pi_ref)
+    forward = (log_q.exp() * (log_q - log_p)).sum()  # KL(pi_ref || pi)
+    want = {
+        "k1": torch.zeros_like(theta),
+        "k2": torch.autograd.grad(reverse, theta, retain_graph=True)[0],
+        "k3": torch.autograd.grad(forward, theta)[0],
+    }[estimator]
+    assert float((grad - want).abs().max()) < 1e-12
+
+
+def test_the_recipe_takes_the_seeds_advantages():
+    """NeMo-RL's grpo_nanov3.yaml: normalize_rewards: true, use_leave_one_out_baseline: true (A = (r - mean of the
+    others) / (their std + 1e-6), reference/nemo-rl.md 4.1); the recipe's loss.advantage is that estimator."""
+    spec = load_spec(["+recipe=nanov3", "cluster=slurm", "dry_run=true"])
+    assert spec.loss.advantage == Advantage.leave_one_out_std
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0] * 4)  # G = 16 of the recipe: 8 right
+    adv = compute_advantages(spec.loss.advantage, r, 16)
+    others = statistics.pstdev([1.0] * 7 + [0.0] * 8)
+    assert float(adv[0]) == pytest.approx((1 - 7 / 15) / (others + 1e-6), rel=1e-6)  # ~1.07, not RLOO's 0.53

@@ -120,6 +120,24 @@ def leave_one_out_advantages(
     return _finish(adv, r)
 
 
+def leave_one_out_std_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
+    """NeMo-RL's default (normalize_rewards + use_leave_one_out_baseline, the seed recipe's): (r_i - mean of the
+    other G-1) / (population std of the other G-1 + eps); unscaled (r_i - their mean) where the others all agree
+    (exact comparison, so rounding never divides by ~eps). In float64."""
+    # rewards: [B] -> [B]
+    r = _grouped(rewards, group_size)
+    r64 = r.to(torch.float64)  # [N, G]
+    others = ~torch.eye(group_size, dtype=torch.bool, device=r.device)  # [G(i), G(j)]: j != i
+    pairs = r64[:, None, :].expand(-1, group_size, -1)  # [N, G(i), G(j)] = r_j
+    mean = (r64.sum(dim=1, keepdim=True) - r64) / (group_size - 1)  # [N, G]
+    dev = torch.where(others, pairs - mean[..., None], torch.zeros_like(pairs))
+    std = (dev.square().sum(-1) / (group_size - 1)).sqrt()  # [N, G]
+    inf = torch.full_like(pairs, float("inf"))
+    agree = torch.where(others, pairs, inf).amin(-1) == torch.where(others, pairs, -inf).amax(-1)  # [N, G]
+    adv = r64 - mean
+    return _finish(torch.where(agree, adv, adv / (std + eps)), r)
+
+
 def no_std_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
     """Dr. GRPO: r - group mean (no std scaling; ``eps`` accepted for a uniform signature). In float64."""
     # rewards: [B] -> [B]
@@ -134,6 +152,7 @@ def no_std_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) ->
 ADVANTAGE_ESTIMATORS: dict[Advantage, Callable[..., Tensor]] = {
     Advantage.group_norm: group_norm_advantages,
     Advantage.leave_one_out: leave_one_out_advantages,
+    Advantage.leave_one_out_std: leave_one_out_std_advantages,
     Advantage.no_std: no_std_advantages,
 }
 
@@ -298,7 +317,9 @@ def kl_estimate(
     """Per-token estimate of KL(pi || pi_ref) from sampled-token logprobs.
 
     d = ref_logprobs - logprobs; if ``clamp`` is given, d is clamped to [-clamp, clamp] before
-    the estimator is applied (bounds k3's exp blow-up).
+    the estimator is applied (bounds k3's exp blow-up). As a loss term at samples of pi, the expected
+    gradients differ: k1's is 0 (only its value estimates the KL), k2's is that of KL(pi || pi_ref), k3's
+    that of KL(pi_ref || pi) (tests/unit/test_algos_reference.py -k gradients_in_expectation).
     """
     # logprobs, ref_logprobs: [B, T] -> [B, T]
     fn = _lookup(KL_ESTIMATORS, "KL estimator", estimator)

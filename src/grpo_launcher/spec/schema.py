@@ -47,6 +47,7 @@ class Precision(str, Enum):
 class Advantage(str, Enum):
     group_norm = "group_norm"
     leave_one_out = "leave_one_out"
+    leave_one_out_std = "leave_one_out_std"  # / the others' std: NeMo-RL's normalize_rewards + leave-one-out baseline
     no_std = "no_std"
 
 
