@@ -40,7 +40,7 @@ from .loop_state import LoopState, StopRequest
 from .setup import prepare_model, resume_or_start
 from .sources import RolloutSource, SyncSource, Timer
 from .startup import Readiness, StartupClock, prefetch_tokenizer_imports, process_start, quiet_libraries
-from .workers import Workers, create_workers, ray_session, ray_temp_problem
+from .workers import Workers, create_workers, ray_session
 
 
 def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
@@ -58,9 +58,6 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
     gpu_peak = GpuPeak.start(spec.cluster.gpus_per_node, predicted)  # before this process or a worker uses a GPU
     model_dir = prepare_model(spec, plan, env)
     clock.mark("model")
-    if (problem := ray_temp_problem(spec)) is not None:  # nothing started yet: one message, not ray.init's traceback
-        print(f"error: {problem}", file=sys.stderr)
-        return ExitCode.CONFIG_ERROR
     with ray_session(spec, plan):
         stop.reinstall()  # ray.init() replaced the SIGTERM handler with Ray's (which exits without saving)
         clock.mark("ray")
