@@ -593,8 +593,8 @@ def load_tokenizer(s: RunSpec) -> Any:
 def _read_tokenizer(s: RunSpec) -> Any:
     try:
         if s.model.path:
-            if not here(s, s.model.path):
-                return None
+            if not Path(s.model.path).expanduser().is_dir():  # a Slurm job's, or none: not read (the model rules
+                return None  # name a missing one); AutoTokenizer's import alone takes 5-12 s before it fails
             os.environ.setdefault("HF_HUB_OFFLINE", "1")  # pre-flight never waits on the network
             os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
             from transformers import AutoTokenizer  # here: pre-flight imports this module
