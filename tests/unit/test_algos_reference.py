@@ -599,3 +599,54 @@ def test_the_recipe_takes_the_seeds_advantages():
     adv = compute_advantages(spec.loss.advantage, r, 16)
     others = statistics.pstdev([1.0] * 7 + [0.0] * 8)
     assert float(adv[0]) == pytest.approx((1 - 7 / 15) / (others + 1e-6), rel=1e-6)  # ~1.07, not RLOO's 0.53
+
+
+@pytest.mark.parametrize("loss", ["gspo", "dr_grpo", "dapo"])
+def test_the_workers_update_does_not_depend_on_micro_batch_size(model_root, loss):
+    """The torch worker's update (policy/torch_policy.py: loss · local/global denominator per micro-batch, backward,
+    one step) with a KL term, IS weights and a filtered sample: micro_batch_size 16 (one micro-batch), 4 and 1 give
+    the same loss, gradients and metrics (fp32: up to summation order)."""
+    small = [
+        "grpo.num_prompts_per_step=2",
+        "train.global_batch_size=16",
+        "train.logprob_batch_size=16",
+        "train.micro_batch_size=16",
+        "logging.mlflow=false",
+        f"loss={loss}",
+        "loss.kl_coef=0.1",
+        "loss.kl_estimator=k2",
+        "loss.importance_sampling_correction=true",
+        "loss.is_truncation=tis",
+        "loss.is_threshold=1.5",
+    ]
+    model_dir = str(tiny_model(*small))
+    workers = [
+        TorchPolicyWorker(
+            load_spec([f"output_root={model_root}", *small, f"train.micro_batch_size={m}"]), model_dir, 0, 1
+        )
+        for m in (16, 4, 1)
+    ]
+    env, tok = make_env(workers[0].spec), workers[0].engine.tokenizer
+    gens = workers[0].generate([tok(p.text)["input_ids"] for p in env.train_prompts(1, 0, 2)], 8, seed=11)
+    smask = torch.ones(len(gens))
+    smask[3] = 0.0
+    batch = collate(gens, torch.linspace(-1, 1, len(gens)), smask, tok.pad_token_id)
+    prev, ref = workers[0].logprobs(batch)
+    noise = 0.2 * torch.randn(prev.shape, generator=torch.Generator().manual_seed(2))
+    old = prev + noise  # ratios ≠ 1: clipping is exercised
+    isw = is_correction_weights(old, batch.generation_logprobs, batch.response_mask, mode="tis", threshold=1.5)
+    b = batch.with_(prev_logprobs=old, ref_logprobs=ref, is_weights=isw)
+    den = [local_denominator(workers[0].spec.loss.aggregation, loss_inputs_of(b).effective_mask)]
+    outs = []
+    for w in workers:
+        w.opt.step = lambda: None  # the gradients stay as the backward left them
+        outs.append(w.update([b], den))
+    for w, out in zip(workers[1:], outs[1:]):
+        for k in ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "entropy", "grad_norm"):
+            assert out[k] == pytest.approx(outs[0][k], rel=1e-4, abs=1e-6), k
+        for (name, x), y in zip(workers[0].model.named_parameters(), w.model.parameters()):
+            assert torch.allclose(x.grad, y.grad, atol=1e-6, rtol=1e-4), name
+
+
+def loss_inputs_of(b) -> LossInputs:
+    return LossInputs.of(b, b.prev_logprobs)
