@@ -8,6 +8,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "nemotron_h")  # HF model_ty
 # nemotron_h's layer kinds: HF NemotronH's pattern symbols / layers_block_type names -> megatron's pattern symbols
 HYBRID_SYMBOLS = {"M": "M", "E": "E", "*": "*", "-": "-", "mamba": "M", "linear_attention": "M", "moe": "E",
                   "attention": "*", "full_attention": "*", "mlp": "-"}
+LLAMA3_ROPE = (1.0, 4.0, 8192)  # megatron-core's llama3 rope scaling: low/high frequency factors, original length
 MAMBA_NORM_EPS = 1e-5  # megatron-core's Mamba mixer builds its gated RMSNorm with eps=1e-5, whatever the config says
 
 
@@ -37,7 +38,26 @@ def dense_refusals(cfg: dict) -> list[str]:
                    "attention here is full causal")
     if family == "qwen3_moe" and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
         out.append("Qwen3-MoE with dense layers in between (mlp_only_layers / decoder_sparse_step) is not mapped")
-    return out
+    rope = rope_refusal(cfg)
+    return out + ([rope] if rope else [])
+
+
+def rope_refusal(cfg: dict) -> str | None:
+    """The RoPE scaling megatron_convert.arch_from_hf_config cannot map (a sentence), None where it maps: none, or
+    llama3 with megatron-core's fixed low/high frequency factors (1, 4) and original length 8192. Unrefused, a yarn
+    or linear rope_parameters passed pre-flight and the worker stopped at start-up (NotImplementedError, rc 1)."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        return f"rope_parameters={rope!r} is not mapped"
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "llama3":
+        found = (rope.get("low_freq_factor"), rope.get("high_freq_factor"), rope.get("original_max_position_embeddings"))
+        if found != LLAMA3_ROPE:
+            return (f"llama3 RoPE scaling with (low_freq_factor, high_freq_factor, original_max_position_embeddings)="
+                    f"{found}: megatron-core's llama3 scaling fixes them at {LLAMA3_ROPE}")
+    elif kind != "default":
+        return f"RoPE scaling rope_type={kind!r} is not mapped (megatron-core here: none, or llama3)"
+    return None
 
 
 def hybrid_pattern(cfg: dict) -> str:

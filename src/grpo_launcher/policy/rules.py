@@ -16,6 +16,7 @@ from ..spec.schema import RolloutBackend, RunSpec, TrainBackend
 from ..spec.versions import vllm_moe_gap_for
 from .fused import FAMILIES as LIGER
 from .megatron_families import CPU_SHIM_ENV, FAMILIES, dense_refusals, hybrid_refusals
+from .packing_families import packing_refusal
 
 
 @rule("pure")
@@ -288,3 +289,7 @@ def packing_gaps(s: RunSpec) -> Iterator[Violation]:
     if s.train.sequence_packing and s.train.backend != TrainBackend.torch:
         yield build_gap(("train.sequence_packing", "train.backend"), "sequence packing is implemented by the torch "
                         "backend only (policy/packing.py)", "set train.backend=torch, or train.sequence_packing=false")
+    why = packing_refusal(s.model.family) if s.train.sequence_packing else None
+    if why:  # unrefused: rc 0, logprobs 0.2-1.4 nats off the model's own (policy/packing_families.py)
+        yield build_gap(("train.sequence_packing", "model.path" if s.model.path else "model.family"),
+                        f"sequence packing on {s.model.family}: {why}", "set train.sequence_packing=false")
