@@ -398,9 +398,9 @@ def load_split(env: EnvSpec, which: str) -> Table:
         if env.prompt_key in row:
             row[env.prompt_key] = text_parts(as_messages(row[env.prompt_key]))
     check_rows(table, env, key)
-    if env.name == "math" and env.answer_key not in (None, "answer"):  # its grader reads the column `answer`
-        for row in table.rows:  # (MATH's `solution`, OlympiadBench's `final_answer`, AIME 2024's `Answer`)
-            row["answer"] = row[env.answer_key]
+    if env.answer_key not in (None, "answer"):  # the built-in rewards (and env=math's grader) read `answer`: the
+        for row in table.rows:  # column env.answer_key names (MATH's `solution`, OlympiadBench's `final_answer`);
+            row["answer"] = row[env.answer_key]  # env=dataset's exact_match compared with None ('None') without it
     return table
 
 

@@ -8,6 +8,7 @@ grader (grpo_launcher.envs.math:math_verify_match: math-verify's verdict, `\\box
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import re
 import traceback
@@ -32,11 +33,23 @@ def last_number_match(prompt: Any, completion: str, answer: Any = None, **_: Any
 
 
 def exact_match(prompt: Any, completion: str, answer: Any = None, **_: Any) -> float:
-    """1.0 when the stripped completion equals the answer; a whole number stored as a float (5.0: pandas' integer
-    column with a missing value becomes float64) also as the integer (5)."""
+    """1.0 when the stripped completion equals the answer as text (a string as it is, any other value as its JSON
+    text: `true` for a JSON true, as the warm start and the data log show it; Python's `True` too); a whole number
+    stored as a float (5.0: pandas' integer column with a missing value becomes float64) also as the integer (5).
+    No answer (null) matches nothing (it matched the completion `None`)."""
+    if answer is None:
+        return 0.0
     got = completion.strip()
     whole = isinstance(answer, float) and answer.is_integer() and got == str(int(answer))
-    return 1.0 if got == str(answer).strip() or whole else 0.0
+    texts = {str(answer).strip()} | ({_json_text(answer).strip()} if not isinstance(answer, str) else set())
+    return 1.0 if got in texts or whole else 0.0
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):  # not a JSON value (a Parquet cell's numpy scalar, bytes): its str only
+        return str(value)
 
 
 @dataclass
