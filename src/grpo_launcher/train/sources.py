@@ -150,6 +150,9 @@ def make_batch(spec: RunSpec, group_size: int, tok: Any, gens: list[Generation],
     adv = algos.compute_advantages(spec.loss.advantage, rewards, group_size)  # [B]
     truncated = torch.tensor([g.truncated for g in gens])
     sample_mask = algos.overlong_sample_mask(truncated) if spec.loss.overlong_filtering else torch.ones(len(gens))
+    if spec.loss.dynamic_sampling:  # DAPO: only groups whose rewards vary train (the round cap's padding groups
+        # neither add loss nor dilute token_mean's denominator)
+        sample_mask = sample_mask * algos.group_rows(algos.nonzero_variance_groups(rewards, group_size), group_size)
     batch = collate(gens, adv, sample_mask, tok.pad_token_id)
     lens = batch.response_mask.sum(-1)
     m = {M.TRAIN_REWARD_MEAN: float(rewards.mean()), M.TRAIN_REWARD_STD: float(rewards.std()),
