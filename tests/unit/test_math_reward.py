@@ -200,6 +200,46 @@ def test_the_answer_check_agrees_with_what_the_grader_rewards(launch_here, tmp_p
             assert (f"{data}:{i}: " in block) == (verdict == name), (answer, name, r.stderr)
 
 
+# a reasoning model's completion (Qwen3, DeepSeek-R1): the answer is what follows its last </think>; a box tried while
+# thinking scored as the answer (the first row scored 1 before)
+THINK = [
+    (3, r"<think>maybe \boxed{3}?</think> The answer is 4", 0),
+    (4, r"<think>maybe \boxed{3}?</think> The answer is 4", 1),
+    (4, r"<think>maybe \boxed{3}?</think> So \boxed{4}", 1),
+    (5, r"the template opened it: 2+3 </think> \boxed{5}", 1),
+    (5, r"<think>\boxed{5}</think>", 0),  # nothing after the thinking: no answer
+    (5, r"<think>2+3 is \boxed{5}", 1),  # no </think>: the whole completion, as before
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", THINK)
+def test_the_answer_after_thinking_is_graded(math_env, answer, completion, verdict):
+    row = {"question": "q", "answer": answer}
+    prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
+    assert math_env.score(prompt, completion) == verdict
+
+
+# e-notation: math-verify reads `1e21` as 1·e·21 (Euler's e): a lowercase one in a completion never matched (rows 1
+# and 4 scored 0 before; the last one's answer was written out to a billion digits, past the grade's time limit);
+# a hex literal is not a number in e-notation
+E_NOTATION = [
+    ("1e21", r"\boxed{1e21}", 1),
+    (10**21, r"so \boxed{1E+21}", 1),
+    ("2.5e-3", "0.0025", 1),
+    (0.0025, r"$2.5e-3$", 1),
+    ("1e21", r"\boxed{1e20}", 0),
+    (100000, r"\boxed{0x1e5}", 0),
+    ("1e999999999", r"\boxed{1e999999999}", 1),  # not written out: a billion digits
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", E_NOTATION)
+def test_e_notation_is_read_as_a_number(math_env, answer, completion, verdict):
+    row = {"question": "q", "answer": answer}
+    prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
+    assert math_env.score(prompt, completion) == verdict
+
+
 # a boxed percentage: math-verify 0.9 parses `\boxed{50\%}` to the string '50\%' only, so it matched no answer cell
 # but the same LaTeX (every row below scored 0 at 3ae9508); it reads as the number before the sign, as `$50\%$` does
 PERCENT = [

@@ -26,6 +26,7 @@ from .rewards import NUMBER  # noqa: F401  (kept importable from here)
 from .usercode import TimeLimitExceeded, call_with_limit
 
 GRADE_TIMEOUT_S = 5.0  # one completion's parse + comparison
+THINK_END = "</think>"  # a reasoning model's end of thinking (Qwen3, DeepSeek-R1): the answer follows it
 _EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 # a number in e-notation inside a text (1e21, 2.5E-3): not part of a word or a longer number (x1e2, 0x1e5, 1.2.3e4)
 _E_NUMBER = re.compile(r"(?<![\w.\\])(\d+\.?\d*|\.\d+)[eE]([-+]?\d+)(?![\w.])")
@@ -75,13 +76,14 @@ def grade(gold: str, completion: str) -> bool:
 
 
 def completion_parsed(completion: str) -> list:
-    """The completion's final answer as math-verify parses it. A completion that is only a bare answer ((3, -2),
+    """The completion's final answer as math-verify parses it (after a reasoning model's last `</think>`; numbers in
+    e-notation written out: e_notation). A completion that is only a bare answer ((3, -2),
     1, 2) reads as an answer cell does; one whose last \\boxed{ never closes (cut off at max_new_tokens) has none;
     one in GSM8K's format (no box) by what follows its first `####` on that line (`####72`; not a number the model
     wrote after it, running on into a new question)."""
     from math_verify import parse  # (the same)
 
-    text = e_notation(normalized(completion))
+    text = e_notation(normalized(final_part(completion)))
     text = text.replace("\\fbox", "\\boxed")  # math-verify reads \fbox's content, not its anchor
     text = _ANSWER_WORDS.sub("", text)  # \boxed{\text{The answer is } 5}: the words are no part of the answer
     if unclosed_box(text):
@@ -95,6 +97,12 @@ def completion_parsed(completion: str) -> list:
     if "\\%" in text and all(isinstance(x, str) for x in got):  # math-verify 0.9 leaves \boxed{50\%} a
         got = parse(text.replace("\\%", ""), parsing_timeout=None)  # string: 50, as it reads $50\%$
     return got
+
+
+def final_part(completion: str) -> str:
+    """What follows a reasoning model's last `</think>`: the answer it gives, not one it tried while thinking
+    (`<think>maybe \\boxed{3}</think> The answer is 4` scored for 3). Without `</think>`, the whole completion."""
+    return completion.rsplit(THINK_END, 1)[1] if THINK_END in completion else completion
 
 
 def bare(text: str) -> bool:
