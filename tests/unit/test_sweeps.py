@@ -152,6 +152,41 @@ def test_points_that_fail_at_run_time_end_in_a_summary_not_a_traceback(tmp_path)
     assert p.stderr.strip().splitlines()[-1].startswith("sweep failed: 2 of 2 point(s) failed")
 
 
+def test_ctrl_c_in_a_point_stops_the_sweep(tmp_path):
+    """Ctrl-C stopped the running point (checkpoint, exit 130) and the sweep went on to the next point, which ran to
+    its end: the user's Ctrl-C stopped nothing. Now the sweep stops there, its summary says which points did not run,
+    and the exit is the point's 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import LAUNCH_PY, wait_until
+
+    (tmp_path / "out").mkdir()
+    out = share_models(tmp_path / "out")
+    log = tmp_path / "sweep.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), "-m", "grpo.seed=1,2", "grpo.max_steps=500",
+                                 "logging.mlflow=false", f"output_root={out}"], stdout=fh, stderr=subprocess.STDOUT)
+    first, second = out / "tiny-grpo_grpo.seed=1", out / "tiny-grpo_grpo.seed=2"
+    try:
+        wait_until(lambda: "step 2/500" in log.read_text(), 300, "the first point's second step")
+        os.kill(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert rc == 130, text[-3000:]
+    assert "Traceback" not in text and not second.exists(), text[-3000:]
+    assert "sweep stopped: run tiny-grpo_grpo.seed=1 was stopped (exit 130); no later point is started" in text
+    summary = text[text.index("sweep summary (2 runs"):].splitlines()
+    assert any(line.split()[:2] == [first.name, "STOPPED"] for line in summary), summary
+    assert any(line.split()[:3] == [second.name, "NOT", "RUN"] for line in summary), summary
+
+
 def test_sweep_points_share_the_reward_probe(tmp_path, monkeypatch):
     """A sweep's points that differ only in train.lr / loss keys probe each reward function once (issue 41), and
     every point still gets the same verdict as the unshared path."""

@@ -66,6 +66,17 @@ def config_source(args: argparse.Namespace) -> ConfigSource:
 
 
 def main(argv: list[str]) -> int:
+    """launch.py: a Ctrl-C where no run handles it (pre-flight, a subcommand, a run's start before its driver's
+    handler) ends in one line and exit 130, not a KeyboardInterrupt traceback."""
+    try:
+        return dispatch(argv)
+    except KeyboardInterrupt:
+        print("\ngrpo-launcher: interrupted (Ctrl-C); `python launch.py status` shows where any run it started "
+              "stands", file=sys.stderr, flush=True)
+        return ExitCode.INTERRUPTED
+
+
+def dispatch(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:  # status | logs | cancel  <run name, job id or run dir>
         return SUBCOMMANDS[argv[0]](argv[1:])
     typo = subcommand_typo(argv, list(SUBCOMMANDS))

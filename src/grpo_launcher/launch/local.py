@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import sys
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
@@ -43,9 +44,13 @@ def run_local(launch: Launch) -> int:
     try:
         rundir.prepare(spec, plan)
         with ray_environment(spec, plan):
-            from ..train.driver import run  # torch and Ray: imported by a run, never by pre-flight
+            with signals_held() as held:  # seconds of imports, in which a Ctrl-C was lost (the run went on)
+                from ..train.driver import run  # torch and Ray: imported by a run, never by pre-flight
 
             with recorded(spec, plan) as rec:  # status.json + logs/driver-local.log: `launch.py status|logs` find it
+                if held:  # Ctrl-C while the driver's modules loaded: nothing has started, nothing to save
+                    rec["rc"], rec["message"] = stopped_while_starting(held[0])
+                    return rec["rc"]
                 try:
                     rec["rc"] = run(spec, plan)
                 except ConnectionError as exc:  # ray.init's, joining cluster=ray (an auth failure ends the same way)
@@ -55,6 +60,33 @@ def run_local(launch: Launch) -> int:
             return rec["rc"]
     finally:
         rundir.release_run_lock(plan.run_dir)
+
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def signals_held() -> Iterator[list[int]]:
+    """SIGINT / SIGTERM while the driver's modules load (torch, Ray: seconds) are recorded, for the caller to act on
+    once they are loaded (the driver's own handler takes over in its first line). Python's KeyboardInterrupt there
+    was lost now and then (raised inside an import that swallows it): the user's Ctrl-C, and the run trained on."""
+    held: list[int] = []
+    saved = {sig: signal.getsignal(sig) for sig in HELD_SIGNALS}
+    for sig in HELD_SIGNALS:
+        signal.signal(sig, lambda signum, _frame: held.append(signum))
+    try:
+        yield held
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def stopped_while_starting(signum: int) -> tuple[int, str]:
+    """(exit code, status message) of a run stopped by a signal before its driver started: 130 / 143."""
+    name = signal.Signals(signum).name
+    message = f"stopped while starting ({name}): nothing was trained; the same command starts it again"
+    print(f"grpo-launcher: {message}", file=sys.stderr, flush=True)
+    return 128 + signum, message
 
 
 def run_workers(launch: Launch, work: Callable[[Trainer], T]) -> T:

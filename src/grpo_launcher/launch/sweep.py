@@ -174,6 +174,9 @@ def trial_dir_problems(output_root: Path, names: Sequence[str], study: str) -> l
                       "made those runs (its storage: hydra.sweeper.storage=URL)")]
 
 
+STOPPED_BY_SIGNAL = (ExitCode.INTERRUPTED, ExitCode.TERMINATED)  # SIGINT / SIGTERM: checkpointed, then stopped
+
+
 def run_point(cfg: DictConfig) -> Optional[float]:
     """The task of one sweep point: the same flow as a single run (pre-flight → execute). Returns the objective when
     known."""
@@ -181,6 +184,10 @@ def run_point(cfg: DictConfig) -> Optional[float]:
     if launch.spec.logging.mlflow:
         print(tracking_line(launch.spec, launch.plan.tracking_uri), flush=True)
     code = execute(launch)
+    if code in STOPPED_BY_SIGNAL:  # Ctrl-C stopped the point: the sweep stops (it went on to the next point)
+        print(f"sweep stopped: run {launch.spec.name} was stopped (exit {code}); no later point is started. The same "
+              "command again resumes it and runs the rest", file=sys.stderr, flush=True)
+        raise SystemExit(code)  # through Hydra's run_job (it catches Exception): the launcher prints the summary
     if code != ExitCode.OK:
         raise RuntimeError(f"run {launch.spec.name} exited with {code}")
     return read_objective(launch.plan.run_dir, objective_metric())
@@ -289,9 +296,10 @@ def print_summary(points: Sequence[tuple[Launch, Optional[JobReturn]]]) -> int:
     outcomes = [point_outcome(launch, result) for launch, result in points]
     failed = sum(1 for bad, _ in outcomes if bad)
     print(f"sweep summary ({len(points)} runs" + (f", {failed} failed" if failed else "") + "):")
-    for (launch, _), (bad, why) in zip(points, outcomes):
+    for (launch, result), (bad, why) in zip(points, outcomes):
         status = read_status(launch.plan.run_dir)
-        state = "FAILED" if bad and status.get("state") in (None, "RUNNING") else status.get("state", "-")
+        state = ("FAILED" if bad and status.get("state") in (None, "RUNNING") else "NOT RUN" if result is None and
+                 not launch.spec.dry_run and status.get("state") in (None, "RUNNING") else status.get("state", "-"))
         print(f"  {launch.spec.name:60s} {state:10s} job {status.get('job_id', '-')}"
               + (f"\n    {why} (run dir {launch.plan.run_dir})" if bad else ""))
     return failed

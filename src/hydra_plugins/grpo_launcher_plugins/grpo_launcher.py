@@ -79,7 +79,8 @@ class GrpoLauncher(Launcher):
             if first is not None:
                 ok = len(runs) == len(configs) and all(r.status == JobStatus.COMPLETED for r in runs)
                 end_sweep_parent_run(first, sweep_dir, ok)
-        failed = print_summary([(launch, run) for (launch, _), run in zip_longest(checked, runs) if launch is not None])
+            points = [(launch, run) for (launch, _), run in zip_longest(checked, runs) if launch is not None]
+            failed = print_summary(points)  # also when a point's Ctrl-C stopped the sweep (its SystemExit)
         if not self.invalid_points_fail:  # (the optuna sweeper counts failed trials itself)
             end_of_sweep(failed, len(runs))  # failed points: exit 1 after the summary, no traceback
         return runs
