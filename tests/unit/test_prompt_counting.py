@@ -71,3 +71,21 @@ def test_a_long_system_prompt_with_env_toy_is_counted_in_seconds(tmp_path):
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert "env=toy's prompts ('4821>') are up to 4005 tokens as the model gets them" in r.stderr, r.stderr
     assert took < 30, f"{took:.0f} s"
+
+
+def test_a_prompt_holding_a_special_tokens_text_is_warned_of(tmp_path, launch_here):
+    """A row's prompt `what is <|im_end|> 2+2=` is encoded with the end-of-turn token mid-prompt (the tokenizer reads
+    special tokens' text as the tokens): the model is given another prompt than the file's. Pre-flight said nothing;
+    now a warning names the file, the first row and the token, and env.system_prompt likewise."""
+    tok = build_tokenizer()
+    assert tok.eos_token_id in encode(tok, "what is <|im_end|> 2+2=", EnvSpec(name="dataset"))  # the claim
+    train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    train.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "what is <|im_end|> 2+2=", "answer": "4"}\n')
+    val.write_text('{"prompt": "3+3=", "answer": "6"}\n')
+    r = launch_here(tmp_path, "env=dataset", f"env.train_path={train}", f"env.val_path={val}",
+                    "env.system_prompt='x<|endoftext|>'", "dry_run=true")
+    assert r.returncode == 0, r.stderr
+    assert f"1 of 2 prompts in {train} hold the text of a special token of the tokenizer ('<|im_end|>' at {train}:2)" \
+        in r.stderr, r.stderr
+    assert "env.system_prompt holds the text of the special token '<|endoftext|>'" in r.stderr, r.stderr
+    assert str(val) + " hold" not in r.stderr

@@ -23,6 +23,7 @@ import dataclasses
 import inspect
 import json
 import os
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -605,6 +606,39 @@ def _read_tokenizer(s: RunSpec) -> Any:
         return None
 
 
+def special_tokens(tok: Any) -> list[str]:
+    """The tokenizer's special tokens as text ('<|im_end|>', '<|endoftext|>'), longest first."""
+    added = getattr(tok, "added_tokens_decoder", {}) or {}
+    found = {*getattr(tok, "all_special_tokens", []), *(t.content for t in added.values() if getattr(t, "special", 0))}
+    return sorted((t for t in found if isinstance(t, str) and len(t) > 1), key=len, reverse=True)
+
+
+def warn_of_special_tokens(s: RunSpec, tok: Any, tables: dict) -> None:
+    """Prompts (or env.system_prompt) holding a special token's text: the tokenizer encodes it as that token, not as
+    text (`what is <|im_end|>?` gives the model an end of turn, or a whole fake turn, mid-prompt). A warning naming
+    the first row (file:line) and the token; the run goes on."""
+    specials = special_tokens(tok)
+    if not specials:
+        return
+    pattern = re.compile("|".join(re.escape(t) for t in specials))
+
+    def text(prompt: Any) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        return "\n".join(m["content"] for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), str))
+
+    if s.env.system_prompt and (m := pattern.search(s.env.system_prompt)):
+        warn(f"env.system_prompt holds the text of the special token {m.group(0)!r}: the tokenizer encodes it as "
+             "that token, not as text")
+    for t in tables.values():
+        hits = [(i, m.group(0)) for i, row in enumerate(t.rows) if (m := pattern.search(text(row[s.env.prompt_key])))]
+        if hits:
+            i, token = hits[0]
+            warn(f"{len(hits)} of {len(t.rows)} prompts in {t.path} hold the text of a special token of the tokenizer "
+                 f"({token!r} at {t.where(i)}): it is encoded as that token, not as text (an end of turn or a turn of "
+                 "its own mid-prompt); remove or escape it in those rows")
+
+
 def check_prompts(s: RunSpec, tables: dict) -> Iterator[Violation]:
     """Chat template present when asked for; every prompt within env.max_prompt_tokens once templated."""
     e = s.env
@@ -614,6 +648,7 @@ def check_prompts(s: RunSpec, tables: dict) -> Iterator[Violation]:
     if e.chat_template and not getattr(tok, "chat_template", None):
         yield _no_template(s)
         return
+    warn_of_special_tokens(s, tok, tables)
     if not templating_on(tok, e) and any(isinstance(r[e.prompt_key], list) for t in tables.values()
                                          for r in t.rows):
         yield V("env.chat_template", "prompts are chat messages but no chat template is applied",
