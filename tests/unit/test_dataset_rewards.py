@@ -67,3 +67,26 @@ def test_preflight_finds_every_row_rewardable(tmp_path, launch_here):
                         f"env.answer_key={key}", "dry_run=true")
         assert r.returncode == 0, r.stderr
         assert "never be rewarded" not in r.stderr, r.stderr
+
+
+# env.reward_fn=grpo_launcher.envs.rewards:last_number_match (math word problems): (answer, completion, verdict); the
+# rows marked "was 0" scored 0 before (`1,000` read as 000; an answer cell `1,000` matched no completion)
+LAST_NUMBER = [
+    (1000, "There are 1,000 apples.", 1),  # was 0
+    ("1,000", "1000", 1),  # was 0
+    ("1,000", "so 1,000.", 1),  # was 0
+    (1000000.5, "1,000,000.5", 1),  # was 0
+    (-1234, "it is -1,234", 1),  # was 0
+    (3, "1,2,3", 1),
+    (3, "3 then 4", 0),
+    ("1,2", "12", 0),  # a cell `1,2` is no grouped number
+    (-3.5, "so -3.5.", 1),
+    (5, "no number", 0),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", LAST_NUMBER)
+def test_last_number_match_reads_thousands_separators(answer, completion, verdict):
+    from grpo_launcher.envs.rewards import last_number_match
+
+    assert last_number_match("q", completion, answer=answer) == verdict

@@ -20,14 +20,18 @@ from ..spec.schema import EnvSpec
 from .usercode import UserCodeError, describe, load_ref, split_ref
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+GROUPED_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")  # 1,000.5 as one number
 RESERVED = ("prompt", "completion")  # never passed as row columns (they are the first two arguments)
 
 
 def last_number_match(prompt: Any, completion: str, answer: Any = None, **_: Any) -> float:
-    """1.0 when the last number in the completion equals the answer (math word problems)."""
-    found = NUMBER.findall(completion)
+    """1.0 when the last number in the completion equals the answer (math word problems); thousands separators
+    read as one number in both (`1,000 apples` was read as 000, and an answer cell `1,000` matched nothing)."""
+    found = GROUPED_NUMBER.findall(completion)
     try:
-        return 1.0 if found and float(found[-1]) == float(answer) else 0.0
+        grouped = isinstance(answer, str) and GROUPED_NUMBER.fullmatch(answer.strip())
+        want = float(answer.replace(",", "")) if grouped else float(answer)  # '1,2' is no number (1 and 2?)
+        return 1.0 if found and float(found[-1].replace(",", "")) == want else 0.0
     except (TypeError, ValueError):
         return 0.0
 
