@@ -53,7 +53,7 @@ _CHECKED: dict[tuple, list[Violation]] = {}  # (spec, data files' stats) → the
 _READ: dict[tuple, Any] = {}  # (split, file stats, keys) → its Table or DataError: read once per pre-flight
 _LENGTHS: dict[tuple, list[int]] = {}  # (split, file stats, how prompts are rendered) → each prompt's tokens
 _REWARDED: dict[tuple, list[Violation]] = {}  # (reward fn, data files' stats, env keys) → its verdict
-_TOY_LONGEST: dict[tuple, tuple[int, int]] = {}  # (model.path, how prompts are rendered) → env=toy's longest
+_TOY_LONGEST: dict[tuple, int] = {}  # (model.path, how prompts are rendered) → env=toy's longest
 RAW_TOY_TOKENS = 8  # '4821>' as raw text: ≤ 5 pieces + a leading-space piece + BOS/EOS, with any tokenizer
 _TRAINING: ContextVar[bool] = ContextVar("grpo_launcher_training_preflight", default=False)
 
@@ -154,10 +154,11 @@ def check_toy_prompts(s: RunSpec) -> Iterator[Violation]:
     if e.chat_template and not getattr(tok, "chat_template", None):
         yield _no_template(s)
         return
-    longest, plain = toy_longest(s, tok)
+    longest = toy_longest(s, tok)
     if longest <= e.max_prompt_tokens:
         return
     on = templating_on(tok, e)
+    plain = toy_longest(dataclasses.replace(s, env=dataclasses.replace(e, chat_template=False)), tok) if on else longest
     why, key = ((f"the chat template of {s.model.path}", "model.path") if on else
                 ("env.system_prompt before each", "env.system_prompt") if e.system_prompt else
                 (f"the tokenizer of {s.model.path or 'the tiny model'}", None))
@@ -188,19 +189,15 @@ def _toy_count_needed(s: RunSpec) -> bool:
                                                       "additional_chat_templates"))
 
 
-def toy_longest(s: RunSpec, tok: Any) -> tuple[int, int]:
-    """(the longest of env=toy's 10^4 prompts as the model gets them, the longest with env.chat_template=false),
-    once per tokenizer and rendering; the second is counted only under a template (without one it is the first).
-    A long env.system_prompt is tokenised once, not with each prompt (prompting.shared_head_lengths: 25 s → 0.3 s
-    at 5,000 characters)."""
+def toy_longest(s: RunSpec, tok: Any) -> int:
+    """The longest of env=toy's 10^4 prompts as the model gets them, once per tokenizer and rendering (a long
+    env.system_prompt is tokenised once, not with each prompt: prompting.shared_head_lengths; 62 s of CPU -> 2.4 s
+    for the dry run at 4,000 characters). check_toy_prompts asks again with env.chat_template=false only to word
+    its fix, when the prompts are over the budget under a template."""
     e = s.env
     key = (s.model.path, e.chat_template, e.system_prompt)
     if key not in _TOY_LONGEST:
-        texts = every_prompt_text()
-        longest = max(prompt_lengths(tok, texts, e))
-        plain = dataclasses.replace(e, chat_template=False)
-        on = templating_on(tok, e)
-        _TOY_LONGEST[key] = (longest, max(prompt_lengths(tok, texts, plain)) if on else longest)
+        _TOY_LONGEST[key] = max(prompt_lengths(tok, every_prompt_text(), e))
     return _TOY_LONGEST[key]
 
 
