@@ -79,6 +79,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "gptj": dict(rotary_dim=8),  # lm_head with a bias, interleaved rotary
     "falcon": dict(new_decoder_architecture=True, num_kv_heads=2),  # packing refused: its mask ignores position ids
     "bloom": dict(n_head=4),  # ALiBi, tied; packing refused
+    "bamba": dict(attn_layer_indices=[1], mamba_d_state=8, mamba_n_heads=4, mamba_d_head=32),  # Mamba-2 + attention
+    "jamba": dict(num_experts=4, num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1,  # Mamba-1, MoE
+                  expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8),
+    "falcon_h1": dict(head_dim=32, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,  # parallel
+                      lm_head_multiplier=0.5),  # Mamba-2 + attention in every layer, logits scaled
     "llama_rope_llama3": dict(head_dim=32, rope_parameters=dict(
         rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=16)),
@@ -206,12 +211,13 @@ def test_packed_sequences_equal_the_hf_forward(families, family):
     if packing_refusal(VARIANTS.get(family, family)) is None:
         assert worst(lp, f.ref_lp, f.mask) <= TOL and worst(ent, f.ref_ent, f.mask) <= TOL
         return
-    # its mask ignores the position ids (falcon 0.65 nats, bloom 0.23): pre-flight refuses packing, naming the keys
+    # its mask ignores the position ids (falcon 0.65 nats, bloom 0.23) or its recurrent layers run on across the
+    # sequences (bamba 0.26, jamba 0.50): pre-flight refuses packing, naming the keys
     assert worst(lp, f.ref_lp, f.mask) > 100 * TOL
     with pytest.raises(ConfigError) as info:
         load_spec([f"model.path={f.dir}", f"output_root={f.root / 'out'}", "train.sequence_packing=true", *SMALL])
     (v,) = [v for v in info.value.violations if "sequence packing on" in v.message]
-    assert v.keys == ("train.sequence_packing", "model.path") and "position ids" in v.message
+    assert v.keys == ("train.sequence_packing", "model.path") and v.message.endswith(packing_refusal(family))
 
 
 @functools.cache
@@ -268,6 +274,7 @@ def test_packing_is_refused_where_transformers_builds_no_packed_mask():
     assert {"qwen3_next", "lfm2", "jamba", "nemotron_h"} <= recurrent
     assert recurrent - {"nemotron_h"} <= RECURRENT | NO_PACKED_MASK  # nemotron_h: policy/packing.py segments it
     assert not {VARIANTS.get(f, f) for f in FAMILIES} & NO_PACKED_MASK - {"falcon", "bloom", "gpt_oss"}
+    assert not {VARIANTS.get(f, f) for f in FAMILIES} & RECURRENT - {"bamba", "jamba", "falcon_h1"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -285,8 +292,9 @@ def test_the_post_processing_matters_here(families, family):
     key, kind, _ = FAMILY_LOGITS[family]
     model = AutoModelForCausalLM.from_pretrained(f.dir, dtype=torch.float32).eval()
     setattr(model.config, key, None if kind == SOFTCAP else 1.0)
-    if hasattr(model, key):  # Cohere keeps its own copy
-        setattr(model, key, 1.0)
+    for holder in (model, model.model):  # Cohere keeps its own copy, Falcon-H1 its base model's
+        if hasattr(holder, key):
+            setattr(holder, key, 1.0)
     i, n, p = 0, int(f.batch.attention_mask[0].sum()), int(f.batch.prompt_lens[0])
     with torch.no_grad():
         lp = model(f.batch.input_ids[:1, :n]).logits[0, p - 1:n - 1].log_softmax(-1)

@@ -197,6 +197,8 @@ def bind_mamba_kernels(model: Any, on_cuda: bool) -> str:
     causal-conv1d, the torch conv1d becomes `seq_idx_conv1d` (packed rows pass seq_idx: policy/packing.py).
     Process-wide, as transformers' own binding."""
     if getattr(getattr(model, "config", None), "model_type", None) != "nemotron_h":
+        if not on_cuda:
+            torch_references(model)
         return ""
     from transformers.models.nemotron_h import modeling_nemotron_h as modeling  # lazy: see Imports above
 
@@ -220,6 +222,24 @@ def bind_mamba_kernels(model: Any, on_cuda: bool) -> str:
         path += f"; causal-conv1d installed but not used: its kernels need the Mamba in_proj width ({width}) " \
                 "to be a multiple of 8"
     return path
+
+
+# Mamba / Mamba-2 functions other families' modeling modules (bamba, falcon_h1, granitemoehybrid, zamba2; jamba,
+# zamba) bind to mamba-ssm's / causal-conv1d's kernels wherever those import
+OTHER_FAMILIES_KERNELS = (*MAMBA_FUNCTIONS, "mamba_selective_scan", "mamba_selective_state_update")
+
+
+def torch_references(model: Any) -> None:
+    """On a CPU: rebind the kernel-bound Mamba functions of the model's own modeling module to their torch references
+    (the functions transformers wrapped). mamba-ssm importable without a GPU (the GPU kit's build, the CPU tests'
+    venv) otherwise sends CPU tensors into its Triton / CUDA kernels: the tiny bamba, falcon_h1, granitemoehybrid,
+    zamba2 and jamba stopped at the worker's first forward (TypeError in _mamba_chunk_scan_combined_fwd,
+    'NoneType' object has no attribute 'fwd'), rc 1 after start-up. Process-wide, as transformers' own binding."""
+    module = inspect.getmodule(type(model))
+    for name in OTHER_FAMILIES_KERNELS:
+        fn = getattr(module, name, None)
+        if fn is not None and hasattr(fn, "__wrapped__"):
+            setattr(module, name, inspect.unwrap(fn))
 
 
 def in_proj_width(config: Any) -> int:

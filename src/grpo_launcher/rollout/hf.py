@@ -198,8 +198,12 @@ def sample(model: torch.nn.Module, prompts: list[list[int]], n: int, temperature
     width = max(map(len, prompts))
     ids, attn = left_padded(prompts, pad, width, device)  # [P, W]
     cache = DynamicCache(config=model.config)  # hybrids (nemotron_h): Mamba layers get their conv/SSM state
-    rep = n if all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers) else 1
-    if rep == 1:  # a Mamba layer's state cannot be repeated (transformers 5.19): each sample prefills its prompt
+    # a Mamba layer's state cannot be repeated (transformers 5.19): each sample prefills its prompt. A layer holding
+    # both (falcon_h1's LinearAttentionAndFullAttentionLayer) inherits the attention's repeat, which leaves its
+    # conv / SSM states at the prompt count: the tiny falcon_h1 stopped at its first decoding step
+    rep = n if all(hasattr(layer, "batch_repeat_interleave") and not hasattr(layer, "conv_states")
+                   for layer in cache.layers) else 1
+    if rep == 1:
         ids, attn = ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
                    past_key_values=cache, logits_to_keep=1).logits[:, -1]  # [P, V]
