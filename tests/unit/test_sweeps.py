@@ -187,6 +187,26 @@ def test_ctrl_c_in_a_point_stops_the_sweep(tmp_path):
     assert any(line.split()[:3] == [second.name, "NOT", "RUN"] for line in summary), summary
 
 
+def test_the_same_sweep_again_skips_its_finished_points_and_runs_the_rest(tmp_path):
+    """After a Ctrl-C or a failed point, the same command again was refused whole ('run ... already finished', rule
+    run_name_not_finished, for each point that had finished): the rest of the sweep could not be run. Now a finished
+    point is skipped, said so, its run dir untouched, and the others run."""
+    (tmp_path / "out").mkdir()
+    out = share_models(tmp_path / "out")
+    done = out / "tiny-grpo_grpo.seed=1"
+    common = ["grpo.max_steps=1", "logging.mlflow=false", f"output_root={out}"]
+    first = launch("grpo.seed=1", f"name='{done.name}'", *common)  # the sweep's first point, finished before
+    assert first.returncode == 0, first.stderr[-3000:]
+    launches = (done / "repro" / "launches.jsonl").read_text()
+    p = launch("-m", "grpo.seed=1,2", *common)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert f"grpo-launcher: run '{done.name}' already finished ({done}): skipped" in p.stdout, p.stdout[-3000:]
+    assert (done / "repro" / "launches.jsonl").read_text() == launches  # not launched again
+    summary = p.stdout[p.stdout.index("sweep summary (2 runs):"):].splitlines()
+    for name in (done.name, "tiny-grpo_grpo.seed=2"):
+        assert any(line.split()[:2] == [name, "COMPLETED"] for line in summary), summary
+
+
 def test_sweep_points_share_the_reward_probe(tmp_path, monkeypatch):
     """A sweep's points that differ only in train.lr / loss keys probe each reward function once (issue 41), and
     every point still gets the same verdict as the unshared path."""

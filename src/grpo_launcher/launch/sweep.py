@@ -180,7 +180,15 @@ STOPPED_BY_SIGNAL = (ExitCode.INTERRUPTED, ExitCode.TERMINATED)  # SIGINT / SIGT
 def run_point(cfg: DictConfig) -> Optional[float]:
     """The task of one sweep point: the same flow as a single run (pre-flight → execute). Returns the objective when
     known."""
-    launch = preflight_config(cfg, task_overrides())
+    try:
+        launch = preflight_config(cfg, task_overrides())
+    except ConfigError as err:
+        if not finished_only(err):
+            raise
+        run_dir = Path(str(cfg.output_root)).resolve() / str(cfg.name)
+        print(f"grpo-launcher: run '{cfg.name}' already finished ({run_dir}): skipped (its result stands; "
+              "checkpoint.resume=fresh runs it again)", flush=True)
+        return read_objective(run_dir, objective_metric())
     if launch.spec.logging.mlflow:
         print(tracking_line(launch.spec, launch.plan.tracking_uri), flush=True)
     code = execute(launch)
@@ -209,7 +217,17 @@ def point_problems(cfg: Optional[DictConfig], overrides: Sequence[str] = (),
     try:
         return preflight_config(cfg, list(overrides)), []
     except ConfigError as err:
+        if finished_only(err):  # the same sweep again (after a Ctrl-C or a failed point): this point is done
+            spec = to_spec(cfg)
+            return Launch(spec, make_plan(spec), None), []
         return None, [v.render() for v in err.violations]
+
+
+def finished_only(err: ConfigError) -> bool:
+    """The point's one refusal is that its run already finished (rule run_name_not_finished): a sweep run again
+    skips it (run_point says so) and runs the rest. It refused the whole sweep: after one point failed or a Ctrl-C,
+    the same command could not finish the others."""
+    return bool(err.violations) and all(v.rule == "run_name_not_finished" for v in err.violations)
 
 
 def check_points(checked: Sequence[tuple], overrides: Sequence[Sequence[str]]) -> None:
