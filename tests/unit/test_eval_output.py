@@ -47,3 +47,45 @@ def test_an_out_that_cannot_be_a_file_is_refused_before_the_eval_runs(launch_her
     assert r.returncode == 2 and r.stderr.startswith("config error"), r.stdout + r.stderr
     assert f"  - --out: {tmp_path / 'a_file' / 'm.json'} cannot be written as a file" in r.stderr
     assert "eval of" not in r.stdout and not (tmp_path / "outputs").exists()
+
+
+def fake_run(tmp_path):
+    """A run dir with a checkpoint of step 2 (as complete() lists one) and its spec."""
+    from grpo_launcher.spec.compose import load_spec, spec_to_yaml
+
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_000002" / "meta.json").write_text("{}")
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(load_spec([f"output_root={tmp_path}", "name=r"])))
+    return run_dir
+
+
+def test_an_out_that_is_no_eval_result_is_never_overwritten(launch_here, tmp_path):
+    """`eval RUN --out RUN/spec.yaml` (or summary.json) replaced the run's file with the metrics once the eval ran."""
+    run_dir = fake_run(tmp_path)
+    spec = (run_dir / "spec.yaml").read_text()
+    r = launch_here(tmp_path, "eval", str(run_dir), "--out", str(run_dir / "spec.yaml"))
+    assert r.returncode == 2 and r.stderr.startswith("config error"), r.stdout + r.stderr
+    assert f"{run_dir / 'spec.yaml'} cannot be written as a file (it exists and is not an eval's metrics" in r.stderr
+    assert (run_dir / "spec.yaml").read_text() == spec and "eval of" not in r.stdout
+
+
+def test_an_eval_with_other_overrides_does_not_overwrite_the_earlier_result(tmp_path):
+    """`eval RUN` then `eval RUN rollout.temperature=0.5`: both wrote RUN/eval/step_000002.json, the first result lost."""
+    from grpo_launcher.launch import eval as ev
+
+    run_dir = fake_run(tmp_path)
+
+    def out(*overrides: str):
+        ns = ev.parse([str(run_dir), *overrides], "eval")
+        return ev.metrics_file(None, ev.target(ns), ns.overrides)
+
+    first = run_dir / "eval" / "step_000002.json"
+    assert out() == first
+    first.parent.mkdir()
+    first.write_text(json.dumps({"data": "val", "metrics": {}, "overrides": []}))
+    assert out() == first  # the same eval again replaces its own result
+    second = out("rollout.temperature=0.5")
+    assert second == run_dir / "eval" / "step_000002.2.json"
+    second.write_text(json.dumps({"data": "val", "metrics": {}, "overrides": ["rollout.temperature=0.5"]}))
+    assert out("rollout.temperature=0.5") == second and out("rollout.max_new_tokens=4").name == "step_000002.3.json"

@@ -27,7 +27,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
 from omegaconf import OmegaConf
 
@@ -165,17 +165,43 @@ def default_out(t: Target) -> Path:
     return t.out_dir / (f"{base}.{t.data_label}.json" if t.data_label else f"{base}.json")
 
 
-def metrics_file(out: Optional[Path], t: Target) -> Path:
+def metrics_file(out: Optional[Path], t: Target, overrides: Sequence[str] = ()) -> Path:
     """Where the metrics JSON goes, checked before anything runs (an --out that is a directory crashed with
-    IsADirectoryError once the eval was done): --out DIR puts it there under its default name."""
-    path = default_out(t) if out is None else out / default_out(t).name if out.is_dir() else out
+    IsADirectoryError once the eval was done): --out DIR puts it there under its default name. The default file of
+    an eval run otherwise (other overrides: rollout.temperature=0, grpo.max_val_samples=8) is not overwritten: this
+    one goes beside it (step_NNNNNN.2.json, ...). A file that is no eval's metrics (--out RUN/spec.yaml) is refused."""
+    path = free_default(default_out(t), overrides) if out is None else out / default_out(t).name if out.is_dir() else out
     above = next((p for p in path.parents if p.exists()), None)
     why = ("it is not a regular file" if path.exists() and not path.is_file()
-           else f"{above} is not a directory" if above is not None and not above.is_dir() else "")
+           else f"{above} is not a directory" if above is not None and not above.is_dir()
+           else "it exists and is not an eval's metrics file: it would be overwritten"
+           if path.is_file() and recorded_overrides(path) is None else "")
     if why:
         raise ConfigError([Violation("eval_out", ("--out",), f"{path} cannot be written as a file ({why})",
                                      "give a file path, or a directory to write it in")])
     return path
+
+
+def recorded_overrides(path: Path) -> Optional[list]:
+    """The overrides an eval's metrics file records ([] before they were recorded), None when it is no eval's."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(record, dict) or not {"metrics", "data"} <= set(record):
+        return None
+    return list(record.get("overrides") or [])
+
+
+def free_default(path: Path, overrides: Sequence[str]) -> Path:
+    """The default metrics file, or the first step_NNNNNN.N.json beside it that holds no other eval's result: the
+    same eval again (the same overrides) replaces its own file; another one (rollout.temperature=0 after the
+    default) overwrote it, the first result lost."""
+    n, found = 1, path
+    while found.exists() and recorded_overrides(found) != list(overrides):
+        n += 1
+        found = path.with_name(f"{path.stem}.{n}.json")
+    return found
 
 
 def _checked(spec: RunSpec) -> RunSpec:
@@ -214,7 +240,7 @@ def eval_main(args: list[str]) -> int:
     try:
         with training_preflight():  # eval scores the env's own prompts: env=toy's are counted as a launch's are
             t = target(ns)
-        out = metrics_file(ns.out, t)
+        out = metrics_file(ns.out, t, ns.overrides)
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
