@@ -243,3 +243,8 @@ def test_export_carries_what_the_run_trained_with_after_the_base_model_dir_chang
     for out in (tmp_path / "e1", tmp_path / "e2"):
         assert {n: (out / n).read_bytes() for n in started} == started, out
         assert AutoTokenizer.from_pretrained(out).eos_token_id is not None
+    # eval of the run dir: was refused ('no model directory at .../base'); the checkpoint and the run's copies stand in
+    ev = launch("eval", str(run_dir), "grpo.max_val_samples=64")
+    assert ev.returncode == 0, (ev.stdout + ev.stderr)[-3000:]
+    assert f"grpo-launcher: model.path={base} is gone: the run's checkpoint with the tokenizer" in ev.stdout
+    assert json.loads((run_dir / "eval" / "step_000001.json").read_text())["metrics"]

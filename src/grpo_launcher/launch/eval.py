@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
@@ -35,7 +36,7 @@ from ..envs.base import Prompt
 from ..envs.preflight import load_tokenizer, training_preflight
 from ..envs.prompting import PromptTooLong, prompt_lengths
 from ..exit_codes import ExitCode
-from ..export import ExportError, pick_checkpoint
+from ..export import RUN_MODEL_FILES, ExportError, pick_checkpoint, run_copy
 from ..plan import make_plan
 from ..preflight.validate import validate
 from ..runfiles import load_spec_file
@@ -120,6 +121,12 @@ def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Tar
     except ExportError as exc:
         raise ConfigError([Violation("eval_step", ("--step",), str(exc), "pick a step that has a checkpoint")])
     cfg = OmegaConf.create(spec_to_yaml(load_spec_file(run_dir / "spec.yaml")))
+    gone = cfg.model.path and not Path(str(cfg.model.path)).is_dir()
+    stand_in = stand_in_model(run_dir, ckpt) if gone and "model.path" not in map(_override_key, overrides) else None
+    if stand_in is not None:
+        print(f"grpo-launcher: model.path={cfg.model.path} is gone: the run's checkpoint with the tokenizer and "
+              f"generation config it trained with ({run_dir / RUN_MODEL_FILES}) stand in ({stand_in})", flush=True)
+        cfg.model.path = str(stand_in)
     try:
         spec = to_spec(OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides)))
     except ConfigError:
@@ -128,6 +135,23 @@ def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Tar
         raise ConfigError([Violation("composition", ("<overrides>",), str(exc).splitlines()[0], "fix the override")])
     other = (_env_name(spec), spec.env.val_path) != (str(cfg.env.name), cfg.env.val_path)  # cfg: the run's own
     return Target(_checked(spec), ckpt, run_dir / "eval", data_label(spec) if other else None)
+
+
+def stand_in_model(run_dir: Path, ckpt: Path) -> Optional[Path]:
+    """The run's model directory was deleted or moved since the run: its checkpoint's HF files (config.json, weights)
+    with the run's own copies of the tokenizer and generation config (RUN_DIR/model_files, export.py) as one model
+    directory, of links, in RUN_DIR/eval/model-step_NNNNNN (eval and generate were refused: 'no model directory')."""
+    copies = run_copy(run_dir)
+    if copies is None or not (ckpt / "policy" / "config.json").is_file():
+        return None
+    stand_in = run_dir / "eval" / f"model-{ckpt.name}"
+    shutil.rmtree(stand_in, ignore_errors=True)
+    stand_in.mkdir(parents=True)
+    for f in [*sorted((ckpt / "policy").iterdir()), *sorted(copies.iterdir())]:  # the run's copies win
+        if f.is_file():
+            (stand_in / f.name).unlink(missing_ok=True)
+            (stand_in / f.name).symlink_to(f.resolve())
+    return stand_in
 
 
 def _model_target(model_dir: Path, overrides: list[str]) -> Target:
