@@ -544,6 +544,18 @@ def test_vllm_attends_over_the_policys_sliding_window(tmp_path):
     assert hf_overrides(str(tmp_path / "mistral")) == {} and hf_overrides(str(tmp_path / "gemma2")) == {}
 
 
+def test_rollout_vllm_is_refused_a_family_its_refit_does_not_load(families, tmp_path):
+    """vLLM 0.32's in-place refit of gpt_oss loads nothing into its attention (sinks) and routed experts ('OAIAttention:
+    Failed to load weights'): `python launch.py model.path=<tiny gpt_oss> rollout=vllm grpo.max_steps=2` ran rc 0 with
+    train/gen_vs_policy_logprob_absdiff 0.58 nats. Pre-flight refuses it naming rollout.backend and model.path."""
+    args = [f"model.path={families('gpt_oss').dir}", f"output_root={tmp_path}", "logging.mlflow=false"]
+    with pytest.raises(ConfigError) as info:
+        load_spec([*args, "rollout=vllm"])
+    (v,) = [v for v in info.value.violations if "refit" in v.message]
+    assert v.keys == ("rollout.backend", "model.path") and "sinks" in v.message and "rollout=hf" in v.fix
+    load_spec(args)  # rollout=hf
+
+
 def test_rollout_vllm_is_refused_a_switch_its_model_does_not_read(tmp_path):
     """vLLM 0.32's StableLM has no q/k LayerNorm and no parallel residual: with qk_layernorm the tiny stablelm_v's
     first refit stopped at "no module or parameter named '...self_attn.k_layernorm'" (rc 1 after start-up). Pre-flight

@@ -268,10 +268,18 @@ def _vllm_ignores_head_dim(s: RunSpec) -> Iterator[Violation]:
 # (benchmarks/results/families.md): phi's lm_head bias is dropped (the first refit crashes), gpt_neox's engine
 # logprobs stay 0.95 nats off the policy's. olmo2 and starcoder2 (same backend) refit exactly.
 VLLM_TRANSFORMERS_BACKEND = ("phi", "gpt_neox")
+# families whose vLLM 0.32 model's in-place refit loads none of some layers' weights (layerwise reload: "<layer>:
+# Failed to load weights"), which keep the engine's start-up dummy values: rc 0, rollouts off the policy
+VLLM_REFIT_UNLOADED = {"gpt_oss": "OAIAttention (its attention sinks) and GptOssRoutedExperts: the tiny gpt_oss's "
+                                  "rollouts sat 0.58 nats off the policy"}
 
 
 def _vllm_transformers_backend(s: RunSpec) -> Iterator[Violation]:
     m = s.model
+    if m.family in VLLM_REFIT_UNLOADED:
+        yield V("heads_divide", ("rollout.backend", "model.path" if m.path else "model.family"),
+                f"vLLM's refit of {m.family} loads no weights into {VLLM_REFIT_UNLOADED[m.family]}",
+                "use rollout=hf for this model family")
     if m.family in VLLM_TRANSFORMERS_BACKEND:
         yield V("heads_divide", ("rollout.backend", "model.path" if m.path else "model.family"),
                 f"vLLM runs {m.family} through its Transformers backend, whose refit does not reproduce the policy "
