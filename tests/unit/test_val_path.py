@@ -74,3 +74,16 @@ def test_the_prompting_record_reads_no_val_split_without_validation(tmp_path):
         assert "env.val_path" in str(exc)
     else:
         raise AssertionError("the val split was read without env.val_path")
+
+
+def test_eval_of_a_spec_without_validation_still_needs_a_val_set(tmp_path, launch_here):
+    """`launch.py eval` scores the val set: with validation off in the spec and no env.val_path it is refused before
+    anything starts, naming env.val_path (the spec's own validation setting does not exempt it)."""
+    from helpers import tiny_model
+
+    model = tiny_model()
+    train = data(tmp_path)
+    r = launch_here(tmp_path, "eval", str(model), "env=dataset", f"env.train_path={train}", "env.val_path=null", *OFF,
+                    f"output_root={tmp_path / 'out'}")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "  - env.val_path: " in r.stderr, r.stderr
