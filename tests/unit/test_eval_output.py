@@ -89,3 +89,28 @@ def test_an_eval_with_other_overrides_does_not_overwrite_the_earlier_result(tmp_
     assert second == run_dir / "eval" / "step_000002.2.json"
     second.write_text(json.dumps({"data": "val", "metrics": {}, "overrides": ["rollout.temperature=0.5"]}))
     assert out("rollout.temperature=0.5") == second and out("rollout.max_new_tokens=4").name == "step_000002.3.json"
+
+
+def test_eval_of_a_damaged_checkpoint_is_refused_or_the_newest_good_one_used(tmp_path):
+    """A truncated newest checkpoint reached the workers: a safetensors traceback after their start-up. Now it is
+    verified first (manifest sizes, sha256): --step of it is a config error naming it; the default pick falls back to
+    the newest that verifies, said so."""
+    from helpers import share_models
+
+    (tmp_path / "out").mkdir()
+    out = share_models(tmp_path / "out")
+    run = launch("name=r", "grpo.max_steps=2", "checkpoint.save_period=1", "grpo.val_period=1", "logging.mlflow=false",
+                 f"output_root={out}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    run_dir = out / "r"
+    weights = run_dir / "checkpoints" / "step_000002" / "policy" / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(1000)
+    bad = launch("eval", str(run_dir), "--step", "2")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+    assert f"  - --step: checkpoint {weights.parents[1]} fails verification: policy/model.safetensors has 1000 " \
+           "bytes" in bad.stderr, bad.stderr
+    ev = launch("eval", str(run_dir))
+    assert ev.returncode == 0, (ev.stdout + ev.stderr)[-3000:]
+    assert "grpo-launcher: step_000002 fails verification (policy/model.safetensors has 1000 bytes" in ev.stdout
+    assert json.loads((run_dir / "eval" / "step_000001.json").read_text())["step"] == 1

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
 from omegaconf import OmegaConf
 
+from ..checkpoint.manager import verify_checkpoint
 from ..envs.base import Prompt
 from ..envs.preflight import load_tokenizer, training_preflight
 from ..envs.prompting import PromptTooLong, prompt_lengths
@@ -135,6 +136,31 @@ def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Tar
         raise ConfigError([Violation("composition", ("<overrides>",), str(exc).splitlines()[0], "fix the override")])
     other = (_env_name(spec), spec.env.val_path) != (str(cfg.env.name), cfg.env.val_path)  # cfg: the run's own
     return Target(_checked(spec), ckpt, run_dir / "eval", data_label(spec) if other else None)
+
+
+def verified(t: Target, step: Optional[int]) -> Target:
+    """The checkpoint to load verifies against its manifest (sizes, sha256), as a resume's and an export's do: a
+    truncated or overwritten one reached the workers (a safetensors traceback after their start-up). --step N: refused,
+    named; the default pick (the newest): the newest that verifies, said so."""
+    if t.checkpoint is None:
+        return t
+    problem = verify_checkpoint(t.checkpoint)
+    if problem is None:
+        return t
+    older = [p for p in complete_checkpoints(t.checkpoint.parent) if p.name < t.checkpoint.name] if step is None else []
+    found = next((p for p in reversed(older) if verify_checkpoint(p) is None), None)
+    if found is None:
+        raise ConfigError([Violation("eval_checkpoint_verifies", ("--step",), f"checkpoint {t.checkpoint} fails "
+                                     f"verification: {problem}" + ("; no older one verifies" if step is None else ""),
+                                     f"--step N of a checkpoint that verifies (in {t.checkpoint.parent})")])
+    print(f"grpo-launcher: {t.checkpoint.name} fails verification ({problem}): {found.name}, the newest checkpoint "
+          "that verifies, is used (--step N picks another)", flush=True)
+    return dataclasses.replace(t, checkpoint=found)
+
+
+def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """step_* dirs holding meta.json, by ascending step (CheckpointManager.complete's listing)."""
+    return sorted(p for p in ckpt_dir.glob("step_*") if p.is_dir() and (p / "meta.json").is_file())
 
 
 def stand_in_model(run_dir: Path, ckpt: Path) -> Optional[Path]:
@@ -265,6 +291,8 @@ def eval_main(args: list[str]) -> int:
         with training_preflight():  # eval scores the env's own prompts: env=toy's are counted as a launch's are
             t = target(ns)
         out = metrics_file(ns.out, t, ns.overrides)
+        t = verified(t, ns.step)
+        out = metrics_file(ns.out, t, ns.overrides)  # (the checkpoint's step names the default file)
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
@@ -297,7 +325,7 @@ def generate_main(args: list[str]) -> int:
     try:
         if ns.n < 1:
             raise ConfigError([Violation("generate_n", ("-n",), f"must be ≥ 1, got {ns.n}", "e.g. -n 4")])
-        t = fit_prompt_budget(target(ns), ns.prompt, ns.overrides)
+        t = fit_prompt_budget(verified(target(ns), ns.step), ns.prompt, ns.overrides)
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
