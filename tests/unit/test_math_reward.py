@@ -208,7 +208,9 @@ THINK = [
     (4, r"<think>maybe \boxed{3}?</think> So \boxed{4}", 1),
     (5, r"the template opened it: 2+3 </think> \boxed{5}", 1),
     (5, r"<think>\boxed{5}</think>", 0),  # nothing after the thinking: no answer
-    (5, r"<think>2+3 is \boxed{5}", 1),  # no </think>: the whole completion, as before
+    (5, r"<think>2+3 is \boxed{5}", 0),  # cut off while thinking: no answer (scored 1 before)
+    (5, r"2+3 is \boxed{5}", 1),  # no tags: the whole completion
+    (5, r"<think>a</think> <think>b</think> \boxed{5}", 1),
 ]
 
 

@@ -26,7 +26,7 @@ from .rewards import NUMBER  # noqa: F401  (kept importable from here)
 from .usercode import TimeLimitExceeded, call_with_limit
 
 GRADE_TIMEOUT_S = 5.0  # one completion's parse + comparison
-THINK_END = "</think>"  # a reasoning model's end of thinking (Qwen3, DeepSeek-R1): the answer follows it
+THINK_START, THINK_END = "<think>", "</think>"  # a reasoning model's thinking (Qwen3, DeepSeek-R1): the answer follows
 _EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 # a number in e-notation inside a text (1e21, 2.5E-3): not part of a word or a longer number (x1e2, 0x1e5, 1.2.3e4)
 _E_NUMBER = re.compile(r"(?<![\w.\\])(\d+\.?\d*|\.\d+)[eE]([-+]?\d+)(?![\w.])")
@@ -101,7 +101,10 @@ def completion_parsed(completion: str) -> list:
 
 def final_part(completion: str) -> str:
     """What follows a reasoning model's last `</think>`: the answer it gives, not one it tried while thinking
-    (`<think>maybe \\boxed{3}</think> The answer is 4` scored for 3). Without `</think>`, the whole completion."""
+    (`<think>maybe \\boxed{3}</think> The answer is 4` scored for 3). A `<think>` never closed (cut off at
+    max_new_tokens while thinking) gives no answer, as an unclosed \\boxed{ does; no tags: the whole completion."""
+    if completion.rfind(THINK_START) > completion.rfind(THINK_END):
+        return ""
     return completion.rsplit(THINK_END, 1)[1] if THINK_END in completion else completion
 
 
