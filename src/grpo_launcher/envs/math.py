@@ -1,7 +1,8 @@
 """env=math: verifiable math from rows {"question": ..., "answer": ...} (env.prompt_key / answer_key; any file
 env=dataset reads: envs/dataset.py), graded as a math grader does: math-verify parses the completion's final
 answer (`\\boxed{}` first, then LaTeX, then a plain expression: `\\frac{1}{2}`, `1/2`, `.5`, `1,000`, signs,
-percentages) and compares it with the row's answer symbolically and numerically. A DatasetEnv with this default
+percentages, e-notation) and compares it with the row's answer symbolically and numerically; a reasoning model's
+answer is what follows its last `</think>` (a `<think>` never closed: no answer). A DatasetEnv with this default
 reward.
 
     reward = 1.0 if verify(parse(answer), parse(completion)) else 0.0
