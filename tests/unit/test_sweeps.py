@@ -152,6 +152,41 @@ def test_points_that_fail_at_run_time_end_in_a_summary_not_a_traceback(tmp_path)
     assert p.stderr.strip().splitlines()[-1].startswith("sweep failed: 2 of 2 point(s) failed")
 
 
+MOVES_THE_DATA = """import os
+
+def score(prompt, completion, answer=None, **row):
+    if str(completion).strip() != str(answer).strip() and os.path.exists({val!r}):
+        os.remove({val!r})  # the user moves the val set away while the first point runs
+    return float(str(completion).strip() == str(answer).strip())
+"""
+
+
+def test_a_point_refused_when_its_turn_comes_is_named_with_its_reason(tmp_path):
+    """A point that passed the sweep's check and is refused when its turn comes (its val file removed meanwhile):
+    nothing was printed for it, and the summary's reason was 'RuntimeError' text or '1 config violation(s)'. Now its
+    config error is printed, and the summary's line names the key and why."""
+    import shutil
+
+    from helpers import ROOT
+
+    val = tmp_path / "val.jsonl"
+    shutil.copy(ROOT / "data" / "math_val.jsonl", val)
+    (tmp_path / "moves.py").write_text(MOVES_THE_DATA.format(val=str(val)))
+    (tmp_path / "out").mkdir()
+    out = share_models(tmp_path / "out")
+    p = launch("-m", "loss.clip_high=0.2,0.28", "env=math", f"env.val_path={val}",
+               f"env.train_path={ROOT / 'data' / 'math_train.jsonl'}", f"env.reward_fn={tmp_path}/moves.py:score",
+               "grpo.max_steps=1", "logging.mlflow=false", f"output_root={out}", timeout=600)
+    text = p.stdout + p.stderr
+    assert p.returncode == 1 and not val.exists(), text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert "point tiny-grpo_loss.clip_high=0.28: config error" in p.stderr and f"no file at {val}" in p.stderr
+    summary = p.stdout[p.stdout.index("sweep summary (2 runs, 1 failed):"):].splitlines()
+    (row,) = [i for i, line in enumerate(summary) if line.split()[:2] == ["tiny-grpo_loss.clip_high=0.28", "FAILED"]]
+    assert summary[row + 1].strip().startswith(f"config error: env.val_path: no file at {val}"), summary
+    assert any(line.split()[:2] == ["tiny-grpo_loss.clip_high=0.2", "COMPLETED"] for line in summary), summary
+
+
 def test_ctrl_c_in_a_point_stops_the_sweep(tmp_path):
     """Ctrl-C stopped the running point (checkpoint, exit 130) and the sweep went on to the next point, which ran to
     its end: the user's Ctrl-C stopped nothing. Now the sweep stops there, its summary says which points did not run,

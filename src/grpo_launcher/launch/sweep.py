@@ -183,7 +183,8 @@ def run_point(cfg: DictConfig) -> Optional[float]:
     try:
         launch = preflight_config(cfg, task_overrides())
     except ConfigError as err:
-        if not finished_only(err):
+        if not finished_only(err):  # passed at the sweep's check, refused now (a data file moved meanwhile)
+            print(f"point {cfg.name}: {err.render()}", file=sys.stderr, flush=True)
             raise
         run_dir = Path(str(cfg.output_root)).resolve() / str(cfg.name)
         print(f"grpo-launcher: run '{cfg.name}' already finished ({run_dir}): skipped (its result stands; "
@@ -329,11 +330,18 @@ def point_outcome(launch: Launch, result: Optional[JobReturn]) -> tuple[bool, st
     if result is None or result.status != JobStatus.FAILED:
         return False, ""
     status = read_status(launch.plan.run_dir)
-    raised = str(result._return_value or "").strip().splitlines()
+    exc = result._return_value
+    raised = [config_line(exc)] if isinstance(exc, ConfigError) else str(exc or "").strip().splitlines()
     why = status.get("message") or (raised[0] if raised else "")
     code = status.get("exit_code")
     return True, (f"exit {code}: " if code is not None else "") + (why or "see its log: python launch.py logs "
                                                                     f"{launch.plan.run_dir}")
+
+
+def config_line(err: ConfigError) -> str:
+    """A point refused when its turn came (it passed the sweep's check): its violations in one line (was 'N config
+    violation(s)')."""
+    return "config error: " + "; ".join(f"{', '.join(v.keys)}: {v.message}" for v in err.violations)
 
 
 def end_of_sweep(failed: int, points: int) -> None:
