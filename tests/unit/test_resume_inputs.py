@@ -46,3 +46,35 @@ def test_a_resume_on_changed_files_says_so_and_keeps_the_runs_record(tmp_path, c
     launches = [json.loads(line) for line in (repro / "launches.jsonl").read_text().splitlines()]
     assert [entry["resumed"] for entry in launches] == [False, True]
     assert launches[0]["data"] == json.loads(record) != launches[1]["data"]
+
+
+def test_a_resume_from_another_directory_names_the_other_files_its_relative_paths_read(launch_here, tmp_path,
+                                                                                        monkeypatch):
+    """env.train_path=data/train.jsonl, resumed from another directory that has its own data/train.jsonl: the spec
+    records no change (the same value), and the run went on with another file without a word."""
+    from grpo_launcher.spec.compose import load_spec, spec_to_yaml
+    from grpo_launcher.tracking.repro import write_repro
+
+    first, other = tmp_path / "first", tmp_path / "other"
+    for d, rows in ((first, slice(0, 200)), (other, slice(200, 400))):
+        (d / "data").mkdir(parents=True)
+        lines = (ROOT / "data" / "math_train.jsonl").read_text().splitlines(keepends=True)
+        (d / "data" / "train.jsonl").write_text("".join(lines[rows]))
+        shutil.copy(ROOT / "data" / "math_val.jsonl", d / "data" / "val.jsonl")
+    args = ["env=math", "env.train_path=data/train.jsonl", "env.val_path=data/val.jsonl", "name=r",
+            f"output_root={tmp_path / 'out'}", "logging.mlflow=false"]
+    monkeypatch.chdir(first)  # the run, launched from first/: its record, a checkpoint of step 1
+    spec = load_spec(args)
+    run_dir = tmp_path / "out" / "r"
+    (run_dir / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_000001" / "meta.json").write_text("{}")
+    (run_dir / "spec.yaml").write_text(spec_to_yaml(spec))
+    write_repro(spec, run_dir, argv=["launch.py"])
+    r = launch_here(other, *args, "dry_run=true")
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = r.stdout.split("have changed since")[1]
+    assert (f"  - env.train_path=data/train.jsonl reads {other / 'data' / 'train.jsonl'} from here ({other}); the run "
+            f"read {first / 'data' / 'train.jsonl'}") in said, said
+    assert "val.jsonl" not in said  # another file of the same bytes: the same data
+    r = launch_here(first, *args, "dry_run=true")  # from where it was launched: nothing to say
+    assert r.returncode == 0 and "have changed since" not in r.stdout, r.stdout + r.stderr

@@ -179,10 +179,30 @@ def say_resume_input_drift(spec: RunSpec, run_dir: Path) -> None:
         return
     moved = {key for key, files in then.items() if not _reads_same_path(getattr(spec.env, key[4:], None), files)}
     changed = [c for c in input_changes(run_dir, spec, moved) if not c.endswith(" is gone")]
+    changed += _same_value_other_file(run_dir, spec, {k: then[k] for k in moved})
     if changed:
         print(f"grpo-launcher: warning: this launch resumes run '{spec.name}' from step {step}, and files the run read "
               f"at its start have changed since ({run_dir / REPRO}): its next steps read them as they are now:\n"
               + "\n".join(f"  - {c}" for c in changed), flush=True)
+
+
+def _same_value_other_file(run_dir: Path, spec: RunSpec, moved: dict[str, dict]) -> list[str]:
+    """A data key whose value is the run's (spec.yaml) but names another file now: a relative path resumed from
+    another directory (the spec records no change, and the run reads another file under the same name). Another
+    file of the same bytes is not said."""
+    try:
+        before = load_spec_file(run_dir / "spec.yaml")
+    except (OSError, ValueError, ConfigError):
+        return []
+    out, now = [], data_files(spec)
+    for key, files in moved.items():
+        value = getattr(spec.env, key[4:], None)
+        same_bytes = sorted(str(i.get("sha256")) for i in files.values()) == \
+            sorted(str(i.get("sha256")) for i in now.get(key, {}).values())
+        if value and value == getattr(before.env, key[4:], None) and not same_bytes:
+            now = Path(str(value)).expanduser().resolve()
+            out.append(f"{key}={value} reads {now} from here ({Path.cwd()}); the run read {', '.join(files)}")
+    return out
 
 
 def _reads_same_path(value: Any, files: dict) -> bool:
