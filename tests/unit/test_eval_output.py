@@ -114,3 +114,12 @@ def test_eval_of_a_damaged_checkpoint_is_refused_or_the_newest_good_one_used(tmp
     assert ev.returncode == 0, (ev.stdout + ev.stderr)[-3000:]
     assert "grpo-launcher: step_000002 fails verification (policy/model.safetensors has 1000 bytes" in ev.stdout
     assert json.loads((run_dir / "eval" / "step_000001.json").read_text())["step"] == 1
+
+
+def test_a_greedy_eval_is_told_how_to_decode_greedily(launch_here, tmp_path):
+    """`eval MODEL rollout.temperature=0` (greedy: what a user evaluates with) was refused with the training fix,
+    'set rollout.temperature=1.0', i.e. not greedy at all."""
+    r = launch_here(tmp_path, "eval", str(tiny_model()), "rollout.temperature=0")
+    assert r.returncode == 2 and r.stderr.startswith("config error"), r.stdout + r.stderr
+    assert "fix: eval and generate sample through the run's engines, which take a temperature ≥ 1e-05: " \
+           "rollout.temperature=1e-5 decodes (near-)greedily" in r.stderr, r.stderr

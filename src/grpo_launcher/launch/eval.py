@@ -267,6 +267,16 @@ def _checked(spec: RunSpec) -> RunSpec:
     return spec
 
 
+def in_eval_terms(err: ConfigError) -> ConfigError:
+    """The violations with their fixes said for eval / generate (EVAL_FIXES)."""
+    return ConfigError([dataclasses.replace(v, fix=EVAL_FIXES.get(v.rule, v.fix)) for v in err.violations])
+
+
+# a rule's fix said in eval's terms: the training fix ('rollout.temperature=1.0') answered a greedy eval
+EVAL_FIXES = {"sampling_keeps_logprobs_exact": "eval and generate sample through the run's engines, which take a "
+              "temperature ≥ 1e-05: rollout.temperature=1e-5 decodes (near-)greedily"}
+
+
 def run_workers(t: Target, work: Callable[[Trainer], T]) -> T:
     """The target's Launch through the one door (launch.execute): the run's Ray workers on this machine, the
     checkpoint loaded as a resume does and its weights pushed to the engines, then work(trainer); the workers are
@@ -294,7 +304,7 @@ def eval_main(args: list[str]) -> int:
         t = verified(t, ns.step)
         out = metrics_file(ns.out, t, ns.overrides)  # (the checkpoint's step names the default file)
     except ConfigError as err:
-        print(err.render(), file=sys.stderr)
+        print(in_eval_terms(err).render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
     print(f"grpo-launcher: eval of {source_label(t)} on {val_source(t.spec)}; metrics to {out}", flush=True)
     metrics = run_workers(t, lambda trainer: trainer.validate())
@@ -327,7 +337,7 @@ def generate_main(args: list[str]) -> int:
             raise ConfigError([Violation("generate_n", ("-n",), f"must be ≥ 1, got {ns.n}", "e.g. -n 4")])
         t = fit_prompt_budget(verified(target(ns), ns.step), ns.prompt, ns.overrides)
     except ConfigError as err:
-        print(err.render(), file=sys.stderr)
+        print(in_eval_terms(err).render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
     prompts = [Prompt(text=p, answer="", agent_ref="generate") for p in ns.prompt]
     print(f"grpo-launcher: sampling {ns.n} per prompt from {source_label(t)}", flush=True)
