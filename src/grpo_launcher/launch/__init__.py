@@ -15,7 +15,6 @@ from ..preflight.disk import report as disk_report
 from ..preflight.memory_report import report as memory_report
 from ..spec.schema import ClusterKind, RolloutBackend
 from .local import run_local, run_workers
-from .repro import say_resume_input_drift
 from .rundir import live_holder, read_lock
 from .slurm import submit_slurm
 
@@ -53,6 +52,8 @@ def execute(launch: Launch, work: Optional[Callable[[Trainer], T]] = None) -> in
     if not spec.dry_run and busy(launch):  # refused before its plan is printed (the executors' lock still decides)
         return ExitCode.FAILED
     print(f"grpo-launcher: run '{spec.name}' ({spec.cluster.kind.value})\n{plan.summary()}", flush=True)
+    from .repro import say_resume_input_drift  # here: job.sh imports this package for `status`, several times a job
+
     say_resume_input_drift(spec, plan.run_dir)  # a resume whose data or reward files changed since the run began
     if mamba_line(spec):  # nemotron_h on the torch backend: which Mamba-2 kernels its workers will run
         print(mamba_line(spec), flush=True)
