@@ -3,7 +3,8 @@ or left for the resume, said so; no chained tracebacks (the driver calls report(
 
 Found anywhere in the exception's chain: an OSError of ours or Python's, a worker's error that Ray re-raised in
 the driver (its text holds the worker's `[Errno 28] No space left on device: 'FILE'`), a sqlite store's
-"database or disk is full".
+"database or disk is full". A file the run cannot write (a read-only filesystem or directory: EROFS, EACCES, EPERM)
+ends the same way: one message naming the file, the run's trackers ended, the resume said.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .exit_codes import ExitCode
 from .runfiles import free_space, no_space_message
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+UNWRITABLE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 FULL_TEXT = re.compile(r"No space left on device|Disk quota exceeded|database or disk is full|no space left on device")
 ERRNO_FILE = re.compile(r"\[Errno (?:28|122)\] [^:\n]+: '([^'\n]+)'")
 
@@ -54,6 +56,15 @@ def message(exc: BaseException, run_dir: Path) -> Optional[str]:
     return f"no space left on device under {run_dir} ({free_space(run_dir)}): {first[:200]}"
 
 
+def unwritable(exc: BaseException) -> Optional[str]:
+    """'Read-only file system: FILE' (or 'Permission denied: FILE') when an OSError of ours or Python's in `exc` was
+    refused access to a file, else None."""
+    for e in chain(exc):
+        if isinstance(e, OSError) and e.errno in UNWRITABLE_ERRNOS and e.filename:
+            return f"{e.strerror}: {e.filename}"
+    return None
+
+
 def end_tracking(tracker: Any, resumable: bool) -> str:
     """The run's trackers after a full disk: buffered metrics dropped (the resume logs those steps again), the
     MLflow run marked FAILED with one try (a store on the full disk cannot take it: then left RUNNING, and the
@@ -80,15 +91,18 @@ def end_tracking(tracker: Any, resumable: bool) -> str:
 
 
 def report(exc: BaseException, state: Any, run_dir: Path) -> Optional[int]:
-    """A full disk in `exc`: the one message on stderr, trackers ended (end_tracking), exit code FAILED; else None
-    (the caller goes on with its own handling)."""
+    """A full disk, or a file the run cannot write, in `exc`: the one message on stderr, trackers ended
+    (end_tracking), exit code FAILED; else None (the caller goes on with its own handling)."""
     what = message(exc, Path(run_dir))
+    fix = "free space there"
+    if what is None:
+        what, fix = unwritable(exc), "make it writable (mount read-write, or chmod)"
     if what is None:
         return None
     ckpt = state.ckpt.latest() if state is not None else None
     tracking = end_tracking(state.tracker if state is not None else None, resumable=ckpt is not None)
     print(f"grpo-launcher: {what.removesuffix('; free space there and resume')}\n  last completed step: "
-          f"{state.step if state is not None else 0}; last checkpoint: {ckpt or 'none'}; {tracking}\n  free space "
-          "there, then launch the same command again: it " + ("resumes from the last checkpoint" if ckpt else
+          f"{state.step if state is not None else 0}; last checkpoint: {ckpt or 'none'}; {tracking}\n  {fix}, then "
+          "launch the same command again: it " + ("resumes from the last checkpoint" if ckpt else
           "starts from step 1 (no checkpoint yet)"), file=sys.stderr, flush=True)
     return ExitCode.FAILED

@@ -51,6 +51,8 @@ HTTP_RETRIES_ENV, HTTP_RETRIES = "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 CLOSE_WAIT_S = 120.0  # the end of a run waits this long for an away store to send what it buffered
 CLOSE_RETRY_S = 5.0
+# a sqlite store whose file is damaged: no retry brings it back (the end of the run does not wait for it)
+CORRUPT_STORE = re.compile(r"database disk image is malformed|file is not a database")
 RUN_DIR_TAG = "grpo.run_dir"  # the absolute run dir an MLflow run was started for (a resume checks it)
 
 
@@ -303,14 +305,20 @@ class Tracker:
         if not first and len(self._buffer) == self._warned:
             return
         self._warned = len(self._buffer)
-        text = (redact_text(str(exc)).strip().splitlines() or [""])[0]  # a SQL error's first line says it; SQL follows
+        lines = redact_text(str(exc)).strip().splitlines() or [""]
+        text = next((line for line in lines if CORRUPT_STORE.search(line)), lines[0])  # else the first line says it
         self._away = f"{type(exc).__name__}: {text[:120]}{' ... ' + text[-120:] if len(text) > 240 else text[120:]}"
         steps = sorted({m.step for m in self._buffer})
         held = (f" (step {steps[0]})" if len(steps) == 1 else f" (steps {steps[0]}..{steps[-1]})") if steps else ""
-        print(f"grpo-launcher: WARNING: MLflow store {redact_value(self.tracking_uri)} unreachable"
+        how = "damaged: move it aside (MLflow makes a new one)" if self.store_damaged() else "unreachable"
+        print(f"grpo-launcher: WARNING: MLflow store {redact_value(self.tracking_uri)} {how}"
               + (f" ({self._away})" if first else "") + f"; {len(self._buffer)} metric value(s){held} kept, "
               f"sent at the next checkpoint (all are in {self.run_dir / 'metrics.jsonl'})", file=sys.stderr,
               flush=True)
+
+    def store_damaged(self) -> bool:
+        """The store's last error says its sqlite file is damaged: retries never succeed."""
+        return self._away is not None and CORRUPT_STORE.search(self._away) is not None
 
     def pending(self) -> list[list]:
         """The buffered (uncommitted) metrics as [key, value, timestamp_ms, step] (kept in the checkpoint)."""
@@ -376,10 +384,11 @@ class Tracker:
                     return
             except UNREACHABLE as exc:
                 self._went_away(exc)
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or self.store_damaged():
                 break
             time.sleep(CLOSE_RETRY_S)  # the store is away: wait for it, up to CLOSE_WAIT_S
-        print(f"grpo-launcher: WARNING: MLflow run {self._run_id} not closed: its store stayed unreachable for "
-              f"{CLOSE_WAIT_S:.0f} s; {len(self._buffer)} metric value(s) not sent (all are in "
-              f"{self.run_dir / 'metrics.jsonl'})", file=sys.stderr, flush=True)
+        why = "is damaged" if self.store_damaged() else f"stayed unreachable for {CLOSE_WAIT_S:.0f} s"
+        print(f"grpo-launcher: WARNING: MLflow run {self._run_id} not closed: its store {why}; "
+              f"{len(self._buffer)} metric value(s) not sent (all are in {self.run_dir / 'metrics.jsonl'})",
+              file=sys.stderr, flush=True)
         self._closed = True

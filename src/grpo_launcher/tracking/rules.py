@@ -11,7 +11,7 @@ from ..spec.errors import Violation
 from ..preflight.registry import V, rule
 from ..spec.schema import ClusterKind, RunSpec
 from ..spec.mlflow_env import SQLITE, URI_ENV
-from .store import store_problem, store_uri
+from .store import not_sqlite_problem, store_problem, store_uri
 
 
 @rule("probe")
@@ -25,7 +25,7 @@ def tracking_store_reachable(s: RunSpec) -> Iterator[Violation]:
     uri, source = store_uri(s)
     db = Path(uri.removeprefix(SQLITE))
     if source == "output_root":  # its directory is output_root_writable's; the db file itself is checked here
-        problem = f"{db} is not writable" if db.exists() and not os.access(db, os.W_OK) else None
+        problem = f"{db} is not writable" if db.exists() and not os.access(db, os.W_OK) else not_sqlite_problem(db)
     else:
         problem = store_problem(uri)
     if problem:

@@ -102,12 +102,31 @@ def _http_problem(uri: str, timeout: float) -> str | None:
         return f"is unreachable ({type(exc).__name__}: {exc or 'no answer'} within {timeout:.0f} s, asked {url})"
 
 
+SQLITE_HEADER = b"SQLite format 3\0"
+
+
+def not_sqlite_problem(path: Path) -> str | None:
+    """A sqlite store's file that is there but not a SQLite database (overwritten, truncated to its first bytes, a
+    copy cut short): sqlite says 'file is not a database' only once MLflow opens it, after Ray started."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return None  # MLflow makes it
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror})"
+    if head and head != SQLITE_HEADER:
+        return (f"{path} is not a SQLite database (its first bytes are {head[:8]!r}): move it aside (MLflow then "
+                "makes a new one) or restore it from a backup")
+    return None
+
+
 def store_problem(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
     """Why a run could not open the MLflow store at `uri` from here, or None. Light (no mlflow import): a file or
     sqlite store must be writable, an http store must answer. A database store (postgresql://, ...) is left to
     MLflow: its host may be one only the run's nodes resolve."""
     if uri.startswith(SQLITE):
-        return _writable_problem(Path(uri[len(SQLITE):]))
+        return _writable_problem(Path(uri[len(SQLITE):])) or not_sqlite_problem(Path(uri[len(SQLITE):]))
     if uri.startswith(("http://", "https://")):
         return _http_problem(uri, timeout)
     if uri.startswith("file:"):
@@ -128,7 +147,7 @@ def store_locked(uri: str) -> bool:
             con.rollback()
         finally:
             con.close()
-    except sqlite3.OperationalError as exc:
+    except sqlite3.DatabaseError as exc:  # OperationalError (locked), or a file that is not a database
         return "locked" in str(exc)
     return False
 

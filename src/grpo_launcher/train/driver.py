@@ -40,7 +40,7 @@ from .loop_state import LoopState, StopRequest
 from .setup import prepare_model, resume_or_start
 from .sources import RolloutSource, SyncSource, Timer
 from .startup import Readiness, StartupClock, prefetch_tokenizer_imports, process_start, quiet_libraries
-from .workers import Workers, create_workers, ray_session
+from .workers import Workers, create_workers, ray_session, ray_temp_problem
 
 
 def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
@@ -58,7 +58,10 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
     gpu_peak = GpuPeak.start(spec.cluster.gpus_per_node, predicted)  # before this process or a worker uses a GPU
     model_dir = prepare_model(spec, plan, env)
     clock.mark("model")
-    with ray_session(spec, plan):
+    if (problem := ray_temp_problem(spec)) is not None:  # nothing started yet: one message, not ray.init's traceback
+        print(f"error: {problem}", file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
+    with ray_session(spec, plan, keep_sigterm=True):  # a SIGTERM while Ray starts is a stop, as after
         stop.reinstall()  # ray.init() replaced the SIGTERM handler with Ray's (which exits without saving)
         clock.mark("ray")
         workers = create_workers(spec, plan, str(model_dir))  # they import and load while the driver sets up
@@ -89,7 +92,7 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None) -> int:
         except Hung as exc:  # a wait passed its deadline: named, stacks taken, then the actors are killed (finally)
             return report_hang(exc, workers, state)
         except ActorDied as exc:  # kill -9, OOM, a crash: named with the last step and checkpoint
-            return report_died(exc, workers, state)
+            return report_died(exc, workers, state, model_dir)
         except SystemExit as exc:  # a stop abandoned the step (a second signal, or deadlines.stop_grace_s passed)
             if state is not None:
                 state.abort()  # the last checkpoint stands
@@ -128,12 +131,16 @@ def report_hang(exc: Hung, workers: Workers, state: LoopState | None) -> int:
     return ExitCode.HUNG
 
 
-def report_died(exc: ActorDied, workers: Workers, state: LoopState | None) -> int:
-    """An actor died mid-wait: which one (role, rank, pid, node), in which phase, the last step and checkpoint."""
+def report_died(exc: ActorDied, workers: Workers, state: LoopState | None, model_dir: Path | None = None) -> int:
+    """An actor died mid-wait: which one (role, rank, pid, node), in which phase, the last step and checkpoint; and
+    a model dir deleted or moved since the launch, named (the worker's own error reads 'Repo id must be ...')."""
     (a,) = workers.describe([exc.owner]) if exc.owner is not None else [None]
     who = f"{a.role} rank {a.rank} (pid {a.pid}, node {a.node})" if a else "an actor"
     ckpt = state.ckpt.latest() if state is not None else None
-    print(f"grpo-launcher: {who} {exc}\n  last completed step: {state.step if state else 0}; last checkpoint: "
+    gone = model_dir is not None and not (Path(model_dir) / "config.json").is_file()
+    print((f"grpo-launcher: the model dir {model_dir} is gone (no config.json): deleted or moved after the launch; "
+           "restore it (model.path), then launch the same command again\n" if gone else "")
+          + f"grpo-launcher: {who} {exc}\n  last completed step: {state.step if state else 0}; last checkpoint: "
           f"{ckpt or 'none'}; resume starts from it", file=sys.stderr, flush=True)
     workers.stuck = [exc.owner]
     if state is not None:

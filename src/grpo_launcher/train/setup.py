@@ -72,16 +72,25 @@ RECORDS = ("metrics.jsonl", "reward_curve.png", "summary.json", "spec_changes.js
 
 def trim_metrics(path: Path, step: int) -> None:
     """A resume from step k: the lines of steps after k (their work is lost with the crash that stopped them) and a
-    torn last line go, atomically, so that metrics.jsonl keeps one line per step."""
+    torn last line go, atomically, so that metrics.jsonl keeps one line per step. Whole lines that do not parse
+    (bytes a crash or a bad disk left, not UTF-8 JSON: they crashed the resume with a UnicodeDecodeError) are moved
+    to metrics.jsonl.unreadable and counted, never dropped silently."""
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text().splitlines():
+    lines = path.read_bytes().split(b"\n")
+    kept, unreadable = [], []
+    for i, raw in enumerate(lines):
         try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line + "\n")
-        except (ValueError, KeyError, TypeError):
-            continue
+            if json.loads(raw.decode())["step"] <= step:
+                kept.append(raw.decode() + "\n")
+        except (ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
+            if raw.strip() and i < len(lines) - 1:  # the last one, cut short by a crash, goes as before
+                unreadable.append(raw + b"\n")
+    if unreadable:
+        aside = path.with_name(path.name + ".unreadable")
+        with open(aside, "ab") as f:
+            f.write(b"".join(unreadable))
+        print(f"grpo-launcher: {path}: {len(unreadable)} line(s) that are not JSON moved to {aside}", flush=True)
     write_atomic(path, "".join(kept))
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import contextmanager
+import resource
+import tempfile
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import ray
@@ -32,8 +35,36 @@ WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO
 
 
 @contextmanager
-def ray_session(spec: RunSpec, plan: Plan) -> Iterator[None]:
-    """Join the job's Ray cluster (RAY_ADDRESS, set by the sbatch script) or start one here."""
+def ray_session(spec: RunSpec, plan: Plan, keep_sigterm: bool = False) -> Iterator[None]:
+    """Join the job's Ray cluster (RAY_ADDRESS, set by the sbatch script) or start one here. keep_sigterm (the
+    driver, whose StopRequest handles SIGTERM): ray.init does not swap in Ray's own handler while it runs."""
+    with ray_keeps_our_sigterm() if keep_sigterm else nullcontext():
+        _ray_init(spec, plan)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@contextmanager
+def ray_keeps_our_sigterm() -> Iterator[None]:
+    """ray.init sets a SIGTERM handler of its own for its length (sys.exit(15), raised wherever the main thread is):
+    a SIGTERM then ended the run with exit 15 and no message, or, raised in a finalizer that held logging's lock,
+    was swallowed ('Exception ignored') and left the lock held: the next thread that logged waited for ever, and
+    the driver with it. The driver's handler (a stop: the step, a checkpoint, exit 143) stays in place instead."""
+    utils = ray._private.utils  # type: ignore[attr-defined]  (private: what ray.init calls, looked up at call time)
+    saved = getattr(utils, "set_sigterm_handler", None)
+    if saved is None:  # another Ray: nothing to keep
+        yield
+        return
+    utils.set_sigterm_handler = lambda _handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = saved
+
+
+def _ray_init(spec: RunSpec, plan: Plan) -> None:
     env = dict(WORKER_ENV, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), _src()) if p),
                **collective_timeout_env(spec))
     if os.environ.get("RAY_ADDRESS"):
@@ -47,10 +78,35 @@ def ray_session(spec: RunSpec, plan: Plan) -> Iterator[None]:
                  # lean: no idle workers started ahead (every actor here has its own runtime env), no metrics
                  _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False,
                                  "enable_metrics_collection": False})
+
+
+def ray_temp_problem(spec: RunSpec) -> str | None:
+    """Why a Ray started here could not write its temp dir (RAY_TMPDIR, else TMPDIR, else /tmp: Ray's own order) or
+    its object store (a file-size limit below cluster.object_store_memory_mb), or None; a joined cluster
+    (RAY_ADDRESS) keeps its own. ray.init died with a 35-line OSError traceback, or timed out after ~40 s."""
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    fsize = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if fsize != resource.RLIM_INFINITY and fsize < spec.cluster.object_store_memory_mb * 2**20:
+        return (f"the file-size limit (ulimit -f: {fsize / 2**20:.1f} MiB) is below Ray's object store "
+                f"(cluster.object_store_memory_mb={spec.cluster.object_store_memory_mb}): Ray's raylet would die "
+                "of SIGXFSZ; raise the limit (ulimit -f unlimited) or lower cluster.object_store_memory_mb")
+    var = next((v for v in ("RAY_TMPDIR", "TMPDIR") if os.environ.get(v)), None)
+    where = Path(os.environ[var] if var else "/tmp") / "ray"
+    if len(str(where)) > 40:  # as preflight/slurm.py ray_temp_dir_short: session_<time>_<pid>/sockets/plasma_store
+        return (f"Ray's temp dir {where} (from {var}) is {len(str(where))} characters: Ray's socket paths under it "
+                "would pass the 107 bytes AF_UNIX allows; set RAY_TMPDIR to a short path (e.g. /tmp), then launch the "
+                "same command again")
     try:
-        yield
-    finally:
-        ray.shutdown()
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".grpo-probe-") as f:  # a full disk fails here
+            f.write(b"\0" * 4096)
+            f.flush()
+    except OSError as exc:
+        return (f"Ray cannot write its temp dir {where} (from {var or 'the default: RAY_TMPDIR and TMPDIR unset'}): "
+                f"{exc.strerror or exc}; set RAY_TMPDIR to a writable directory with free space and a short path "
+                "(Ray's AF_UNIX sockets live there: at most 107 bytes), then launch the same command again")
+    return None
 
 
 def collective_timeout_env(spec: RunSpec) -> dict[str, str]:
