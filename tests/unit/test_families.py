@@ -68,7 +68,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "nemotron_h": {**NEMOTRON_H, "vocab_size": VOCAB, "initializer_range": 0.1},  # Mamba-2 / attention / MoE
     # MoE (transformers 5's stacked experts; per-expert names in the export)
     "qwen3_moe": dict(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
-    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48),
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48),
     "mixtral": dict(head_dim=32, num_local_experts=4, num_experts_per_tok=2),
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, logits_scaling=4.0, embedding_multiplier=2.0),
     "gpt_oss": dict(head_dim=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,  # attention sinks
@@ -547,13 +548,27 @@ def test_vllm_attends_over_the_policys_sliding_window(tmp_path):
 def test_rollout_vllm_is_refused_a_family_its_refit_does_not_load(families, tmp_path):
     """vLLM 0.32's in-place refit of gpt_oss loads nothing into its attention (sinks) and routed experts ('OAIAttention:
     Failed to load weights'): `python launch.py model.path=<tiny gpt_oss> rollout=vllm grpo.max_steps=2` ran rc 0 with
-    train/gen_vs_policy_logprob_absdiff 0.58 nats. Pre-flight refuses it naming rollout.backend and model.path."""
-    args = [f"model.path={families('gpt_oss').dir}", f"output_root={tmp_path}", "logging.mlflow=false"]
+    train/gen_vs_policy_logprob_absdiff 0.58 nats. bloom's tied head: the first refit stopped at "no module or
+    parameter named 'lm_head' in BloomModel" (rc 1), and without that alias the head kept its dummy weights (1.11
+    nats). Pre-flight refuses both, naming rollout.backend and model.path."""
+    for family, what in (("gpt_oss", "sinks"), ("bloom", "ParallelLMHead")):
+        args = [f"model.path={families(family).dir}", f"output_root={tmp_path}", "logging.mlflow=false"]
+        with pytest.raises(ConfigError) as info:
+            load_spec([*args, "rollout=vllm"])
+        (v,) = [v for v in info.value.violations if "refit" in v.message]
+        assert v.keys == ("rollout.backend", "model.path") and what in v.message and "rollout=hf" in v.fix
+        load_spec(args)  # rollout=hf
+
+
+def test_rollout_vllm_is_refused_qkv_clipping_its_model_does_not_apply(families, tmp_path):
+    """vLLM 0.32's olmoe.py (and olmo.py) never clamp Q/K/V to config.json's clip_qkv, transformers does: the tiny
+    olmoe (clip_qkv 0.5, head_dim 32) ran `launch.py rollout=vllm grpo.max_steps=2` rc 0 with rollouts 1.24 nats off
+    the policy (5e-7 without clip_qkv). Pre-flight refuses it, naming the value."""
+    args = [f"model.path={families('olmoe').dir}", f"output_root={tmp_path}", "logging.mlflow=false"]
     with pytest.raises(ConfigError) as info:
         load_spec([*args, "rollout=vllm"])
-    (v,) = [v for v in info.value.violations if "refit" in v.message]
-    assert v.keys == ("rollout.backend", "model.path") and "sinks" in v.message and "rollout=hf" in v.fix
-    load_spec(args)  # rollout=hf
+    (v,) = [v for v in info.value.violations if v.rule == "vllm_model_reads_the_checkpoint"]
+    assert v.keys == ("rollout.backend", "model.path") and "clip_qkv=0.5" in v.message
 
 
 def test_rollout_vllm_is_refused_a_switch_its_model_does_not_read(tmp_path):

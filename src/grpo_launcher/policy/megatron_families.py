@@ -51,7 +51,7 @@ def rope_refusal(cfg: dict) -> str | None:
         return f"rope_parameters={rope!r} is not mapped"
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "llama3":
-        found = (rope.get("low_freq_factor"), rope.get("high_freq_factor"), rope.get("original_max_position_embeddings"))
+        found = tuple(rope.get(k) for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
         if found != LLAMA3_ROPE:
             return (f"llama3 RoPE scaling with (low_freq_factor, high_freq_factor, original_max_position_embeddings)="
                     f"{found}: megatron-core's llama3 scaling fixes them at {LLAMA3_ROPE}")

@@ -3,6 +3,7 @@ and KV cache), and sampling that keeps the logprobs exact."""
 
 from __future__ import annotations
 
+import json
 from typing import Iterator
 
 from ..logit_heads import read_text_config
@@ -95,8 +96,10 @@ def sampling_keeps_logprobs_exact(s: RunSpec) -> Iterator[Violation]:
 # model_type -> config.json switches vLLM 0.32's model class does not read: set true, the engine would be another
 # model than the policy's. stablelm.py has no q/k LayerNorm (the tiny stablelm_v's first refit stopped at "There is
 # no module or parameter named 'model.layers.0.self_attn.k_layernorm'", rc 1 after start-up) and always sums the
-# residual after attention (use_parallel_residual is not read). benchmarks/results/families.md.
-VLLM_UNREAD_SWITCHES = {"stablelm": ("qk_layernorm", "use_parallel_residual")}
+# residual after attention (use_parallel_residual is not read). benchmarks/results/families.md. olmo.py / olmoe.py do
+# not clamp Q/K/V to clip_qkv (transformers does): the tiny olmoe with clip_qkv=0.5 ran rc 0, rollouts 1.24 nats off.
+VLLM_UNREAD_SWITCHES = {"stablelm": ("qk_layernorm", "use_parallel_residual"), "olmo": ("clip_qkv",),
+                        "olmoe": ("clip_qkv",)}
 
 
 @rule("pure")
@@ -109,6 +112,6 @@ def vllm_model_reads_the_checkpoint(s: RunSpec) -> Iterator[Violation]:
     keys = [k for k in VLLM_UNREAD_SWITCHES.get(family, ()) if cfg.get(k)]
     if keys:
         yield V("vllm_model_reads_the_checkpoint", ("rollout.backend", "model.path"),
-                f"{s.model.path}/config.json sets {', '.join(f'{k}=true' for k in keys)}: vLLM's {family} model "
-                "does not implement it, so its engine would not run the policy's model",
+                f"{s.model.path}/config.json sets {', '.join(f'{k}={json.dumps(cfg[k])}' for k in keys)}: vLLM's "
+                f"{family} model does not implement it, so its engine would not run the policy's model",
                 "use rollout=hf for this checkpoint")

@@ -271,7 +271,11 @@ VLLM_TRANSFORMERS_BACKEND = ("phi", "gpt_neox")
 # families whose vLLM 0.32 model's in-place refit loads none of some layers' weights (layerwise reload: "<layer>:
 # Failed to load weights"), which keep the engine's start-up dummy values: rc 0, rollouts off the policy
 VLLM_REFIT_UNLOADED = {"gpt_oss": "OAIAttention (its attention sinks) and GptOssRoutedExperts: the tiny gpt_oss's "
-                                  "rollouts sat 0.58 nats off the policy"}
+                                  "rollouts sat 0.58 nats off the policy",
+                       "bloom": "its ParallelLMHead, tied to the embedding (bloom.py prefixes every name with "
+                                "'transformer.': the lm_head.weight alias stops the first refit, 'no module or "
+                                "parameter named lm_head', and without it the head keeps its dummy weights, 1.11 nats "
+                                "off the policy)"}
 
 
 def _vllm_transformers_backend(s: RunSpec) -> Iterator[Violation]:
