@@ -97,7 +97,10 @@ fi
 if [ "${1:-}" = bg ]; then  # a run longer than one call: started detached, collected by `wait` in later calls
   shift
   mkdir -p /tmp/bg
-  OUT=/tmp/bg setsid bash "$0" "$@" > /tmp/bg/steps.txt 2>&1 < /dev/null &
+  # from a copy of the tree: the next call's carry replaces the carried folder (a run whose cwd vanished lost its
+  # step 2 and the torch recipe, 2026-12-06)
+  rm -rf /tmp/bgtree && cp -r "$PWD" /tmp/bgtree && cd /tmp/bgtree || exit 1
+  OUT=/tmp/bg setsid bash benchmarks/gpu_jobs/nemotron.sh "$@" > /tmp/bg/steps.txt 2>&1 < /dev/null &
   echo $! > /tmp/bg.pid
   echo "detached: pid $(cat /tmp/bg.pid), steps $*"
   exit
