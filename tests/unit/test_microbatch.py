@@ -79,9 +79,8 @@ def test_token_budget_update_equals_the_fixed_rows(model_root, kl):
     oa, ob = budget.update([b], den), rows.update([b], den)
     for k in ("loss", "pg_loss", "grad_norm"):
         assert oa[k] == pytest.approx(ob[k], rel=1e-5, abs=1e-6), k
-    # clip_fraction and entropy are token means per micro-batch weighted by its share of the loss's denominator
-    # (sequences here): other micro-batches, slightly other means (as with sequence packing, test_packing.py)
-    assert oa["clip_fraction"] == pytest.approx(ob["clip_fraction"], abs=1e-2) and oa["clip_fraction"] > 0
+    # clip_fraction is averaged as the loss weighs tokens (algos.metric_mean): any micro-batch layout, the same
+    assert oa["clip_fraction"] == pytest.approx(ob["clip_fraction"], rel=1e-4) and oa["clip_fraction"] > 0
     for (k, x), y in zip(budget.model.named_parameters(), rows.model.parameters()):
         assert torch.allclose(x.grad, y.grad, atol=1e-6, rtol=1e-4), k
     # on-policy: the update's own forward gives the old logprobs, back in the batch's order
