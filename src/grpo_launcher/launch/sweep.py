@@ -331,7 +331,9 @@ def point_outcome(launch: Launch, result: Optional[JobReturn]) -> tuple[bool, st
         return False, ""
     status = read_status(launch.plan.run_dir)
     exc = result._return_value
-    raised = [config_line(exc)] if isinstance(exc, ConfigError) else str(exc or "").strip().splitlines()
+    if isinstance(exc, ConfigError):  # refused at its turn: it never ran (status.json, if any, is an earlier run's)
+        return True, config_line(exc)
+    raised = str(exc or "").strip().splitlines()
     why = status.get("message") or (raised[0] if raised else "")
     code = status.get("exit_code")
     return True, (f"exit {code}: " if code is not None else "") + (why or "see its log: python launch.py logs "
