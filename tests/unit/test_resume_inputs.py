@@ -61,7 +61,10 @@ def test_a_resume_from_another_directory_names_the_other_files_its_relative_path
         lines = (ROOT / "data" / "math_train.jsonl").read_text().splitlines(keepends=True)
         (d / "data" / "train.jsonl").write_text("".join(lines[rows]))
         shutil.copy(ROOT / "data" / "math_val.jsonl", d / "data" / "val.jsonl")
-    args = ["env=math", "env.train_path=data/train.jsonl", "env.val_path=data/val.jsonl", "name=r",
+    (tmp_path / "first" / "data" / "test.jsonl").write_text((first / "data" / "val.jsonl").read_text())
+    val_lines = (other / "data" / "val.jsonl").read_text().splitlines(keepends=True)
+    (other / "data" / "test.jsonl").write_text("".join(val_lines[1:]))  # another held-out file, other rows
+    args = ["env=math", "env.train_path=data/train.jsonl", "env.val_path=data/test.jsonl", "name=r",
             f"output_root={tmp_path / 'out'}", "logging.mlflow=false"]
     monkeypatch.chdir(first)  # the run, launched from first/: its record, a checkpoint of step 1
     spec = load_spec(args)
@@ -75,6 +78,6 @@ def test_a_resume_from_another_directory_names_the_other_files_its_relative_path
     said = r.stdout.split("have changed since")[1]
     assert (f"  - env.train_path=data/train.jsonl reads {other / 'data' / 'train.jsonl'} from here ({other}); the run "
             f"read {first / 'data' / 'train.jsonl'}") in said, said
-    assert "val.jsonl" not in said  # another file of the same bytes: the same data
+    assert f"  - env.val_path=data/test.jsonl reads {other / 'data' / 'test.jsonl'} from here" in said, said
     r = launch_here(first, *args, "dry_run=true")  # from where it was launched: nothing to say
     assert r.returncode == 0 and "have changed since" not in r.stdout, r.stdout + r.stderr

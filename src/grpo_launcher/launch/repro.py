@@ -200,8 +200,8 @@ def _same_value_other_file(run_dir: Path, spec: RunSpec, moved: dict[str, dict])
         same_bytes = sorted(str(i.get("sha256")) for i in files.values()) == \
             sorted(str(i.get("sha256")) for i in now.get(key, {}).values())
         if value and value == getattr(before.env, key[4:], None) and not same_bytes:
-            now = Path(str(value)).expanduser().resolve()
-            out.append(f"{key}={value} reads {now} from here ({Path.cwd()}); the run read {', '.join(files)}")
+            here = Path(str(value)).expanduser().resolve()
+            out.append(f"{key}={value} reads {here} from here ({Path.cwd()}); the run read {', '.join(files)}")
     return out
 
 
