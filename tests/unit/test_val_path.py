@@ -1,5 +1,5 @@
 """env.val_path is required only when the run validates (grpo.val_period > 0, grpo.val_at_start or grpo.val_at_end:
-envs.dataset.validation_on). With validation off it was still a config error (`env.val_path is null`), and a val
+spec.schema.validation_on). With validation off it was still a config error (`env.val_path is null`), and a val
 file that was set was read anyway (pre-flight's checks and prompt budget, the prompting record, repro's data
 record); now nothing reads it. With validation on, a missing env.val_path is a config error naming the key."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 
-from grpo_launcher.envs.dataset import DataError, DatasetEnv, validation_on
+from grpo_launcher.envs.dataset import DataError, DatasetEnv
 from grpo_launcher.envs.prompting import split_prompts
 from grpo_launcher.spec.compose import load_spec
-from grpo_launcher.spec.schema import EnvSpec, GrpoSpec
+from grpo_launcher.spec.schema import EnvSpec, GrpoSpec, validation_on
 from grpo_launcher.tracking.repro import data_files
 
 OFF = ["grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=false", "checkpoint.metric=train/reward_mean"]

@@ -54,12 +54,6 @@ VAL_SPLITS = ("validation", "val", "test")
 MAX_LISTED = 20  # bad lines named per problem in a DataError (the count is always the full one)
 
 
-def validation_on(grpo: Any) -> bool:
-    """Whether the run validates at all (grpo.val_period > 0, val_at_start or val_at_end): without it env.val_path is
-    neither required nor read (pre-flight, the prompting record, the data record)."""
-    return grpo.val_period > 0 or grpo.val_at_start or grpo.val_at_end
-
-
 class DataError(UserCodeError):
     """A data file that cannot be used: the message names the key, the file and the line/row."""
 

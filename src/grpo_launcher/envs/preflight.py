@@ -33,10 +33,10 @@ from typing import Any, Iterator
 
 from ..models.tiny import build_tokenizer
 from ..spec.errors import Violation
-from ..spec.schema import ClusterKind, RunSpec
+from ..spec.schema import ClusterKind, RunSpec, validation_on
 from . import ENVS, PLANNED_ONLY, env_class
 from . import rewards as R
-from .dataset import DataError, DatasetEnv, answer_text, load_split, validation_on
+from .dataset import DataError, DatasetEnv, answer_text, load_split
 from .math import gold_text, math_verify_match, not_math
 from .prompting import prompt_lengths, templating_on
 from .toy import ReverseDigitsEnv, every_prompt_text
@@ -295,7 +295,7 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
 
 
 def data_splits(s: RunSpec) -> tuple[str, ...]:
-    """The splits a run reads: train, and val when it validates (dataset.validation_on)."""
+    """The splits a run reads: train, and val when it validates (spec.schema.validation_on)."""
     return ("train", "val") if validation_on(s.grpo) else ("train",)
 
 

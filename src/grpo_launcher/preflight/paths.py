@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from ..envs.dataset import FORMATS, validation_on
+from ..envs.dataset import FORMATS
 from ..spec.errors import Violation
-from ..spec.schema import ClusterKind, RunSpec
+from ..spec.schema import ClusterKind, RunSpec, validation_on
 from .registry import V, rule
 from .safetensors_check import weights_problems
 

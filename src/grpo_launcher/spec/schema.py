@@ -250,6 +250,12 @@ class GrpoSpec:
     async_grpo: AsyncGrpoSpec = field(default_factory=AsyncGrpoSpec)
 
 
+def validation_on(grpo: GrpoSpec) -> bool:
+    """Whether the run validates at all (grpo.val_period > 0, val_at_start or val_at_end): without it env.val_path is
+    neither required nor read (pre-flight, the prompting record, the data record)."""
+    return grpo.val_period > 0 or grpo.val_at_start or grpo.val_at_end
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     # toy | math | dataset | nemo_gym, or a user Env class: "package.module:Class" / "path/to/envs.py:Class"

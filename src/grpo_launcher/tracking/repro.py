@@ -29,10 +29,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..envs.dataset import validation_on
 from ..envs.rewards import reward_refs
 from ..envs.usercode import is_file_ref, is_ref, split_ref
 from ..runfiles import write_atomic
+from ..spec.schema import validation_on
 
 if TYPE_CHECKING:
     from ..plan import Plan

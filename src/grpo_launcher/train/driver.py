@@ -20,7 +20,6 @@ from ..batch import Generation, TrainBatch, shard_rows
 from ..deadlines import ActorDied, Hung, hang_report, stack_on_node
 from ..disk_full import report as disk_full_report
 from ..envs import EnvNotAvailable, UserCodeError, make_env
-from ..envs.dataset import validation_on
 from ..envs.prompting import split_prompts
 from ..envs.rewards import keep_first_error, reward_metrics
 from ..exit_codes import ExitCode
@@ -29,7 +28,7 @@ from ..policy.profile import summary_line
 from ..preflight import memory_estimate as memory
 from ..runfiles import append_line, load_spec_file, write_atomic
 from ..spec.errors import ConfigError
-from ..spec.schema import LossSpec, RunSpec
+from ..spec.schema import LossSpec, RunSpec, validation_on
 from ..tracking import metric_names as M
 from ..tracking.gpu_memory import GpuPeak
 from ..tracking.report import finish_run, user_code_failed, write_prompting
