@@ -276,6 +276,11 @@ VLLM_REFIT_UNLOADED = {"gpt_oss": "OAIAttention (its attention sinks) and GptOss
                                 "'transformer.': the lm_head.weight alias stops the first refit, 'no module or "
                                 "parameter named lm_head', and without it the head keeps its dummy weights, 1.11 nats "
                                 "off the policy)"}
+# families vLLM 0.32 runs as another model than transformers' (the tiny model's rollouts vs the policy, not diagnosed)
+VLLM_OFF_POLICY = {"phimoe": "its PhiMoE rollouts sat 0.79-0.83 nats off the policy (the tiny phimoe with and "
+                             "without attention/lm_head biases); a config saved by transformers 5 (architectures "
+                             "PhimoeForCausalLM) goes to vLLM's Transformers backend, whose first rollout stops at "
+                             "'too many values to unpack' in the router"}
 
 
 def _vllm_transformers_backend(s: RunSpec) -> Iterator[Violation]:
@@ -283,6 +288,10 @@ def _vllm_transformers_backend(s: RunSpec) -> Iterator[Violation]:
     if m.family in VLLM_REFIT_UNLOADED:
         yield V("heads_divide", ("rollout.backend", "model.path" if m.path else "model.family"),
                 f"vLLM's refit of {m.family} loads no weights into {VLLM_REFIT_UNLOADED[m.family]}",
+                "use rollout=hf for this model family")
+    if m.family in VLLM_OFF_POLICY:
+        yield V("heads_divide", ("rollout.backend", "model.path" if m.path else "model.family"),
+                f"vLLM does not run {m.family} as transformers does: {VLLM_OFF_POLICY[m.family]}",
                 "use rollout=hf for this model family")
     if m.family in VLLM_TRANSFORMERS_BACKEND:
         yield V("heads_divide", ("rollout.backend", "model.path" if m.path else "model.family"),
