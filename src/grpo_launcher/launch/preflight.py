@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
+from omegaconf.errors import OmegaConfBaseException
+
 from ..envs.preflight import training_preflight
 from ..finished import last_checkpoint_step
 from ..plan import Plan, make_plan
@@ -115,13 +117,16 @@ def name_after_overrides(cfg: Any, overrides: list[str], keys: list[str]) -> Non
     as sweep points are (tiny-grpo_rollout=vllm), so that `python launch.py` then `python launch.py rollout=vllm`
     both run. A run that can go on (grpo.max_steps raised; checkpoint.resume=fresh) keeps the name."""
     tag = ",".join(o for o, k in zip(overrides, keys) if k not in EXCLUDED_FROM_NAME)
-    if not tag or "name" in keys or cfg.checkpoint.resume != Resume.auto:
+    if not tag or "name" in keys:
         return
-    try:
+    try:  # a run dir that cannot be stat'ed (a name past NAME_MAX), a section or value of another type (++checkpoint=1,
+        # grpo.max_steps=x): the spec's rules name the key
+        if cfg.checkpoint.resume != Resume.auto:
+            return
         step = last_checkpoint_step(Path(str(cfg.output_root)).resolve() / str(cfg.name))
-    except OSError:  # a run dir that cannot be stat'ed (a name past NAME_MAX): rule field_values names the key
-        return
-    if step is None or step < cfg.grpo.max_steps:
+        if step is None or step < cfg.grpo.max_steps:
+            return
+    except (AttributeError, TypeError, ValueError, OSError, OmegaConfBaseException):
         return
     name = derived_name(str(cfg.name), [o for o, k in zip(overrides, keys) if k not in EXCLUDED_FROM_NAME])
     print(f"grpo-launcher: run '{cfg.name}' already finished (step {step}): this run is named '{name}' "

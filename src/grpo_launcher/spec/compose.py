@@ -328,7 +328,11 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
     from .resolve import resolve
     from ..preflight.validate import validate
 
-    spec, problems = to_spec(cfg), list(known_problems)
+    problems = list(known_problems)
+    try:
+        spec = to_spec(cfg)
+    except ConfigError as err:  # the typed spec could not be made: said with the overrides composition refused
+        raise ConfigError([*problems, *err.violations]) from err
     spec, model_problems = resolve(spec, cli_keys, launch=launch)
     refused = {k for v in problems for k in v.keys}  # their values were left out: rules on them would judge defaults
     rules = [v for v in validate(spec) if not any(k == r or k.startswith(r + ".") for k in v.keys for r in refused)]
