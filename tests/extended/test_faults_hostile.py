@@ -136,3 +136,58 @@ def _sid(pid: int) -> int:
         return os.getsid(pid)
     except OSError:
         return -1
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_frozen_http_store_holds_a_commit_minutes_not_a_quarter_hour(tmp_path):
+    """A live `mlflow server`, then frozen (SIGSTOP: it accepts connections and never answers, as an overloaded or
+    stuck server does): a checkpoint's commit waited MLflow's 120 s read timeout × 4 tries (~8 min per checkpoint,
+    no message). Now 30 s a try (MLFLOW_HTTP_REQUEST_TIMEOUT unless the user set it): ~2 min, then the buffer's
+    warning naming the read timeout; the value is kept for the next commit."""
+    import os
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    from grpo_launcher.spec.schema import RunSpec
+    from grpo_launcher.tracking import Tracker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mlflow = Path(sys.executable).with_name("mlflow")
+    server = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 's.db'}",
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env_before = os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT")
+    try:
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    return True
+            except OSError:
+                return server.poll() is not None
+
+        wait_until(healthy, 180, "mlflow server's /health")
+        assert server.poll() is None
+        tracker = Tracker(RunSpec(), f"http://127.0.0.1:{port}", tmp_path)
+        tracker.log_metrics(1, {"train/x": 1.0})
+        assert tracker.commit() == 1
+        os.killpg(server.pid, signal.SIGSTOP)  # the server's own session: it and its workers
+        tracker.log_metrics(2, {"train/x": 2.0})
+        t0 = time.monotonic()
+        assert tracker.commit() == 0 and tracker.pending()
+        took = time.monotonic() - t0
+        assert took < 200, took  # 4 tries × 30 s + backoff; was ~8 min
+        tracker.discard()  # an abort (a second Ctrl-C during this commit): the run's end does not wait again
+        t0 = time.monotonic()
+        tracker.close("FAILED")
+        assert time.monotonic() - t0 < 5  # was: set_terminated's own 4 tries, then CLOSE_WAIT_S
+    finally:
+        os.killpg(server.pid, signal.SIGCONT)
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        if env_before is None:
+            os.environ.pop("MLFLOW_HTTP_REQUEST_TIMEOUT", None)

@@ -48,6 +48,10 @@ STATUSES = ("FINISHED", "FAILED", "KILLED")
 # checkpoint; our buffer takes over after 3 (timings: benchmarks/results/tracking.md). A user's
 # MLFLOW_HTTP_REQUEST_MAX_RETRIES wins.
 HTTP_RETRIES_ENV, HTTP_RETRIES = "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"
+# ... and each try waits for an answer this long (MLflow's default 120 s: a server that accepts but never answers,
+# frozen or overloaded, held the loop ~8 min per checkpoint with no message). A user's MLFLOW_HTTP_REQUEST_TIMEOUT
+# wins; a batch of 1000 values takes well under a second on a live server.
+HTTP_TIMEOUT_ENV, HTTP_TIMEOUT = "MLFLOW_HTTP_REQUEST_TIMEOUT", "30"
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 CLOSE_WAIT_S = 120.0  # the end of a run waits this long for an away store to send what it buffered
 CLOSE_RETRY_S = 5.0
@@ -157,6 +161,7 @@ class Tracker:
         self.tracking_uri = tracking_uri
         if tracking_uri.startswith(("http://", "https://")):
             os.environ.setdefault(HTTP_RETRIES_ENV, HTTP_RETRIES)
+            os.environ.setdefault(HTTP_TIMEOUT_ENV, HTTP_TIMEOUT)
         self._away: str | None = None  # the error of the store's current outage
         self._warned = 0  # metric values held at its last warning
         self.experiment_id = self._experiment(spec.logging.experiment, tracking_uri)
@@ -292,7 +297,7 @@ class Tracker:
             self._buffer = list(todo[sent:])
             self._went_away(exc)
             return sent
-        if self._away is not None:
+        if self._away is not None and sent:  # nothing sent (nothing buffered): no sign the store is back
             print(f"grpo-launcher: MLflow store {redact_value(self.tracking_uri)} is back: sent {sent} buffered "
                   "metric value(s)", flush=True)
             self._away = None
@@ -373,6 +378,11 @@ class Tracker:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         if self._closed:
+            return
+        if status == "FAILED" and not self._buffer and self._away is not None:  # an abort (a second Ctrl-C, a crash)
+            print(f"grpo-launcher: MLflow run {self._run_id} left RUNNING: its store is away ({self._away[:160]}); "
+                  "a resume reopens it", file=sys.stderr, flush=True)  # was: up to CLOSE_WAIT_S + HTTP retries
+            self._closed = True
             return
         deadline = time.monotonic() + CLOSE_WAIT_S
         while True:

@@ -52,7 +52,7 @@ def ray_keeps_our_sigterm() -> Iterator[None]:
     a SIGTERM then ended the run with exit 15 and no message, or, raised in a finalizer that held logging's lock,
     was swallowed ('Exception ignored') and left the lock held: the next thread that logged waited for ever, and
     the driver with it. The driver's handler (a stop: the step, a checkpoint, exit 143) stays in place instead."""
-    utils = ray._private.utils  # type: ignore[attr-defined]  (private: what ray.init calls, looked up at call time)
+    utils = ray._private.utils  # private: what ray.init calls, looked up at call time
     saved = getattr(utils, "set_sigterm_handler", None)
     if saved is None:  # another Ray: nothing to keep
         yield
