@@ -98,6 +98,10 @@ EDIT_CASES = [
     (["model.path=/tmp/" + "9" * 300 + "/x"], "model.path"),
     (["env=math", "env.train_path=" + "9" * 300], "env.train_path"),
     (["output_root='\x00'"], "output_root"),  # (config_fuzz.py --seed 4's neighbours) escaped: ValueError NUL byte
+    # seed 6's accepted cases: any integer but 0 was read as true by a true/false key (cluster.untested_versions=9..9)
+    (["logging.mlflow=7"], "logging.mlflow"),
+    (["cluster.untested_versions=" + "9" * 400], "cluster.untested_versions"),
+    (["train.backend=megatron", "train.fused_kernels=-1"], "train.fused_kernels"),
 ]
 # config_fuzz.py --seeds 4, 5 and neighbours: launch/preflight.py name_after_overrides read the composed config before
 # any check: a section of another type or a `???` value escaped main (exit 1). The conversion to the typed spec

@@ -252,6 +252,11 @@ def value_type_problems(overrides: list[str]) -> list[Violation]:
             why = str(exc).split("\n")[0]
             out.append(Violation("composition", (key,), f"{key}={ov.get_value_element_as_str()}: {why}",
                                  "give a value of the key's type (python launch.py --help lists each key's type)"))
+            continue
+        if type(value) is int and value not in (0, 1) and isinstance(OmegaConf.select(schema, key), bool):
+            out.append(Violation("composition", (key,), f"{key}={ov.get_value_element_as_str()}: a number for a "
+                                 f"true/false key (OmegaConf reads any integer but 0 as true)",
+                                 f"write {key}=true or {key}=false"))
     return out
 
 
