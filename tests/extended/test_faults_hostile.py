@@ -4,14 +4,25 @@ the quick cases): the checkpoint dir remounted read-only mid-run (a real EROFS i
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
-
-from helpers import LAUNCH_PY, share_models, wait_until
+from helpers import LAUNCH_PY, share_models, tiny_model, wait_until
+from mlflow.tracking import MlflowClient
 from unit.test_faults_at_start import ROOT_ONLY
+
+from grpo_launcher.spec.schema import RunSpec
+from grpo_launcher.tracking import Tracker
 
 
 @ROOT_ONLY
@@ -51,7 +62,6 @@ def test_a_checkpoint_dir_made_read_only_mid_run_ends_in_one_message_then_resume
     assert all(json.loads(line) for line in metrics.read_text().splitlines())
     again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "resuming from step_000010" in again.stdout, again.stderr[-3000:]
-    from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     (r,) = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
@@ -64,9 +74,7 @@ def test_a_checkpoint_dir_made_read_only_mid_run_ends_in_one_message_then_resume
 def test_a_model_dir_deleted_after_the_launch_is_named(tmp_path):
     """model.path deleted once the plan is printed (before the workers load it): the run ends naming the model dir
     and the fix. Before: 'policy rank 0 died ... OSError: Repo id must be in the form ...' (transformers' hub error)."""
-    import shutil
 
-    from helpers import tiny_model
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model(), model)
@@ -95,12 +103,7 @@ def test_a_sigterm_while_ray_starts_is_a_stop_not_exit_15_or_a_hang(tmp_path):
     handler (sys.exit(15)): the run ended with exit 15, no message, status.json FAILED 'SystemExit: 15'; or, raised
     in a finalizer holding logging's lock, it was swallowed and the driver waited for ever (imports.join()). Now the
     driver's stop, as after ray.init: step 1, its checkpoint, exit 143, status STOPPED, Ray's processes gone."""
-    import os
-    import shutil
-    import signal
-    import tempfile
 
-    import psutil
 
     share_models(tmp_path)
     ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's AF_UNIX socket paths
@@ -130,7 +133,6 @@ def test_a_sigterm_while_ray_starts_is_a_stop_not_exit_15_or_a_hang(tmp_path):
 
 
 def _sid(pid: int) -> int:
-    import os
 
     try:
         return os.getsid(pid)
@@ -145,22 +147,17 @@ def test_a_frozen_http_store_holds_a_commit_minutes_not_a_quarter_hour(tmp_path)
     stuck server does): a checkpoint's commit waited MLflow's 120 s read timeout × 4 tries (~8 min per checkpoint,
     no message). Now 30 s a try (MLFLOW_HTTP_REQUEST_TIMEOUT unless the user set it): ~2 min, then the buffer's
     warning naming the read timeout; the value is kept for the next commit."""
-    import os
-    import signal
-    import socket
-    import time
-    import urllib.request
 
-    from grpo_launcher.spec.schema import RunSpec
-    from grpo_launcher.tracking import Tracker
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mlflow = Path(sys.executable).with_name("mlflow")
     server = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 's.db'}",
-                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                               "--artifacts-destination", str(tmp_path / "artifacts")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              cwd=tmp_path)
     env_before = os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT")
     try:
         def healthy() -> bool:

@@ -6,13 +6,27 @@ nothing lost."""
 from __future__ import annotations
 
 import json
+import os
 import resource
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
-
 from helpers import launch, share_models
+
+from grpo_launcher.checkpoint import CheckpointManager
+from grpo_launcher.disk_full import report
+from grpo_launcher.exit_codes import ExitCode
+from grpo_launcher.plan import make_plan
+from grpo_launcher.spec.schema import RunSpec
+from grpo_launcher.tracking import Tracker
+from grpo_launcher.tracking.mlflow_tracker import CLOSE_WAIT_S
+from grpo_launcher.tracking.store import store_locked
+from grpo_launcher.train.loop_state import LoopState
+from grpo_launcher.train.setup import trim_metrics
 from unit.test_faults_at_start import ROOT_ONLY, mounted  # noqa: F401  (fixture)
 
 
@@ -35,9 +49,6 @@ def launch_to_ray(tmp_path, env: dict | None = None, preexec=None) -> tuple[subp
 
 @ROOT_ONLY
 def test_a_read_only_ray_temp_dir_is_one_message_naming_ray_tmpdir(tmp_path):
-    import shutil
-    import tempfile
-    from pathlib import Path
 
     mnt = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's AF_UNIX socket paths
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(mnt)]).returncode != 0:
@@ -77,7 +88,6 @@ def test_a_file_size_limit_below_the_object_store_is_named_not_a_ray_timeout(tmp
 
 
 def test_resume_moves_lines_that_are_not_utf8_json_aside_and_keeps_the_rest(tmp_path, capsys):
-    from grpo_launcher.train.setup import trim_metrics
 
     path = tmp_path / "metrics.jsonl"
     good = [json.dumps({"step": s, "train/reward_mean": s / 10}) for s in (1, 2, 3, 4)]
@@ -95,12 +105,6 @@ def test_resume_moves_lines_that_are_not_utf8_json_aside_and_keeps_the_rest(tmp_
 def test_a_read_only_checkpoint_dir_is_one_message_naming_the_file(tmp_path, mounted, capsys):  # noqa: F811
     """A real EROFS from a real save (the checkpoint dir remounted read-only after the first checkpoint): the
     driver's catch-all gets one message naming the file, the last checkpoint and the fix (was: a traceback)."""
-    from grpo_launcher.checkpoint import CheckpointManager
-    from grpo_launcher.disk_full import report
-    from grpo_launcher.exit_codes import ExitCode
-    from grpo_launcher.spec.schema import RunSpec
-    from grpo_launcher.train.loop_state import LoopState
-    from grpo_launcher.plan import make_plan
 
     mnt = mounted(size="1m")
     spec = RunSpec(output_root=str(tmp_path))
@@ -131,7 +135,6 @@ def test_a_store_file_that_is_not_sqlite_is_a_config_error_naming_it(launch_here
 
 
 def test_a_locked_check_of_a_file_that_is_not_sqlite_does_not_raise(tmp_path):
-    from grpo_launcher.tracking.store import store_locked
 
     (tmp_path / "mlflow.db").write_bytes(b"not a database at all" * 100)
     assert store_locked(f"sqlite:///{tmp_path / 'mlflow.db'}") is False
@@ -141,11 +144,7 @@ def test_a_store_damaged_mid_run_is_named_and_the_close_does_not_wait_for_it(tmp
     """The sqlite store's pages overwritten while the run holds it (a disk error, a copy over it): the warning names
     the damage (was: 'unreachable (MlflowException: (raised as a result of Query-invoked autoflush ...)'), and the
     end of the run does not retry for CLOSE_WAIT_S (120 s) a store no retry brings back; the metrics are kept."""
-    import os
 
-    from grpo_launcher.spec.schema import RunSpec
-    from grpo_launcher.tracking import Tracker
-    from grpo_launcher.tracking.mlflow_tracker import CLOSE_WAIT_S
 
     db = tmp_path / "mlflow.db"
     tracker = Tracker(RunSpec(), f"sqlite:///{db}", tmp_path)
