@@ -24,3 +24,20 @@ def test_status_of_a_local_run_shows_no_slurm_fields(launch_here, tmp_path):
     assert rows["job"] == "local" and rows["step"] == "4/4  (the last step in metrics.jsonl)", r.stdout
     assert "slurm log" not in rows and "None" not in r.stdout and "start #" not in r.stdout, r.stdout
     assert rows["driver log"] == str(plan.run_dir / "logs" / "driver-local.log")
+
+
+def test_a_resume_that_finishes_drops_the_failed_launchs_message(tmp_path):
+    """A launch that failed (status.json FAILED with its error), then a resume that finished: status.json said
+    COMPLETED with the failed launch's message (found by the hostile fault tester: a UnicodeDecodeError kept)."""
+    spec = load_spec([f"output_root={tmp_path}", "name=res", "logging.mlflow=false", "grpo.max_steps=4"])
+    plan = make_plan(spec)
+    try:
+        with recorded(spec, plan):
+            raise ValueError("the first launch broke")
+    except ValueError:
+        pass
+    assert json.loads((plan.run_dir / "status.json").read_text())["message"].startswith("ValueError")
+    with recorded(spec, plan) as rec:
+        rec["rc"] = 0
+    st = json.loads((plan.run_dir / "status.json").read_text())
+    assert st["state"] == "COMPLETED" and "message" not in st and st["exit_code"] == 0, st

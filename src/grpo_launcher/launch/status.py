@@ -48,7 +48,8 @@ def write_status(run_dir: Path, state: str, /, reset: bool = False, **fields: ob
     event = fields.pop("event", None)
     if state == "HUNG" and not fields.get("message"):  # the driver's summary: which phase, which step
         fields["message"] = read_phase(run_dir).get("hung")
-    if fields.get("restarts") is not None:  # a new start: the previous start's phase times no longer apply
+    if fields.get("restarts") is not None or event == "started":  # a new start (a resume, a requeue): the previous
+        # start's phase times, exit code and message no longer apply
         current["events"] = {}
         current.pop("exit_code", None)
         current.pop("message", None)
