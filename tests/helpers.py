@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -48,6 +49,22 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str, poll: float =
             return value
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def interrupted(args: list[str], log: Path, ready: str, what: str, timeout: float = 300) -> tuple[int, str]:
+    """`python launch.py ARGS` with its output in `log`; SIGINT (a Ctrl-C) once `ready` is in the log; its exit code
+    and output. The process is killed if it outlives `timeout` after the signal."""
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), *args], stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: ready in log.read_text(), timeout, what)
+        os.kill(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return rc, log.read_text()
 
 
 def tiny_model(*overrides: str) -> Path:

@@ -4,6 +4,7 @@ on the same batch is tests/integration/test_grpo_loop.py::test_two_worker_dp_upd
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -177,8 +178,16 @@ def test_meta_device_init_on_two_ranks_equals_the_loaded_model(tmp_path):
     from grpo_launcher.policy import fsdp  # noqa: F401
 
     path, out = str(tiny_model()), str(tmp_path / "rank0.pt")
-    # fork: the ranks inherit the imports (spawn re-imports torch + transformers: ~15 s of a 2-core CI runner)
-    mp.start_processes(_meta_rank, args=(path, str(tmp_path / "store"), out), nprocs=2, start_method="fork")
+    # fork: the ranks inherit the imports (spawn re-imports torch + transformers: ~15 s of a 2-core CI runner).
+    # Garbage collected here, then frozen: a child's collector must not free what it inherited (an earlier test's
+    # destroyed gloo group: its destructor waits in pthread_cond_destroy for the parent's threads, forever; seen in
+    # the rehearsal at 8d9e635 after more tests ran before this one)
+    gc.collect()
+    gc.freeze()
+    try:
+        mp.start_processes(_meta_rank, args=(path, str(tmp_path / "store"), out), nprocs=2, start_method="fork")
+    finally:
+        gc.unfreeze()
     got = torch.load(out, weights_only=True)
     plain = _model(path)
     ref = plain.state_dict()

@@ -5,30 +5,15 @@ ended in a KeyboardInterrupt traceback; now it stops the run before it trains, e
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 
-from helpers import LAUNCH_PY, share_models, wait_until
+from helpers import interrupted, share_models
 
 
 def test_ctrl_c_while_a_run_starts_stops_it(tmp_path):
     (tmp_path / "out").mkdir()
     out = share_models(tmp_path / "out")
-    log = tmp_path / "run.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), "name=r", "grpo.max_steps=40", "logging.mlflow=false",
-                                 f"output_root={out}"], stdout=fh, stderr=subprocess.STDOUT)
-    try:
-        wait_until(lambda: "checkpoints on disk" in log.read_text(), 120, "the run's plan")
-        os.kill(proc.pid, signal.SIGINT)
-        rc = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = log.read_text()
+    rc, text = interrupted(["name=r", "grpo.max_steps=40", "logging.mlflow=false", f"output_root={out}"],
+                           tmp_path / "run.log", "checkpoints on disk", "the run's plan", 120)
     assert rc == 130, text[-3000:]
     assert "Traceback" not in text and "finished at step" not in text, text[-3000:]
     status = out / "r" / "status.json"

@@ -81,11 +81,15 @@ def math_env():
     return make_env(load_spec(["env=math"]))
 
 
+def graded(env, answer, completion: str) -> float:
+    """env.score of `completion` for a table row whose answer cell is `answer` (any JSON type)."""
+    row = {"question": "q", "answer": answer}
+    return env.score(Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table"), completion)
+
+
 @pytest.mark.parametrize("answer, completion, verdict", TABLE)
 def test_env_math_scores_as_math_verify_grades(math_env, answer, completion, verdict):
-    row = {"question": "q", "answer": answer}
-    prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
-    assert math_env.score(prompt, completion) == verdict
+    assert graded(math_env, answer, completion) == verdict
 
 
 @pytest.mark.parametrize("answer, completion, verdict", TABLE)
@@ -216,9 +220,7 @@ THINK = [
 
 @pytest.mark.parametrize("answer, completion, verdict", THINK)
 def test_the_answer_after_thinking_is_graded(math_env, answer, completion, verdict):
-    row = {"question": "q", "answer": answer}
-    prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
-    assert math_env.score(prompt, completion) == verdict
+    assert graded(math_env, answer, completion) == verdict
 
 
 # e-notation: math-verify reads `1e21` as 1·e·21 (Euler's e): a lowercase one in a completion never matched (rows 1
@@ -237,9 +239,7 @@ E_NOTATION = [
 
 @pytest.mark.parametrize("answer, completion, verdict", E_NOTATION)
 def test_e_notation_is_read_as_a_number(math_env, answer, completion, verdict):
-    row = {"question": "q", "answer": answer}
-    prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
-    assert math_env.score(prompt, completion) == verdict
+    assert graded(math_env, answer, completion) == verdict
 
 
 # a boxed percentage: math-verify 0.9 parses `\boxed{50\%}` to the string '50\%' only, so it matched no answer cell
@@ -257,9 +257,7 @@ PERCENT = [
 
 @pytest.mark.parametrize("answer, completion, verdict", PERCENT)
 def test_a_boxed_percentage_is_graded_as_its_number(math_env, answer, completion, verdict):
-    row = {"question": "q", "answer": answer}
-    prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
-    assert math_env.score(prompt, completion) == verdict
+    assert graded(math_env, answer, completion) == verdict
 
 
 # real-world shapes (benchmarks/math_grading.py: GSM8K's `#### 1,234`, MATH's solutions and LaTeX answers, AIME,
@@ -270,9 +268,7 @@ def test_a_boxed_percentage_is_graded_as_its_number(math_env, answer, completion
     "source, answer, completion, verdict", grading.CASES, ids=[f"{i}-{c[0]}" for i, c in enumerate(grading.CASES, 1)]
 )
 def test_real_world_answer_shapes(math_env, source, answer, completion, verdict):
-    row = {"question": "q", "answer": answer}
-    prompt = Prompt(text="q", answer=str(answer), agent_ref="math", row=row, source="table")
-    assert math_env.score(prompt, completion) == verdict
+    assert graded(math_env, answer, completion) == verdict
 
 
 def test_pathological_answers_are_bounded_in_time_and_memory(monkeypatch):

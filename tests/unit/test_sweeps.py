@@ -7,7 +7,7 @@ import json
 import pytest
 
 
-from helpers import launch, share_models
+from helpers import interrupted, launch, share_models
 
 SHORT = ["grpo.max_steps=1", "grpo.val_period=1", "checkpoint.save_period=1"]
 
@@ -191,29 +191,11 @@ def test_ctrl_c_in_a_point_stops_the_sweep(tmp_path):
     """Ctrl-C stopped the running point (checkpoint, exit 130) and the sweep went on to the next point, which ran to
     its end: the user's Ctrl-C stopped nothing. Now the sweep stops there, its summary says which points did not run,
     and the exit is the point's 130."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from helpers import LAUNCH_PY, wait_until
-
     (tmp_path / "out").mkdir()
     out = share_models(tmp_path / "out")
-    log = tmp_path / "sweep.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, str(LAUNCH_PY), "-m", "grpo.seed=1,2", "grpo.max_steps=500",
-                                 "logging.mlflow=false", f"output_root={out}"], stdout=fh, stderr=subprocess.STDOUT)
     first, second = out / "tiny-grpo_grpo.seed=1", out / "tiny-grpo_grpo.seed=2"
-    try:
-        wait_until(lambda: "step 2/500" in log.read_text(), 300, "the first point's second step")
-        os.kill(proc.pid, signal.SIGINT)
-        rc = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = log.read_text()
+    rc, text = interrupted(["-m", "grpo.seed=1,2", "grpo.max_steps=500", "logging.mlflow=false", f"output_root={out}"],
+                           tmp_path / "sweep.log", "step 2/500", "the first point's second step")
     assert rc == 130, text[-3000:]
     assert "Traceback" not in text and not second.exists(), text[-3000:]
     assert "sweep stopped: run tiny-grpo_grpo.seed=1 was stopped (exit 130); no later point is started" in text
