@@ -38,10 +38,14 @@ def slurm_fields(s: RunSpec) -> Iterator[Violation]:
                     "list names only (values are read from the environment at submission)")
 
 
+# Ray's temp dir, at most (characters): session_<time>_<pid>/sockets/plasma_store under it stays below AF_UNIX's 107
+RAY_TEMP_DIR_MAX = 40
+
+
 @rule("pure")
 def ray_temp_dir_short(s: RunSpec) -> Iterator[Violation]:
     d = s.cluster.ray_temp_dir
-    if len(d) > 40 or not d.startswith("/"):
+    if len(d) > RAY_TEMP_DIR_MAX or not d.startswith("/"):
         yield V("ray_temp_dir_short", "cluster.ray_temp_dir",
                 f"{d!r}: Ray's socket paths under it must stay below 107 bytes (AF_UNIX)",
                 "use a short absolute path, e.g. /tmp/ray")

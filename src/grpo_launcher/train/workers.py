@@ -22,6 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ..envs import EnvFactory, make_env
 from ..envs.rewards import Scored
+from ..preflight.slurm import RAY_TEMP_DIR_MAX
 from ..plan import Plan
 from ..policy import policy_class
 from ..rollout import rollout_class
@@ -93,7 +94,7 @@ def ray_temp_problem(spec: RunSpec) -> str | None:
                 "of SIGXFSZ; raise the limit (ulimit -f unlimited) or lower cluster.object_store_memory_mb")
     var = next((v for v in ("RAY_TMPDIR", "TMPDIR") if os.environ.get(v)), None)
     where = Path(os.environ[var] if var else "/tmp") / "ray"
-    if len(str(where)) > 40:  # as preflight/slurm.py ray_temp_dir_short: session_<time>_<pid>/sockets/plasma_store
+    if len(str(where)) > RAY_TEMP_DIR_MAX:  # as the Slurm rule on cluster.ray_temp_dir
         return (f"Ray's temp dir {where} (from {var}) is {len(str(where))} characters: Ray's socket paths under it "
                 "would pass the 107 bytes AF_UNIX allows; set RAY_TMPDIR to a short path (e.g. /tmp), then launch the "
                 "same command again")
