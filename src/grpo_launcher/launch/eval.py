@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar
 
 from omegaconf import OmegaConf
 
-from ..checkpoint.manager import verify_checkpoint
+from ..checkpoint.manager import CheckpointManager, verify_checkpoint
 from ..envs.base import Prompt
 from ..envs.preflight import load_tokenizer, training_preflight
 from ..envs.prompting import PromptTooLong, prompt_lengths
@@ -147,7 +147,8 @@ def verified(t: Target, step: Optional[int]) -> Target:
     problem = verify_checkpoint(t.checkpoint)
     if problem is None:
         return t
-    older = [p for p in complete_checkpoints(t.checkpoint.parent) if p.name < t.checkpoint.name] if step is None else []
+    done = CheckpointManager(t.checkpoint.parent, t.spec).complete() if step is None else []
+    older = [p for p in done if p.name < t.checkpoint.name]
     found = next((p for p in reversed(older) if verify_checkpoint(p) is None), None)
     if found is None:
         raise ConfigError([Violation("eval_checkpoint_verifies", ("--step",), f"checkpoint {t.checkpoint} fails "
@@ -156,11 +157,6 @@ def verified(t: Target, step: Optional[int]) -> Target:
     print(f"grpo-launcher: {t.checkpoint.name} fails verification ({problem}): {found.name}, the newest checkpoint "
           "that verifies, is used (--step N picks another)", flush=True)
     return dataclasses.replace(t, checkpoint=found)
-
-
-def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """step_* dirs holding meta.json, by ascending step (CheckpointManager.complete's listing)."""
-    return sorted(p for p in ckpt_dir.glob("step_*") if p.is_dir() and (p / "meta.json").is_file())
 
 
 def stand_in_model(run_dir: Path, ckpt: Path) -> Optional[Path]:
