@@ -20,7 +20,6 @@ export of the same run (its EXPORT_RECORD names the run dir), which is replaced.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from .checkpoint import CheckpointManager
-from .checkpoint.manager import load_meta, verify_checkpoint
+from .checkpoint.manager import load_meta, sha256_file, verify_checkpoint
 from .exit_codes import ExitCode
 from .runfiles import load_spec_file, write_atomic
 from .spec.errors import ConfigError, Violation
@@ -96,17 +95,9 @@ def source_dir(run_dir: Path) -> Optional[Path]:
 RUN_MODEL_FILES = "model_files"  # RUN_DIR/model_files/: the tokenizer and generation config the run started with
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def model_files(model_dir: Path) -> dict[str, str]:
     """The tokenizer files and generation_config.json of an HF directory: name -> sha256."""
-    return {n: file_sha256(model_dir / n) for n in (*TOKENIZER_FILES, GENERATION_CONFIG) if (model_dir / n).is_file()}
+    return {n: sha256_file(model_dir / n) for n in (*TOKENIZER_FILES, GENERATION_CONFIG) if (model_dir / n).is_file()}
 
 
 def write_model_record(run_dir: Path, model_dir: Path) -> list[str]:
