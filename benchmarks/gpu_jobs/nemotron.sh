@@ -8,6 +8,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests
+# each Triton autotune in the log (kernel, key, seconds): the first update's cost, by kernel
+export TRITON_PRINT_AUTOTUNING=${TRITON_PRINT_AUTOTUNING:-1}
 # the card's memory as nvidia-smi reports it (H200 140.4 GiB, H100 79.6), unless GPU_GIB says otherwise
 GPU_GIB=${GPU_GIB:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 |
   awk '{printf "%.1f", $1 / 1024}')}

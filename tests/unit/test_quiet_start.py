@@ -4,6 +4,7 @@ what a user reads, and MLflow's experiment chart view opens with the reward and 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -112,3 +113,16 @@ def test_driver_tokenizer_from_the_worker_needs_no_auto_classes(tmp_path):
     assert out.returncode == 0, out.stderr
     want = f"{tok('reverse: 123 ->')['input_ids']} {tok.pad_token_id} {tok.eos_token_id} False"
     assert out.stdout.strip() == want
+
+
+def test_triton_autotune_choices_are_kept_on_disk_unless_the_user_says_otherwise():
+    """mamba-ssm's Mamba-2 kernels autotune ~200 configs on first call (~300 s of nemotron_h's first update on an
+    H100): the driver and its workers ask Triton to keep the winners on disk; a user's TRITON_CACHE_AUTOTUNING wins."""
+    code = ("import os; from grpo_launcher.train.startup import quiet_libraries; quiet_libraries(); "
+            "from triton import knobs; print(os.environ['TRITON_CACHE_AUTOTUNING'], knobs.autotuning.cache)")
+    for given, expected in ((None, "1 True"), ("0", "0 False")):
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_AUTOTUNING"}
+        env.update({"TRITON_CACHE_AUTOTUNING": given} if given else {})
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                             timeout=300)
+        assert out.stdout.strip() == expected, out.stdout + out.stderr

@@ -128,11 +128,15 @@ def prefetch_tokenizer_imports() -> threading.Thread:
 def quiet_libraries() -> None:
     """Third-party chatter off at its source (set before they are imported): transformers' and the Hub's
     progress/info output, MLflow's INFO lines (e.g. "Creating initial MLflow database tables"), raw colour codes
-    in a log file."""
+    in a log file; and Triton's autotune choices kept on disk (below)."""
     for key, value in {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
                        "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
                        "MLFLOW_LOGGING_LEVEL": "WARNING"}.items():
         os.environ.setdefault(key, value)
+    # Triton keeps each autotuned kernel's winning config on disk beside its compiled binaries: mamba-ssm's Mamba-2
+    # kernels try ~200 configs on their first call (~300 s of a nemotron_h run's first update on an H100, 2026-12-06);
+    # a later run, or the workers after the driver's warm start, reads the choice back (TRITON_CACHE_AUTOTUNING=0: off)
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     if not sys.stderr.isatty():  # workers' lines reach a log file: Ray's "(Worker pid=...)" prefix uncoloured

@@ -67,6 +67,7 @@ def ray_keeps_our_sigterm() -> Iterator[None]:
 
 def _ray_init(spec: RunSpec, plan: Plan) -> None:
     env = dict(WORKER_ENV, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), _src()) if p),
+               TRITON_CACHE_AUTOTUNING=os.environ.get("TRITON_CACHE_AUTOTUNING", "1"),  # see quiet_libraries
                **collective_timeout_env(spec))
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, logging_level="WARNING")
