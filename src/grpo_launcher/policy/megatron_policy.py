@@ -34,6 +34,7 @@ and megatron-core's import-time notices are filtered first (quiet_megatron_notic
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import re
@@ -69,6 +70,20 @@ MEGATRON_NOTICES = ("Transformer Engine and Apex are not installed", "Apex is no
 def quiet_megatron_notices() -> None:
     for text in MEGATRON_NOTICES:
         warnings.filterwarnings("ignore", message=re.escape(text), category=UserWarning)
+
+
+def bound_fusion_compiles() -> None:
+    """megatron-core wraps its small fusions (squared_relu, bias-dropout-add, SwiGLU, router helpers) in torch.compile
+    (megatron.core.jit.jit_fuser). GRPO batches change length every micro-batch, and the logprob pass runs without
+    grad, so dynamo recompiled each fusion up to its limit of 8. On an H200 a 1.1B nemotron_h update took 167 s a
+    step, and step 1 took 274 s (benchmarks/results/nemotron_gpu.md, 2026-12-06). Here each fusion compiles at most
+    twice: once for the logprob pass and once for the update, each for every length (dynamic shapes from the first
+    call). A call that would compile again (another stride or rank) runs eagerly and gives the same values. The
+    setting is global to the process. That is one worker, and nothing else in it compiles."""
+    torch._dynamo.config.assume_static_by_default = False
+    torch._dynamo.config.recompile_limit = 2
+    logging.getLogger("torch._dynamo.convert_frame").addFilter(
+        lambda record: "recompile_limit" not in record.getMessage())  # the eager fallback above is the intent
 
 
 def _load_cpu_shim():
@@ -208,6 +223,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
 
         self.startup_marks.append(("transformers", time.time()))
         quiet_megatron_notices()
+        bound_fusion_compiles()
         torch.set_num_threads(threads)
         self.spec, self.model_dir, self.rank, self.world = spec, str(model_dir), rank, world
         self.arch = mc.arch_from_hf_config(AutoConfig.from_pretrained(model_dir))
