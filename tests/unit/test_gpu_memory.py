@@ -91,3 +91,28 @@ def test_the_run_records_its_measured_peak_beside_the_prediction_in_summary_json
     tags = tracker.client.get_run(tracker.run_id).data.tags
     assert {k: float(tags[f"grpo.{k}"]) for k in want} == want
     assert "predicted 70.0 GiB per GPU, nvidia-smi measured a peak of 80.0 GiB: -12.5 % UNDER" in capsys.readouterr().err
+
+
+def test_each_step_logs_its_own_peak_and_a_peak_that_keeps_rising_is_warned_once(fake_nvidia_smi, capsys):
+    """memory/gpu_step_peak_gib is the peak since the last step; the nanov3 recipe's rose ~1 GiB a step on an H200
+    (95.4 -> 103.9 GiB over ten steps), which nothing said."""
+    from grpo_launcher.tracking.gpu_memory import growth_line
+
+    fake_nvidia_smi(peak_mib=102_900)
+    peak = GpuPeak.start(gpus_per_node=1, predicted_gib=100.0)
+    wait_for(lambda: peak.window.get(0, 0) >= 102_400)
+    peak.report()  # the sampler stopped and read out: nothing comes in between the lines below
+    m: dict[str, float] = {}
+    peak.step_done(1, m)
+    assert m == {"memory/gpu_step_peak_gib": 100.0} and peak.window == {}
+    for step, gib in enumerate([95.4, 96.9, 99.3, 100.6, 102.1], start=2):  # steps 2..6 of that run, by hand
+        peak.window = {0: int(gib * 1024)}
+        peak.step_done(step, {})
+    err = capsys.readouterr().err
+    assert err.count("GPU memory keeps growing") == 1 and "95.4 -> 102.1 GiB at step 6" in err
+    peak.window = {0: 110 * 1024}
+    peak.step_done(7, {})
+    assert "keeps growing" not in capsys.readouterr().err  # once
+    assert growth_line([90.0, 90.2, 90.4, 90.6, 90.8], 6) == ""  # under GROWTH_GIB in all
+    assert growth_line([90.0, 92.0, 94.0, 94.0, 96.0], 6) == ""  # a plateau: the allocator found its size
+    assert growth_line([90.0, 91.0, 92.0, 93.0], 5) == ""  # too few steps to say

@@ -56,7 +56,8 @@ class HybridRollout:
         to the engine's dtype, cross as CUDA IPC handles of ≤ 1 GiB device buffers (vLLM's weight-transfer API,
         rollout/vllm_compat.py), never through the host. Rank 0 drives the engines. Returns ms."""
         t0 = time.perf_counter()
-        if engine_sleeps(self.spec):  # sleeping engines wake into memory the update's cached blocks still hold
+        if engine_sleeps(self.spec):  # sleeping engines wake into memory the update's cached blocks still hold,
+            torch.cuda.ipc_collect()  # and into the last transfer buffer, once the engines have let it go
             torch.cuda.empty_cache()
         lead = getattr(self, "rank", 0) == 0
         if lead:  # a sleeping engine wakes its weights here and its KV cache once they are loaded

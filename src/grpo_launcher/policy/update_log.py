@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..algos import METRIC_REDUCTIONS, combine_metrics
+from ..tracking import metric_names as M
 
 
 class UpdateLog:
@@ -28,6 +29,9 @@ class UpdateLog:
         stepped = max(len(self.grad_norms), 1)
         out = {k: v if METRIC_REDUCTIONS.get(k) == "max" else v / stepped for k, v in out.items()}
         out.update(grad_norm=sum(self.grad_norms) / stepped, lr=lr, skipped_optimizer_steps=float(self.skipped))
+        if torch.cuda.is_available():  # what this process holds after the update: a leak shows as steady growth
+            out["memory"] = {M.MEMORY_POLICY_ALLOCATED_GIB: torch.cuda.memory_allocated() / 2**30,
+                             M.MEMORY_POLICY_RESERVED_GIB: torch.cuda.memory_reserved() / 2**30}
         if on_policy:
             out["prev_logprobs"] = torch.cat(self.prev)
             out["ref_logprobs"] = torch.cat(self.ref) if self.ref else None

@@ -4,6 +4,10 @@
 the card (policy workers, vLLM engines, CUDA contexts, NCCL), as the prediction counts it. The run's summary.json
 and its MLflow run record both figures; a gap over WARN_GAP is printed, since a prediction on the unsafe side is an
 OOM one longer batch away. Only the driver's node is sampled (the prediction is per GPU of the most loaded rank).
+
+Per step, memory/gpu_step_peak_gib is the peak since the last step. A peak that keeps rising from step to step is
+printed once, because such a run eventually runs out of memory. The nanov3 recipe on an H200 rose by about 1 GiB a
+step under vLLM's sleep mode (benchmarks/results/nemotron_gpu.md, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ import sys
 import threading
 from typing import Optional
 
+from . import metric_names as M
+
 WARN_GAP = 0.10  # |predicted / measured - 1| above which the run says so
+GROWTH_STEPS = 4  # step peaks that must each rise (after step 1, which holds start-up) ...
+GROWTH_GIB = 1.0  # ... by this much in all, for the growth warning
 
 
 QUERY = ["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
@@ -31,6 +39,9 @@ class GpuPeak:
         self.predicted_gib = predicted_gib
         self.baseline: dict[int, int] = {}  # MiB per GPU before the run touched it (other tenants, a stale context)
         self.peak: dict[int, int] = {}  # MiB per GPU above its baseline
+        self.window: dict[int, int] = {}  # the same since the last step (step_peak)
+        self.step_peaks: list[float] = []  # GiB, from step 2 on
+        self.growth_warned = False
         self._proc: Optional[subprocess.Popen] = None
         self._reader: Optional[threading.Thread] = None
 
@@ -60,7 +71,24 @@ class GpuPeak:
         for line in self._proc.stdout:
             p = _parse(line)
             if p is not None and p[0] in self.baseline:
-                self.peak[p[0]] = max(self.peak.get(p[0], 0), p[1] - self.baseline[p[0]])
+                used = p[1] - self.baseline[p[0]]
+                self.peak[p[0]] = max(self.peak.get(p[0], 0), used)
+                self.window[p[0]] = max(self.window.get(p[0], 0), used)
+
+    def step_done(self, step: int, metrics: dict[str, float]) -> None:
+        """memory/gpu_step_peak_gib into the step's metrics: the largest per-GPU peak since the last step (nothing
+        when nothing was sampled). Warns once when the step peaks keep rising (growth_line)."""
+        if not self.window:
+            return
+        window, self.window = self.window, {}
+        gib = max(window.values()) / 1024
+        metrics[M.MEMORY_GPU_STEP_PEAK_GIB] = round(gib, 3)
+        if step > 1:  # step 1 holds the engines' start-up and the first compiles
+            self.step_peaks.append(gib)
+        line = growth_line(self.step_peaks, step)
+        if line and not self.growth_warned:
+            self.growth_warned = True
+            print(line, file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -95,3 +123,14 @@ class GpuPeak:
                   f"GPU, nvidia-smi measured a peak of {s['gpu_peak_measured_gib']:.1f} GiB: {err:+.1f} % {side}",
                   file=sys.stderr, flush=True)
         return s
+
+
+def growth_line(peaks: list[float], step: int) -> str:
+    """A warning when the last GROWTH_STEPS + 1 step peaks (GiB) rose step over step, by GROWTH_GIB or more in
+    all; else ''."""
+    last = peaks[-GROWTH_STEPS - 1:]
+    if len(last) <= GROWTH_STEPS or any(b <= a for a, b in zip(last, last[1:])) or last[-1] - last[0] < GROWTH_GIB:
+        return ""
+    return (f"grpo-launcher: warning: GPU memory keeps growing: the step peak rose in each of the last {GROWTH_STEPS} "
+            f"steps, {last[0]:.1f} -> {last[-1]:.1f} GiB at step {step} (memory/gpu_step_peak_gib; the policy's "
+            f"own share: memory/policy_allocated_gib). A run that keeps growing runs out of memory.")

@@ -357,6 +357,7 @@ def policy_update(w: Workers, spec: RunSpec, plan: Plan, batch: TrainBatch,
         ref = [res.pop("ref_logprobs") for res in results]
         batch = batch.with_(prev_logprobs=torch.cat([res.pop("prev_logprobs") for res in results]),
                             ref_logprobs=torch.cat(ref) if ref[0] is not None else None)
+    memory = [res.pop("memory", {}) for res in results]  # GPUs: GiB per rank; the most loaded rank's
     first = ("grad_norm", "lr", "skipped_optimizer_steps")  # the same on every rank
     keys = {k for res in results for k in res if k not in first}
     out = {M.TRAIN_PREFIX + k: (max if algos.METRIC_REDUCTIONS.get(k) == "max" else sum)(res[k] for res in results if k in res)
@@ -365,6 +366,7 @@ def policy_update(w: Workers, spec: RunSpec, plan: Plan, batch: TrainBatch,
                 M.TRAIN_SKIPPED_OPTIMIZER_STEPS: results[0]["skipped_optimizer_steps"],
                 M.TRAIN_OPTIMIZER_STEPS: float(len(minibatches) - results[0]["skipped_optimizer_steps"]),
                 M.TRAIN_LOGPROBS_FROM_UPDATE: float(plan.logprobs_from_update)})
+    out.update({k: max(m[k] for m in memory) for k in memory[0]})
     diff = (batch.prev_logprobs - batch.generation_logprobs).abs() * batch.response_mask
     out[M.TRAIN_GEN_VS_POLICY_LOGPROB_ABSDIFF] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
     return batch, out

@@ -135,6 +135,8 @@ class LoopState:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.step = step
+        if self.gpu_peak is not None and step > 0:  # memory/gpu_step_peak_gib; a growing peak is warned once
+            self.gpu_peak.step_done(step, metrics)
         self.last.update(metrics)
         if self.tracker is not None:
             self.tracker.log_metrics(step, metrics)
