@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry conv kernels pack block gate hf1b vllm1b tiny mtiny recipe mrecipe mega mem
 #   bash benchmarks/gpu_jobs/nemotron.sh bg STEP [STEP ...]    # the same, detached (setsid): outlives the call
 #   bash benchmarks/gpu_jobs/nemotron.sh wait [SECONDS]        # until the detached steps end: their files to $OUT
+#   bash benchmarks/gpu_jobs/nemotron.sh stop                  # end the detached steps now (and Ray); `bg` the rest
 # Each run step writes the run's metrics summary and nvidia-smi's whole-GPU peak to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -48,10 +49,14 @@ run() {  # NAME ARGS...: launch.py with nvidia-smi sampling the whole GPU every 
   rm -rf "/tmp/o/$name"  # /tmp/o/.models stays: the next run reuses the warm-started model
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$OUT/$name.smi" &
   local smi=$!
+  # per process (policy worker, engine core, driver) once a second: which one a growing peak belongs to
+  nvidia-smi --query-compute-apps=timestamp,pid,process_name,used_memory --format=csv,noheader,nounits -lms 1000 \
+    > "$OUT/$name.apps" &
+  local apps=$!
   /usr/bin/time -f "wall %e s" timeout "${RUN_TIMEOUT:-500}" python3 launch.py output_root=/tmp/o name="$name" "$@" \
     "${EXTRA_ARGS[@]}" > "$OUT/$name.log" 2>&1
   echo "$name: exit $?"
-  kill "$smi"
+  kill "$smi" "$apps"
   tail -1 "$OUT/$name.log"
   echo "$name: whole-GPU peak $(sort -n "$OUT/$name.smi" | tail -1) MiB"
   grep -m3 -E "Mamba-2 path|peak|memory per GPU" "$OUT/$name.log"
@@ -106,6 +111,11 @@ if [ "${1:-}" = bg ]; then  # a run longer than one call: started detached, coll
   echo $! > /tmp/bg.pid
   echo "detached: pid $(cat /tmp/bg.pid), steps $*"
   exit
+fi
+if [ "${1:-}" = stop ]; then  # the detached steps' process group (setsid), then Ray's daemons; files stay in /tmp/bg
+  kill -9 -- "-$(cat /tmp/bg.pid)" 2>/dev/null && echo "stopped the detached steps"
+  python3 -c "import sys; sys.argv = ['ray', 'stop', '--force']; from ray.scripts.scripts import main; main()" 2>&1 | tail -1
+  exit 0
 fi
 if [ "${1:-}" = wait ]; then  # polls the detached steps' pid (at most $2 s), then copies what they wrote to $OUT
   pid=$(cat /tmp/bg.pid)
