@@ -7,7 +7,7 @@ loss-bearing sample (global denominator 0, the same on every rank) takes no opti
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -25,9 +25,9 @@ class UpdateLog:
         self.ref: list[torch.Tensor] = []
 
     def result(self, lr: float, on_policy: bool) -> dict:
-        out = combine_metrics(self.parts)
+        combined = combine_metrics(self.parts)
         stepped = max(len(self.grad_norms), 1)
-        out = {k: v if METRIC_REDUCTIONS.get(k) == "max" else v / stepped for k, v in out.items()}
+        out: dict[str, Any] = {k: v if METRIC_REDUCTIONS.get(k) == "max" else v / stepped for k, v in combined.items()}
         out.update(grad_norm=sum(self.grad_norms) / stepped, lr=lr, skipped_optimizer_steps=float(self.skipped))
         if torch.cuda.is_available():  # what this process holds after the update: a leak shows as steady growth
             out["memory"] = {M.MEMORY_POLICY_ALLOCATED_GIB: torch.cuda.memory_allocated() / 2**30,
