@@ -102,15 +102,17 @@ EDIT_CASES = [
     (["logging.mlflow=7"], "logging.mlflow"),
     (["cluster.untested_versions=" + "9" * 400], "cluster.untested_versions"),
     (["train.backend=megatron", "train.fused_kernels=-1"], "train.fused_kernels"),
-]
-# config_fuzz.py --seeds 4, 5 and neighbours: launch/preflight.py name_after_overrides read the composed config before
-# any check: a section of another type or a `???` value escaped main (exit 1). The conversion to the typed spec
-# (spec/compose.py to_spec) stops at its first problem, so the rules do not run; the overrides composition refused
-# (train.lr=x) are said with it (they were dropped).
-FIRST_ONLY_CASES = [
-    (["cluster=slurm", "++checkpoint=${oc.decode:'1'}"], "checkpoint"),
+    # a `???` (no value) is named, and the schema's default stands in for it so that every other rule still runs
     (["checkpoint.resume=???"], "checkpoint.resume"),
     (["output_root=???"], "output_root"),
+    (["model.path=???", "train.lr=-3"], "model.path"),
+]
+# config_fuzz.py --seeds 4, 5 and neighbours: launch/preflight.py name_after_overrides read the composed config before
+# any check: a section of another type or a `???` value escaped main (exit 1). A section of another type stops the
+# conversion to the typed spec (spec/compose.py to_spec) at its first problem, so the rules do not run; the overrides
+# composition refused (train.lr=x) are said with it (they were dropped).
+FIRST_ONLY_CASES = [
+    (["cluster=slurm", "++checkpoint=${oc.decode:'1'}"], "checkpoint"),
 ]
 
 

@@ -333,7 +333,7 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
     from .resolve import resolve
     from ..preflight.validate import validate
 
-    problems = list(known_problems)
+    cfg, problems = fill_missing(cfg, list(known_problems))
     try:
         spec = to_spec(cfg)
     except ConfigError as err:  # the typed spec could not be made: said with the overrides composition refused
@@ -345,6 +345,26 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
     if violations:
         raise ConfigError(violations)
     return spec
+
+
+def fill_missing(cfg: Any, problems: list[Violation]) -> tuple[Any, list[Violation]]:
+    """Keys left '???' (a recipe's placeholder, or `KEY=???`) are each named, and a copy of the config takes the
+    schema's defaults in their place. The typed spec can then be made and every other rule still runs: all problems
+    at once. A key without a default to stand in, or a config OmegaConf cannot walk, is left to to_spec."""
+    try:
+        keys = sorted(k for k in OmegaConf.missing_keys(cfg) if k.split(".")[0] in RunSpec.__dataclass_fields__)
+        if not keys:
+            return cfg, problems
+        defaults = OmegaConf.structured(RunSpec)
+        if any(OmegaConf.is_missing(defaults, k) for k in keys):
+            return cfg, problems
+        filled = copy.deepcopy(cfg)
+        for k in keys:
+            OmegaConf.update(filled, k, OmegaConf.select(defaults, k), merge=False)
+    except Exception:  # a config to_spec itself refuses, with its own message
+        return cfg, problems
+    return filled, [*problems, *(Violation("composition", (k,), "no value given ('???')",
+                                           f"give it one: {k}=VALUE") for k in keys)]
 
 
 def leaf_values(obj: Any, prefix: str = "") -> Iterator[tuple[str, object]]:
