@@ -112,6 +112,13 @@ class WeightRefitExtension:
         """One packed buffer of CUDA IPC handles, sent as plain values by the async engine's client."""
         self.update_weights(vllm_compat.decode_ipc_handles(update_info))  # type: ignore[attr-defined]
 
+    def grpo_torch_reserved_bytes(self) -> int:
+        """What this worker's torch allocator holds on its GPU: outside the pool that sleep frees (activations,
+        the refit's unpacked copies, sampling buffers)."""
+        import torch  # here: as the module's other engine-side code
+
+        return int(torch.cuda.memory_reserved()) if torch.cuda.is_available() else 0
+
     def grpo_kv_cache_bytes(self) -> int:
         """Bytes of the KV cache this worker allocated (its model runner's cache tensors; layers that share a
         tensor counted once)."""
@@ -425,19 +432,22 @@ class VLLMRolloutWorker(VersionedEngine):
             await self.engine.resume_generation()
 
     # ------------------------------------------------------------------ sleep mode (rollout.sleep_mode)
-    def sleep(self) -> float:
+    def sleep(self) -> tuple[float, float]:
         """Level 2 while the policy's logprob and update phases run: weights and KV cache freed on the GPU (the
         next refit rewrites every weight; the prefix cache is dropped with the KV). The refit wakes it: weights
-        first, the KV cache once the new weights are in. Returns the GiB it freed on its GPU."""
+        first, the KV cache once the new weights are in. Returns the GiB it freed on its GPU, and the GiB its
+        workers' torch allocators still hold asleep (a leak there grows step by step)."""
         free0 = torch.cuda.mem_get_info()[0]
         if self.llm is not None:
             self.llm.sleep(level=2)
+            held = self.llm.collective_rpc("grpo_torch_reserved_bytes")
         else:
             engine = self.engine
             assert engine is not None  # the async engine: self.llm is None
             self._call(engine.sleep(level=2))
+            held = self._call(engine.collective_rpc("grpo_torch_reserved_bytes"))
         self._asleep = {"weights", "kv_cache"}
-        return (torch.cuda.mem_get_info()[0] - free0) / 2**30
+        return (torch.cuda.mem_get_info()[0] - free0) / 2**30, max(held, default=0) / 2**30
 
     def _wake(self, *tags: str) -> None:
         todo = [tag for tag in tags if tag in self._asleep]

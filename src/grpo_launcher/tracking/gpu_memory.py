@@ -133,4 +133,5 @@ def growth_line(peaks: list[float], step: int) -> str:
         return ""
     return (f"grpo-launcher: warning: GPU memory keeps growing: the step peak rose in each of the last {GROWTH_STEPS} "
             f"steps, {last[0]:.1f} -> {last[-1]:.1f} GiB at step {step} (memory/gpu_step_peak_gib; the policy's "
-            f"own share: memory/policy_allocated_gib). A run that keeps growing runs out of memory.")
+            f"own share: memory/policy_allocated_gib, a sleeping engine's: memory/engine_asleep_gib). A run that keeps "
+            f"growing runs out of memory.")

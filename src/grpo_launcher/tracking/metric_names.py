@@ -58,10 +58,12 @@ GYM_TRAINABLE_SAMPLES = "gym/trainable_samples"
 ROLLOUT_ENGINE_RESTARTS = "rollout/engine_restarts"  # engines restarted in this process (deadlines.engine_restarts)
 ROLLOUT_SLEEP_FREED_GIB = "rollout/sleep_freed_gib"  # GPU memory the engines' sleep freed for the update (sum)
 # GPU memory per step (GPU runs): the whole-GPU peak of the driver node's GPUs since the last step
-# (tracking/gpu_memory.py), and the policy's own, after its update, on its most loaded rank (policy/update_log.py)
+# (tracking/gpu_memory.py), the policy's own after its update on its most loaded rank (policy/update_log.py), and
+# a sleeping engine's (rollout/vllm.py sleep)
 MEMORY_GPU_STEP_PEAK_GIB = "memory/gpu_step_peak_gib"
 MEMORY_POLICY_ALLOCATED_GIB = "memory/policy_allocated_gib"
 MEMORY_POLICY_RESERVED_GIB = "memory/policy_reserved_gib"
+MEMORY_ENGINE_ASLEEP_GIB = "memory/engine_asleep_gib"  # sleep mode: what an engine's torch allocator keeps asleep
 # MoE models, per step (policy/update_log.py RouterLoad): the routers' load, over all MoE layers and per layer
 # (train/moe/layer_<i>/max_load, train/moe/layer_<i>/entropy)
 TRAIN_MOE_PREFIX = "train/moe/"

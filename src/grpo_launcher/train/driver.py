@@ -260,7 +260,7 @@ class Trainer:
         r = self.source.rollout(step, t)
         if self.plan.engine_sleeps:  # rollout.sleep_mode: the GPU memory is the policy's until the refit
             with t("sleep"):
-                freed = self.engines.sleep()
+                freed, held = self.engines.sleep()
         batch, m = self.source.make_batch(r.gens, r.rewards)
         keep_first_error(self.plan.run_dir, r.scored)
         m.update(reward_metrics("train", r.scored))
@@ -283,6 +283,7 @@ class Trainer:
         m.update(r.pipeline)
         if self.plan.engine_sleeps:
             m[M.ROLLOUT_SLEEP_FREED_GIB] = freed
+            m[M.MEMORY_ENGINE_ASLEEP_GIB] = held
         m.update(self.engines.metrics())
         if M.TIME_GENERATION_IDLE_S not in m:  # sync: the engines idle through everything but the rollout
             m[M.TIME_GENERATION_IDLE_S] = max(m[M.TIME_STEP_S] - t.seconds["rollout"], 0.0)

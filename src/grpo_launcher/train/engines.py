@@ -69,9 +69,11 @@ class EnginePool:
                 e = self.recover(self.dead_engine(err, "generate"))
             refs[e] = self.w.rollout[e].generate.remote(calls[e][0], n, calls[e][1])
 
-    def sleep(self) -> float:
-        """rollout.sleep_mode: the engines free their GPU memory for the policy until the refit; GiB freed."""
-        return float(sum(self.w.get("sleep", [e.sleep.remote() for e in self.w.rollout], self.w.rollout)))
+    def sleep(self) -> tuple[float, float]:
+        """rollout.sleep_mode: the engines free their GPU memory for the policy until the refit. (GiB freed, the
+        most GiB one engine's workers still hold asleep)."""
+        both = self.w.get("sleep", [e.sleep.remote() for e in self.w.rollout], self.w.rollout)
+        return float(sum(freed for freed, _ in both)), float(max(held for _, held in both))
 
     def metrics(self) -> dict[str, float]:
         """rollout/engine_restarts where engines can be restarted (a health-probed kind on engines of their own)."""
