@@ -39,7 +39,7 @@ class GpuPeak:
         self.predicted_gib = predicted_gib
         self.baseline: dict[int, int] = {}  # MiB per GPU before the run touched it (other tenants, a stale context)
         self.peak: dict[int, int] = {}  # MiB per GPU above its baseline
-        self.window: dict[int, int] = {}  # the same since the last step (step_peak)
+        self.window: dict[int, int] = {}  # the same since the last step (step_done)
         self.step_peaks: list[float] = []  # GiB, from step 2 on
         self.growth_warned = False
         self._proc: Optional[subprocess.Popen] = None
