@@ -33,3 +33,16 @@ def test_sigusr1_then_sigterm_still_asks_for_a_requeue():
     with pytest.raises(SystemExit) as exc:
         stop.handler(signal.SIGTERM, None)
     assert exc.value.code == ExitCode.REQUEUE
+
+
+def test_a_signal_held_while_the_driver_loaded_is_a_stop_once_it_installs():
+    """launch/local.py holds SIGINT/SIGTERM from the plan until the driver's handler installs; one that came after
+    its last look (between that and install) is handed over, not lost (the run trained to its end, CI 2026-12-06)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        stop = StopRequest.install(None, [signal.SIGINT])
+        assert stop.installed() and stop.requested and stop.exit_code == 130
+        assert not StopRequest.install(None, []).requested
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -33,33 +33,35 @@ def run_local(launch: Launch) -> int:
     if spec.dry_run:
         print("dry run: nothing started")
         return ExitCode.OK
-    try:  # one live process per run dir (a Slurm job of the same run counts too)
-        rundir.acquire_run_lock(plan.run_dir, "local")
-    except OSError as exc:
-        return rundir.unmakeable(plan.run_dir, exc)
-    except rundir.RunBusy as holder:
-        print(f"error: run '{spec.name}' is already in use by {holder} (run dir {plan.run_dir}); "
-              f"wait for it, cancel it, or pick another name=", file=sys.stderr)
-        return ExitCode.FAILED
-    try:
-        rundir.prepare(spec, plan)
-        with ray_environment(spec, plan):
-            with signals_held() as held:  # seconds of imports, in which a Ctrl-C was lost (the run went on)
+    # From the plan on, a Ctrl-C (or SIGTERM) is recorded until the driver's own handler takes it over: raised as
+    # KeyboardInterrupt inside an import that swallows it, it was lost now and then, and the run trained to its end.
+    with signals_held() as held:
+        try:  # one live process per run dir (a Slurm job of the same run counts too)
+            rundir.acquire_run_lock(plan.run_dir, "local")
+        except OSError as exc:
+            return rundir.unmakeable(plan.run_dir, exc)
+        except rundir.RunBusy as holder:
+            print(f"error: run '{spec.name}' is already in use by {holder} (run dir {plan.run_dir}); "
+                  f"wait for it, cancel it, or pick another name=", file=sys.stderr)
+            return ExitCode.FAILED
+        try:
+            rundir.prepare(spec, plan)
+            with ray_environment(spec, plan):
                 from ..train.driver import run  # torch and Ray: imported by a run, never by pre-flight
 
-            with recorded(spec, plan) as rec:  # status.json + logs/driver-local.log: `launch.py status|logs` find it
-                if held:  # Ctrl-C while the driver's modules loaded: nothing has started, nothing to save
-                    rec["rc"], rec["message"] = stopped_while_starting(held[0])
-                    return rec["rc"]
-                try:
-                    rec["rc"] = run(spec, plan)
-                except ConnectionError as exc:  # ray.init's, joining cluster=ray (an auth failure ends the same way)
-                    if not spec.cluster.ray_address:
-                        raise
-                    rec["rc"] = refuse_connection(spec.cluster.ray_address, exc)
-            return rec["rc"]
-    finally:
-        rundir.release_run_lock(plan.run_dir)
+                with recorded(spec, plan) as rec:  # status.json + logs/driver-local.log: `launch.py status|logs`
+                    if held:  # a stop before the driver started: nothing has started, nothing to save
+                        rec["rc"], rec["message"] = stopped_while_starting(held[0])
+                        return rec["rc"]
+                    try:
+                        rec["rc"] = run(spec, plan, pending=held)  # one that comes in between: the driver's
+                    except ConnectionError as exc:  # ray.init's, joining cluster=ray (an auth failure: the same)
+                        if not spec.cluster.ray_address:
+                            raise
+                        rec["rc"] = refuse_connection(spec.cluster.ray_address, exc)
+                return rec["rc"]
+        finally:
+            rundir.release_run_lock(plan.run_dir)
 
 
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -67,9 +69,10 @@ HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 @contextmanager
 def signals_held() -> Iterator[list[int]]:
-    """SIGINT / SIGTERM while the driver's modules load (torch, Ray: seconds) are recorded, for the caller to act on
-    once they are loaded (the driver's own handler takes over in its first line). Python's KeyboardInterrupt there
-    was lost now and then (raised inside an import that swallows it): the user's Ctrl-C, and the run trained on."""
+    """SIGINT / SIGTERM while a run starts (its run dir, the driver's modules: torch, Ray, seconds) are recorded, for
+    the caller to act on (the driver's own handler takes over in its first line, given what came in between).
+    Python's KeyboardInterrupt there was lost now and then (raised inside an import that swallows it): the user's
+    Ctrl-C, and the run trained on."""
     held: list[int] = []
     saved = {sig: signal.getsignal(sig) for sig in HELD_SIGNALS}
     for sig in HELD_SIGNALS:

@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -47,9 +47,12 @@ class StopRequest:
     grace_s: float | None = None  # the first signal waits this long for the step (None: for ever)
 
     @classmethod
-    def install(cls, grace_s: float | None = None) -> "StopRequest":
+    def install(cls, grace_s: float | None = None, pending: Sequence[int] = ()) -> "StopRequest":
+        """Takes the stop signals; the first of `pending` (signals held before, launch/local.py) is a stop now."""
         req = cls(grace_s=grace_s)
         req.reinstall()
+        if pending:
+            req.handler(pending[0], None)
         return req
 
     def handler(self, signum: int, _frame: object) -> None:
