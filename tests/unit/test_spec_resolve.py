@@ -27,7 +27,7 @@ def driver_entry(monkeypatch):
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS", "RAY_enable_metrics_collection"):
         monkeypatch.delenv(name, raising=False)
     got: list = []
-    monkeypatch.setattr(driver, "run", lambda spec, plan: got.append((spec, plan)) or 0)
+    monkeypatch.setattr(driver, "run", lambda spec, plan, pending=(): got.append((spec, plan)) or 0)
     return got
 
 
