@@ -44,7 +44,8 @@ print(f"steps {len(rows)}; step-1 {rows[0]['time/step_s']:.2f} s; later mean: st
 per_step = lambda k, f: " ".join(f % r[k] if k in r else "-" for r in rows)
 print("per step: s", per_step("time/step_s", "%.2f"))
 print("per step: logprob |d|", per_step("train/gen_vs_policy_logprob_absdiff", "%.4f"))
-for k in ("memory/gpu_step_peak_gib", "memory/policy_allocated_gib", "memory/policy_reserved_gib"):
+for k in ("memory/gpu_step_peak_gib", "memory/policy_allocated_gib", "memory/policy_reserved_gib",
+          "memory/engine_asleep_gib"):
     print(f"per step: {k}", per_step(k, "%.2f"))
 PY
 }
