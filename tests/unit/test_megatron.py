@@ -8,9 +8,11 @@ and a 5-step GRPO run through launch.py.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
+
 import torch
 
 from grpo_launcher.policy import megatron_convert as mc
@@ -409,6 +411,8 @@ def test_megatron_fusions_compile_once_per_grad_mode_for_every_length():
         x2 = torch.randn(9, 8)  # another rank: eager
         torch.testing.assert_close(squared_relu(x2), torch.relu(x2) ** 2)
         assert counters["stats"]["unique_graphs"] == 4, dict(counters["stats"])  # 2 fusions × 2 grad modes
+        bound_fusion_compiles()  # a second worker in the same process (tests make several): one log filter
+        assert len(logging.getLogger("torch._dynamo.convert_frame").filters) == 1
     finally:
         torch._dynamo.config.assume_static_by_default, torch._dynamo.config.recompile_limit = saved
         torch._dynamo.reset()
