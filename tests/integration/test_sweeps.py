@@ -53,11 +53,17 @@ def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path)
     not_a_model.mkdir()
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     common = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.study_name=s1", f"hydra.sweeper.storage={storage}",
-              f"output_root={tmp_path}", *SHORT]
+              f"output_root={tmp_path}", "name=opt", *SHORT]
+    cwd = tmp_path / "cwd"  # the user's own directory: nothing is written there
+    cwd.mkdir()
     # grid over 4 points; the two with a model.path that is not a model crash inside the run (for real)
     p = launch(*common, "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=4", "train.lr=choice(1e-4,3e-4)",
-               f"model.path=choice({not_a_model},{model})")
+               f"model.path=choice({not_a_model},{model})", cwd=cwd)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    # each trial in a run dir of its own, named after the user's name= (all four ran in `opt`: the first trial's
+    # result was told for the other three, which never ran)
+    assert sorted(d.name for d in tmp_path.glob("opt-*")) == ["opt-s1-t1", "opt-s1-t3"]  # t0, t2: not a model
+    assert list(cwd.iterdir()) == []  # the sweep's MLflow artifacts went to ./mlruns
     study = optuna.load_study(study_name="s1", storage=storage)
     first_states = [t.state.name for t in study.trials]
     assert first_states == ["FAIL", "COMPLETE", "FAIL", "COMPLETE"]
@@ -67,7 +73,7 @@ def test_optuna_study_persists_continues_and_survives_a_crashing_trial(tmp_path)
     assert "best trial of study 's1'" in p.stdout
     # the same study name (and space) again: it continues (5 wanted, 4 done → 1 new trial), no restart
     p = launch(*common, "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=5", "train.lr=choice(1e-4,3e-4)",
-               f"model.path=choice({not_a_model},{model})")
+               f"model.path=choice({not_a_model},{model})", cwd=cwd)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert "study 's1': 4 finished trial(s), 5 wanted" in p.stdout + p.stderr
     again = optuna.load_study(study_name="s1", storage=storage)

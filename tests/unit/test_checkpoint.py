@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from grpo_launcher.checkpoint import CheckpointManager, IncompatibleCheckpoint, load_meta
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.schema import CheckpointSpec, RunSpec
+
+from helpers import tiny_model
 
 
 def spec_with(**checkpoint) -> RunSpec:
@@ -121,6 +124,20 @@ def test_compatible_resume_accepts_changed_lr_and_steps(tmp_path):
     path = save(CheckpointManager(tmp_path / "ckpt", load_spec([])), 10)
     changed = load_spec(["train.lr=1e-5", "grpo.max_steps=50", "grpo.val_period=5"])
     CheckpointManager(tmp_path / "ckpt", changed).check_compatible(path)  # no raise
+
+
+def test_a_model_folder_spelled_another_way_is_the_same_model(tmp_path, monkeypatch):
+    """A resume with `model.path=my-model/` (tab completion's slash), `./my-model` or its absolute path was refused
+    as an incompatible spec (`model.path: 'my-model' → 'my-model/'`), and the fix offered discards the training."""
+    monkeypatch.chdir(tmp_path)
+    tiny = tiny_model()
+    shutil.copytree(tiny, tmp_path / "my-model")
+    path = save(CheckpointManager(tmp_path / "ckpt", load_spec(["model.path=my-model"])), 10)
+    for spelled in ("my-model/", "./my-model", str(tmp_path / "my-model"), "../" + tmp_path.name + "/my-model"):
+        CheckpointManager(tmp_path / "ckpt", load_spec([f"model.path={spelled}"])).check_compatible(path)
+    shutil.copytree(tiny, tmp_path / "other-model")
+    with pytest.raises(IncompatibleCheckpoint, match="model.path: 'my-model' → 'other-model'"):
+        CheckpointManager(tmp_path / "ckpt", load_spec(["model.path=other-model"])).check_compatible(path)
 
 
 def test_start_fresh_moves_aside(tmp_path):

@@ -96,6 +96,15 @@ def test_an_optuna_dry_run_names_each_refused_trial(tmp_path):
     assert dirs == ["tiny-grpo-t0", "tiny-grpo-t1"] and refused == ["tiny-grpo-t2", "tiny-grpo-t3"], p.stderr[-2000:]
 
 
+def test_a_point_takes_its_last_name():
+    """An Optuna trial's `name=BASE-tN` comes after the user's own `name=BASE`: the first one won, so every trial
+    ran in BASE (the first's result told for all)."""
+    from grpo_launcher.launch.sweep import named_points
+
+    points = [["name=opt", "train.lr=1", "name=opt-t0"], ["name=opt", "train.lr=2", "name=opt-t1"]]
+    assert named_points("opt", points) == [["train.lr=1", "name='opt-t0'"], ["train.lr=2", "name='opt-t1'"]]
+
+
 def test_trials_run_in_parallel_keep_their_own_names(tmp_path):
     """hydra.sweeper.n_jobs=2: a batch's trials were renamed after what varied in that batch (tiny-grpo-t0_train.lr=
     0.0003, then tiny-grpo-t2_0), so the run-dir check of a new trial looked at the wrong dir; `-m name=a,b` gave
@@ -222,6 +231,13 @@ def test_the_same_sweep_again_skips_its_finished_points_and_runs_the_rest(tmp_pa
     summary = p.stdout[p.stdout.index("sweep summary (2 runs):"):].splitlines()
     for name in (done.name, "tiny-grpo_grpo.seed=2"):
         assert any(line.split()[:2] == [name, "COMPLETED"] for line in summary), summary
+    # the same points with another fixed key: their runs finished under other values, so their results are not
+    # this sweep's (both were skipped, reported COMPLETED, exit 0, the old train.lr's results standing)
+    other = launch("-m", "grpo.seed=1,2", "train.lr=1e-4", *common)
+    assert other.returncode == 2 and other.stderr.startswith("config error"), other.stderr[-3000:]
+    assert "  - train.lr, name: run 'tiny-grpo_grpo.seed=1' already finished" in other.stderr, other.stderr[-3000:]
+    assert "0.0003 there, 0.0001 here" in other.stderr and "Traceback" not in other.stdout + other.stderr
+    assert (done / "repro" / "launches.jsonl").read_text() == launches
 
 
 def test_sweep_points_share_the_reward_probe(tmp_path, monkeypatch):

@@ -237,12 +237,28 @@ def compat_fingerprint(spec: RunSpec) -> dict[str, Any]:
     return {k: v for k, v in flatten(spec_as_dict(spec)).items() if wanted(k)}
 
 
+PATH_KEYS = ("model.path", "env.train_path", "env.val_path")  # one folder or file, however it is spelled
+
+
+def same_value(key: str, before: Any, after: Any) -> bool:
+    """A key's old and new values mean the same: equal, or (a path key) the same path once normalised (`my-model`,
+    `my-model/`, `./my-model` and its absolute form from this directory; a hub id stays as written)."""
+    if before == after:
+        return True
+    if key not in PATH_KEYS or not isinstance(before, str) or not isinstance(after, str):
+        return False
+    def norm(p: str) -> str:
+        path = Path(p).expanduser()
+        return str(path.resolve()) if path.exists() else os.path.normpath(p)
+    return norm(before) == norm(after)
+
+
 def compat_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """'key: old → new' for every key whose value differs (a key absent on one side counts)."""
     out = []
     for key in sorted(set(old) | set(new)):
         before, after = old.get(key, MISSING), new.get(key, MISSING)
-        if before != after:
+        if not same_value(key, before, after):
             out.append(f"{key}: {before!r} → {after!r}")
     return out
 
@@ -263,7 +279,7 @@ def spec_changes(meta: dict[str, Any], spec: RunSpec) -> dict[str, tuple[Any, An
     out = {}
     for key in sorted(set(old) | set(new)):
         before, after = old.get(key, MISSING), new.get(key, MISSING)
-        if before != after and key not in NOT_A_CHANGE:
+        if not same_value(key, before, after) and key not in NOT_A_CHANGE:
             out[key] = ("***", "***") if is_secret_key(key) else (redact_value(before), redact_value(after))
     return out
 

@@ -20,7 +20,9 @@ from hydra.core.override_parser.types import IntervalSweep, Override
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, IntegerNode, OmegaConf
 
+from ..checkpoint.manager import load_meta, spec_changes
 from ..exit_codes import ExitCode
+from ..finished import last_checkpoint_step
 from ..plan import make_plan
 from ..spec.compose import (ConfigSource, _composition_violation, check_override_keys, compose, register_schema,
                             to_spec)
@@ -141,18 +143,24 @@ def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:
             key, _, value = o.partition("=")
             values.setdefault(key, set()).add(value)
     varying = {k for k, v in values.items() if len(v) > 1 and k not in EXCLUDED_FROM_NAME}
-    names = [o for ov in points for o in ov if o.startswith("name=")]
+    given = [own_name(ov) for ov in points]
+    names = [n for n in given if n is not None]
     # each point named apart (an Optuna batch's trials, -m name=a,b): its name as given, never `t0_train.lr=0.0003`
     # in one batch and `t2_0` in the next
     own = len(names) == len(set(names)) == len(points) > 1
     named = []
     for i, ov in enumerate(points):
-        name = next((o.partition("=")[2] for o in ov if o.startswith("name=")), base)
+        name = given[i] or base
         tagged = [o for o in ov if o.partition("=")[0] in varying] or ([str(i)] if len(points) > 1 else [])
         tagged = [] if own else tagged
         full = derived_name(name, tagged) if tagged else name  # short, readable (launch/names.py)
         named.append([o for o in ov if not o.startswith("name=")] + [f"name='{full}'"])  # quoted: has = and ,
     return named
+
+
+def own_name(point: Sequence[str]) -> Optional[str]:
+    """The point's `name=` value, the last one where it has several (as Hydra applies them), else None."""
+    return next((o.partition("=")[2] for o in reversed(point) if o.startswith("name=")), None)
 
 
 def trial_name(base: str, study: str, number: int) -> str:
@@ -183,9 +191,10 @@ def run_point(cfg: DictConfig) -> Optional[float]:
     try:
         launch = preflight_config(cfg, task_overrides())
     except ConfigError as err:
-        if not finished_only(err):  # passed at the sweep's check, refused now (a data file moved meanwhile)
-            print(f"point {cfg.name}: {err.render()}", file=sys.stderr, flush=True)
-            raise
+        refusal = ConfigError(finished_under_other_values(to_spec(cfg))) if finished_only(err) else err
+        if refusal.violations:  # passed at the sweep's check, refused now (a data file moved meanwhile)
+            print(f"point {cfg.name}: {refusal.render()}", file=sys.stderr, flush=True)
+            raise refusal from None
         run_dir = Path(str(cfg.output_root)).resolve() / str(cfg.name)
         print(f"grpo-launcher: run '{cfg.name}' already finished ({run_dir}): skipped (its result stands; "
               "checkpoint.resume=fresh runs it again)", flush=True)
@@ -218,10 +227,11 @@ def point_problems(cfg: Optional[DictConfig], overrides: Sequence[str] = (),
     try:
         return preflight_config(cfg, list(overrides)), []
     except ConfigError as err:
-        if finished_only(err):  # the same sweep again (after a Ctrl-C or a failed point): this point is done
-            spec = to_spec(cfg)
-            return Launch(spec, make_plan(spec), None), []
-        return None, [v.render() for v in err.violations]
+        if not finished_only(err):
+            return None, [v.render() for v in err.violations]
+        spec = to_spec(cfg)  # the same sweep again (after a Ctrl-C or a failed point): this point is done, unless
+        other = finished_under_other_values(spec)  # its run finished under other values
+        return (None, [v.render() for v in other]) if other else (Launch(spec, make_plan(spec), None), [])
 
 
 def finished_only(err: ConfigError) -> bool:
@@ -229,6 +239,29 @@ def finished_only(err: ConfigError) -> bool:
     skips it (run_point says so) and runs the rest. It refused the whole sweep: after one point failed or a Ctrl-C,
     the same command could not finish the others."""
     return bool(err.violations) and all(v.rule == "run_name_not_finished" for v in err.violations)
+
+
+RESULT_SECTIONS = ("model.", "rollout.", "loss.", "train.", "grpo.", "env.")  # what a run's result depends on
+
+
+def finished_under_other_values(spec: RunSpec) -> list[Violation]:
+    """A point whose run dir holds a run that finished under other values (the same sweep with another fixed key,
+    e.g. train.lr): skipping it would report that run's result as this point's. Refused, the keys named."""
+    run_dir = Path(spec.output_root).resolve() / spec.name
+    step = last_checkpoint_step(run_dir)
+    try:
+        meta = load_meta(run_dir / "checkpoints" / f"step_{step:06d}")
+    except (OSError, ValueError, TypeError):  # unreadable: the skip stands on the finished rule alone
+        return []
+    changed = {k: v for k, v in spec_changes(meta, spec).items() if k.startswith(RESULT_SECTIONS)}
+    if not changed:
+        return []
+    text = ", ".join(f"{k}: {old!r} there, {new!r} here" for k, (old, new) in changed.items())
+    return [Violation("sweep_point_matches_its_finished_run", (*changed, "name"),
+                      f"run '{spec.name}' already finished ({run_dir}) under other values ({text}); skipping it "
+                      "would report that run's result as this point's",
+                      "give the sweep a name of its own (name=...), or checkpoint.resume=fresh to run its points "
+                      "again")]
 
 
 def check_points(checked: Sequence[tuple], overrides: Sequence[Sequence[str]]) -> None:
@@ -244,15 +277,16 @@ def sweep_parent_run(spec: RunSpec, sweep_dir: Path) -> Optional[str]:
     if not spec.logging.mlflow or spec.dry_run:
         return None
     from mlflow.tracking import MlflowClient  # MLflow: imported by what talks to it, never by pre-flight
+    from ..tracking.mlflow_tracker import open_experiment
 
     marker = sweep_dir / "mlflow_parent_run_id"
+    uri = make_plan(spec).tracking_uri
     if marker.exists():
         run_id = marker.read_text().strip()
-        MlflowClient(make_plan(spec).tracking_uri).update_run(run_id, status="RUNNING")  # a continued sweep
+        MlflowClient(uri).update_run(run_id, status="RUNNING")  # a continued sweep
     else:
-        client = MlflowClient(make_plan(spec).tracking_uri)
-        exp = client.get_experiment_by_name(spec.logging.experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(spec.logging.experiment)
+        client = MlflowClient(uri)
+        exp_id = open_experiment(client, spec.logging.experiment, uri)  # artifacts beside the store, not ./mlruns
         run_id = client.create_run(exp_id, run_name=f"sweep-{sweep_dir.name}",
                                    tags={"grpo.sweep_dir": str(sweep_dir)}).info.run_id
         marker.write_text(run_id + "\n")

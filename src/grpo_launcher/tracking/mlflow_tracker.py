@@ -139,6 +139,27 @@ def default_artifact_location(tracking_uri: str) -> str | None:
     return (db.parent / "mlartifacts").resolve().as_uri()
 
 
+def open_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
+    """The experiment's id, creating it if missing (tolerates a concurrent create): artifacts beside a sqlite store,
+    our experiment kind and chart view as tags. A run's tracker and a sweep's parent run both open it here."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if EXPERIMENT_KIND[0] not in found.tags:  # made by an older version or by hand: opened as GenAI
+            client.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
+        if CHART_VIEW_TAG not in found.tags:  # a user's edit of the view (same id) is kept
+            client.set_experiment_tag(found.experiment_id, CHART_VIEW_TAG, chart_view(int(time.time() * 1000)))
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri),
+                                        tags={EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1],
+                                              CHART_VIEW_TAG: chart_view(int(time.time() * 1000))})
+    except MlflowException:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
 class Tracker:
     """One MLflow run of one GRPO job: params, buffered metrics, artifacts, tags."""
 
@@ -164,7 +185,7 @@ class Tracker:
             os.environ.setdefault(HTTP_TIMEOUT_ENV, HTTP_TIMEOUT)
         self._away: str | None = None  # the error of the store's current outage
         self._warned = 0  # metric values held at its last warning
-        self.experiment_id = self._experiment(spec.logging.experiment, tracking_uri)
+        self.experiment_id = open_experiment(self.client, spec.logging.experiment, tracking_uri)
         self._buffer: list[Metric] = []
         self._logged: set[tuple[str, int]] = set()  # (key, step) pairs MLflow holds for this run
         self._closed = False
@@ -172,25 +193,6 @@ class Tracker:
         self._run_id = self._reopen(run_id, parent_run_id) if run_id else self._start(parent_run_id)
 
     # ------------------------------------------------------------------ set-up --
-    def _experiment(self, name: str, tracking_uri: str) -> str:
-        """The experiment id, creating the experiment if missing (tolerates a concurrent create)."""
-        found = self.client.get_experiment_by_name(name)
-        if found is not None:
-            if EXPERIMENT_KIND[0] not in found.tags:  # made by an older version or by hand: opened as GenAI
-                self.client.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
-            if CHART_VIEW_TAG not in found.tags:  # a user's edit of the view (same id) is kept
-                self.client.set_experiment_tag(found.experiment_id, CHART_VIEW_TAG, chart_view(int(time.time() * 1000)))
-            return found.experiment_id
-        try:
-            return self.client.create_experiment(name, artifact_location=default_artifact_location(tracking_uri),
-                                                  tags={EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1],
-                                                        CHART_VIEW_TAG: chart_view(int(time.time() * 1000))})
-        except MlflowException:
-            found = self.client.get_experiment_by_name(name)
-            if found is None:
-                raise
-            return found.experiment_id
-
     def _reopen(self, run_id: str, parent_run_id: str | None = None) -> str:
         """Resume: the same run, marked RUNNING again (params are immutable in MLflow, so not re-logged), when it is
         this run dir's; else a new run, said so (the other run dir's run is not touched)."""

@@ -141,7 +141,8 @@ class OptunaSweeper(Sweeper):
             names = [trial_name(str(self.config.name), study.study_name, t.number) for t in trials]
             if not self.config.dry_run:  # a dry run writes no run dir
                 self.check_new(study, trials, names)
-            overrides = [[*fixed, f"name={n}", "cluster.wait=true", *(as_override(k, v) for k, v in t.params.items())]
+            own = [o for o in fixed if not o.startswith("name=")]  # the user's name= is in the trial's: BASE-tN
+            overrides = [[*own, f"name={n}", "cluster.wait=true", *(as_override(k, v) for k, v in t.params.items())]
                          for t, n in zip(trials, names)]
             results = self.launcher.launch(overrides, initial_job_idx=job_idx)
             ok = all([self.tell(study, t, r) for t, r in zip(trials, results)]) and ok
