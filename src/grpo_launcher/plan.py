@@ -153,6 +153,7 @@ class Plan:
     logprob_head: str = ""  # the policy's logprob head for this family (logit_heads.head_for: what the worker builds)
     model_path: Optional[str] = None  # model.path: the summary prints the stop tokens the engines read from it
     mlflow: bool = True  # logging.mlflow: the summary names the tracking store only when runs go to it
+    compute: str = "fp32"  # train.precision as the workers apply it (bf16 is a GPU setting)
 
     @property
     def policy_ranks(self) -> int:
@@ -182,6 +183,7 @@ class Plan:
                                               if self.async_grpo else "sync"),
                 f"old logprobs         : {'from the update forward (on-policy)' if self.logprobs_from_update else 'separate pass'}",
                 f"logprob head         : {self.logprob_head}",
+                f"compute              : {self.compute}",
                 f"max model len        : {self.max_model_len}",
                 f"stop tokens          : {describe_stop_tokens(self.model_path)}",
                 f"Ray bundle / device  : {self.bundle}",
@@ -231,4 +233,15 @@ def make_plan(spec: RunSpec) -> Plan:
         model_path=spec.model.path,
         mlflow=spec.logging.mlflow,
         logprob_head=head_for(spec.model.path, spec.model.family, spec.train.logprob_chunk_tokens).why,
+        compute=compute_line(spec, use_gpus),
     )
+
+
+def compute_line(spec: RunSpec, use_gpus: bool) -> str:
+    """train.precision as the workers apply it: bf16 compute over fp32 master weights on GPUs; a CPU run computes
+    in fp32 whatever it says (both backends), which the plan says rather than the run ignoring it silently."""
+    if spec.train.precision.value != "bfloat16":
+        return "fp32"
+    if use_gpus:
+        return "bf16 compute, fp32 master weights (train.precision=bfloat16)"
+    return "fp32 (train.precision=bfloat16 applies on GPUs: a CPU run computes in fp32)"

@@ -169,6 +169,28 @@ def test_fused_kernels_on_megatron_are_its_own_fusions_on_gpus_only(monkeypatch)
         assert (cfg.bias_activation_fusion, cfg.bias_dropout_fusion) == (fused, fused)
         assert not (cfg.apply_rope_fusion or cfg.masked_softmax_fusion or cfg.persist_layer_norm)  # TE / Apex
 
+def test_bf16_is_a_gpu_setting_on_both_backends(monkeypatch):
+    """train.precision=bfloat16 on CPU: the torch backend computed in fp32 without a word, and megatron's CPU build
+    trained bf16 weights with torch's Adam (no fp32 master) against an fp32 engine (logprob gap 4.7e-3 vs 3e-7). Both
+    compute in fp32 on CPU now, and the plan says so."""
+    from grpo_launcher.plan import make_plan
+    from grpo_launcher.spec.compose import load_spec
+
+    monkeypatch.setenv("GRPO_MEGATRON_CPU_SHIM", SHIM)
+    cpu = load_spec(["train.backend=megatron", "train.precision=bfloat16"])
+    gpu = load_spec(["train.backend=megatron", "train.precision=bfloat16", "cluster=slurm", "cluster.gpus_per_node=1",
+                     "dry_run=true"])
+    assert make_plan(cpu).compute.startswith("fp32 (train.precision=bfloat16 applies on GPUs")
+    assert make_plan(gpu).compute.startswith("bf16 compute, fp32 master weights")
+    pytest.importorskip("megatron.core")
+    from grpo_launcher.policy.megatron_policy import quiet_megatron_notices, transformer_config
+
+    quiet_megatron_notices()
+    arch = mc.arch_from_hf_config(_hf_state(_tiny_qwen2(None))[1])
+    assert not transformer_config(arch, cpu, use_cpu_init=True).bf16
+    assert transformer_config(arch, gpu, use_cpu_init=True).params_dtype == torch.bfloat16
+
+
 def test_rules_moe_with_tp_needs_sequence_parallel():
     base = ["train.backend=megatron", "cluster.cpu_workers_per_node=2", "model.num_experts=4", "model.moe_top_k=2",
             "train.tensor_parallel_size=2", "train.global_batch_size=32", "train.micro_batch_size=8",

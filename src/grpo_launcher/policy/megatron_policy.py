@@ -129,7 +129,7 @@ def transformer_config(arch: mc.Arch, spec: RunSpec, *, use_cpu_init: bool, fuse
     from megatron.core.transformer import TransformerConfig  # lazy: see Imports above
 
     t = spec.train
-    bf16 = t.precision == Precision.bfloat16
+    bf16 = t.precision == Precision.bfloat16 and spec.cluster.gpus_per_node > 0  # CPU: fp32, as the torch backend
     dtype = torch.bfloat16 if bf16 else torch.float32
     kw = dict(
         num_layers=arch.num_layers, hidden_size=arch.hidden_size, num_attention_heads=arch.num_heads,

@@ -245,6 +245,10 @@ def policy_gaps(s: RunSpec) -> Iterator[Violation]:
             yield build_gap(("train.backend", "cluster.gpus_per_node"), "megatron-core hard-codes CUDA: the megatron "
                             f"backend needs GPUs (on CPU only this repo's tests run it, with {CPU_SHIM_ENV}=1)",
                             "use train.backend=torch on CPU, or set cluster.gpus_per_node")
+        if s.cluster.gpus_per_node == 0 and s.train.distributed_optimizer:  # the CPU shim: torch's Adam
+            yield build_gap(("train.distributed_optimizer", "cluster.gpus_per_node"), "train.distributed_optimizer is "
+                            "megatron's sharded optimizer, which needs GPUs; the CPU build trains with torch's Adam",
+                            "set train.distributed_optimizer=false on CPU, or set cluster.gpus_per_node")
     if s.train.backend == TrainBackend.torch and m.num_experts and moe.load_balancing_type != "none" \
             and moe.aux_loss_coeff > 0:
         yield build_gap(("train.moe.aux_loss_coeff", "train.backend"), "the torch backend trains MoE models without a "
