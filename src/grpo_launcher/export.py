@@ -50,6 +50,12 @@ class ExportError(Exception):
         super().__init__(message)
         self.key = key
 
+    @property
+    def fix(self) -> str:
+        if self.key == "--out":
+            return "name a new or empty directory for --out (default: RUN_DIR/export/step_N)"
+        return "pick a run dir and a step with a complete checkpoint (launch.py status RUN)"
+
 
 def pick_checkpoint(run_dir: Path, step: Optional[int], last: bool) -> Path:
     spec = load_spec_file(run_dir / "spec.yaml")
@@ -428,8 +434,7 @@ def main(args: list[str]) -> int:
     try:
         out = export(run_dir, ns.step, ns.last, ns.out, ns.dtype)
     except ExportError as exc:  # bad input: exit 2 with a config error naming the argument, like a run's
-        print(ConfigError([Violation("export_target", (exc.key,), str(exc), "pick a run dir and a step with a "
-                                     "complete checkpoint (launch.py status RUN)")]).render(), file=sys.stderr)
+        print(ConfigError([Violation("export_target", (exc.key,), str(exc), exc.fix)]).render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
     copies = run_copy(run_dir.resolve())
     note = drift_note(run_dir.resolve(), copies) if copies is not None else None

@@ -63,6 +63,7 @@ def test_export_refuses_a_non_empty_out_and_keeps_its_files(launch_here, run_dir
     r = launch_here(tmp_path, *export_args(run_dir, out))
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.startswith("config error") and "  - --out" in r.stderr and "not empty" in r.stderr, r.stderr
+    assert "fix: name a new or empty directory for --out" in r.stderr  # was: "pick a run dir and a step ..."
     assert "Traceback" not in r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
     assert (out / "thesis.tex").read_text() == "three years of work"
