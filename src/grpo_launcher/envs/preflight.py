@@ -369,9 +369,13 @@ def _check_answers_score(s: RunSpec, r: Any, tables: dict) -> Iterator[Violation
     the first SHOWN_ROWS (file:line) and counting the rest. Under math_verify_match, rows whose answer is no math to
     the grader (math.not_math: n/a, words) are a warning too. A call that does not return is a config error."""
     e, zero, text_only, checked = s.env, [], [], 0
-    total = sum(len(t.rows) for t in tables.values())
-    deadline = time.monotonic() + ANSWER_CHECK_BUDGET_S
+    files: list = []  # env.val_path = env.train_path: its rows counted once
     for t in tables.values():
+        if not any(f.path == t.path and f.rows == t.rows for f in files):
+            files.append(t)
+    total = sum(len(t.rows) for t in files)
+    deadline = time.monotonic() + ANSWER_CHECK_BUDGET_S
+    for t in files:
         for i, row in enumerate(t.rows):
             if time.monotonic() > deadline:
                 break
