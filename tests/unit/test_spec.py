@@ -522,6 +522,15 @@ def test_no_fix_asks_for_a_generation_of_zero_tokens():
     assert "≤ 0" not in v.fix and "train.max_total_sequence_length ≥ 72" in v.fix, v.render()
 
 
+def test_no_two_fixes_contradict_each_other_on_a_budget_past_the_models_positions():
+    """A 1201-token prompt budget on a 1024-position model was told "set train.max_total_sequence_length ≥ 1209"
+    and "≤ 1024" at once: no value does both. Now the budget past the positions is the one fix."""
+    found = [v for v in violations(["env.max_prompt_tokens=1201", "rollout.max_new_tokens=8"])
+             if v.rule == "sequence_lengths"]
+    assert [v.keys[0] for v in found] == ["env.max_prompt_tokens"], [v.render() for v in found]
+    assert "to a sum ≤ 1024" in found[0].fix and "≥" not in found[0].fix
+
+
 @pytest.mark.parametrize("root", ["/dev/null/runs", "/proc/grpo-nope"])
 def test_cli_an_output_root_that_cannot_be_made_exits_2(launch_cmd, root):
     """Under a file (the pre-flight sees it), or where even root cannot make a directory (/proc: only the attempt

@@ -324,7 +324,13 @@ def _vllm_cpu_head_dim(s: RunSpec) -> Iterator[Violation]:
 @rule("pure")
 def sequence_lengths(s: RunSpec) -> Iterator[Violation]:
     prompt, new, total = s.env.max_prompt_tokens, s.rollout.max_new_tokens, s.train.max_total_sequence_length
-    if prompt + new > total:
+    pos = s.model.max_position_embeddings
+    if prompt + new > pos:  # no total fits both: the budget itself is the fix (was "total ≥ 1209" and "≤ 1024")
+        yield V("sequence_lengths", ("env.max_prompt_tokens", "rollout.max_new_tokens", "model.max_position_embeddings"),
+                f"prompt {prompt} + generation {new} = {prompt + new} exceed the model's {pos} positions",
+                f"lower env.max_prompt_tokens and/or rollout.max_new_tokens to a sum ≤ {pos} (longer prompts are "
+                "then refused by the data check: shorten or drop them), or use a model with more positions")
+    elif prompt + new > total:
         yield V("sequence_lengths",
                 ("rollout.max_new_tokens", "env.max_prompt_tokens", "train.max_total_sequence_length"),
                 f"prompt {prompt} + generation {new} = {prompt + new} > train.max_total_sequence_length={total}",
@@ -339,7 +345,7 @@ def sequence_lengths(s: RunSpec) -> Iterator[Violation]:
         yield V("sequence_lengths", ("rollout.max_model_len", "train.max_total_sequence_length"),
                 f"the engine's max_model_len {mml} < train.max_total_sequence_length={total}: the engine refuses "
                 "sequences that training accepts", f"set rollout.max_model_len ≥ {total}, or null (derived)")
-    if s.model.max_position_embeddings < total:
+    if pos < total:
         yield V("sequence_lengths", ("train.max_total_sequence_length", "model.max_position_embeddings"),
                 f"{total} tokens exceed the model's {s.model.max_position_embeddings} positions",
                 f"set train.max_total_sequence_length ≤ {s.model.max_position_embeddings}")
