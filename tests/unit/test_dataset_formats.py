@@ -106,6 +106,12 @@ def test_a_nan_answer_is_an_empty_one(tmp_path):
     assert "1 row with an empty 'answer' (env.answer_key): line 1" in refusal(tmp_path / "nan.jsonl")
 
 
+def test_an_empty_object_answer_is_an_empty_one(tmp_path):
+    """{"answer": {}}: trained with the answer '{}' (an empty list was refused, an empty object was not)."""
+    (tmp_path / "obj.jsonl").write_text('{"question": "q1", "answer": {}}\n{"question": "q2", "answer": 4}\n')
+    assert "1 row with an empty 'answer' (env.answer_key): line 1" in refusal(tmp_path / "obj.jsonl")
+
+
 # --------------------------------------------------------------------------- chat messages
 BAD_MESSAGES = [  # at HEAD each was rendered (ChatML) as the comment shows, without a word
     [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}],  # ...assistant\n2<|im_end|>...

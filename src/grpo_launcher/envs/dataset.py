@@ -314,8 +314,8 @@ def nested(table: Table, key: str) -> str:
 
 
 def empty(value: Any) -> bool:
-    """No value: null, "" or only blanks, NaN (pandas' missing number), an empty message list."""
-    return (value is None or (isinstance(value, str) and not value.strip()) or value == []
+    """No value: null, "" or only blanks, NaN (pandas' missing number), an empty message list or object."""
+    return (value is None or (isinstance(value, str) and not value.strip()) or value == [] or value == {}
             or (isinstance(value, float) and math.isnan(value)))
 
 
