@@ -261,6 +261,27 @@ def test_a_boxed_percentage_is_graded_as_its_number(math_env, answer, completion
     assert graded(math_env, answer, completion) == verdict
 
 
+# a model that revises, or writes a number as people do: `\boxed{3} ... wait, \boxed{4}` was read as the set {3, 4}
+# (0 for the answer 4), `\boxed{1 000 000}` as 1·0·0, `\boxed{10.}` as the text '10.' (each scored 0 before)
+REVISED = [
+    (4, "\\boxed{3}\n\nWait, actually \\boxed{4}", 1),
+    (3, "\\boxed{3}\n\nWait, actually \\boxed{4}", 0),  # the last box is the answer, not any box
+    ("1, 2", r"\boxed{1}, \boxed{2}", 1),  # a many-valued answer keeps every box
+    ([1, 2], r"the roots are \boxed{1} and \boxed{2}", 1),
+    ([1, 2], r"\boxed{2}", 0),
+    (1000000, r"\boxed{1 000 000}", 1),
+    (1000, r"\boxed{-1 000}", 0),
+    (12, r"\boxed{1 2}", 0),  # not digit groups
+    (10, r"\boxed{10.}", 1),
+    (10.5, r"\boxed{10.5}", 1),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", REVISED)
+def test_the_last_box_and_a_written_number_are_the_answer(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
 # real-world shapes (benchmarks/math_grading.py: GSM8K's `#### 1,234`, MATH's solutions and LaTeX answers, AIME,
 # OlympiadBench's lists, model outputs cut off or pathological); at 534ab89 24 of the 172 were graded wrong: plain-text
 # answer cells read as their last number ((3, -2) as -2, `1, 2` as 2, `6 - 5i` as 5: false positives), `\$18.90`

@@ -44,6 +44,8 @@ _BARE = re.compile(r"[\d\s.,/()\[\]+\-%^*i]*\d[\d\s.,/()\[\]+\-%^*i]*")
 _SIDE_BY_SIDE = re.compile(r"\d\s+\d")
 _THIN_SEPARATOR = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")  # 1\,234 (a LaTeX thousands separator)
 _ANSWER_WORDS = re.compile(r"\\text\{\s*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*:?\s*\}", re.I)  # in a box
+_BOX_GROUPS = re.compile(r"\\boxed\{\s*([-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?)\s*\}")  # \boxed{1 000 000}
+_BOX_STOP = re.compile(r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?)\.\s*\}")  # \boxed{10.}
 _HASHES = re.compile(r"####\s*(\S[^\n]*)?")  # GSM8K's answer line: what follows the first `####`, to the line's end
 _UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt"})  # − π √ as a model types them
 
@@ -72,11 +74,22 @@ def grade(gold: str, completion: str) -> bool:
     """math-verify's verdict for the completion against the gold answer text (no time bound of its own)."""
     from math_verify import verify  # here: it imports sympy (seconds), and pre-flight imports this module
 
+    from sympy import Set, Tuple  # (the same: math-verify's own dependency)
+
     target = gold_parsed(gold)
-    return bool(target) and bool(verify(list(target), completion_parsed(completion), timeout_seconds=None))
+    one = bool(target) and not isinstance(target[0], (Set, Tuple))  # one value: the last box is the answer
+    return bool(target) and bool(verify(list(target), completion_parsed(completion, last_box=one),
+                                        timeout_seconds=None))
 
 
-def completion_parsed(completion: str) -> list:
+def boxed_numbers(text: str) -> str:
+    """A number in a box as a model writes it: `\\boxed{1 000 000}` (digit groups; math-verify reads 1·0·0) and
+    `\\boxed{10.}` (a sentence's full stop; read as the text '10.') as the number."""
+    text = _BOX_GROUPS.sub(lambda m: "\\boxed{" + m.group(1).replace(" ", "") + "}", text)
+    return _BOX_STOP.sub(r"\\boxed{\1}", text)
+
+
+def completion_parsed(completion: str, last_box: bool = False) -> list:
     """The completion's final answer as math-verify parses it (after a reasoning model's last `</think>`; numbers in
     e-notation written out: e_notation). A completion that is only a bare answer ((3, -2),
     1, 2) reads as an answer cell does; one whose last \\boxed{ never closes (cut off at max_new_tokens) has none;
@@ -86,9 +99,11 @@ def completion_parsed(completion: str) -> list:
 
     text = e_notation(normalized(final_part(completion)))
     text = text.replace("\\fbox", "\\boxed")  # math-verify reads \fbox's content, not its anchor
-    text = _ANSWER_WORDS.sub("", text)  # \boxed{\text{The answer is } 5}: the words are no part of the answer
-    if unclosed_box(text):
+    text = boxed_numbers(_ANSWER_WORDS.sub("", text))  # \boxed{\text{The answer is } 5}: the words are no part
+    if unclosed_box(text):  # of the answer
         return []
+    if last_box and text.count("\\boxed") > 1:  # `\boxed{3} ... wait, \boxed{4}` read as the set {3, 4}: for a
+        text = text[text.rfind("\\boxed"):]  # one-value answer the last box is the model's final one
     if "####" in text and "\\boxed" not in text:  # GSM8K's format: its answer line, not a run-on's last number
         line = _HASHES.search(text)
         text = (line.group(1) or "").strip() if line else ""
