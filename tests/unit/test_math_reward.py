@@ -274,6 +274,8 @@ REVISED = [
     (12, r"\boxed{1 2}", 0),  # not digit groups
     (10, r"\boxed{10.}", 1),
     (10.5, r"\boxed{10.5}", 1),
+    (12, "\\boxed{\uff11\uff12}", 1),  # full-width digits
+    (12, "\\boxed{\uff11\uff13}", 0),
 ]
 
 
