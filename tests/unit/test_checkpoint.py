@@ -13,8 +13,6 @@ from grpo_launcher.checkpoint import CheckpointManager, IncompatibleCheckpoint, 
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.schema import CheckpointSpec, RunSpec
 
-from helpers import tiny_model
-
 
 def spec_with(**checkpoint) -> RunSpec:
     return RunSpec(checkpoint=CheckpointSpec(**checkpoint))
@@ -129,6 +127,8 @@ def test_compatible_resume_accepts_changed_lr_and_steps(tmp_path):
 def test_a_model_folder_spelled_another_way_is_the_same_model(tmp_path, monkeypatch):
     """A resume with `model.path=my-model/` (tab completion's slash), `./my-model` or its absolute path was refused
     as an incompatible spec (`model.path: 'my-model' → 'my-model/'`), and the fix offered discards the training."""
+    from helpers import tiny_model  # here: a subprocess below imports this module with tests/unit alone on its path
+
     monkeypatch.chdir(tmp_path)
     tiny = tiny_model()
     shutil.copytree(tiny, tmp_path / "my-model")
