@@ -196,6 +196,26 @@ def test_a_copied_run_dir_starts_its_own_mlflow_run_and_leaves_the_original_unto
     assert again == original and history(client, original) == [1, 2, 3]
 
 
+def test_a_resume_that_leaves_logged_steps_behind_starts_a_new_mlflow_run(tmp_path, capsys, store):
+    """The newest checkpoint unusable (here: gone), the resume from an older one without optimizer state trains
+    steps 4.. anew: metrics.jsonl was rewritten with the new values, but MLflow kept the abandoned trajectory's
+    (its logged (key, step) pairs were never sent again). Now such a resume logs to a new run, steps 1..3 copied."""
+    spec = load_spec([f"output_root={tmp_path}", "name=fb", f"logging.tracking_uri={store}", "grpo.max_steps=4",
+                      "checkpoint.keep_top_k=3"])
+    first = train_steps(spec, make_plan(spec), range(1, 5))
+    shutil.rmtree(tmp_path / "fb" / "checkpoints" / "step_000004")
+    capsys.readouterr()
+    spec = load_spec([f"output_root={tmp_path}", "name=fb", f"logging.tracking_uri={store}", "grpo.max_steps=5",
+                      "checkpoint.keep_top_k=3"])
+    second = train_steps(spec, make_plan(spec), range(4, 6))
+    out = capsys.readouterr().out
+    assert second != first and f"MLflow run {first} holds steps 4..4 of the trajectory this resume leaves" in out, out
+    client = MlflowClient(tracking_uri=store)
+    assert history(client, first) == [1, 2, 3, 4]  # left as it was
+    assert history(client, second) == [1, 2, 3, 4, 5]  # each step once: 1..3 from metrics.jsonl, then the new ones
+    assert client.get_run(first).data.tags["grpo.continued_in"] == second
+
+
 # ------------------------------------------------------------------ rerun of an incomplete spec.yaml
 
 

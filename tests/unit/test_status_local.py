@@ -41,3 +41,19 @@ def test_a_resume_that_finishes_drops_the_failed_launchs_message(tmp_path):
         rec["rc"] = 0
     st = json.loads((plan.run_dir / "status.json").read_text())
     assert st["state"] == "COMPLETED" and "message" not in st and st["exit_code"] == 0, st
+
+
+def test_a_full_disk_under_the_driver_log_adds_no_traceback(capsys):
+    """The disk filled to 0 bytes between checkpoints: the run's one disk-full message was followed by chained
+    tracebacks, each an ENOSPC of the driver log's copy (the tee's flush, then the log's close). /dev/full is a
+    real ENOSPC on every write."""
+    import io
+
+    from grpo_launcher.launch.local_status import Tee, closing_quietly
+
+    terminal = io.StringIO()
+    with closing_quietly(open("/dev/full", "a", encoding="utf-8")) as log:
+        tee = Tee(terminal, log)
+        print("grpo-launcher: no space left on device under RUN_DIR", file=tee, flush=True)
+        tee.flush()
+    assert terminal.getvalue() == "grpo-launcher: no space left on device under RUN_DIR\n"

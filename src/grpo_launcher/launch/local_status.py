@@ -47,7 +47,10 @@ class Tee:
 
     def flush(self) -> None:
         self._stream.flush()
-        self._log.flush()
+        try:
+            self._log.flush()
+        except OSError:  # as in write: a full disk loses the log's copy, never the terminal's
+            pass
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
@@ -59,6 +62,19 @@ def state_for(rc: int) -> str:
 
 
 @contextmanager
+def closing_quietly(log: TextIO) -> Iterator[TextIO]:
+    """The driver log, closed at the end; a close that cannot write its last buffered lines (a full disk: the run's
+    own message said so already) does not add a traceback to it."""
+    try:
+        yield log
+    finally:
+        try:
+            log.close()
+        except OSError:
+            pass
+
+
+@contextmanager
 def recorded(spec, plan) -> Iterator[dict]:
     """status.json + logs/driver-local.log around a local run; `rec["rc"]` = the run's exit code."""
     from .status import write_status  # here: job.sh runs status with -m (rundir.py)
@@ -67,7 +83,7 @@ def recorded(spec, plan) -> Iterator[dict]:
     logs.mkdir(parents=True, exist_ok=True)
     path = logs / LOCAL_LOG
     rec: dict = {"rc": 1}
-    with open(path, "a", encoding="utf-8") as log:
+    with closing_quietly(open(path, "a", encoding="utf-8")) as log:
         log.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} launch.py (pid {os.getpid()}): run '{spec.name}'\n")
         write_status(plan.run_dir, "RUNNING", kind=LOCAL, name=spec.name, pid=os.getpid(), host=socket.gethostname(),
                      driver_log=str(path), max_steps=spec.grpo.max_steps, event="started")

@@ -171,7 +171,10 @@ class Tracker:
         run_id: str | None = None,
         parent_run_id: str | None = None,
         buffer_until_commit: bool = True,
+        diverges_after: int | None = None,
     ) -> None:
+        """`diverges_after`: a resume whose training departs from the run's record after this step (a checkpoint
+        without optimizer state): steps past it that the run holds belong to the abandoned trajectory."""
         # no mlflow.set_tracking_uri: it exports MLFLOW_TRACKING_URI into this process, which the next run of an
         # in-process sweep would then read as the user's (tracking/store.py); the client carries its own URI
         self.spec = spec
@@ -190,12 +193,13 @@ class Tracker:
         self._logged: set[tuple[str, int]] = set()  # (key, step) pairs MLflow holds for this run
         self._closed = False
         self.adopted_from: str | None = None  # a checkpoint's run that belongs elsewhere: this run is new
-        self._run_id = self._reopen(run_id, parent_run_id) if run_id else self._start(parent_run_id)
+        self._run_id = self._reopen(run_id, parent_run_id, diverges_after) if run_id else self._start(parent_run_id)
 
     # ------------------------------------------------------------------ set-up --
-    def _reopen(self, run_id: str, parent_run_id: str | None = None) -> str:
+    def _reopen(self, run_id: str, parent_run_id: str | None = None, diverges_after: int | None = None) -> str:
         """Resume: the same run, marked RUNNING again (params are immutable in MLflow, so not re-logged), when it is
-        this run dir's; else a new run, said so (the other run dir's run is not touched)."""
+        this run dir's and holds no step of an abandoned trajectory; else a new run, said so (the other run is not
+        touched: MLflow cannot take a logged value back, and a step logged twice would show both)."""
         try:
             run = self.client.get_run(run_id)
         except MlflowException as exc:
@@ -206,10 +210,21 @@ class Tracker:
         elsewhere = self._owner_mismatch(run)
         if elsewhere:
             return self._start_instead(run_id, elsewhere, parent_run_id)
-        if run.info.status != "RUNNING":
-            self.client.update_run(run_id, status="RUNNING")
         for key in run.data.metrics:  # what a previous start already committed: never sent twice
             self._logged.update((key, m.step) for m in self.client.get_metric_history(run_id, key))
+        ahead = max((step for _, step in self._logged), default=0)
+        if diverges_after is not None and ahead > diverges_after:
+            self._logged.clear()
+            new = self._start(parent_run_id)
+            self.adopted_from = run_id
+            self.client.set_tag(run_id, "grpo.continued_in", new)
+            print(f"grpo-launcher: MLflow run {run_id} holds steps {diverges_after + 1}..{ahead} of the trajectory "
+                  f"this resume leaves (it continues from step {diverges_after} with a fresh optimizer): that run is "
+                  f"left as it was; this run logs to a new MLflow run {new} (steps 1..{diverges_after} copied from "
+                  "metrics.jsonl)", flush=True)
+            return new
+        if run.info.status != "RUNNING":
+            self.client.update_run(run_id, status="RUNNING")
         return run_id
 
     def _owner_mismatch(self, run: Any) -> str | None:

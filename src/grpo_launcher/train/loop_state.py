@@ -121,9 +121,10 @@ class LoopState:
         meta = ckpt.load_meta(path)
         run_id = meta["state"].get("mlflow_run_id")
         print(f"grpo-launcher: resuming from {path.name} (step {meta['step']})", flush=True)
-        if not has_optimizer(path) or distributed_optimizer_unsaved(spec):
+        fresh = not has_optimizer(path) or distributed_optimizer_unsaved(spec)
+        if fresh:
             print(fresh_optimizer_line(spec, path), flush=True)
-        tracker = _tracker(spec, plan, run_id)
+        tracker = _tracker(spec, plan, run_id, diverges_after=int(meta["step"]) if fresh else None)
         changes = record_spec_changes(plan.run_dir, meta, spec)  # keys changed on relaunch: file, message, MLflow
         if tracker is not None and changes:
             tracker.log_spec_changes(int(meta["step"]) + 1, changes)
@@ -206,21 +207,21 @@ def fresh_optimizer_line(spec: RunSpec, path: Path) -> str:
             f"train.warmup_steps={t.warmup_steps}, starts over)")
 
 
-def _tracker(spec: RunSpec, plan: Plan, run_id: Optional[str]):
-    tracker = _mlflow(spec, plan, run_id)
+def _tracker(spec: RunSpec, plan: Plan, run_id: Optional[str], diverges_after: Optional[int] = None):
+    tracker = _mlflow(spec, plan, run_id, diverges_after)
     if not (spec.logging.tensorboard or spec.logging.wandb):
         return tracker
     return Trackers(tracker, step_logs(spec, plan.run_dir))
 
 
-def _mlflow(spec: RunSpec, plan: Plan, run_id: Optional[str]):
+def _mlflow(spec: RunSpec, plan: Plan, run_id: Optional[str], diverges_after: Optional[int] = None):
     if not spec.logging.mlflow:
         return None
     from ..tracking import Tracker  # here: mlflow's import, for logging.mlflow runs only
 
     parent = os.environ.get("GRPO_PARENT_RUN_ID")  # set by the sweep launcher for child runs
     return Tracker(spec, plan.tracking_uri, plan.run_dir, run_id=run_id, parent_run_id=parent,
-                   buffer_until_commit=spec.checkpoint.enabled)
+                   buffer_until_commit=spec.checkpoint.enabled, diverges_after=diverges_after)
 
 
 def _data_log(spec: RunSpec, plan: Plan):
