@@ -117,6 +117,7 @@ def test_2x2_slurm_sweep_submits_four_jobs_without_waiting(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test-all: CI's 30 minutes (ci-rehearsals.md, 2026-12-07)
 def test_a_second_study_never_resumes_the_first_ones_runs(tmp_path):
     """Trial numbers restart with each study: study 'b''s trial 0 ran in the default study's `tiny-grpo-t0`, resumed
     it (its spec.yaml and MLflow run overwritten) and reported a value of that mixed run. Now it has its own run dir;

@@ -11,6 +11,7 @@ from helpers import ROOT, launch, tiny_model
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test-all: CI's 30 minutes (ci-rehearsals.md, 2026-12-07)
 def test_eval_prints_a_long_reward_name_apart_from_its_value(tmp_path):
     """val/reward/<fn>_mean over 31 characters ran into its value ('val/reward/math_verify_match_mean0', env=math):
     read as another number."""

@@ -8,6 +8,7 @@ from helpers import launch, tiny_model
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test-all: CI's 30 minutes (ci-rehearsals.md, 2026-12-07)
 def test_a_resumed_runs_start_up_line_names_its_first_step(tmp_path):
     """The run resumed at step 2 said 'start-up 15.5 s to the end of step 1 (..., step 1 0.2)'."""
     args = [
