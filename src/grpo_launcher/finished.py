@@ -3,6 +3,7 @@ grpo.max_steps grew. Checked at pre-flight (rule `run_name_not_finished`), befor
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Optional
@@ -19,6 +20,17 @@ def last_checkpoint_step(run_dir: Path) -> Optional[int]:
         return None
     steps = [int(m.group(1)) for p in ckpt.iterdir() if (m := STEP_DIR.fullmatch(p.name)) and (p / "meta.json").is_file()]
     return max(steps) if steps else None
+
+
+def newest_meta(run_dir: Path) -> Optional[tuple[int, dict]]:
+    """(step, meta.json) of the newest complete checkpoint, or None (none, or its meta.json unreadable)."""
+    step = last_checkpoint_step(run_dir)
+    if step is None:
+        return None
+    try:
+        return step, json.loads((Path(run_dir) / "checkpoints" / f"step_{step:06d}" / "meta.json").read_text())
+    except (OSError, ValueError):  # unreadable: the job's resume verifies it and falls back to an older one
+        return None
 
 
 def finished_problem(spec: RunSpec) -> Optional[tuple[str, str]]:

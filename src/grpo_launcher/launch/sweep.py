@@ -20,9 +20,9 @@ from hydra.core.override_parser.types import IntervalSweep, Override
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, IntegerNode, OmegaConf
 
-from ..checkpoint.manager import load_meta, spec_changes
+from ..checkpoint.manager import spec_changes
 from ..exit_codes import ExitCode
-from ..finished import last_checkpoint_step
+from ..finished import newest_meta
 from ..plan import make_plan
 from ..spec.compose import (ConfigSource, _composition_violation, check_override_keys, compose, register_schema,
                             to_spec)
@@ -248,12 +248,10 @@ def finished_under_other_values(spec: RunSpec) -> list[Violation]:
     """A point whose run dir holds a run that finished under other values (the same sweep with another fixed key,
     e.g. train.lr): skipping it would report that run's result as this point's. Refused, the keys named."""
     run_dir = Path(spec.output_root).resolve() / spec.name
-    step = last_checkpoint_step(run_dir)
-    try:
-        meta = load_meta(run_dir / "checkpoints" / f"step_{step:06d}")
-    except (OSError, ValueError, TypeError):  # unreadable: the skip stands on the finished rule alone
+    newest = newest_meta(run_dir)
+    if newest is None:  # unreadable: the skip stands on the finished rule alone
         return []
-    changed = {k: v for k, v in spec_changes(meta, spec).items() if k.startswith(RESULT_SECTIONS)}
+    changed = {k: v for k, v in spec_changes(newest[1], spec).items() if k.startswith(RESULT_SECTIONS)}
     if not changed:
         return []
     text = ", ".join(f"{k}: {old!r} there, {new!r} here" for k, (old, new) in changed.items())

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from ..checkpoint.manager import incompatibilities, load_meta
-from ..finished import finished_problem, last_checkpoint_step
+from ..checkpoint.manager import incompatibilities
+from ..finished import finished_problem, newest_meta
 from ..spec.errors import Violation
 from ..spec.schema import Resume, RunSpec
 from .registry import V, rule
@@ -39,14 +39,10 @@ def run_name_not_finished(s: RunSpec) -> Iterator[Violation]:
 def run_name_checkpoints_compatible(s: RunSpec) -> Iterator[Violation]:
     """Resuming a run name whose newest checkpoint was written by another model, parallelism or env would be
     refused by the job after it had built a model and rewritten spec.yaml: refused here, nothing touched."""
-    run_dir = Path(s.output_root).resolve() / s.name
-    step = None if s.checkpoint.resume != Resume.auto else last_checkpoint_step(run_dir)
-    if step is None:
+    newest = newest_meta(Path(s.output_root).resolve() / s.name) if s.checkpoint.resume == Resume.auto else None
+    if newest is None:
         return
-    try:
-        meta = load_meta(run_dir / "checkpoints" / f"step_{step:06d}")
-    except (OSError, ValueError):  # unreadable: the job's resume verifies it and falls back to an older one
-        return
+    step, meta = newest
     diffs = incompatibilities(meta, s) if "compat" in meta or "spec" in meta else []  # the job's own check
     if diffs:
         keys = tuple(dict.fromkeys(d.split(":")[0] for d in diffs))
