@@ -409,3 +409,21 @@ def root(tmp_path_factory):
     spec = base_spec(root=r)
     ensure_tiny_model(spec.model, make_env(spec), spec.env.name, MODEL_CACHE, seed=spec.grpo.seed)
     return r
+
+
+def test_requeued_job_back_in_the_queue_shows_no_running_clock_or_eta(tmp_path):
+    """A requeued job that Slurm holds PENDING is not running: `status` gives the last start's length and no ETA."""
+    import json
+    import time
+
+    from grpo_launcher.launch.status import timing_line
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "time/step_s": 2.0}) + "\n"
+                                                    for i in (1, 2, 3)))
+    now = time.time()
+    st = {"events": {"started": now - 600}, "updated": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 500))}
+    running = timing_line(tmp_path, st, "REQUEUED", "3/10")
+    assert "this start" in running and "eta 0:00:14 (7 steps left" in running
+    queued = timing_line(tmp_path, st, "REQUEUED", "3/10", queued=True)
+    assert "eta" not in queued and "the last start, to its end" in queued
+    assert queued.startswith("elapsed 0:01:40")  # started → the last status update, not → now

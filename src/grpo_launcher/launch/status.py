@@ -104,15 +104,16 @@ def phase_line(run_dir: Path, st: dict, state: str) -> Optional[str]:
     return f"{where} for {time.time() - since:.1f} s" + (f", deadline {limit:g} s" if limit else ", no deadline")
 
 
-def timing_line(run_dir: Path, st: dict, state: str, step: Optional[str]) -> Optional[str]:
+def timing_line(run_dir: Path, st: dict, state: str, step: Optional[str], queued: bool = False) -> Optional[str]:
     """'elapsed 0:05:12 (this start); eta 0:01:40 (48 steps left at 2.08 s/step, the mean of the last 10)': the
     time since the latest start (status.json's events; to its end once ended), and for a live run the steps left
-    (`step` 'N/M') at the recent step time (time/step_s of RUN_DIR/metrics.jsonl's last steps)."""
+    (`step` 'N/M') at the recent step time (time/step_s of RUN_DIR/metrics.jsonl's last steps). A requeued job
+    back in Slurm's queue (`queued`) is not live: no running clock, no ETA."""
     events = st.get("events") or {}
     started = events.get("started")
     if not isinstance(started, (int, float)):
         return None
-    live = state in ("RUNNING", "REQUEUED")
+    live = state in ("RUNNING", "REQUEUED") and not queued
     end = time.time() if live else events.get("ended") or _epoch(st.get("updated"))
     if not isinstance(end, (int, float)) or end < started:
         return None
