@@ -272,10 +272,17 @@ REVISED = [
     (1000000, r"\boxed{1 000 000}", 1),
     (1000, r"\boxed{-1 000}", 0),
     (12, r"\boxed{1 2}", 0),  # not digit groups
+    ("1, 2", r"\boxed{1 2}", 1),  # but the list 1, 2, as the answer cell `1 2` reads
     (10, r"\boxed{10.}", 1),
     (10.5, r"\boxed{10.5}", 1),
     (12, "\\boxed{\uff11\uff12}", 1),  # full-width digits
     (12, "\\boxed{\uff11\uff13}", 0),
+    ("1 2", r"\boxed{1, 2}", 1),  # an answer cell of numbers side by side is their list (was 1 + 2: `3` scored)
+    ("1 2", r"\boxed{3}", 0),
+    ("1 2", "3", 0),
+    ("1 2", "1 2", 1),
+    ("-3 4.5", r"\boxed{-3, 4.5}", 1),
+    ("12 345", r"\boxed{12345}", 1),  # digit groups stay one number
 ]
 
 

@@ -42,9 +42,11 @@ _PLACEHOLDER = re.compile(r"\s*(?:n/?a|null|none|nan|tbd|unknown|[?\-_.\u2013\u2
 # a bare answer (the whole completion): digits, separators, brackets, signs, the imaginary unit: (3, -2), 1, 2, 6-5i
 _BARE = re.compile(r"[\d\s.,/()\[\]+\-%^*i]*\d[\d\s.,/()\[\]+\-%^*i]*")
 _SIDE_BY_SIDE = re.compile(r"\d\s+\d")
+_SPACED_NUMBERS = re.compile(r"[-+]?\d+(?:\.\d+)?(?:\s+[-+]?\d+(?:\.\d+)?)+")  # `1 2`: two answers, not 1·2 or 12
 _THIN_SEPARATOR = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")  # 1\,234 (a LaTeX thousands separator)
 _ANSWER_WORDS = re.compile(r"\\text\{\s*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*:?\s*\}", re.I)  # in a box
 _BOX_GROUPS = re.compile(r"\\boxed\{\s*([-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?)\s*\}")  # \boxed{1 000 000}
+_BOX_SPACED = re.compile(r"\\boxed\{\s*(" + _SPACED_NUMBERS.pattern + r")\s*\}")  # \boxed{1 2}: the list 1, 2
 _BOX_STOP = re.compile(r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?)\.\s*\}")  # \boxed{10.}
 _HASHES = re.compile(r"####\s*(\S[^\n]*)?")  # GSM8K's answer line: what follows the first `####`, to the line's end
 _UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt",  # − π √ as a model types them
@@ -84,9 +86,10 @@ def grade(gold: str, completion: str) -> bool:
 
 
 def boxed_numbers(text: str) -> str:
-    """A number in a box as a model writes it: `\\boxed{1 000 000}` (digit groups; math-verify reads 1·0·0) and
-    `\\boxed{10.}` (a sentence's full stop; read as the text '10.') as the number."""
+    """A number in a box as a model writes it: `\\boxed{1 000 000}` (digit groups; math-verify reads 1·0·0), other
+    numbers side by side as a list (`\\boxed{1 2}`: 1, 2, as an answer cell `1 2` reads) and `\\boxed{10.}` (a sentence's full stop; read as the text '10.') as the number."""
     text = _BOX_GROUPS.sub(lambda m: "\\boxed{" + m.group(1).replace(" ", "") + "}", text)
+    text = _BOX_SPACED.sub(lambda m: "\\boxed{" + ", ".join(m.group(1).split()) + "}", text)
     return _BOX_STOP.sub(r"\\boxed{\1}", text)
 
 
@@ -126,8 +129,10 @@ def final_part(completion: str) -> str:
 
 
 def bare(text: str) -> bool:
-    """The completion is only an answer: (3, -2), 2, 1, 6-5i, 1 000; not numbers side by side (`1 2`, read as 1+2)."""
-    return bool(_BARE.fullmatch(text)) and (not _SIDE_BY_SIDE.search(text) or bool(_NUMBER_CELL.fullmatch(text)))
+    """The completion is only an answer: (3, -2), 2, 1, 6-5i, 1 000, `1 2` (the list 1, 2, as the answer cell reads);
+    not other numbers side by side (`1 2+3`)."""
+    return bool(_BARE.fullmatch(text)) and (not _SIDE_BY_SIDE.search(text) or bool(_NUMBER_CELL.fullmatch(text))
+                                            or bool(_SPACED_NUMBERS.fullmatch(text)))
 
 
 def normalized(text: str) -> str:
@@ -167,7 +172,7 @@ def unclosed_box(text: str) -> bool:
 @lru_cache(maxsize=65536)
 def gold_parsed(gold: str) -> tuple:
     """The answer cell parsed as a grader parses a reference answer: a number as it is (`1,000`, `1/2`, `.5`,
-    `1e3`), LaTeX or a bare expression (`\\frac12`, `(3, -2)`, `1, 2`, `6 - 5i`) as math, a worked solution by its
+    `1e3`, `1 000`), numbers side by side as a list (`1 2`: 1, 2), LaTeX or a bare expression (`\\frac12`, `(3, -2)`, `1, 2`, `6 - 5i`) as math, a worked solution by its
     boxed answer (MATH) or the number after `####` (GSM8K), prose (`18 dollars`) by its last number."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse  # (the same)
 
@@ -177,6 +182,8 @@ def gold_parsed(gold: str) -> tuple:
         text = text.rsplit("####", 1)[1].strip()
     if _EXPONENT.fullmatch(text):
         text = e_notation(text)
+    if _SPACED_NUMBERS.fullmatch(text) and not _NUMBER_CELL.fullmatch(text):  # not digit groups (1 000)
+        text = ", ".join(text.split())
     if "\\boxed" in text or "\\fbox" in text or _DOLLAR.search(text):
         boxed_first = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
         return tuple(parse(text.replace("\\fbox", "\\boxed"), boxed_first, parsing_timeout=None))
