@@ -104,3 +104,23 @@ def test_a_micro_batch_below_one_row_is_refused_naming_the_key(model_root):
     with pytest.raises(ConfigError) as e:
         load_spec([f"output_root={model_root}", *SMALL, "train.micro_batch_size=0"])
     assert "train.micro_batch_size" in e.value.render() and "positive_sizes" in e.value.render()
+
+
+def test_widened_micro_batches_give_the_same_logprobs(model_root):
+    """On GPUs each micro-batch's width is padded to a multiple of 16 (one Triton specialization for every length):
+    the padded width changes no logprob (the pad follows every row's last token)."""
+    spec, env, model_dir = setup(model_root)
+    over = [f"output_root={model_root}", *SMALL, "train.micro_batch_size=4", "train.logprob_batch_size=4",
+            "train.max_total_sequence_length=64", "rollout.max_new_tokens=48", "train.dynamic_batching=true"]
+    worker = TorchPolicyWorker(load_spec(over), model_dir, 0, 1)
+    batch = uneven_batch(16, 250, seed=3)
+    longest = int(batch.attention_mask[[1, 2]].sum(1).max())  # 11: not a multiple of 16
+    mb = microbatch.take(batch, [1, 2], cut=True, multiple=16)
+    assert longest % 16 and mb.input_ids.shape[1] == 16 and int(mb.attention_mask.sum()) == int(
+        batch.attention_mask[[1, 2]].sum())
+    assert worker.width_multiple == 1  # CPU: as before
+    plain = worker.logprobs(batch)[0]
+    worker.width_multiple = 16
+    wide = worker.logprobs(batch)[0]
+    mask = batch.response_mask.bool()
+    assert (plain - wide)[mask].abs().max() < 1e-5

@@ -106,7 +106,7 @@ def describe(run_dir: Path) -> dict:
            "step": last_step(logs / f"driver-{job}.log") if job else None,
            "driver_log": str(logs / f"driver-{job}.log") if job else None,
            "slurm_log": str(logs / f"slurm-{job}.out") if job else None, "phase": phase_line(run_dir, st, state)}
-    queued = bool(sched) and sched.get("JobState") in ("PENDING", "CONFIGURING")
+    queued = (sched or {}).get("JobState", "") in ("PENDING", "CONFIGURING")
     out["timing"] = timing_line(run_dir, st, state, out["step"], queued=queued)
     if sched:
         out["slurm"] = {k: sched.get(k) for k in ("JobState", "Reason", "NodeList", "RunTime", "TimeLimit",

@@ -247,6 +247,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         # torch backend)
         on = spec.train.dynamic_batching and spec.train.expert_parallel_size == 1
         self.token_budget, self.cut = on and self.arch.mamba is None, on
+        self.width_multiple = microbatch.WIDTH_MULTIPLE if self.cuda else 1  # (microbatch.widened)
 
     # ------------------------------------------------------------------ distributed set-up
     def address(self) -> tuple[str, int]:
@@ -447,7 +448,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         prev, ref = [], []
         groups = self._micro_batches(full, self.spec.train.logprob_batch_size)
         for g in groups:
-            mb = microbatch.take(full, g, self.cut)
+            mb = microbatch.take(full, g, self.cut, self.width_multiple)
             prev.append(self._token_stats(self.model, mb)[0].cpu())
             if self.ref is not None:
                 ref.append(self._token_stats(self.ref, mb)[0].cpu())
@@ -488,7 +489,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
             lps, refs = [], []
             groups = self._micro_batches(b, self.spec.train.micro_batch_size)
             for g in groups:
-                mb = microbatch.take(b, g, self.cut)
+                mb = microbatch.take(b, g, self.cut, self.width_multiple)
                 if on_policy and self.ref is not None:
                     with torch.no_grad():
                         mb = mb.with_(ref_logprobs=self._token_stats(self.ref, mb)[0])

@@ -21,6 +21,7 @@ collectives), `even_out` splits the largest micro-batches up to the count the bu
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import fields
 
 import torch
@@ -29,6 +30,7 @@ from torch import Tensor
 from ..batch import TrainBatch
 
 Groups = list[list[int]]  # row indices of each micro-batch, in the order they run
+WIDTH_MULTIPLE = 16  # on GPUs, micro-batch widths are padded to a multiple of this (`widened`)
 
 
 def plan(lengths: list[int], responses: list[int], rows: int, max_len: int, max_resp: int) -> Groups:
@@ -89,11 +91,25 @@ def trim(b: TrainBatch) -> TrainBatch:
     return TrainBatch(**out)
 
 
-def take(b: TrainBatch, group: list[int], cut: bool) -> TrainBatch:
-    """One micro-batch's rows (cut to its own lengths where `cut`)."""
+def take(b: TrainBatch, group: list[int], cut: bool, multiple: int = 1) -> TrainBatch:
+    """One micro-batch's rows (cut to its own lengths where `cut`), its width padded up to a `multiple`."""
     idx = torch.tensor(group, device=b.input_ids.device)
     mb = b.select(idx)
-    return trim(mb) if cut else mb
+    return widened(trim(mb) if cut else mb, multiple)
+
+
+def widened(b: TrainBatch, multiple: int) -> TrainBatch:
+    """The batch right-padded (attention 0) to a width that is a multiple of `multiple`. On GPUs (WIDTH_MULTIPLE):
+    Triton specializes each compiled kernel on whether its integer arguments divide by 16, so a width that changes
+    from step to step (each micro-batch cut to its own longest row) recompiles mamba-ssm's kernels for every new
+    combination, seconds each (benchmarks/results/nemotron_gpu.md); a padded width compiles them once. The pad
+    sits after every row's last token: causal attention and the Mamba scan never read it into a real position."""
+    width = b.input_ids.shape[1]
+    extra = -width % multiple
+    if not extra:
+        return b
+    pad = lambda x: torch.nn.functional.pad(x, (0, extra))  # noqa: E731  (zeros: masked token ids)
+    return dataclasses.replace(b, input_ids=pad(b.input_ids), attention_mask=pad(b.attention_mask))
 
 
 def restore(parts: list[Tensor], groups: Groups, n: int, width: int) -> Tensor:

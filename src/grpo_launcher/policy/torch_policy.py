@@ -71,6 +71,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         on = spec.train.dynamic_batching
         self.token_budget = on and not any(type(m).__name__.endswith("Mamba2Mixer") for m in self.model.modules())
         self.cut = on and not spec.train.sequence_packing  # packed rows are laid out at max_total_sequence_length
+        self.width_multiple = microbatch.WIDTH_MULTIPLE if self.device.type == "cuda" else 1  # (microbatch.widened)
         self.router_load = RouterLoad(self.model)  # train/moe/*: MoE routers' load per layer (none: dense)
         self.head = chunked_head(self.model, spec, self.model_dir)  # the family's logit post-processing per chunk
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if spec.loss.kl_coef > 0 else None
@@ -193,7 +194,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         groups = self._micro_batches(b, self.spec.train.logprob_batch_size)
         with self._weight_casts_kept():
             for g in groups:
-                mb = microbatch.take(b, g, self.cut)
+                mb = microbatch.take(b, g, self.cut, self.width_multiple)
                 prev.append(self._token_stats(self.model, mb)[0])
                 if self.ref is not None:
                     ref.append(self._token_stats(self.ref, mb)[0])
@@ -237,7 +238,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         groups = self._micro_batches(b, self.spec.train.micro_batch_size)
         prev, ref = [], []
         for g in groups:
-            mb = microbatch.take(b, g, self.cut)
+            mb = microbatch.take(b, g, self.cut, self.width_multiple)
             if on_policy and self.ref is not None:
                 with torch.no_grad():
                     mb = mb.with_(ref_logprobs=self._token_stats(self.ref, mb)[0])
