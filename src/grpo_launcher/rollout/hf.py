@@ -32,6 +32,7 @@ from ..stop_tokens import stop_token_ids
 from .versions import VersionedEngine
 
 WIDTH_BUCKET = 64  # compiled decoding: left-pad prompts to a multiple of this (one cache shape per bucket)
+WIDTH_MULTIPLE = 16  # eager decoding on CUDA: prompts left-padded to a multiple of this
 
 
 class SampledLogprobs:
@@ -112,9 +113,8 @@ class HFEngine:
         from transformers import GenerationConfig  # (the same)
 
         r = self.spec.rollout
-        width = max(map(len, rows))
-        if self.compiled:
-            width = -(-width // WIDTH_BUCKET) * WIDTH_BUCKET
+        bucket = WIDTH_BUCKET if self.compiled else WIDTH_MULTIPLE  # (policy/microbatch.widened: Triton's
+        width = -(-max(map(len, rows)) // bucket) * bucket  # kernels compiled once for every prompt width)
         ids, attn = left_padded(rows, pad, width, self.device)
         rec = SampledLogprobs(r.temperature)
         gen = GenerationConfig(do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
