@@ -283,7 +283,35 @@ REVISED = [
     ("1 2", "1 2", 1),
     ("-3 4.5", r"\boxed{-3, 4.5}", 1),
     ("12 345", r"\boxed{12345}", 1),  # digit groups stay one number
+    # a worked solution with two boxes: its last one is the answer (was the set {7, 8}: 8 scored 0, `7, 8` 1)
+    (r"We get $f(2) = \boxed{7}$, so $g(f(2)) = \boxed{8}$.", r"\boxed{8}", 1),
+    (r"We get $f(2) = \boxed{7}$, so $g(f(2)) = \boxed{8}$.", r"\boxed{7, 8}", 0),
+    (r"We get $f(2) = \boxed{7}$, so $g(f(2)) = \boxed{8}$.", r"\boxed{7}", 0),
 ]
+
+# numbers far from 1: math-verify rounds to 6 decimal places, so every two numbers below 1e-6 were equal (and
+# 1e-7 = 0), and a float's 15 digits missed the exact integer past 1e9 (6.02e23 vs 6.02 \times 10^{23})
+SCALES = [
+    ("9.1e-31", r"\boxed{1.67e-27}", 0),
+    ("9.1e-31", r"\boxed{9.1 \times 10^{-31}}", 1),
+    (r"6.626 \times 10^{-34}", r"\boxed{6.626 \times 10^{-30}}", 0),
+    (r"6.626 \times 10^{-34}", r"\boxed{6.626e-34}", 1),
+    ("1.6e-19", r"\boxed{1.7e-19}", 0),
+    ("0.0000002", r"\boxed{0.0000003}", 0),
+    ("1e-7", r"\boxed{0}", 0),
+    ("1e-7", r"\boxed{0.0000001}", 1),
+    ("6.02e23", r"\boxed{6.02 \times 10^{23}}", 1),
+    ("602000000000000000000000", r"\boxed{6.02 \times 10^{23}}", 1),
+    (r"6.02 \times 10^{23}", r"\boxed{6.02e23}", 1),
+    (r"6.02 \times 10^{23}", r"\boxed{6.03e23}", 0),
+    ("1/3", r"\boxed{0.333333}", 1),  # between, math-verify's own rule stands
+    ("1/3", r"\boxed{0.33}", 0),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", SCALES)
+def test_numbers_far_from_one_are_compared_by_relative_difference(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
 
 
 @pytest.mark.parametrize("answer, completion, verdict", REVISED)

@@ -27,6 +27,11 @@ from .rewards import NUMBER  # noqa: F401  (kept importable from here)
 from .usercode import TimeLimitExceeded, call_with_limit
 
 GRADE_TIMEOUT_S = 5.0  # one completion's parse + comparison
+# math-verify compares numbers rounded to 6 decimal places (and a difference of expressions chopped to 0): every two
+# numbers below 1e-6 are equal to it (1.6e-19 = 1.7e-19, 1e-7 = 0), and past ~1e9 a float's 15 digits differ from
+# the exact integer (6.02e23 ≠ 6.02 \times 10^{23}). Where the larger of the two lies outside [SMALL, LARGE), two
+# single numbers are compared by their relative difference instead.
+SMALL, LARGE, RELATIVE = 1e-3, 1e8, 1e-6
 THINK_START, THINK_END = "<think>", "</think>"  # a reasoning model's thinking (Qwen3, DeepSeek-R1): the answer follows
 _EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 # a number in e-notation inside a text (1e21, 2.5E-3): not part of a word or a longer number (x1e2, 0x1e5, 1.2.3e4)
@@ -81,8 +86,29 @@ def grade(gold: str, completion: str) -> bool:
 
     target = gold_parsed(gold)
     one = bool(target) and not isinstance(target[0], (Set, Tuple))  # one value: the last box is the answer
-    return bool(target) and bool(verify(list(target), completion_parsed(completion, last_box=one),
-                                        timeout_seconds=None))
+    got = completion_parsed(completion, last_box=one)
+    verdict = bool(target) and bool(verify(list(target), got, timeout_seconds=None))
+    a, b = (one_number(x) for x in (target, got))
+    if a is None or b is None:
+        return verdict
+    scale = max(abs(a), abs(b))
+    if SMALL <= scale < LARGE:
+        return verdict
+    return bool(abs(a - b) <= RELATIVE * scale)
+
+
+def one_number(parsed: Any) -> Any:
+    """The parsed answer's value when it is one real number (a sympy Float of 30 digits), else None."""
+    from sympy import Basic, Float
+
+    first = parsed[0] if parsed else None
+    if not isinstance(first, Basic) or not first.is_number or first.has(Float("nan")):
+        return None
+    try:
+        value = first.evalf(30)
+    except Exception:  # noqa: BLE001  (sympy's evaluation of an odd expression: no number, math-verify decides)
+        return None
+    return value if isinstance(value, Float) and value.is_finite else None
 
 
 def boxed_numbers(text: str) -> str:
@@ -172,8 +198,9 @@ def unclosed_box(text: str) -> bool:
 @lru_cache(maxsize=65536)
 def gold_parsed(gold: str) -> tuple:
     """The answer cell parsed as a grader parses a reference answer: a number as it is (`1,000`, `1/2`, `.5`,
-    `1e3`, `1 000`), numbers side by side as a list (`1 2`: 1, 2), LaTeX or a bare expression (`\\frac12`, `(3, -2)`, `1, 2`, `6 - 5i`) as math, a worked solution by its
-    boxed answer (MATH) or the number after `####` (GSM8K), prose (`18 dollars`) by its last number."""
+    `1e3`, `1 000`), numbers side by side as a list (`1 2`: 1, 2), LaTeX or a bare expression (`\\frac12`,
+    `(3, -2)`, `1, 2`, `6 - 5i`) as math, a worked solution by its last boxed answer (MATH) or the number after
+    `####` (GSM8K), prose (`18 dollars`) by its last number."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse  # (the same)
 
     _quiet_timeout_warnings()
@@ -184,9 +211,12 @@ def gold_parsed(gold: str) -> tuple:
         text = e_notation(text)
     if _SPACED_NUMBERS.fullmatch(text) and not _NUMBER_CELL.fullmatch(text):  # not digit groups (1 000)
         text = ", ".join(text.split())
-    if "\\boxed" in text or "\\fbox" in text or _DOLLAR.search(text):
+    text = text.replace("\\fbox", "\\boxed")
+    if text.count("\\boxed") > 1:  # a worked solution (MATH's): its last box is the answer (`f(2) = \\boxed{7}, so
+        text = text[text.rfind("\\boxed"):]  # g(f(2)) = \\boxed{8}` was the set {7, 8}: 8 scored 0, `7, 8` 1)
+    if "\\boxed" in text or _DOLLAR.search(text):
         boxed_first = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-        return tuple(parse(text.replace("\\fbox", "\\boxed"), boxed_first, parsing_timeout=None))
+        return tuple(parse(text, boxed_first, parsing_timeout=None))
     readings = [f"${text}$", text]  # the whole cell as math first, then as a completion is read
     if _NUMBER_CELL.fullmatch(text) or (_WORD.search(text) and not any(h in text for h in _LATEX_HINTS)):
         readings.reverse()  # a number, or prose: its (last) number first
