@@ -130,3 +130,18 @@ def test_driver_signal_after_ray_init_saves_and_exits_with_its_code(tmp_path, si
     assert f"resuming from step_{stopped:06d}" in again.stdout
     steps = mlflow_steps(f"sqlite:///{tmp_path / 'mlflow.db'}", name, "train/reward_mean")
     assert steps == list(range(1, total + 1))
+
+
+# ------------------------------------------------------------------ a run that diverges
+@pytest.mark.slow
+def test_a_diverged_run_stops_failed_and_checkpoints_no_nan(tmp_path):
+    """train.lr=1e12 blows the weights up in step 1's update: step 2's rollout logprobs are NaN. The run stops there
+    (exit 1, the cause named, status FAILED) instead of training on and finishing 0 with a NaN model."""
+    name = "h12-diverged"
+    run = subprocess.run(run_cmd(tmp_path, name, 6, "train.lr=1e12", "logging.mlflow=false"), capture_output=True,
+                         text=True, cwd=ROOT, timeout=900, start_new_session=True)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "error: step 2: the rollout's logprobs are NaN" in run.stderr and "Traceback" not in run.stderr
+    assert "finished at step" not in run.stdout and "step 3/6" not in run.stdout
+    summary = json.loads((tmp_path / name / "status.json").read_text())
+    assert summary["state"] == "FAILED", summary

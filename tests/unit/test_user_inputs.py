@@ -169,19 +169,35 @@ def text(prompt, completion, **row):
 
 def boom(prompt, completion, **row):
     raise KeyError("score")
+
+
+def huge(prompt, completion, **row):
+    return 1e39
+
+
+def numpy_number(prompt, completion, **row):
+    import numpy
+
+    return numpy.float32(0.5)
 '''
 
 
-@pytest.mark.parametrize("fn,expect", [("nan", "returned nan (expected a finite float)"),
-                                       ("text", "returned '1.0' (expected a finite float)"),
-                                       ("boom", "raised KeyError")])
+@pytest.mark.parametrize("fn,expect", [("nan", "returned nan (expected a finite float"),
+                                       ("text", "returned '1.0' (expected a finite float"),
+                                       ("boom", "raised KeyError"),
+                                       ("huge", "returned 1e+39 (expected a finite float within float32's range"),
+                                       ("numpy_number", None)])
 def test_reward_functions_are_called_on_real_rows_at_preflight(tmp_path, launch_here, fn, expect):
-    """A NaN, a string or an exception from a reward function is a config error before anything starts; with
+    """A NaN, a string, a value past float32 (1e39: NaN weights after the update) or an exception from a reward
+    function is a config error before anything starts; with
     env.reward_errors=zero an exception is left to the run (scored 0 and counted), a NaN is not."""
     (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
     data = reverse_jsonl(tmp_path / "d.jsonl", 4)
     args = dataset_args(data, data, f"env.reward_fn=bad_rewards.py:{fn}", "dry_run=true", f"output_root={tmp_path}")
     run = launch_here(tmp_path, *args)
+    if expect is None:  # numpy's float32 is a real number: a reward (it was refused)
+        assert run.returncode == 0, run.stderr
+        return
     assert run.returncode == 2 and "env.reward_fn" in run.stderr and expect in run.stderr, run.stderr
     assert f"{data}:1" in run.stderr and "called at pre-flight" in run.stderr
     zero = launch_here(tmp_path, *args, "env.reward_errors=zero")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import numbers
 import re
 import traceback
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from .usercode import UserCodeError, describe, load_ref, split_ref
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 GROUPED_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")  # 1,000.5 as one number
+FLOAT32_MAX = 3.4028234663852886e38  # rewards and advantages are float32 tensors: past this, inf (then NaN weights)
 RESERVED = ("prompt", "completion")  # never passed as row columns (they are the first two arguments)
 
 
@@ -144,15 +146,19 @@ def score(rewards: list[Reward], prompt: Any, completion: str, row: dict, prompt
             value = 0.0
         parts[r.name] = value
         total += r.weight * value
+    if not abs(total) <= FLOAT32_MAX:  # each value within range, their weighted sum not (env.reward_weights)
+        raise UserCodeError(f"the weighted reward {total!r} (env.reward_weights × {parts}) is past float32's range "
+                            f"(|x| ≤ {FLOAT32_MAX:.3g}): lower env.reward_weights\n  on the row at {where}")
     return Scored(total, parts, error)
 
 
 def check_value(r: Reward, value: Any, prompt: Any, completion: str, where: str) -> float:
     """A reward function's return as a float; UserCodeError unless it is a finite number (a bool counts)."""
-    if isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserCodeError(f"reward function {r.ref} returned {value!r} (expected a finite float)\n"
+    if isinstance(value, numbers.Real) and not isinstance(value, (int, float)):
+        value = float(value)  # numpy's float32 / int64 / bool_, Fraction, Decimal: real numbers
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        raise UserCodeError(f"reward function {r.ref} returned {value!r} (expected a finite float within float32's "
+                            f"range, |x| ≤ {FLOAT32_MAX:.3g}: the advantages are float32)\n"
                             f"  on the row at {where}: prompt={_short(prompt)}, completion={_short(completion)}")
     return float(value)
 

@@ -59,7 +59,7 @@ from . import megatron_convert as mc, megatron_cpu, megatron_hybrid, microbatch
 from .hybrid import HybridRollout
 from .megatron_families import CPU_SHIM_ENV
 from .profile import Profiling, profiled
-from .update_log import UpdateLog
+from .update_log import Diverged, UpdateLog, finite_norm
 
 # megatron-core announces at import what it falls back to without TE/Apex (its local/torch paths are our choice),
 # and that the CUDA-graph scope default is deprecated (we capture no graphs): said once here, not in every log
@@ -321,7 +321,8 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
             from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # lazy: see Imports above
 
             ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                    use_distributed_optimizer=t.distributed_optimizer)
+                                                    use_distributed_optimizer=t.distributed_optimizer,
+                                                    check_for_nan_in_grad=True)  # raises before the step
             self.model = DistributedDataParallel(self.model.config, ddp_cfg, self.model)
             bf16 = t.precision == Precision.bfloat16
             self.opt = get_megatron_optimizer(OptimizerConfig(
@@ -527,9 +528,9 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
             finalize_model_grads([self.model])
             ok, grad_norm, _ = self.opt.step()
             if not ok:
-                raise FloatingPointError("megatron optimizer step skipped (non-finite grads)")
+                raise Diverged("megatron's optimizer skipped its step (non-finite gradients)")
         else:
-            grad_norm = self._sync_and_clip()
+            grad_norm = finite_norm(self._sync_and_clip())
             self.opt.step()
         self.steps += 1
         return float(grad_norm)

@@ -33,7 +33,7 @@ from ..batch import TrainBatch, response_logits
 from .hybrid import HybridRollout
 from .packing import SEGMENTS, pack, packed_slices, segment_mamba_mixers, unpack
 from .profile import Profiling, profiled
-from .update_log import RouterLoad, UpdateLog
+from .update_log import RouterLoad, UpdateLog, finite_norm
 
 __all__ = ["TorchPolicyWorker", "local_denominator"]  # local_denominator (algos/loss.py): old import path
 
@@ -227,7 +227,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             self.opt.zero_grad(set_to_none=True)
             with self._weight_casts_kept():
                 self._backward(b, den, on_policy, log)
-            log.grad_norms.append(self._sync_and_clip())
+            log.grad_norms.append(finite_norm(self._sync_and_clip(), log.parts[-1][0].get("loss")))
             self.opt.step()
             self.sched.step()
         self.router_load.on = False

@@ -7,6 +7,7 @@ loss-bearing sample (global denominator 0, the same on every rank) takes no opti
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -14,6 +15,23 @@ import torch.distributed as dist
 
 from ..algos import METRIC_REDUCTIONS, combine_metrics
 from ..tracking import metric_names as M
+
+
+class Diverged(FloatingPointError):
+    """Training produced non-finite numbers: the update's gradients (its optimizer step not taken) or the rollout's
+    logprobs (the last update broke the weights). The run stops FAILED; its last checkpoint stands."""
+
+
+def finite_norm(norm: float, loss: float | None = None) -> float:
+    """The gradient norm, or Diverged before an optimizer step would write NaN/inf into every weight (a
+    reward past float32, a learning rate that blew the weights up last step: the run stops, its last checkpoint
+    whole)."""
+    if math.isfinite(norm):
+        return norm
+    at = f" (loss {loss:g})" if loss is not None else ""
+    raise Diverged(f"the update's gradient norm is {norm}{at}: the optimizer step was not taken and the "
+                          "run stops with the weights of the last step; look at train/reward_mean, train/loss and "
+                          "train/grad_norm of the last steps (a reward or advantage out of range, train.lr too high)")
 
 
 class UpdateLog:

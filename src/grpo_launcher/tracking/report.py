@@ -4,6 +4,7 @@ clean stop when user code (a reward function, an Env class, a prompt) fails mid-
 from __future__ import annotations
 
 import json
+from typing import Any
 import shlex
 import sys
 from pathlib import Path
@@ -140,6 +141,23 @@ def finish_run(spec: RunSpec, plan: Plan, state, rc: int) -> int:
     print(f"grpo-launcher: run '{spec.name}' {status} at step {state.step}\n"
           f"{where_everything_is(spec, plan, state, png, stopped=rc in STOPS)}", flush=True)
     return rc
+
+
+def diverged(exc: BaseException, state: Any) -> int:
+    """Training produced NaN/inf (policy/update_log.Diverged, raised in a worker or the driver): no checkpoint of
+    those weights, the MLflow run FAILED, the last checkpoint named. → 1."""
+    cause = getattr(exc, "cause", None) or exc
+    step = state.step + 1 if state is not None else 1
+    latest = state.ckpt.latest() if state is not None else None
+    if state is not None:
+        state.abort()
+        try:
+            state.finish("FAILED")
+        except Exception:  # noqa: BLE001
+            pass
+    print(f"error: step {step}: {cause}\ngrpo-launcher: run stopped; last checkpoint: {latest or 'none'}",
+          file=sys.stderr, flush=True)
+    return 1
 
 
 def user_code_failed(exc: BaseException, trainer, state) -> int:

@@ -25,13 +25,14 @@ from ..envs.rewards import keep_first_error, reward_metrics
 from ..exit_codes import ExitCode
 from ..plan import Plan, make_plan, parse_duration
 from ..policy.profile import summary_line
+from ..policy.update_log import Diverged
 from ..preflight import memory_estimate as memory
 from ..runfiles import append_line, load_spec_file, write_atomic
 from ..spec.errors import ConfigError
 from ..spec.schema import LossSpec, RunSpec, validation_on
 from ..tracking import metric_names as M
 from ..tracking.gpu_memory import GpuPeak
-from ..tracking.report import finish_run, user_code_failed, write_prompting
+from ..tracking.report import diverged, finish_run, user_code_failed, write_prompting
 from ..tracking.repro import record_launch
 from .async_loop import AsyncSource
 from .engines import EnginePool
@@ -89,6 +90,8 @@ def run(spec: RunSpec, plan: Plan, t_start: float | None = None, pending: Sequen
             return finish_run(spec, plan, state, trainer.train())  # + where everything is, the curve PNG
         except UserCodeError as exc:  # a reward fn / Env / prompt failed: named with its row; progress kept
             return user_code_failed(exc, trainer, state)
+        except Diverged as exc:  # NaN/inf gradients (a worker's, through Ray) or logprobs: no checkpoint of them
+            return diverged(exc, state)
         except Hung as exc:  # a wait passed its deadline: named, stacks taken, then the actors are killed (finally)
             return report_hang(exc, workers, state)
         except ActorDied as exc:  # kill -9, OOM, a crash: named with the last step and checkpoint

@@ -21,6 +21,7 @@ from .. import algos
 from ..batch import Generation, TrainBatch, collate
 from ..envs.rewards import Scored
 from ..plan import Plan
+from ..policy.update_log import Diverged
 from ..spec.schema import RunSpec
 from ..tracking import metric_names as M
 from .engines import EnginePool
@@ -155,6 +156,11 @@ def make_batch(spec: RunSpec, group_size: int, tok: Any, gens: list[Generation],
         sample_mask = sample_mask * algos.group_rows(algos.nonzero_variance_groups(rewards, group_size), group_size)
     batch = collate(gens, adv, sample_mask, tok.pad_token_id)
     lens = batch.response_mask.sum(-1)
+    lp = batch.generation_logprobs[batch.response_mask.bool()]  # [tokens]; -inf is a token the sampler masked
+    if bool((lp.isnan() | (lp == float("inf"))).any()):
+        raise Diverged(f"the rollout's logprobs are NaN in {int(lp.isnan().sum())} of {lp.numel()} tokens: the "
+                       "policy's weights no longer give a distribution (broken by the last update: train.lr too high, "
+                       "or rewards / advantages out of range; see train/grad_norm and train/loss of the last steps)")
     m = {M.TRAIN_REWARD_MEAN: float(rewards.mean()), M.TRAIN_REWARD_STD: float(rewards.std()),
          M.TRAIN_ACCURACY: float((rewards >= 1).float().mean()), M.TRAIN_ADV_MEAN: float(adv.mean()),
          M.TRAIN_ADV_STD: float(adv.std()), M.TRAIN_ADV_ABS_MAX: float(adv.abs().max()),
