@@ -525,7 +525,13 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         if self.megatron_opt:
             from megatron.core.distributed import finalize_model_grads  # lazy: see Imports above
 
-            finalize_model_grads([self.model])
+            try:
+                finalize_model_grads([self.model])  # check_for_nan_in_grad: megatron's RuntimeError on NaN/inf
+            except RuntimeError as exc:
+                if "found NaN" not in str(exc) and "found Inf" not in str(exc):
+                    raise
+                raise Diverged(f"megatron found non-finite gradients ({exc}): the optimizer step was not "
+                               "taken; see train/loss and train/grad_norm of the last steps") from None
             ok, grad_norm, _ = self.opt.step()
             if not ok:
                 raise Diverged("megatron's optimizer skipped its step (non-finite gradients)")
