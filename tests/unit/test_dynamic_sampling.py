@@ -30,3 +30,24 @@ def test_without_dynamic_sampling_every_group_counts():
     spec = load_spec(["loss=grpo", "dry_run=true"])
     batch, _ = make_batch(spec, 2, TOK, gens(4), torch.tensor([1.0, 0.0, 1.0, 1.0]))
     assert batch.sample_mask.tolist() == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_reward_metrics_count_every_sample_generated_not_the_groups_kept():
+    """DAPO keeps the groups whose rewards vary: train/reward_mean is the mean of all the step generated (0.75
+    here), not of the kept groups (0.5), so loss=dapo and loss=grpo curves compare."""
+    from types import SimpleNamespace
+
+    from grpo_launcher.train.sources import Timer, reward_summary, sample_groups
+
+    spec = load_spec(["loss=dapo", "loss.dynamic_sampling_max_rounds=3", "dry_run=true"])
+    rounds = iter([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0]])  # round 0 keeps group 1, round 1 group 0
+    src = SimpleNamespace(
+        spec=spec, plan=SimpleNamespace(prompts_per_step=2, group_size=2),
+        env=SimpleNamespace(train_prompts=lambda step, r, P: [f"p{r}{k}" for k in range(P)]),
+        generate=lambda prompts, G, seed: gens(len(prompts) * G),
+        score=lambda prompts, g, G: (torch.tensor(next(rounds)), [None] * len(g)))
+    r = sample_groups(src, 1, Timer())
+    assert r.rounds == 2 and r.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]  # the kept groups
+    assert reward_summary(r.generated[0])["train/reward_mean"] == 0.75
+    _, m = make_batch(spec, 2, TOK, r.gens, r.rewards)
+    assert m["train/reward_mean"] == 0.5  # the batch's own (the driver logs the generated one over it)

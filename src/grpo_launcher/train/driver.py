@@ -38,7 +38,7 @@ from .async_loop import AsyncSource
 from .engines import EnginePool
 from .loop_state import LoopState, StopRequest
 from .setup import prepare_model, resume_or_start
-from .sources import RolloutSource, SyncSource, Timer
+from .sources import RolloutSource, SyncSource, Timer, reward_summary
 from .startup import Readiness, StartupClock, prefetch_tokenizer_imports, process_start, quiet_libraries
 from .workers import Workers, create_workers, ray_session, ray_temp_problem
 
@@ -268,6 +268,8 @@ class Trainer:
         batch, m = self.source.make_batch(r.gens, r.rewards)
         keep_first_error(self.plan.run_dir, r.scored)
         m.update(reward_metrics("train", r.scored))
+        if r.generated is not None:  # dynamic sampling: the rewards of all it generated, not the groups kept
+            m.update(reward_summary(r.generated[0]), **reward_metrics("train", r.generated[1]))
         if not self.plan.logprobs_from_update:  # else the update's own forward gives them (on-policy)
             with t("logprobs"):
                 batch = old_logprobs(self.w, self.spec.loss, self.plan.policy_ranks, batch)

@@ -40,6 +40,9 @@ class Rollout:
     versions: list[tuple[int, int]] = field(default_factory=list)  # [P*G] (first, last) policy version per sample
     pipeline: dict[str, float] = field(default_factory=dict)  # buffer depth, sample ages, policy version, idle times
     gen_s: float = 0.0  # seconds the engines spent generating this batch
+    # dynamic sampling (DAPO): every sample generated this step, kept or not ([rounds*P*G]); None: the batch's own.
+    # The reward metrics describe what the policy generated, not the groups kept for training
+    generated: tuple[torch.Tensor, list[Scored | None]] | None = None
 
 
 class RolloutSource(Protocol):
@@ -114,12 +117,14 @@ def sample_groups(src: Any, step: int, t: Timer) -> Rollout:
     rounds = s.loss.dynamic_sampling_max_rounds if s.loss.dynamic_sampling else 1
     kept: list[tuple] = []  # (prompt, gens of the group, rewards of the group, scored of the group)
     spare: list[tuple] = []
+    every: list[tuple[torch.Tensor, list]] = []  # each round's (rewards, scored)
     for r in range(rounds):
         prompts = src.env.train_prompts(step, r, P)
         with t("rollout"):
             gens = src.generate(prompts, G, seed=train_seed(s.grpo.seed, step, r))
         with t("score"):
             rewards, scored = src.score(prompts, gens, G)
+        every.append((rewards, list(scored)))
         varies = algos.nonzero_variance_groups(rewards, G) if s.loss.dynamic_sampling else torch.ones(P, dtype=torch.bool)
         for k, p in enumerate(prompts):
             group = (p, gens[k * G:(k + 1) * G], rewards[k * G:(k + 1) * G], scored[k * G:(k + 1) * G])
@@ -127,8 +132,10 @@ def sample_groups(src: Any, step: int, t: Timer) -> Rollout:
         if len(kept) >= P:
             break
     groups = (kept + spare)[:P]
+    generated = (torch.cat([e[0] for e in every]), [x for e in every for x in e[1]]) if s.loss.dynamic_sampling \
+        else None
     return Rollout([g[0] for g in groups], [x for g in groups for x in g[1]], torch.cat([g[2] for g in groups]),
-                   [x for g in groups for x in g[3]], rounds=r + 1)
+                   [x for g in groups for x in g[3]], rounds=r + 1, generated=generated)
 
 
 def train_seed(seed: int, step: int, round_: int) -> int:
@@ -161,11 +168,16 @@ def make_batch(spec: RunSpec, group_size: int, tok: Any, gens: list[Generation],
         raise Diverged(f"the rollout's logprobs are NaN in {int(lp.isnan().sum())} of {lp.numel()} tokens: the "
                        "policy's weights no longer give a distribution (broken by the last update: train.lr too high, "
                        "or rewards / advantages out of range; see train/grad_norm and train/loss of the last steps)")
-    m = {M.TRAIN_REWARD_MEAN: float(rewards.mean()), M.TRAIN_REWARD_STD: float(rewards.std()),
-         M.TRAIN_ACCURACY: float((rewards >= 1).float().mean()), M.TRAIN_ADV_MEAN: float(adv.mean()),
+    m = {**reward_summary(rewards), M.TRAIN_ADV_MEAN: float(adv.mean()),
          M.TRAIN_ADV_STD: float(adv.std()), M.TRAIN_ADV_ABS_MAX: float(adv.abs().max()),
          M.TRAIN_GEN_LEN_MEAN: float(lens.mean()), M.TRAIN_TRUNCATION_RATE: float(truncated.float().mean())}
     return batch, m
+
+
+def reward_summary(rewards: torch.Tensor) -> dict[str, float]:
+    """train/reward_mean, _std and accuracy (the share of samples whose reward is ≥ 1) of rewards [N]."""
+    return {M.TRAIN_REWARD_MEAN: float(rewards.mean()), M.TRAIN_REWARD_STD: float(rewards.std()),
+            M.TRAIN_ACCURACY: float((rewards >= 1).float().mean())}
 
 
 class Timer:
