@@ -13,6 +13,8 @@ from .base import Prompt
 
 DIGITS = "0123456789"
 LENGTH = 4
+SPACE = len(DIGITS) ** LENGTH  # 10,000 strings in all
+MAX_VAL_PROMPTS = SPACE // 2  # the held-out set leaves at least half the strings to train on (pre-flight's bound)
 
 
 def prompt_text(digits: str) -> str:
@@ -23,14 +25,15 @@ def prompt_text(digits: str) -> str:
 def every_prompt_text() -> list[str]:
     """Every prompt env=toy can give, train and val alike, whatever the seed or step: '0000>' ... '9999>' (pre-flight
     counts them all with the run's tokenizer: a BPE tokenizer's digits may merge, so lengths may differ)."""
-    return [prompt_text(f"{i:0{LENGTH}d}") for i in range(len(DIGITS) ** LENGTH)]
+    return [prompt_text(f"{i:0{LENGTH}d}") for i in range(SPACE)]
 
 
 class ReverseDigitsEnv:
     def __init__(self, spec: EnvSpec, seed: int = 0):
         self.seed = seed
-        rng = random.Random(f"val-{seed}")
-        self._val = sorted({self._draw(rng) for _ in range(spec.num_val_prompts * 2)})[: spec.num_val_prompts]
+        rng = random.Random(f"val-{seed}")  # distinct strings drawn from the whole space (every first digit)
+        picked = rng.sample(range(SPACE), min(spec.num_val_prompts, MAX_VAL_PROMPTS))
+        self._val = [f"{i:0{LENGTH}d}" for i in picked]
         self._val_set = set(self._val)
 
     @staticmethod

@@ -14,6 +14,7 @@ from ..plan import (
     train_devices,
     train_model_parallel,
 )
+from ..envs.toy import MAX_VAL_PROMPTS, SPACE
 from ..spec.errors import Violation
 from ..spec.model_dir import model_facts
 from ..spec.schema import ClusterKind, RolloutBackend, RunSpec
@@ -91,6 +92,10 @@ def value_ranges(s: RunSpec) -> Iterator[Violation]:
     for key, value, ok, what in checks:
         if not ok:
             yield V("value_ranges", key, f"must be {what}, got {value}", f"set {key} {what.split(' (')[0]}")
+    if e.name == "toy" and e.num_val_prompts > MAX_VAL_PROMPTS:  # the toy task has 10,000 strings in all
+        yield V("value_ranges", "env.num_val_prompts", f"must be ≤ {MAX_VAL_PROMPTS} for env=toy, got "
+                f"{e.num_val_prompts}: its held-out set leaves at least half of the task's {SPACE} digit strings to "
+                "train on", f"set env.num_val_prompts ≤ {MAX_VAL_PROMPTS}")
     validates = s.grpo.val_period > 0 or s.grpo.val_at_start or s.grpo.val_at_end
     if validates and e.name == "toy" and e.num_val_prompts == 0:  # the env that draws its held-out set
         yield V("value_ranges", ("env.num_val_prompts", "grpo.val_period", "grpo.val_at_end"),

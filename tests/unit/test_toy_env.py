@@ -1,0 +1,23 @@
+"""env=toy's held-out set: drawn from the whole task (it was the 64 smallest of 128 draws: first digits 0-4 only),
+distinct, disjoint from training prompts; a set too large for the task is a config error (it hung the run)."""
+
+from __future__ import annotations
+
+from grpo_launcher.envs.toy import MAX_VAL_PROMPTS, ReverseDigitsEnv
+from grpo_launcher.spec.compose import load_spec
+
+
+def test_held_out_set_spans_the_task_and_stays_out_of_training():
+    env = ReverseDigitsEnv(load_spec(["dry_run=true"]).env)
+    val = [p.text for p in env.val_prompts()]
+    assert len(val) == len(set(val)) == 64
+    assert {t[0] for t in val} == set("0123456789")
+    train = [p.text for step in range(1, 20) for p in env.train_prompts(step, 0, 64)]
+    assert not set(train) & set(val)
+
+
+def test_a_held_out_set_past_half_the_task_is_refused(tmp_path, launch_here):
+    ok = ReverseDigitsEnv(load_spec(["dry_run=true", f"env.num_val_prompts={MAX_VAL_PROMPTS}"]).env)
+    assert len(ok.val_prompts()) == MAX_VAL_PROMPTS and len(ok.train_prompts(1, 0, 256)) == 256
+    run = launch_here(tmp_path, "env.num_val_prompts=50000", "dry_run=true", f"output_root={tmp_path}")
+    assert run.returncode == 2 and "env.num_val_prompts: must be ≤ 5000 for env=toy" in run.stderr, run.stderr
