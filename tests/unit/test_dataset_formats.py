@@ -289,3 +289,37 @@ def test_preflight_warns_of_repeated_prompts(tmp_path, launch_here):
     assert f"1 training row(s) repeat an earlier row's prompt with another answer (only one can be rewarded): " \
            f"{train}:3 (answer '6'; line 1: '5')" in run.stderr  # fmt: skip
     assert "can never be rewarded" not in run.stderr, run.stderr
+
+
+def test_decimal_and_binary_answer_cells_are_graded(tmp_path, launch_here):
+    """Parquet's decimal128 and binary answer columns: a config error without file, column or row at HEAD
+    (`TypeError: Object of type Decimal is not JSON serializable`); now their text, graded."""
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from grpo_launcher.envs.dataset import answer_text
+
+    assert answer_text(decimal.Decimal("1.50")) == "1.50" and answer_text(b"2.25") == "2.25"
+    assert math_verify_match("q", r"\boxed{1.5}", answer=decimal.Decimal("1.50")) == 1.0
+    for name, column in [("dec", pa.array([decimal.Decimal("1.50")], type=pa.decimal128(5, 2))),
+                         ("bin", pa.array([b"1.5"], type=pa.binary()))]:
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"prompt": ["What is 1.5?"], "answer": column}), path)
+        run = launch_here(tmp_path, "env=math", f"env.train_path={path}", f"env.val_path={path}",
+                          "env.prompt_key=prompt", "dry_run=true")
+        assert run.returncode == 0, run.stderr
+
+
+def test_columns_the_reward_functions_do_not_get_are_named(tmp_path, launch_here):
+    """env.answer_key=solution: the reward's `answer` argument is the solution, so the file's own `answer` column is
+    not passed (at HEAD it was overwritten without a word), nor a `completion` column: a warning names both."""
+    data = tmp_path / "t.jsonl"
+    data.write_text(jsonl([{"question": "What is 2+3?", "answer": "5", "solution": "2+3 = \\boxed{5}",
+                            "completion": "x"}]))
+    run = launch_here(tmp_path, "env=math", f"env.train_path={data}", f"env.val_path={data}",
+                      "env.prompt_key=question", "env.answer_key=solution", "dry_run=true")
+    assert run.returncode == 0, run.stderr
+    assert "the reward functions do not get the file's column 'answer' (the `answer` argument is the 'solution' " \
+           "column, env.answer_key) or 'completion'" in run.stderr  # fmt: skip

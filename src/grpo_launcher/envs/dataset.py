@@ -32,6 +32,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import decimal
 import json
 import math
 import random
@@ -378,8 +379,15 @@ def as_messages(prompt: Any) -> Any:
 
 
 def answer_text(value: Any) -> str:
-    """The answer as the built-in scorers compare it: a string as it is, any other JSON value as JSON text."""
-    return value if isinstance(value, str) else json.dumps(value)
+    """The answer as the built-in scorers compare it: a string as it is, any other JSON value as JSON text; a
+    Parquet decimal (1.50) as its digits, binary as UTF-8 text, a date (or any other value JSON lacks) as str()."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return json.dumps(value, default=str)
 
 
 def load_split(env: EnvSpec, which: str) -> Table:

@@ -288,6 +288,7 @@ def check_dataset(s: RunSpec, cls: type) -> Iterator[Violation]:
     if "train" in tables:
         yield from _check_epochs(s, len(tables["train"].rows))
         warn_of_repeats(e, tables)
+        warn_of_hidden_columns(e, tables["train"])
         if not R.reward_refs(e) and getattr(cls, "DEFAULT_REWARD", None) == DatasetEnv.DEFAULT_REWARD and e.answer_key:
             warn_of_solutions(e, tables["train"])
     if tables:
@@ -555,6 +556,20 @@ def warn_of_repeats(e: Any, tables: dict) -> None:
         also = " (env.val_path is env.train_path)" if Path(e.val_path).resolve() == Path(e.train_path).resolve() else ""
         warn(f"{len(same)} of {len(val.rows)} validation prompts are also training prompts{also}: validation "
              f"rewards will not measure held-out accuracy; the first at {val.where(same[0])}")
+
+
+def warn_of_hidden_columns(e: Any, train: Any) -> None:
+    """A column the reward functions will not see as the file holds it: `answer` when env.answer_key names another
+    column (their `answer` argument is that column), `prompt` / `completion` (the first two arguments: the prompt
+    from env.prompt_key and the decoded completion)."""
+    hidden = [f"'answer' (the `answer` argument is the {e.answer_key!r} column, env.answer_key)"
+              for _ in [0] if e.answer_key not in (None, "answer") and "answer" in train.columns]
+    hidden += [f"{c!r} (the `{c}` argument is " + ("the decoded completion)" if c == "completion" else
+                                                  f"the {e.prompt_key!r} column, env.prompt_key)")
+               for c in R.RESERVED if c in train.columns and c != e.prompt_key]
+    if hidden:
+        warn(f"{train.path}: the reward functions do not get the file's column {' or '.join(hidden)}; rename the "
+             "column to pass it")
 
 
 def warn_of_solutions(e: Any, train: Any) -> None:
