@@ -314,9 +314,14 @@ def nested(table: Table, key: str) -> str:
     return f" (the rows are objects under {under!r}: write each row's {under!r} as the line)" if under else ""
 
 
+INVISIBLE = str.maketrans("", "", "\u200b\u200c\u200d\u2060\ufeff")  # zero-width spaces, joiners, BOM
+
+
 def empty(value: Any) -> bool:
-    """No value: null, "" or only blanks, NaN (pandas' missing number), an empty message list or object."""
-    return (value is None or (isinstance(value, str) and not value.strip()) or value == [] or value == {}
+    """No value: null, "" or only blanks (zero-width ones too), NaN (pandas' missing number), an empty message list
+    or object."""
+    return (value is None or (isinstance(value, str) and not value.translate(INVISIBLE).strip()) or value == []
+            or value == {}
             or (isinstance(value, float) and math.isnan(value)))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 # per step: rollout and scoring (train/driver.py make_batch, step)
 TRAIN_REWARD_MEAN = "train/reward_mean"
 TRAIN_REWARD_STD = "train/reward_std"
-TRAIN_ACCURACY = "train/accuracy"
+TRAIN_ACCURACY = "train/accuracy"  # the share of samples whose (weighted) reward is ≥ 1: exact for 0/1 rewards
 TRAIN_ADV_MEAN = "train/adv_mean"
 TRAIN_ADV_STD = "train/adv_std"
 TRAIN_ADV_ABS_MAX = "train/adv_abs_max"
@@ -46,7 +46,7 @@ BUFFER_SAMPLE_AGE_MEAN = "buffer/sample_age_mean"
 BUFFER_SAMPLE_AGE_MAX = "buffer/sample_age_max"
 # validation (every grpo.val_period steps)
 VAL_REWARD_MEAN = "val/reward_mean"
-VAL_ACCURACY = "val/accuracy"
+VAL_ACCURACY = "val/accuracy"  # (as train/accuracy)
 VAL_SAMPLES = "val/samples"
 # env=nemo_gym (train/gym_loop.py)
 GYM_FAILED_ROLLOUTS = "gym/failed_rollouts"
