@@ -420,7 +420,7 @@ def test_requeued_job_back_in_the_queue_shows_no_running_clock_or_eta(tmp_path):
 
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "time/step_s": 2.0}) + "\n"
                                                     for i in (1, 2, 3)))
-    now = time.time()
+    now = float(int(time.time()))  # whole seconds: status.json's "updated" has no fraction
     st = {"events": {"started": now - 600}, "updated": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 500))}
     running = timing_line(tmp_path, st, "REQUEUED", "3/10")
     assert "this start" in running and "eta 0:00:14 (7 steps left" in running
