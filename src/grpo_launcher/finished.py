@@ -33,14 +33,33 @@ def newest_meta(run_dir: Path) -> Optional[tuple[int, dict]]:
         return None
 
 
+def summary_finished_step(run_dir: Path) -> Optional[int]:
+    """The step RUN_DIR/summary.json says the run FINISHED at (a run that wrote no checkpoint, or none of its last
+    steps: checkpoint.enabled=false), else None."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    step = summary.get("step") if isinstance(summary, dict) and summary.get("status") == "FINISHED" else None
+    return step if isinstance(step, int) else None
+
+
 def finished_problem(spec: RunSpec) -> Optional[tuple[str, str]]:
     """(message, fix) when resuming this run name would have nothing to train, else None (a probe:
-    preflight/run_dir.py run_name_not_finished, which a dry run skips)."""
+    preflight/run_dir.py run_name_not_finished, which a dry run skips). A run that finished past its last
+    checkpoint (checkpoint.enabled=false) counts by its summary: launched again, it would train those steps again."""
     if spec.checkpoint.resume != Resume.auto:
         return None
-    step = last_checkpoint_step(Path(spec.output_root).resolve() / spec.name)
-    if step is None or step < spec.grpo.max_steps:
+    run_dir = Path(spec.output_root).resolve() / spec.name
+    saved, done = last_checkpoint_step(run_dir), summary_finished_step(run_dir)
+    if done is not None and done >= spec.grpo.max_steps and (saved is None or saved < done):
+        where = f"its last checkpoint is step {saved}" if saved is not None else "it wrote no checkpoint"
+        return (f"run '{spec.name}' already finished (step {done}) under {run_dir} (grpo.max_steps="
+                f"{spec.grpo.max_steps}); {where} (checkpoint.enabled=false), so a launch would train steps "
+                f"{(saved or 0) + 1}..{done} again",
+                "use checkpoint.resume=fresh to train it again from step 1 (its records moved aside) or a new name "
+                "(name=...)")
+    if saved is None or saved < spec.grpo.max_steps:
         return None  # nothing yet, or grpo.max_steps grew: the run continues from its last checkpoint
-    return (f"run '{spec.name}' already finished (step {step}) under {Path(spec.output_root).resolve() / spec.name}"
-            f" (grpo.max_steps={spec.grpo.max_steps})",
-            f"use checkpoint.resume=fresh or a new name (name=...); or raise grpo.max_steps above {step} to extend it")
+    return (f"run '{spec.name}' already finished (step {saved}) under {run_dir} (grpo.max_steps={spec.grpo.max_steps})",
+            f"use checkpoint.resume=fresh or a new name (name=...); or raise grpo.max_steps above {saved} to extend it")

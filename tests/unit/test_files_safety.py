@@ -442,3 +442,25 @@ def test_export_refuses_a_checkpoint_dir_that_is_a_symlink(launch_here, tmp_path
     r = launch_here(tmp_path, "export", str(run), "--step", "5", "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and "step_000005 is a symlink" in r.stderr, r.stdout + r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_finished_without_its_last_checkpoints_is_not_trained_again(tmp_path):
+    """checkpoint.enabled=false: a finished run wrote no checkpoint (or stopped writing them), so launching it again
+    trained its steps again without a word (records moved aside, a new MLflow run). Its summary.json says it
+    finished: refused, as a run finished with checkpoints is; a longer run from its last checkpoint still goes."""
+    from grpo_launcher.finished import finished_problem
+    from grpo_launcher.spec.compose import load_spec
+
+    run = tmp_path / "nock"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"status": "FINISHED", "step": 3}))
+    spec = lambda *o: load_spec([f"output_root={tmp_path}", "name=nock", "dry_run=true", *o])  # noqa: E731
+    problem = finished_problem(spec("grpo.max_steps=3", "checkpoint.enabled=false"))
+    assert problem and "already finished (step 3)" in problem[0] and "train steps 1..3 again" in problem[0]
+    assert finished_problem(spec("grpo.max_steps=3", "checkpoint.resume=fresh")) is None
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002" / "meta.json").write_text("{}")
+    assert "train steps 3..3 again" in finished_problem(spec("grpo.max_steps=3"))[0]
+    assert finished_problem(spec("grpo.max_steps=5")) is None  # extended from step 2
+    (run / "summary.json").write_text(json.dumps({"status": "KILLED", "step": 3}))
+    assert finished_problem(spec("grpo.max_steps=3")) is None  # stopped: it resumes from step 2
