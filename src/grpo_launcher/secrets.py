@@ -3,8 +3,9 @@
 A value is secret when its key's last part looks like one (token, secret, password, api_key, key) or when it
 is a URI carrying a password (`scheme://user:PASSWORD@host`, `?password=`/`?token=` query values). Such values
 are shown as `***` in the plan, `spec.yaml`, MLflow params and logs; the job gets the real values from
-`RUN_DIR/.secrets.json` (0600, written next to the redacted spec.yaml) or from the environment.
-Shared by the Plan, launch/, the driver and the tracker (launch/secrets.py re-exports it for older imports).
+`RUN_DIR/.secrets.json` (0600, written next to the redacted spec.yaml) or from the environment. The spec kept in a
+checkpoint's meta.json and the command lines under RUN_DIR/repro/ are redacted the same way (redacted_tree,
+redact_argv). Shared by the Plan, launch/, the driver, the checkpoints and the tracker.
 """
 
 from __future__ import annotations
@@ -55,6 +56,35 @@ def redact_text(text: str) -> str:
             line = f"{m.group(1)}{m.group(2)}{m.group(3)}'{REDACTED}'" + ("\n" if line.endswith("\n") else "")
         out.append(redact_value(line))
     return "".join(out)
+
+
+def redacted_tree(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A copy of a nested dict with every secret leaf *** and passwords inside URIs redacted."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out[key] = redacted_tree(value, dotted + ".")
+        elif is_secret_key(dotted) and has_secret(dotted, value):
+            out[key] = REDACTED
+        else:
+            out[key] = [redact_value(v) for v in value] if isinstance(value, list) else redact_value(value)
+    return out
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """A command line with the values of secret overrides (`rollout.http_api_key=...`, `+x.token=...`) as *** and
+    passwords inside URIs redacted."""
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        secret = eq and is_secret_key(key.lstrip("+~")) and value not in ("", "null")
+        out.append(f"{key}={REDACTED}" if secret else redact_value(arg))
+    return out
+
+
+def has_secret_argument(argv: list[str]) -> bool:
+    return redact_argv(argv) != list(argv)
 
 
 def secret_values(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

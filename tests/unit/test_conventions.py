@@ -128,9 +128,30 @@ def test_the_end_of_run_block_after_a_stop_offers_the_same_launch(tmp_path, no_m
     tracker = SimpleNamespace(run_id="abc", experiment_id="7")
     assert finish_run(spec, plan, SimpleNamespace(step=2, tracker=tracker), rc) == rc
     out = capsys.readouterr().out
-    assert "resume" in out and "MLFLOW_EXPERIMENT_NAME=team python launch.py output_root=out grpo.max_steps=5" in out
+    assert "resume" in out and "MLFLOW_EXPERIMENT_NAME=team python launch.py grpo.max_steps=5 output_root=out " \
+                               "name=tiny-grpo" in out  # fmt: skip
     assert "rerun" not in out
     assert f"{plan.tracking_uri}  experiment 'team'  run abc" in out
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["launch.py", "name=now${now:%H%M%S}", "grpo.max_steps=5"],  # another name at every launch
+     "python launch.py grpo.max_steps=5 output_root={root} name={name}"),
+    (["launch.py", "grpo.max_steps=5"],  # output_root from $GRPO_OUTPUT_ROOT: written out
+     "python launch.py grpo.max_steps=5 output_root={root} name={name}"),
+    (["launch.py", "grpo.max_steps=5", "rollout.http_api_key=SUPERSECRET123"],  # a credential: the run's own spec
+     "python launch.py rerun {run_dir} name={name}"),
+], ids=["interpolated-name", "env-output-root", "credential"])
+def test_the_resume_command_continues_this_run_and_never_prints_a_credential(argv, expect):
+    from grpo_launcher.plan import make_plan
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.tracking.report import resume_command
+
+    spec = load_spec(["output_root=/tmp/r", "name=now024218", "dry_run=true"])
+    plan = make_plan(spec)
+    got = resume_command(spec, plan, argv)
+    assert got.endswith(expect.format(root="/tmp/r", name="now024218", run_dir=plan.run_dir)), got
+    assert "SUPERSECRET123" not in got
 
 
 def test_a_stopped_slurm_driver_offers_its_own_spec_under_the_same_name(tmp_path, no_mlflow_env, capsys):

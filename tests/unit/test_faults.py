@@ -218,6 +218,30 @@ def test_secrets_redacted_in_spec_yaml_plan_and_params_kept_0600(tmp_path):
     assert "hunter2" not in json.dumps(params) and params["rollout.http_api_key"] == "***"
 
 
+def test_secrets_redacted_in_checkpoint_meta_and_repro_command_lines(tmp_path):
+    """A checkpoint's meta.json (0644) kept the whole spec, and repro/git.json + launches.jsonl the command line,
+    with the credential in clear (then copied into MLflow's artifacts). Now *** there too, and a resume under the
+    same credential records no change."""
+    from grpo_launcher.checkpoint import CheckpointManager
+    from grpo_launcher.checkpoint.manager import spec_changes
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.tracking.repro import write_repro
+
+    over = [f"output_root={tmp_path}", f"logging.tracking_uri={SECRET_URI}", "rollout.http_api_key=k-9a8b"]
+    spec = load_spec(over)
+    mgr = CheckpointManager(tmp_path / "ckpt", spec)
+    (tmp_path / "m").mkdir()
+    mgr.write_meta(tmp_path / "m", 1, {}, {})
+    meta = json.loads((tmp_path / "m" / "meta.json").read_text())
+    assert "k-9a8b" not in json.dumps(meta) and "hunter2" not in json.dumps(meta)
+    assert meta["spec"]["rollout"]["http_api_key"] == "***"
+    assert spec_changes(meta, spec) == {}
+    out = write_repro(spec, tmp_path / "run", argv=["launch.py", *over])
+    for f in ("git.json", "launches.jsonl"):
+        text = (out / f).read_text()
+        assert "k-9a8b" not in text and "hunter2" not in text and "rollout.http_api_key=***" in text, f
+
+
 def test_http_api_key_generated_per_run():
     from grpo_launcher.secrets import with_http_api_key
     from grpo_launcher.spec.compose import load_spec

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import OmegaConf
 
-from ..secrets import is_secret_key, redact_value
+from ..secrets import REDACTED, is_secret_key, redact_value, redacted_tree
 from ..spec.schema import RunSpec
 
 META = "meta.json"
@@ -275,10 +275,12 @@ def incompatibilities(meta: dict[str, Any], spec: RunSpec) -> list[str]:
 def spec_changes(meta: dict[str, Any], spec: RunSpec) -> dict[str, tuple[Any, Any]]:
     """{dotted.key: (checkpoint's value, this spec's)} for every key a resume changes (compat keys are refused
     before this: what is left may change mid-run and is applied from the next step)."""
-    old, new = flatten(meta.get("spec", {})), flatten(spec_as_dict(spec))
+    old, new = flatten(meta.get("spec", {})), flatten(redacted_tree(spec_as_dict(spec)))  # meta.json's is redacted
     out = {}
     for key in sorted(set(old) | set(new)):
         before, after = old.get(key, MISSING), new.get(key, MISSING)
+        if REDACTED in (before, after) or is_secret_key(key):
+            continue  # a credential (kept redacted) may change between launches
         if not same_value(key, before, after) and key not in NOT_A_CHANGE:
             out[key] = ("***", "***") if is_secret_key(key) else (redact_value(before), redact_value(after))
     return out
@@ -499,7 +501,7 @@ class CheckpointManager:
             "state": state,
             "metrics": {k: float(v) for k, v in metrics.items()},
             "pending_metrics": [list(m) for m in (pending_metrics or [])],
-            "spec": spec_as_dict(self.spec),
+            "spec": redacted_tree(spec_as_dict(self.spec)),  # a credential stays in .secrets.json (0600) only
             "compat": compat_fingerprint(self.spec),
             "run": {"name": self.spec.name, "run_dir": str(self.ckpt_dir.parent.resolve())},  # whose MLflow run
             "saved_at": time.time(),

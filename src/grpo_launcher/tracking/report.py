@@ -15,7 +15,7 @@ from ..exit_codes import ExitCode
 from ..export import RUN_MODEL_FILES, write_model_record
 from ..plan import Plan
 from ..runfiles import write_atomic
-from ..secrets import redact_value
+from ..secrets import has_secret_argument, redact_value
 from ..spec.schema import RunSpec
 from .plot import CURVES, plot_curves
 from .store import env_prefix
@@ -82,13 +82,18 @@ def curves(spec: RunSpec, plan: Plan, state) -> Path | None:
 
 def resume_command(spec: RunSpec, plan: Plan, argv: list[str] | None = None) -> str:
     """The launch that continues this run from its last checkpoint. Started by a plain `launch.py key=value ...`
-    (a local run): that command again (the same overrides compose the same spec and run name), with the MLFLOW_*
-    variables it used. Else (a Slurm job's driver, a sweep point, `launch.py rerun`): the run's own spec.yaml
-    under the same name, `launch.py rerun RUN_DIR name=NAME`, which resumes it."""
+    (a local run): that command again with the run's name and output root written out (a name from `${now:...}`
+    or an output root from $GRPO_OUTPUT_ROOT would start another run), with the MLFLOW_* variables it used. Else
+    (a Slurm job's driver, a sweep point, `launch.py rerun`, a command holding a credential or an interpolation):
+    the run's own spec.yaml under the same name, `launch.py rerun RUN_DIR name=NAME`, which resumes it."""
     argv = list(sys.argv if argv is None else argv)
     subcommand = len(argv) > 1 and "=" not in argv[1] and not argv[1].startswith("-")  # rerun, ...: bare words
-    if argv and Path(argv[0]).name == "launch.py" and not {"-m", "--multirun"} & set(argv[1:]) and not subcommand:
-        return " ".join([*env_prefix(spec), "python", shlex.join(argv)])
+    plain = not ({"-m", "--multirun"} & set(argv[1:]) or subcommand or has_secret_argument(argv)
+                 or any("${" in a for a in argv[1:] if not a.startswith(("name=", "output_root="))))
+    if argv and Path(argv[0]).name == "launch.py" and plain:
+        kept = [a for a in argv[1:] if a.partition("=")[0].lstrip("+~") not in ("name", "output_root")]
+        where = [f"output_root={spec.output_root}", f"name={spec.name}"]
+        return " ".join([*env_prefix(spec), "python", shlex.join([argv[0], *kept, *where])])
     return f"python launch.py rerun {shlex.quote(str(plan.run_dir))} {shlex.quote(f'name={spec.name}')}"
 
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..envs.rewards import reward_refs
 from ..envs.usercode import is_file_ref, is_ref, split_ref
 from ..runfiles import write_atomic
+from ..secrets import redact_argv
 from ..spec.schema import validation_on
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def write_repro(spec: RunSpec, run_dir: Path, argv: Optional[list[str]] = None, 
     out = Path(run_dir) / REPRO
     out.mkdir(parents=True, exist_ok=True)
     git = git_state()
-    git["command"] = list(sys.argv if argv is None else argv)
+    git["command"] = redact_argv(list(sys.argv if argv is None else argv))  # a credential: RUN_DIR/.secrets.json
     git["cwd"] = os.getcwd()  # the spec's relative paths (output_root, model.path, data, reward files) are from here
     git["python"] = sys.version.split()[0]
     git["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
