@@ -145,3 +145,27 @@ def test_a_diverged_run_stops_failed_and_checkpoints_no_nan(tmp_path):
     assert "finished at step" not in run.stdout and "step 3/6" not in run.stdout
     summary = json.loads((tmp_path / name / "status.json").read_text())
     assert summary["state"] == "FAILED", summary
+
+
+# ------------------------------------------------------------------ MLflow switched off for one start, then on
+TOGGLE_LOOP = MINI_LOOP.replace(
+    'state.log(step, {"train/x": float(step), "train/y": 2.0 * step})',
+    'state.log(step, {"train/x": float(step), "train/y": 2.0 * step})\n'
+    '    append_metrics(plan.run_dir / "metrics.jsonl", step, {"train/x": float(step), "train/y": 2.0 * step})'
+).replace("from grpo_launcher.train.setup import resume_or_start",
+          "from grpo_launcher.train.setup import resume_or_start\nfrom grpo_launcher.train.driver import append_metrics")
+
+
+def test_mlflow_off_for_one_start_then_on_keeps_one_run_with_every_step(tmp_path):
+    """Steps 1..3 with MLflow, 4..5 with logging.mlflow=false, 6..7 with it again: the checkpoints of the start
+    without MLflow kept no run id, so the third start made a new MLflow run holding 6..7 only (4..5 in none).
+    Now one run holds 1..7, the steps logged while it was off sent from metrics.jsonl."""
+    name = "h12-toggle"
+    base = [f"output_root={tmp_path}", f"name={name}", "checkpoint.save_period=1", "grpo.val_period=1",
+            "logging.experiment=h12-faults", "logging.progress=false"]
+    for steps, extra in ((3, []), (5, ["logging.mlflow=false"]), (7, [])):
+        r = subprocess.run([PY, "-c", TOGGLE_LOOP, *base, f"grpo.max_steps={steps}", *extra], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0 and f"done at {steps}" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "steps 1..5 in metrics.jsonl that MLflow run" in r.stdout, r.stdout
+    assert mlflow_steps(f"sqlite:///{tmp_path / 'mlflow.db'}", name, "train/x") == [1, 2, 3, 4, 5, 6, 7]

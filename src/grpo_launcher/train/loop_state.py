@@ -111,6 +111,7 @@ class LoopState:
     started: float = field(default_factory=time.monotonic)
     last: dict = field(default_factory=dict)  # latest value of every metric (summary.json, sweeps)
     gpu_peak: Any = None  # tracking/gpu_memory.GpuPeak: the measured whole-GPU peak, reported at the end
+    mlflow_run_id: Optional[str] = None  # the resumed checkpoint's: kept in the next ones while logging.mlflow=false
 
     @classmethod
     def start(cls, spec: RunSpec, plan: Plan, ckpt) -> "LoopState":
@@ -135,7 +136,7 @@ class LoopState:
                 print(f"grpo-launcher: replayed {sent} metric value(s) of {path.name} that never reached MLflow",
                       flush=True)
         return cls(spec, plan, ckpt, tracker, step=meta["step"], checkpoint_path=path,
-                   data_log=_data_log(spec, plan))
+                   data_log=_data_log(spec, plan), mlflow_run_id=run_id)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.step = step
@@ -160,7 +161,8 @@ class LoopState:
         """Metrics are durable before the checkpoint is visible: they go into its meta.json (pending), the
         checkpoint is renamed into place, then they are committed to MLflow (a crash in between: replayed
         on resume). MLflow's step axis only ever holds checkpointed steps: no repeats, no gaps."""
-        state = {"mlflow_run_id": self.tracker.run_id if self.tracker else None}
+        # a start with logging.mlflow=false keeps the run's MLflow run: switched on again, it continues there
+        state = {"mlflow_run_id": self.tracker.run_id if self.tracker else self.mlflow_run_id}
         pending = self.tracker.pending() if self.tracker is not None else []
         self.ckpt.save(step, write, state, {k: v for k, v in metrics.items() if isinstance(v, float)},
                        pending_metrics=pending)

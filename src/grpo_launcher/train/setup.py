@@ -52,18 +52,22 @@ def resume_or_start(spec: RunSpec, plan: Plan) -> LoopState | None:
         return None
     state = LoopState.resume(spec, plan, ckpt, latest)
     trim_metrics(plan.run_dir / "metrics.jsonl", state.step)
-    backfill_new_mlflow_run(state, plan.run_dir / "metrics.jsonl")
+    backfill_mlflow_run(state, plan.run_dir / "metrics.jsonl")
     return state
 
 
-def backfill_new_mlflow_run(state: LoopState, metrics_jsonl: Path) -> None:
-    """The checkpoint's MLflow run belongs to another run dir (this one is a copy): the new run gets this run dir's
-    steps so far from metrics.jsonl (tracking/mlflow_tracker.py Tracker.backfill)."""
+def backfill_mlflow_run(state: LoopState, metrics_jsonl: Path) -> None:
+    """The MLflow run gets the steps so far it lacks, from metrics.jsonl (tracking/mlflow_tracker.py
+    Tracker.backfill; what it holds is never sent twice): all of them for a new run (the checkpoint's belongs to
+    another run dir: a copy), the steps logged while logging.mlflow=false for the run reopened."""
     mlflow = getattr(state.tracker, "mlflow", state.tracker)  # a Trackers wraps it
-    if mlflow is not None and getattr(mlflow, "adopted_from", None):
-        sent = mlflow.backfill(metrics_jsonl)
-        print(f"grpo-launcher: sent steps 1..{state.step} of {metrics_jsonl.name} to the new MLflow run "
-              f"({sent} values)", flush=True)
+    if mlflow is None or not hasattr(mlflow, "backfill"):
+        return
+    sent = mlflow.backfill(metrics_jsonl)
+    if sent:
+        which = "the new MLflow run" if getattr(mlflow, "adopted_from", None) else f"MLflow run {mlflow.run_id}"
+        print(f"grpo-launcher: sent {sent} value(s) of steps 1..{state.step} in {metrics_jsonl.name} that "
+              f"{which} lacked", flush=True)
 
 
 RECORDS = ("metrics.jsonl", "reward_curve.png", "summary.json", "spec_changes.jsonl", "train_data", "tensorboard",
