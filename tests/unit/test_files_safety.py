@@ -464,3 +464,25 @@ def test_a_run_finished_without_its_last_checkpoints_is_not_trained_again(tmp_pa
     assert finished_problem(spec("grpo.max_steps=5")) is None  # extended from step 2
     (run / "summary.json").write_text(json.dumps({"status": "KILLED", "step": 3}))
     assert finished_problem(spec("grpo.max_steps=3")) is None  # stopped: it resumes from step 2
+
+
+def test_a_resume_without_the_runs_mlflow_store_variable_is_refused(tmp_path, launch_here, monkeypatch):
+    """A run started with MLFLOW_TRACKING_URI=alt.db, resumed without it: its MLflow run moved to the output
+    root's store without a word (a new run there, steps 1..N left in alt.db). Refused, naming the store; the same
+    variable again resumes; logging.tracking_uri moves it on purpose."""
+    alt = f"sqlite:///{tmp_path / 'alt.db'}"
+    step = tmp_path / "mlf" / "checkpoints" / "step_000002"
+    step.mkdir(parents=True)
+    # a meta.json that matches no spec: every launch here is refused (run_name_checkpoints_compatible), none trains
+    (step / "meta.json").write_text(json.dumps({"step": 2, "spec": {"logging": {"tracking_uri": alt}}}))
+    args = [f"output_root={tmp_path}", "name=mlf", "grpo.max_steps=4"]
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = launch_here(tmp_path, *args)
+    assert run.returncode == 2 and "run_name_keeps_its_tracking_store" in run.stderr, run.stderr
+    assert f"set MLFLOW_TRACKING_URI={alt} (as at its start)" in run.stderr
+    rules = lambda r: re.findall(r"\[rule: (\w+)\]", r.stderr)  # noqa: E731
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", alt)
+    assert "run_name_keeps_its_tracking_store" not in rules(launch_here(tmp_path, *args))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    moved = launch_here(tmp_path, *args, f"logging.tracking_uri=sqlite:///{tmp_path / 'new.db'}")
+    assert "run_name_keeps_its_tracking_store" not in rules(moved)

@@ -8,6 +8,8 @@ from typing import Iterator
 
 from ..checkpoint.manager import incompatibilities
 from ..finished import finished_problem, newest_meta
+from ..secrets import redact_value
+from ..spec.mlflow_env import URI_ENV, absolute_uri, env_value
 from ..spec.errors import Violation
 from ..spec.schema import Resume, RunSpec
 from .registry import V, rule
@@ -49,3 +51,29 @@ def run_name_checkpoints_compatible(s: RunSpec) -> Iterator[Violation]:
         yield V("run_name_checkpoints_compatible", (*keys, "checkpoint.resume"),
                 f"run '{s.name}' has checkpoints (step {step}) from an incompatible spec (checkpoint → this run): "
                 + "; ".join(diffs), "checkpoint.resume=fresh (moves its checkpoints aside), or a new name=...")
+
+
+@rule("probe")
+def run_name_keeps_its_tracking_store(s: RunSpec) -> Iterator[Violation]:
+    """Resuming a run whose MLflow store came from MLFLOW_TRACKING_URI, without that variable (or with another
+    store in it), moved its tracking to another store without a word: a new MLflow run there, the steps so far in
+    the old one. Refused unless logging.tracking_uri names the new store (a move the user asked for)."""
+    if not s.logging.mlflow or s.checkpoint.resume != Resume.auto:
+        return
+    newest = newest_meta(Path(s.output_root).resolve() / s.name)
+    if newest is None:
+        return
+    old = ((newest[1].get("spec") or {}).get("logging") or {}).get("tracking_uri")
+    new = s.logging.tracking_uri
+    env = env_value(URI_ENV)
+    chosen = new is not None and not (env and absolute_uri(env) == new)  # logging.tracking_uri itself: a move
+    if old == redact_value(new) or chosen:
+        return
+    where = f"{URI_ENV}={redact_value(env)}" if env else f"the output root's store ({URI_ENV} unset)"
+    yield V("run_name_keeps_its_tracking_store", ("logging.tracking_uri", URI_ENV),
+            f"run '{s.name}' logged to the MLflow store {old or 'of its output root'}; this launch would log to "
+            f"{redact_value(new) if new else 'sqlite:///OUTPUT_ROOT/mlflow.db'} ({where}): its MLflow run would "
+            "continue in another store", (f"set {URI_ENV}={old} (as at its start) to continue there" if old else
+                                          f"unset {URI_ENV} to continue in the output root's store")
+            + "; or logging.tracking_uri=NEW_STORE to move it on purpose (a new MLflow run there, its steps so far "
+            "sent from metrics.jsonl)")
