@@ -16,6 +16,7 @@ still knows the job. Exit codes (ExitCode): 0 ok, 1 not found / Slurm error, 2 u
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -43,6 +44,32 @@ STEP_LINE = re.compile(r"^step (\d+)/(\d+)\b")
 
 class NotFound(Exception):
     pass
+
+
+Subcommand = Callable[[list[str]], int]
+
+
+def quiet_on_closed_pipe(command: Subcommand) -> Subcommand:
+    """A subcommand whose reader went away (`launch.py status | head -1`, a pager quit early) ends quietly, exit 0:
+    no BrokenPipeError traceback, and no 'Exception ignored' at exit (stdout is pointed at /dev/null first, so
+    Python's last flush of it writes nowhere), as `yes | head -1` stops."""
+    @functools.wraps(command)
+    def run(args: list[str]) -> int:
+        try:
+            code = command(args)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+            return code
+        except BrokenPipeError:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(devnull, sys.stdout.fileno())
+                finally:
+                    os.close(devnull)
+            except (OSError, ValueError):  # a stdout with no file descriptor (a test's capture)
+                pass
+            return ExitCode.OK
+    return run
 
 
 def default_root() -> Path:
@@ -128,6 +155,7 @@ def parse(args: list[str], prog: str, need_run: bool = True,
 # ------------------------------------------------------------------ status
 
 
+@quiet_on_closed_pipe
 def status(args: list[str]) -> int:
     a = parse(args, "status", need_run=False, extra=lambda ap: ap.add_argument("--json", action="store_true"))
     if a.run is None:
@@ -240,6 +268,7 @@ def follow(run_dir: Path, tails: list[tuple[str, Tail]], on_line: Optional[Calla
         time.sleep(poll)
 
 
+@quiet_on_closed_pipe
 def logs(args: list[str]) -> int:
     def extra(ap: argparse.ArgumentParser) -> None:
         ap.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
@@ -283,6 +312,7 @@ def logs(args: list[str]) -> int:
 # ------------------------------------------------------------------ cancel
 
 
+@quiet_on_closed_pipe
 def cancel(args: list[str]) -> int:
     a = parse(args, "cancel", extra=lambda ap: ap.add_argument("--timeout", type=float, default=120))
     try:

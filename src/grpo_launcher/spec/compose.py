@@ -135,6 +135,8 @@ EDIT_KEY = re.compile(r"An item is already at '([^']+)'|Could not delete from co
                       r"|Could not delete '([^'/]+)[^']*'\. No match|Multiple values for ([\w.]+)\."
                       r"|^([\w.]+) appears more than once in the final defaults list", re.M)
 EDIT_FIXES = {
+    "Could not override '": "the defaults list chooses no {key} option, so '{key}=' has none to override: add "
+                            "one with {plus}",
     "Multiple values for": "{key} has an option already: choose another with {key}=NAME (no '+')",
     "appears more than once in the final defaults list": "{key} is chosen twice: give {key}=NAME once (no '+')",
     "No match in the defaults list": "no {key} option is chosen here, so there is none to remove: drop '~{key}'",
@@ -148,8 +150,27 @@ EDIT_FIXES = {
 }
 
 
-def _composition_violation(exc: BaseException) -> Violation:
-    """Hydra/OmegaConf errors carry the key in `full_key` or in their message: surface it."""
+def _group_options(group: str, source: Optional[ConfigSource]) -> list[str]:
+    """The options of a config group: GROUP/NAME.yaml in the primary config's dir and the user's dirs."""
+    source = source or ConfigSource()
+    dirs = [source.conf_dir, *(Path(p.removeprefix("file://")) for p in source.search_path if "://" not in p
+                               or p.startswith("file://")), CONF_DIR]
+    return sorted({f.stem for d in dirs for f in (d / group).glob("*.yaml")})
+
+
+def _add_group(key: str, overrides: Iterable[str], source: Optional[ConfigSource]) -> str:
+    """`+KEY=VALUE` for `KEY=VALUE` on a group the defaults list does not choose (recipe=nanov3): '+' adds it."""
+    value = next((o.split("=", 1)[1] for o in overrides if "=" in o and o.split("=", 1)[0] == key), None)
+    options = _group_options(key, source)
+    if value is not None and (value in options or not options):
+        return f"+{key}={value}"
+    return f"+{key}=NAME" + (f" (one of: {', '.join(options)})" if options else "")
+
+
+def _composition_violation(exc: BaseException, overrides: Iterable[str] = (),
+                           source: Optional[ConfigSource] = None) -> Violation:
+    """Hydra/OmegaConf errors carry the key in `full_key` or in their message: surface it. `overrides` (the
+    command line's) and `source` let a fix quote the override to give instead."""
     cause = exc
     while cause.__cause__ is not None and not hasattr(cause, "full_key"):
         cause = cause.__cause__
@@ -166,7 +187,7 @@ def _composition_violation(exc: BaseException) -> Violation:
     fix = "fix the value or the key named here"
     edit = next((why for pattern, why in EDIT_FIXES.items() if pattern in f"{exc}\n{cause}"), None)
     if edit:
-        fix = edit.format(key=key)
+        fix = edit.format(key=key, plus=_add_group(key, overrides, source) if "{plus}" in edit else "")
     elif options:
         fix = "choose one of: " + ", ".join(options.group(1).split())
     elif key and "not in" in text:
@@ -205,7 +226,7 @@ def compose(overrides: list[str], conf_dir: Path = CONF_DIR, source: Optional[Co
                 cfg = hydra_compose(config_name=source.config_name, overrides=[*source.overrides(), *usable],
                                     return_hydra_config=False)
         except Exception as exc:  # Hydra, OmegaConf, ValueError, or a file it cannot read: named, never a traceback
-            unknown.append(_composition_violation(exc))
+            unknown.append(_composition_violation(exc, usable, source))
             culprit = [o for o in usable if _override_key(o) == unknown[-1].keys[0]]
             if not culprit:
                 raise ConfigError(unknown) from exc

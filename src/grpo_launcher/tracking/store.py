@@ -123,16 +123,111 @@ def not_sqlite_problem(path: Path) -> str | None:
 
 def store_problem(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
     """Why a run could not open the MLflow store at `uri` from here, or None. Light (no mlflow import): a file or
-    sqlite store must be writable, an http store must answer. A database store (postgresql://, ...) is left to
-    MLflow: its host may be one only the run's nodes resolve."""
+    sqlite store must be writable, an http store must answer, a file store must be allowed (MLFLOW_ALLOW_FILE_STORE).
+    A database store (postgresql://, ...) is left to MLflow: its host may be one only the run's nodes resolve. A
+    scheme no MLflow store opens (bogus://) is scheme_problem's, a pure rule's (preflight/sizes.py mlflow_values):
+    a dry run and a Slurm plan are refused for it too."""
     if uri.startswith(SQLITE):
         return _writable_problem(Path(uri[len(SQLITE):])) or not_sqlite_problem(Path(uri[len(SQLITE):]))
     if uri.startswith(("http://", "https://")):
         return _http_problem(uri, timeout)
     if uri.startswith("file:"):
-        return _writable_problem(Path(urlsplit(uri).path))
+        return _writable_problem(Path(urlsplit(uri).path)) or file_store_problem(uri)
     if not SCHEME.match(uri):  # a plain path: MLflow's file store
-        return _writable_problem(Path(uri))
+        return _writable_problem(Path(uri)) or file_store_problem(uri)
+    return None
+
+
+FILE_STORE_ENV = "MLFLOW_ALLOW_FILE_STORE"  # MLflow 3's file store (a plain path, file:) opens only with it true
+
+
+def file_store_problem(uri: str) -> str | None:
+    """A file store (a plain path or file:) while MLflow refuses it: its FileStore raises unless
+    MLFLOW_ALLOW_FILE_STORE is true or 1 (any other value: a ValueError), after Ray and the workers started."""
+    value = os.environ.get(FILE_STORE_ENV)
+    if value is not None and value.lower() in ("true", "1"):
+        return None
+    path = Path(urlsplit(uri).path if uri.startswith("file:") else uri)
+    now = "unset" if value is None else f"it is {value!r}"
+    return (f"is a file store, which MLflow opens only with {FILE_STORE_ENV}=true ({now}): use "
+            f"sqlite:///{path.with_name(path.name + '.db')} instead (MLflow's advice; `mlflow migrate-filestore` moves old runs "
+            f"into it), or export {FILE_STORE_ENV}=true")
+
+
+# ------------------------------------------------------------------ what MLflow opens: the store's scheme, the
+# experiment's name (pure: the spec alone says; preflight/sizes.py mlflow_values refuses them, a dry run too)
+# The schemes MLflow 3.17's tracking and model-registry store registries both hold (an MlflowClient needs both:
+# bogus:// fails as UnsupportedModelRegistryStoreURIException); a plain path is the file store's ''. Any other
+# scheme is looked up in MLflow's registries themselves (a plugin's, by entry point), importing mlflow only then.
+MLFLOW_SCHEMES = ("file", "sqlite", "http", "https", "postgresql", "mysql", "mssql",
+                  "databricks", "databricks-uc", "uc")
+DB_ENGINES = ("postgresql", "mysql", "sqlite", "mssql")  # SQLAlchemy's dialects: postgresql+psycopg2:// is postgresql
+WHOLE_URIS = ("databricks", "databricks-uc", "uc")  # a tracking URI that is a scheme alone (MLflow's get_store)
+MAX_EXPERIMENT_NAME = 500  # mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH
+MAX_SQL_EXPERIMENT_NAME = 256  # the experiments table's name column, String(256): a server database refuses more
+
+
+def uri_scheme(uri: str) -> str:
+    """The scheme MLflow picks a store by (mlflow.utils.uri.get_uri_scheme): '' for a plain path, a database URI's
+    dialect without its driver (postgresql+psycopg2 → postgresql)."""
+    if uri in WHOLE_URIS:
+        return uri
+    if not SCHEME.match(uri):
+        return ""
+    scheme = uri.split(":", 1)[0].lower()
+    if len(scheme) == 1:  # a Windows drive letter: a path
+        return ""
+    return scheme.split("+", 1)[0] if scheme.startswith(DB_ENGINES) else scheme
+
+
+def mlflow_schemes() -> list[str]:
+    """The schemes MLflow's registries hold here: the built-in ones and every installed plugin's (imports mlflow)."""
+    try:
+        from mlflow.tracking._model_registry.utils import _get_store_registry
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    except Exception:  # noqa: BLE001 -- an mlflow that moved its registries: the built-in schemes
+        return list(MLFLOW_SCHEMES)
+    tracking, registry = _tracking_store_registry._registry, _get_store_registry()._registry
+    return sorted(s for s in tracking if s and s in registry)
+
+
+def _schemes_text(schemes: list[str]) -> str:
+    said = {"file": f"a directory path or file:///DIR (the file store, with {FILE_STORE_ENV}=true)", "sqlite": "sqlite:///PATH.db",
+            "http": "http(s)://HOST:PORT (an MLflow server)",
+            "postgresql": "postgresql://, mysql://, mssql:// (SQLAlchemy databases)",
+            "databricks": "databricks, databricks-uc, uc (Databricks, Unity Catalog)"}
+    same = {"https": "http", "mysql": "postgresql", "mssql": "postgresql", "databricks-uc": "databricks",
+            "uc": "databricks"}
+    ordered = [s for s in MLFLOW_SCHEMES if s in schemes] + [s for s in schemes if s not in MLFLOW_SCHEMES]
+    parts = dict.fromkeys(said.get(same.get(s, s), f"{s}:// (a plugin's)") for s in ordered)
+    return ", ".join(parts)
+
+
+def scheme_problem(uri: str) -> str | None:
+    """Why no MLflow store here opens `uri` (a scheme neither MLflow nor an installed plugin registers), or None."""
+    scheme = uri_scheme(uri)
+    if scheme in ("", *MLFLOW_SCHEMES):
+        return None
+    known = mlflow_schemes()
+    if scheme in known:
+        return None
+    return f"has the scheme '{scheme}:', which no MLflow store opens; MLflow here opens {_schemes_text(known)}"
+
+
+def experiment_name_limit(uri: str) -> int:
+    """The longest experiment name the store at `uri` takes."""
+    return MAX_SQL_EXPERIMENT_NAME if uri_scheme(uri) in ("postgresql", "mysql", "mssql") else MAX_EXPERIMENT_NAME
+
+
+def experiment_problem(name: str, uri: str) -> str | None:
+    """Why MLflow would refuse `name` as the experiment of a run whose store is `uri`, or None (MLflow's own check,
+    mlflow.utils.validation._validate_experiment_name, and a database server's column)."""
+    if not name:
+        return "is empty: MLflow refuses an experiment without a name ('Invalid experiment name')"
+    limit = experiment_name_limit(uri)
+    if len(name) > limit:
+        where = "MLflow" if limit == MAX_EXPERIMENT_NAME else f"the {uri_scheme(uri)} store's experiments table"
+        return f"is {len(name)} characters long: {where} takes at most {limit}"
     return None
 
 
