@@ -175,6 +175,8 @@ FAILING = [
     ([f"output_root={TESTS / 'data' / 'finished_run'}"], "run_name_not_finished", "name"),
     ([f"output_root={TESTS / 'data' / 'incompatible_run'}"], "run_name_checkpoints_compatible",
      "model.hidden_size"),
+    ([f"output_root={TESTS / 'data' / 'moved_store_run'}"], "run_name_keeps_its_tracking_store",
+     "logging.tracking_uri"),
     (["cluster=slurm", "cluster.python=/x y"], "shell_values", "cluster.python"),
     (["cluster=slurm", "output_root=/tmp/a\\b"], "slurm_log_paths", "output_root"),
     (["cluster=local_slurm", "cluster.gpus_per_node=8"], "slurm_node_shape", "cluster.gpus_per_node"),
