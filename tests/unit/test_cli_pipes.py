@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_launcher.launch import cli
+from grpo_launcher.launch import app
 from helpers import ROOT
 
 
@@ -44,7 +44,13 @@ class ClosedPipe:
 def test_a_closed_pipe_ends_a_subcommand_quietly(tmp_path, monkeypatch, args):
     a_local_run(tmp_path, "r1")
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
-    assert getattr(cli, args[0])([*args[1:], "--root", str(tmp_path)]) == 0
+    assert app.dispatch([*args, "--root", str(tmp_path)]) == 0
+
+
+def test_a_dry_run_into_a_closed_pipe_ends_quietly(tmp_path, monkeypatch):
+    """`launch.py dry_run=true | head -1`: the plan's printing ends at the closed pipe, exit 0, no traceback."""
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert app.dispatch([f"output_root={tmp_path}", "dry_run=true"]) == 0
 
 
 def test_launch_py_status_into_a_closed_pipe(tmp_path):

@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
 
 def dispatch(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:  # status | logs | cancel  <run name, job id or run dir>
-        return SUBCOMMANDS[argv[0]](argv[1:])
+        return cli.quiet_on_closed_pipe(SUBCOMMANDS[argv[0]])(argv[1:])
     typo = subcommand_typo(argv, list(SUBCOMMANDS))
     if typo is not None:
         print(typo.render(), file=sys.stderr)
@@ -127,11 +127,19 @@ def single_run(overrides: list[str], source: Optional[ConfigSource] = None, save
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
+    if launch.spec.dry_run:  # prints only: a reader gone (`| head`) ends it quietly
+        return cli.quiet_on_closed_pipe(lambda _: dry_run(launch))([])
     if launch.spec.logging.mlflow:
         print(tracking_line(launch.spec, launch.plan.tracking_uri), flush=True)
-    rc = execute(launch)  # local driver | sbatch (dry run prints, submits nothing)
-    if launch.spec.dry_run:
-        dry_run_notes(launch)
+    return execute(launch)  # local driver | sbatch
+
+
+def dry_run(launch: Launch) -> int:
+    """The plan and the exact sbatch script; nothing started, submitted or written."""
+    if launch.spec.logging.mlflow:
+        print(tracking_line(launch.spec, launch.plan.tracking_uri), flush=True)
+    rc = execute(launch)
+    dry_run_notes(launch)
     return rc
 
 

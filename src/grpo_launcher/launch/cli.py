@@ -155,7 +155,6 @@ def parse(args: list[str], prog: str, need_run: bool = True,
 # ------------------------------------------------------------------ status
 
 
-@quiet_on_closed_pipe
 def status(args: list[str]) -> int:
     a = parse(args, "status", need_run=False, extra=lambda ap: ap.add_argument("--json", action="store_true"))
     if a.run is None:
@@ -268,7 +267,6 @@ def follow(run_dir: Path, tails: list[tuple[str, Tail]], on_line: Optional[Calla
         time.sleep(poll)
 
 
-@quiet_on_closed_pipe
 def logs(args: list[str]) -> int:
     def extra(ap: argparse.ArgumentParser) -> None:
         ap.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
@@ -312,7 +310,6 @@ def logs(args: list[str]) -> int:
 # ------------------------------------------------------------------ cancel
 
 
-@quiet_on_closed_pipe
 def cancel(args: list[str]) -> int:
     a = parse(args, "cancel", extra=lambda ap: ap.add_argument("--timeout", type=float, default=120))
     try:
