@@ -177,6 +177,7 @@ FAILING = [
      "model.hidden_size"),
     ([f"output_root={TESTS / 'data' / 'moved_store_run'}"], "run_name_keeps_its_tracking_store",
      "logging.tracking_uri"),
+    (["logging.tracking_uri=bogus://x"], "mlflow_values", "logging.tracking_uri"),
     (["cluster=slurm", "cluster.python=/x y"], "shell_values", "cluster.python"),
     (["cluster=slurm", "output_root=/tmp/a\\b"], "slurm_log_paths", "output_root"),
     (["cluster=local_slurm", "cluster.gpus_per_node=8"], "slurm_node_shape", "cluster.gpus_per_node"),

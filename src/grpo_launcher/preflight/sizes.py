@@ -15,9 +15,6 @@ from ..plan import (
     train_model_parallel,
 )
 from ..envs.toy import MAX_VAL_PROMPTS, SPACE
-from ..secrets import redact_value
-from ..spec.mlflow_env import EXPERIMENT_ENV, URI_ENV, env_value
-from ..tracking.store import experiment_name_limit, experiment_problem, scheme_problem, store_uri
 from ..spec.errors import Violation
 from ..spec.model_dir import model_facts
 from ..spec.schema import ClusterKind, RolloutBackend, RunSpec
@@ -104,36 +101,6 @@ def value_ranges(s: RunSpec) -> Iterator[Violation]:
         yield V("value_ranges", ("env.num_val_prompts", "grpo.val_period", "grpo.val_at_end"),
                 "validation runs on a held-out set of 0 prompts", "set env.num_val_prompts ≥ 1, or "
                 "grpo.val_period=0 grpo.val_at_start=false grpo.val_at_end=false (no validation)")
-
-
-@rule("pure", name="value_ranges")
-def mlflow_values(s: RunSpec) -> Iterator[Violation]:
-    """The MLflow store's scheme and the experiment's name, which MLflow refuses only once the run opens its store
-    (Ray and the workers started): the spec alone says (tracking/store.py). Whether the store is there from here is
-    a probe's (tracking/rules.py tracking_store_reachable)."""
-    if not s.logging.mlflow:
-        return
-    uri, source = store_uri(s)
-    uri_keys = (URI_ENV, "logging.tracking_uri") if source == URI_ENV else ("logging.tracking_uri",)
-    problem = scheme_problem(uri)
-    if problem:
-        fix = (f"unset {URI_ENV} (runs go to the output root's sqlite store) or set it to one of those"
-               if source == URI_ENV else
-               "set logging.tracking_uri to one of those (e.g. sqlite:///DIR/mlflow.db), or null for the output "
-               "root's sqlite store")
-        yield V("value_ranges", uri_keys, f"the MLflow store {redact_value(uri)} (from {source}) {problem}",
-                f"{fix}; or logging.mlflow=false")
-    name = s.logging.experiment
-    problem = experiment_problem(name, uri)
-    if problem:
-        from_env = env_value(EXPERIMENT_ENV) == name
-        keys = (EXPERIMENT_ENV, "logging.experiment") if from_env else ("logging.experiment",)
-        shown = name if len(name) <= 40 else f"{name[:37]}..."
-        limit = experiment_name_limit(uri)
-        yield V("value_ranges", keys, f"the MLflow experiment name '{shown}' (from {keys[0]}) {problem}",
-                f"set {EXPERIMENT_ENV} to a name of 1 to {limit} characters, or unset it (experiment 'grpo')"
-                if from_env else f"set logging.experiment to a name of 1 to {limit} characters (the default: "
-                "logging.experiment=grpo)")
 
 
 @rule("pure")
