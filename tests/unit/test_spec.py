@@ -546,3 +546,10 @@ def test_cli_an_output_root_that_cannot_be_made_exits_2(launch_cmd, root):
 def test_cli_export_of_what_is_not_a_run_exits_2(launch_cmd, tmp_path):
     p = run([*launch_cmd, "export", str(tmp_path / "no-such-run")])
     assert p.returncode == 2 and p.stderr.startswith("config error") and "run_dir" in p.stderr, p.stderr
+
+
+def test_a_group_label_set_on_its_own_is_refused():
+    """loss.name=dapo alone trained plain GRPO labelled 'dapo' (no code reads the label): refused, naming the group."""
+    found = violations(["loss.name=dapo"])
+    assert [v.rule for v in found] == ["group_label"] and "loss=NAME (dapo, dr_grpo, grpo, gspo)" in found[0].fix
+    assert load_spec(["loss=dapo"]).loss.name == "dapo"

@@ -354,7 +354,7 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
     from .resolve import resolve
     from ..preflight.validate import validate
 
-    cfg, problems = fill_missing(cfg, list(known_problems))
+    cfg, problems = fill_missing(cfg, [*known_problems, *label_overrides(cli_keys)])
     try:
         spec = to_spec(cfg)
     except ConfigError as err:  # the typed spec could not be made: said with the overrides composition refused
@@ -366,6 +366,21 @@ def checked_spec(cfg: Any, cli_keys: list[str], known_problems: Iterable[Violati
     if violations:
         raise ConfigError(violations)
     return spec
+
+
+LABELS = {"loss.name": "loss"}  # keys that only record a group's choice: no code reads them
+
+
+def label_overrides(cli_keys: Iterable[str]) -> list[Violation]:
+    """`loss.name=dapo` set on its own changes no setting (a GRPO run labelled dapo): the group chooses them."""
+    out = []
+    for key in (k for k in cli_keys if k in LABELS):
+        group = LABELS[key]
+        options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+        out.append(Violation("group_label", (key, group), f"{key} only records the {group} group's choice: set "
+                             f"on its own it changes none of the {group} settings", f"choose the group instead: "
+                             f"{group}=NAME ({options}); then override its keys ({group}.clip_high=...)"))
+    return out
 
 
 def fill_missing(cfg: Any, problems: list[Violation]) -> tuple[Any, list[Violation]]:
