@@ -45,7 +45,7 @@ from .workers import Workers, create_workers, ray_session, ray_temp_problem
 
 def run(spec: RunSpec, plan: Plan, t_start: float | None = None, pending: Sequence[int] = ()) -> int:
     """`pending`: stop signals the caller held while this module loaded (launch/local.py signals_held)."""
-    stop = StopRequest.install(spec.deadlines.stop_grace_s, pending)  # first: a SIGUSR1 in start-up must not kill it
+    stop = StopRequest.install(spec.deadlines.stop_grace_s, pending, saves=spec.checkpoint.enabled)  # first: a SIGUSR1 in start-up must not kill it
     clock = StartupClock(t_start or process_start())  # where the time before step 1 went (train/startup.py)
     quiet_libraries()
     try:  # env=nemo_gym: envs.LAZY_ENVS imports grpo_launcher/gym on first use

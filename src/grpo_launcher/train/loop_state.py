@@ -45,11 +45,12 @@ class StopRequest:
     signum: int = 0
     count: int = 0
     grace_s: float | None = None  # the first signal waits this long for the step (None: for ever)
+    saves: bool = True  # checkpoint.enabled: the step's checkpoint is written before the exit
 
     @classmethod
-    def install(cls, grace_s: float | None = None, pending: Sequence[int] = ()) -> "StopRequest":
+    def install(cls, grace_s: float | None = None, pending: Sequence[int] = (), saves: bool = True) -> "StopRequest":
         """Takes the stop signals; the first of `pending` (signals held before, launch/local.py) is a stop now."""
-        req = cls(grace_s=grace_s)
+        req = cls(grace_s=grace_s, saves=saves)
         req.reinstall()
         if pending:
             req.handler(pending[0], None)
@@ -62,7 +63,8 @@ class StopRequest:
         self.signum = self.signum or signum
         if self.count == 1:
             bound = f" (at most deadlines.stop_grace_s={self.grace_s:g} s)" if self.grace_s else ""
-            print(f"grpo-launcher: {self.reason}: finishing the current step{bound}, then checkpoint and exit "
+            then = "checkpoint and exit" if self.saves else "exit (checkpoint.enabled=false: no checkpoint)"
+            print(f"grpo-launcher: {self.reason}: finishing the current step{bound}, then {then} "
                   f"(a second signal abandons the step)", file=sys.stderr, flush=True)
             if self.grace_s:
                 signal.signal(signal.SIGALRM, self.overdue)
