@@ -47,7 +47,8 @@ def deadline_s(recent: Sequence[float], cfg: DeadlinesSpec) -> float:
 def explain(recent: Sequence[float], cfg: DeadlinesSpec) -> str:
     """How a deadline was reached, in the keys' terms (for the hang message)."""
     if not recent:
-        return f"the phase's first wait: deadlines.first_s={cfg.first_s:g}"
+        floor = f", raised to deadlines.floor_s={cfg.floor_s:g}" if cfg.floor_s > cfg.first_s else ""
+        return f"the phase's first wait: deadlines.first_s={cfg.first_s:g}{floor}"
     return (f"max(deadlines.factor={cfg.factor:g} × {max(recent):.2f} s, the slowest of its last {len(recent)} "
             f"waits; deadlines.floor_s={cfg.floor_s:g})")
 
