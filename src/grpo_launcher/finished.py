@@ -61,5 +61,8 @@ def finished_problem(spec: RunSpec) -> Optional[tuple[str, str]]:
                 "(name=...)")
     if saved is None or saved < spec.grpo.max_steps:
         return None  # nothing yet, or grpo.max_steps grew: the run continues from its last checkpoint
-    return (f"run '{spec.name}' already finished (step {saved}) under {run_dir} (grpo.max_steps={spec.grpo.max_steps})",
+    stopped = done is None or done < saved  # stopped at step 99 of 400, launched with max_steps=50: not finished
+    what = f"has checkpoints up to step {saved}" if stopped else f"already finished (step {saved})"
+    return (f"run '{spec.name}' {what} under {run_dir} (grpo.max_steps={spec.grpo.max_steps}): nothing is left "
+            "to train",
             f"use checkpoint.resume=fresh or a new name (name=...); or raise grpo.max_steps above {saved} to extend it")
