@@ -269,8 +269,8 @@ def copy_regular_files(src: Path, dest: Path) -> None:
         if entry.is_symlink():
             raise ExportError(f"{Path(entry.path)} is a symlink (to {os.readlink(entry.path)}): a checkpoint holds "
                               "regular files only; nothing was exported", key="--step")
-        if entry.is_file(follow_symlinks=False):
-            shutil.copy2(entry.path, dest / entry.name, follow_symlinks=False)
+        if entry.is_file(follow_symlinks=False):  # the content, not the run dir's private 0600 mode: an export is
+            shutil.copyfile(entry.path, dest / entry.name, follow_symlinks=False)  # for others (umask's mode)
 
 
 def cast_weights(directory: Path, dtype: str) -> None:
