@@ -131,6 +131,73 @@ def test_an_optuna_option_out_of_its_choices_is_a_config_error(tmp_path, option)
     assert "Traceback" not in p.stdout + p.stderr and not list(tmp_path.iterdir())
 
 
+DIRECTION = ["hydra.sweeper.direction", "hydra.sweeper.objective"]
+
+
+@pytest.mark.parametrize("options,keys", [
+    (["hydra.sweeper.sampler=grid", "train.lr=interval(1e-5,1e-3)"], ["train.lr", "hydra.sweeper.sampler"]),
+    (["train.lr=tag(log,interval(0,1e-3))"], ["train.lr"]),
+    (["train.lr=interval(1e-3,1e-5)"], ["train.lr"]),
+    (["hydra.sweeper.n_trials=0", "train.lr=choice(1e-4,3e-4)"], ["hydra.sweeper.n_trials"]),
+    (["hydra.sweeper.n_trials=-1", "train.lr=choice(1e-4,3e-4)"], ["hydra.sweeper.n_trials"]),
+    (["hydra.sweeper.n_jobs=0", "train.lr=choice(1e-4,3e-4)"], ["hydra.sweeper.n_jobs"]),
+    (["hydra.sweeper.objective=train/loss", "train.lr=choice(1e-4,3e-4)"], DIRECTION),
+    (["hydra.sweeper.direction=minimize", "train.lr=choice(1e-4,3e-4)"], DIRECTION),
+])
+def test_what_the_optuna_sweeper_cannot_search_is_a_config_error(tmp_path, options, keys):
+    """grid over an interval was an AttributeError ('FloatDistribution' object has no attribute 'choices'), a log
+    interval from 0 optuna's ValueError, both with a traceback; n_trials < 1 ran nothing and exited 0 ('0 finished
+    trial(s), -1 wanted'), n_jobs=0 asked for no trial, ever; train/loss was maximized (the default direction)."""
+    p = launch("-m", "hydra/sweeper=optuna", *options, "dry_run=true", f"output_root={tmp_path}")
+    assert p.returncode == 2 and p.stderr.startswith("config error"), (p.stdout + p.stderr)[-2000:]
+    assert f"  - {', '.join(keys)}: " in p.stderr and "fix: " in p.stderr
+    assert "Traceback" not in p.stdout + p.stderr and not list(tmp_path.iterdir())
+
+
+def test_the_optuna_sweeper_takes_a_loss_minimized_and_a_grid_over_a_range(tmp_path):
+    """The direction rule leaves an objective minimized as it should be; grid enumerates a range of ints (was
+    'IntDistribution' object has no attribute 'choices')."""
+    import re
+
+    from grpo_launcher.launch.sweep import objective_higher_is_better
+
+    assert [objective_higher_is_better(m) for m in ("val/reward_mean", "val/accuracy", "val/reward/format_mean",
+                                                     "train/pg_loss", "time/step_s", "train/kl")] == \
+        [True, True, True, False, False, None]
+    p = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=2",
+               "hydra.sweeper.objective=train/loss", "hydra.sweeper.direction=minimize", "grpo.seed=range(1,3)",
+               "dry_run=true", f"output_root={tmp_path}")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-2000:]
+    assert re.findall(r"#\d: .* grpo\.seed=(\S+)", p.stdout + p.stderr) == ["1", "2"]
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_a_continued_study_draws_new_points_and_a_fresh_one_the_same(tmp_path, sampler):
+    """The sampler was seeded with hydra.sweeper.seed on every invocation: continuing a study (n_trials=2, then 3,
+    then 4) replayed the same random draws, so trials 2 and 3 got exactly trial 0's params (and 1's)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.grpo_launcher_plugins.optuna_sweeper import OptunaSweeper
+
+    space = {"train.lr": FloatDistribution(1e-5, 1e-3, log=True), "loss.clip_high": CategoricalDistribution([0.2, 0.28])}
+
+    def invocations(root, wanted):
+        sweeper = OptunaSweeper(sampler=sampler, seed=0)
+        sweeper.config = OmegaConf.create({"name": "opt", "output_root": str(root), "dry_run": False})
+        for n in wanted:  # each: `launch.py -m hydra/sweeper=optuna hydra.sweeper.n_trials=n ...` again
+            study = sweeper.study(space)
+            while len(study.trials) < n:
+                trial = study.ask(space)
+                study.tell(trial, trial.params["train.lr"])
+        return [tuple(t.params.values()) for t in study.trials]
+
+    continued = invocations(tmp_path / "a", [2, 3, 4])
+    assert len(set(continued)) == 4, continued
+    assert invocations(tmp_path / "b", [2]) == continued[:2]  # a fresh study: the seed's own draws
+    assert invocations(tmp_path / "c", [4]) == invocations(tmp_path / "d", [4])
+
+
 FAILS_AT_RUN_TIME = """def boom(prompt, completion, answer=None, **row):
     if str(completion).strip() == str(answer).strip():  # pre-flight's probe: the row's answer as the completion
         return 1.0

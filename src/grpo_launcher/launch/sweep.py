@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import IntervalSweep, Override
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, IntegerNode, OmegaConf
 
@@ -24,6 +24,7 @@ from ..checkpoint.manager import spec_changes
 from ..exit_codes import ExitCode
 from ..finished import newest_meta
 from ..plan import make_plan
+from ..preflight.training import METRIC_HIGHER_IS_BETTER
 from ..spec.compose import (ConfigSource, _composition_violation, check_override_keys, compose, register_schema,
                             to_spec)
 from ..spec.errors import ConfigError, Violation
@@ -133,6 +134,75 @@ def objective_problems(objective: object) -> list[Violation]:
     return [Violation("sweep_objective_is_logged", ("hydra.sweeper.objective",),
                       f"{objective!r} is not a metric a run logs, so no trial could report it",
                       f"use one of: {', '.join(sorted(metric_names.METRICS))} (or time/<phase>_s)")]
+
+
+def objective_higher_is_better(objective: str) -> Optional[bool]:
+    """Whether the objective is better when higher (True), lower (False), or either (None, e.g. train/kl): the
+    directions checkpoint.metric is ranked by (preflight/training.py), a loss, a reward or an accuracy, a wall time."""
+    known = METRIC_HIGHER_IS_BETTER.get(objective)
+    if known is not None:
+        return known
+    leaf = objective.rpartition("/")[2]
+    if "loss" in leaf:  # train/pg_loss
+        return False
+    if objective.startswith(metric_names.TIME_PREFIX) and leaf.endswith(("_s", "_ms")):  # time/step_s
+        return False
+    if leaf in ("reward_mean", "accuracy") or (objective.startswith(metric_names.REWARD_PART_PREFIXES)
+                                               and leaf.endswith("_mean")):  # val/reward/<function>_mean
+        return True
+    return None
+
+
+def optuna_settings_problems(n_trials: object, n_jobs: object, objective: str, direction: str) -> list[Violation]:
+    """The Optuna sweeper's numbers and the objective's direction, as the sweeper got them (command line, config).
+    n_trials < 1 ran nothing and exited 0 ('0 finished trial(s), -1 wanted'); n_jobs < 1 asked for no trial, ever;
+    a loss maximized (or a reward minimized) searched for the worst point, as checkpoint.metric's direction rule
+    says for top-k (preflight/training.py checkpoint_metric_direction)."""
+    bad = [Violation("sweeper_count", (f"hydra.sweeper.{key}",), f"hydra.sweeper.{key}={value}: must be ≥ 1 ({what})",
+                     f"hydra.sweeper.{key}={fix}")
+           for key, value, what, fix in (("n_trials", n_trials, "the trials the study should have", 8),
+                                         ("n_jobs", n_jobs, "the trials launched per batch", 1))
+           if not isinstance(value, int) or isinstance(value, bool) or value < 1]
+    higher = objective_higher_is_better(objective)
+    if higher is not None and direction in ("maximize", "minimize") and (direction == "maximize") != higher:
+        want = "maximize" if higher else "minimize"
+        bad.append(Violation("sweep_objective_direction", ("hydra.sweeper.direction", "hydra.sweeper.objective"),
+                             f"{objective} is better when {'higher' if higher else 'lower'}, but hydra.sweeper."
+                             f"direction={direction}: the study would search for the worst point",
+                             f"set hydra.sweeper.direction={want}"))
+    return bad
+
+
+def search_space_problems(ov: Override, sampler: str) -> list[Violation]:
+    """A swept key the Optuna sweeper cannot search (was optuna's ValueError, or an AttributeError for grid, and a
+    traceback): grid over an interval, an interval whose bounds are reversed, a log scale from 0 or below, a range
+    with no value, a glob."""
+    key, sweep = ov.get_key_element(), ov.value()
+    space = f"{key}=choice(a,b,...), {key}=range(start,stop,step) or {key}=interval(low,high)"
+    if isinstance(sweep, ChoiceSweep):
+        return []
+    if isinstance(sweep, RangeSweep):
+        if list(ov.sweep_iterator()):
+            return []
+        return [Violation("search_space", (key,), f"{ov.input_line}: the range has no value",
+                          f"a range with values, e.g. {key}=range(1,5)")]
+    if not isinstance(sweep, IntervalSweep):
+        return [Violation("search_space", (key,), f"{ov.input_line}: not a search space the Optuna sweeper knows",
+                          f"use {space}")]
+    if sampler == "grid":
+        return [Violation("grid_needs_choices", (key, "hydra.sweeper.sampler"),
+                          f"{ov.input_line}: the grid sampler enumerates each key's values, and an interval has none "
+                          "to enumerate", f"give the grid choice() values ({key}=choice(1e-5,1e-4,1e-3)) or "
+                          "range(...), or search the interval with hydra.sweeper.sampler=tpe or random")]
+    low, high = float(sweep.start), float(sweep.end)
+    if low > high:
+        return [Violation("search_space", (key,), f"{ov.input_line}: the interval's low bound {low:g} is above its "
+                          f"high bound {high:g}", f"{key}=interval({high:g},{low:g})")]
+    if "log" in sweep.tags and low <= 0:
+        example = f"{key}=tag(log,interval({high / 100:g},{high:g}))" if high > 0 else f"{key}=tag(log,interval(1e-5,1e-3))"
+        return [Violation("log_interval_above_zero", (key,), f"{ov.input_line}: a log scale needs a low bound > 0, "
+                          f"got {low:g}", f"a positive low bound ({example}), or the interval without tag(log, ...)")]
+    return []
 
 
 def named_points(base: str, points: Sequence[Sequence[str]]) -> list[list[str]]:

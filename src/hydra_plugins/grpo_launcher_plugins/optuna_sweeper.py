@@ -28,9 +28,9 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_launcher.exit_codes import ExitCode
-from grpo_launcher.launch.sweep import (end_study_parent_run, is_int_key, log_best_to_parent, trial_dir_problems,
-                                        trial_name)
-from grpo_launcher.spec.errors import ConfigError
+from grpo_launcher.launch.sweep import (end_study_parent_run, is_int_key, log_best_to_parent, optuna_settings_problems,
+                                        search_space_problems, trial_dir_problems, trial_name)
+from grpo_launcher.spec.errors import ConfigError, Violation
 
 log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random", "grid")
@@ -53,8 +53,9 @@ class OptunaSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="grpo_launcher")
 
 
-def distribution(ov: Override, integer: bool = False):
-    """Hydra sweep override → optuna distribution (`integer`: the key is an int, its interval searched as ints)."""
+def distribution(ov: Override, integer: bool = False, grid: bool = False):
+    """Hydra sweep override → optuna distribution (`integer`: the key is an int, its interval searched as ints;
+    `grid`: a range as its values, which the grid enumerates). launch/sweep.py search_space_problems checks first."""
     import optuna.distributions as d  # here: every launch.py start imports the plugins (Hydra's scan): 0.2 s
 
     sweep, log_scale = ov.value(), "log" in getattr(ov.value(), "tags", set())
@@ -62,7 +63,7 @@ def distribution(ov: Override, integer: bool = False):
         return d.CategoricalDistribution([c for c in sweep.list])
     if isinstance(sweep, RangeSweep):
         values = list(ov.sweep_iterator())
-        if all(isinstance(v, int) for v in values) and len(values) > 1:
+        if all(isinstance(v, int) for v in values) and len(values) > 1 and not grid:
             return d.IntDistribution(values[0], values[-1], step=values[1] - values[0])
         return d.CategoricalDistribution(values)
     if isinstance(sweep, IntervalSweep):
@@ -88,16 +89,32 @@ class OptunaSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config)
         self.launcher.invalid_points_fail = True  # a sampled point that breaks a rule is a failed trial
 
-    def split(self, arguments: List[str]) -> tuple[List[str], Dict[str, Any]]:
+    def split(self, arguments: List[str]) -> tuple[List[str], Dict[str, Any], List[Violation]]:
+        """(the fixed overrides, the search space, what in it the sweeper cannot search)."""
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         params = [f"{k}={v}" for k, v in self.conf.params.items()]
-        fixed, space = [], {}
+        fixed, space, bad = [], {}, []
         for ov in parser.parse_overrides([*params, *arguments]):
-            if ov.is_sweep_override():
-                space[ov.get_key_element()] = distribution(ov, is_int_key(self.config, ov.get_key_element()))
-            else:
+            if not ov.is_sweep_override():
                 fixed.append(ov.input_line)
-        return fixed, space
+            elif problems := search_space_problems(ov, self.conf.sampler):
+                bad += problems
+            else:
+                key = ov.get_key_element()
+                space[key] = distribution(ov, is_int_key(self.config, key), grid=self.conf.sampler == "grid")
+        return fixed, space, bad
+
+    def sampler(self, tried: int) -> Any:
+        """The sampler, seeded by hydra.sweeper.seed and the trials the study already has: a fresh study (none) is
+        seeded with the seed itself, so the same seed gives the same trials; a continued study draws new points (the
+        same seed replayed the same random draws: each new trial repeated one of the first ones)."""
+        import numpy as np
+        import optuna  # here: every launch.py start imports the plugins
+
+        seed = self.conf.seed if tried == 0 else int(np.random.SeedSequence([self.conf.seed, tried]).generate_state(1)[0])
+        if self.conf.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=seed)
+        return optuna.samplers.RandomSampler(seed=seed)
 
     def study(self, space: Dict[str, Any]):
         import optuna  # here: every launch.py start imports the plugins
@@ -108,11 +125,10 @@ class OptunaSweeper(Sweeper):
         if c.dry_run:  # a dry run's trials have no value (their result is the plan's exit code): never stored
             storage = None
             log.info("dry run: the study is kept in memory only (its storage is not touched)")
-        sampler = (optuna.samplers.TPESampler(seed=self.conf.seed) if self.conf.sampler == "tpe"
-                   else optuna.samplers.RandomSampler(seed=self.conf.seed))
         Path(str(c.output_root)).mkdir(parents=True, exist_ok=True)
-        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+        study = optuna.create_study(study_name=name, storage=storage, sampler=self.sampler(0),
                                     direction=self.conf.direction, load_if_exists=True)
+        study.sampler = self.sampler(len(study.trials))  # a continued study: seeded anew
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)  # left running by an interrupted sweep
         if self.conf.sampler == "grid":  # every grid point not tried yet is queued, in order
@@ -125,7 +141,12 @@ class OptunaSweeper(Sweeper):
         return study
 
     def sweep(self, arguments: List[str]) -> Any:
-        fixed, space = self.split(arguments)
+        c = self.conf
+        fixed, space, bad = self.split(arguments)
+        bad = optuna_settings_problems(c.n_trials, c.n_jobs, c.objective, c.direction) + bad
+        if bad:  # before the study is opened or created: nothing is written
+            print(ConfigError(bad).render(), file=sys.stderr)
+            sys.exit(ExitCode.CONFIG_ERROR)  # passes through Hydra's error reporting: no traceback
         study = self.study(space)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
