@@ -25,11 +25,25 @@
 # that such an image lacks (llguidance 1.6.1: the 1.7 it pins is not on the index; it is only imported, for
 # structured output), then packs everything into one tar split into SPLIT_MIB parts (a size limit per transfer):
 #   OUT_DIR/parts/kit.tar.NN + OUT_DIR/parts/SHA256SUMS
+#   bash scripts/gpu-kit.sh lite OUT_DIR LITE_DIR   the same wheels less vLLM and its own dependencies: one part
+#     (~50 MB) that fits one call with the tree (torch backend, rollout=hf)
 # On the node, after the parts arrived (all of them: checked):
 #   bash scripts/gpu-kit.sh install OUT_DIR/parts [/tmp/site]
 # and what is there (vLLM + its MoE library, mamba-ssm's kernels, causal-conv1d, flash-attn, TE, the plugin):
 #   bash scripts/gpu-kit.sh check [/tmp/site]
 set -euo pipefail
+if [ "${1:-}" = lite ]; then  # lite KIT_DIR OUT: the kit's wheels without vLLM and what only vLLM imports, one
+  # part (~50 MB) that travels with the tree in one call: enough for the torch backend with rollout=hf
+  src=$2 out=$3 wheels=()
+  mkdir -p "$out" && out=$(cd "$out" && pwd)
+  vllm_only='^(vllm|xgrammar|llguidance|openai|openai_harmony|apache_tvm_ffi|compressed_tensors|depyf|blake3|cbor2|fastar|diskcache|megatron_core)-'
+  for w in "$src"/*.whl; do
+    [[ $(basename "$w") =~ $vllm_only ]] || wheels+=("$(basename "$w")")
+  done
+  tar -cf "$out/kit.tar.00" -C "$src" "${wheels[@]}"
+  (cd "$out" && sha256sum kit.tar.00 > SHA256SUMS && ls -l kit.tar.00)
+  exit 0
+fi
 if [ "${1:-}" = install ]; then
   parts=$2 site=${3:-/tmp/site}
   [ -f "$parts/SHA256SUMS" ] || { echo "no $parts/SHA256SUMS" >&2; exit 1; }
