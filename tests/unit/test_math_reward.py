@@ -304,6 +304,9 @@ SCALES = [
     ("602000000000000000000000", r"\boxed{6.02 \times 10^{23}}", 1),
     (r"6.02 \times 10^{23}", r"\boxed{6.02e23}", 1),
     (r"6.02 \times 10^{23}", r"\boxed{6.03e23}", 0),
+    ("123456789012", r"\boxed{123456789013}", 0),  # two integers: exact, at any size
+    ("123456789012", r"\boxed{123456789012}", 1),
+    ("1/10000000", r"\boxed{2/10000000}", 0),
     ("1/3", r"\boxed{0.333333}", 1),  # between, math-verify's own rule stands
     ("1/3", r"\boxed{0.33}", 0),
 ]

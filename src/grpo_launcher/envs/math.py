@@ -88,8 +88,8 @@ def grade(gold: str, completion: str) -> bool:
     one = bool(target) and not isinstance(target[0], (Set, Tuple))  # one value: the last box is the answer
     got = completion_parsed(completion, last_box=one)
     verdict = bool(target) and bool(verify(list(target), got, timeout_seconds=None))
-    a, b = (one_number(x) for x in (target, got))
-    if a is None or b is None:
+    (a, exact_a), (b, exact_b) = (one_number(x) for x in (target, got))
+    if a is None or b is None or (exact_a and exact_b):  # two integers or fractions: math-verify compares exactly
         return verdict
     scale = max(abs(a), abs(b))
     if SMALL <= scale < LARGE:
@@ -97,23 +97,25 @@ def grade(gold: str, completion: str) -> bool:
     return bool(abs(a - b) <= RELATIVE * scale)
 
 
-def one_number(parsed: Any) -> Any:
-    """The parsed answer's value when it is one real number (a sympy Float of 30 digits), else None."""
+def one_number(parsed: Any) -> tuple[Any, bool]:
+    """(the parsed answer's value when it is one real number: a sympy Float of 30 digits, else None; whether it is
+    exact: no float in it)."""
     from sympy import Basic, Float
 
     first = parsed[0] if parsed else None
     if not isinstance(first, Basic) or not first.is_number or first.has(Float("nan")):
-        return None
+        return None, False
     try:
         value = first.evalf(30)
     except Exception:  # noqa: BLE001  (sympy's evaluation of an odd expression: no number, math-verify decides)
-        return None
-    return value if isinstance(value, Float) and value.is_finite else None
+        return None, False
+    return (value if isinstance(value, Float) and value.is_finite else None), not first.atoms(Float)
 
 
 def boxed_numbers(text: str) -> str:
     """A number in a box as a model writes it: `\\boxed{1 000 000}` (digit groups; math-verify reads 1·0·0), other
-    numbers side by side as a list (`\\boxed{1 2}`: 1, 2, as an answer cell `1 2` reads) and `\\boxed{10.}` (a sentence's full stop; read as the text '10.') as the number."""
+    numbers side by side as a list (`\\boxed{1 2}`: 1, 2, as an answer cell `1 2` reads) and `\\boxed{10.}` (a
+    sentence's full stop; read as the text '10.') as the number."""
     text = _BOX_GROUPS.sub(lambda m: "\\boxed{" + m.group(1).replace(" ", "") + "}", text)
     text = _BOX_SPACED.sub(lambda m: "\\boxed{" + ", ".join(m.group(1).split()) + "}", text)
     return _BOX_STOP.sub(r"\\boxed{\1}", text)
