@@ -67,7 +67,7 @@ def run_name_keeps_its_tracking_store(s: RunSpec) -> Iterator[Violation]:
     new = s.logging.tracking_uri
     env = env_value(URI_ENV)
     chosen = new is not None and not (env and absolute_uri(env) == new)  # logging.tracking_uri itself: a move
-    if old == redact_value(new) or chosen:
+    if redact_value(old) == redact_value(new) or chosen:  # meta.json keeps it redacted (older ones: in clear)
         return
     where = f"{URI_ENV}={redact_value(env)}" if env else f"the output root's store ({URI_ENV} unset)"
     yield V("run_name_keeps_its_tracking_store", ("logging.tracking_uri", URI_ENV),
