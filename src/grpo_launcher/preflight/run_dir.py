@@ -63,11 +63,11 @@ def run_name_keeps_its_tracking_store(s: RunSpec) -> Iterator[Violation]:
     newest = newest_meta(Path(s.output_root).resolve() / s.name)
     if newest is None:
         return
-    old = ((newest[1].get("spec") or {}).get("logging") or {}).get("tracking_uri")
+    old = redact_value(((newest[1].get("spec") or {}).get("logging") or {}).get("tracking_uri"))  # never shown in clear
     new = s.logging.tracking_uri
     env = env_value(URI_ENV)
     chosen = new is not None and not (env and absolute_uri(env) == new)  # logging.tracking_uri itself: a move
-    if redact_value(old) == redact_value(new) or chosen:  # meta.json keeps it redacted (older ones: in clear)
+    if old == redact_value(new) or chosen:  # meta.json keeps it redacted (an older one: in clear)
         return
     where = f"{URI_ENV}={redact_value(env)}" if env else f"the output root's store ({URI_ENV} unset)"
     yield V("run_name_keeps_its_tracking_store", ("logging.tracking_uri", URI_ENV),
