@@ -8,7 +8,7 @@ curve (tracking/plot.py) name them. tests/integration/test_sweeps.py checks a re
 from __future__ import annotations
 
 # per step: rollout and scoring (train/driver.py make_batch, step)
-TRAIN_REWARD_MEAN = "train/reward_mean"
+TRAIN_REWARD_MEAN = "train/reward_mean"  # every sample the step generated (loss=dapo: kept groups or not)
 TRAIN_REWARD_STD = "train/reward_std"
 TRAIN_ACCURACY = "train/accuracy"  # the share of samples whose (weighted) reward is ≥ 1: exact for 0/1 rewards
 TRAIN_ADV_MEAN = "train/adv_mean"
