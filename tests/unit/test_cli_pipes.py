@@ -66,3 +66,10 @@ def test_launch_py_status_into_a_closed_pipe(tmp_path):
         finally:
             os.close(write)
         assert (r.returncode, r.stderr) == (0, ""), (args, r.stderr[-2000:])
+
+
+def test_logs_refuses_a_negative_line_count(capsys):
+    """`logs -n -5` printed the log without its first 5 lines: argparse now names the option (exit 2)."""
+    with pytest.raises(SystemExit) as exc:
+        app.dispatch(["logs", "r1", "-n", "-5"])
+    assert exc.value.code == 2 and "argument -n/--lines: must be ≥ 0, got -5" in capsys.readouterr().err

@@ -267,10 +267,18 @@ def follow(run_dir: Path, tails: list[tuple[str, Tail]], on_line: Optional[Calla
         time.sleep(poll)
 
 
+def line_count(text: str) -> int:
+    """`logs -n N`: N ≥ 0 (argparse names the option and the value otherwise; -5 skipped the first 5 lines)."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {n}")
+    return n
+
+
 def logs(args: list[str]) -> int:
     def extra(ap: argparse.ArgumentParser) -> None:
         ap.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
-        ap.add_argument("-n", "--lines", type=int, default=0, help="only the last N lines (without -f)")
+        ap.add_argument("-n", "--lines", type=line_count, default=0, help="only the last N lines (without -f)")
         which = ap.add_mutually_exclusive_group()
         which.add_argument("--slurm", action="store_true", help="the batch script's log (Ray bring-up, errors)")
         which.add_argument("--node", help="the Ray log of one node (e.g. n2)")
