@@ -1,5 +1,5 @@
 """`launch.py status|logs|cancel ... | head -1`: a reader that went away ends the subcommand quietly (exit 0, no
-BrokenPipeError traceback, no 'Exception ignored' at exit)."""
+BrokenPipeError traceback, no 'Exception ignored' at exit); and the subcommands' own argument checks."""
 
 from __future__ import annotations
 
