@@ -125,7 +125,7 @@ def store_problem(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
     """Why a run could not open the MLflow store at `uri` from here, or None. Light (no mlflow import): a file or
     sqlite store must be writable, an http store must answer, a file store must be allowed (MLFLOW_ALLOW_FILE_STORE).
     A database store (postgresql://, ...) is left to MLflow: its host may be one only the run's nodes resolve. A
-    scheme no MLflow store opens (bogus://) is scheme_problem's, a pure rule's (preflight/sizes.py mlflow_values):
+    scheme no MLflow store opens (bogus://) is scheme_problem's, a pure rule's (tracking/rules.py mlflow_values):
     a dry run and a Slurm plan are refused for it too."""
     if uri.startswith(SQLITE):
         return _writable_problem(Path(uri[len(SQLITE):])) or not_sqlite_problem(Path(uri[len(SQLITE):]))
@@ -155,7 +155,7 @@ def file_store_problem(uri: str) -> str | None:
 
 
 # ------------------------------------------------------------------ what MLflow opens: the store's scheme, the
-# experiment's name (pure: the spec alone says; preflight/sizes.py mlflow_values refuses them, a dry run too)
+# experiment's name (pure: the spec alone says; tracking/rules.py mlflow_values refuses them, a dry run too)
 # The schemes MLflow 3.17's tracking and model-registry store registries both hold (an MlflowClient needs both:
 # bogus:// fails as UnsupportedModelRegistryStoreURIException); a plain path is the file store's ''. Any other
 # scheme is looked up in MLflow's registries themselves (a plugin's, by entry point), importing mlflow only then.
