@@ -4,10 +4,10 @@ clean stop when user code (a reward function, an Env class, a prompt) fails mid-
 from __future__ import annotations
 
 import json
-from typing import Any
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..checkpoint import CheckpointManager
 from ..envs.prompting import prompting_record
@@ -155,14 +155,20 @@ def diverged(exc: BaseException, state: Any) -> int:
     step = state.step + 1 if state is not None else 1
     latest = state.ckpt.latest() if state is not None else None
     if state is not None:
-        state.abort()
-        try:
-            state.finish("FAILED")
-        except Exception:  # noqa: BLE001
-            pass
+        mark_failed(state)
     print(f"error: step {step}: {cause}\ngrpo-launcher: run stopped; last checkpoint: {latest or 'none'}",
           file=sys.stderr, flush=True)
     return 1
+
+
+def mark_failed(state: Any) -> None:
+    """Metrics after the last checkpoint dropped, summary.json and the MLflow run FAILED (best effort: the run is
+    ending on an error already)."""
+    state.abort()
+    try:
+        state.finish("FAILED")
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def user_code_failed(exc: BaseException, trainer, state) -> int:
@@ -180,10 +186,6 @@ def user_code_failed(exc: BaseException, trainer, state) -> int:
             saved = f"; checkpoint of step {state.step} kept in {state.plan.checkpoint_dir}"
     except Exception as save_exc:  # noqa: BLE001
         saved = f"; saving a checkpoint failed too ({type(save_exc).__name__}: {save_exc})"
-    state.abort()
-    try:
-        state.finish("FAILED")
-    except Exception:  # noqa: BLE001
-        pass
+    mark_failed(state)
     print(f"error: {cause}\ngrpo-launcher: run stopped at step {state.step + 1}{saved}", file=sys.stderr, flush=True)
     return 1
