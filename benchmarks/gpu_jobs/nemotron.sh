@@ -91,7 +91,7 @@ step() {
       python3 launch.py model=nemotron_h_tiny rollout=vllm "${GPU[@]}" dry_run=true > "$OUT/gate.txt" 2>&1
       echo "gate: exit $? (2 expected)"; grep -A3 "config error" "$OUT/gate.txt" | head -6
       mv /tmp/moe.so "$lib" ;;
-    hf1b) run nh1b-hf model=nemotron_h_1b "${GPU[@]}" "${WARM[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
+    hf1b) run nh1b-hf model=nemotron_h_1b "${GPU[@]}" "${WARM[@]}" grpo.max_steps="${HF1B_STEPS:-12}" checkpoint.enabled=false ;;
     vllm1b) run nh1b-vllm model=nemotron_h_1b rollout=vllm "${GPU[@]}" "${WARM[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
     tiny) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k "nemotron_h_learns_with_vllm" 2>&1 | tail -8 ;;
     mtiny) run nhtiny-mega model=nemotron_h_tiny train.backend=megatron rollout=vllm "${GPU[@]}" grpo.max_steps=30 \
