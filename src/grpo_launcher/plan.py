@@ -16,7 +16,7 @@ from typing import Optional
 
 from .logit_heads import head_for
 from .secrets import redact_value
-from .spec.schema import RolloutBackend, RunSpec
+from .spec.schema import ClusterKind, RolloutBackend, RunSpec
 from .stop_tokens import describe as describe_stop_tokens
 
 # Fixed Ray port block, offsets from cluster.ray_port (documented in README "Ports").
@@ -154,6 +154,7 @@ class Plan:
     model_path: Optional[str] = None  # model.path: the summary prints the stop tokens the engines read from it
     mlflow: bool = True  # logging.mlflow: the summary names the tracking store only when runs go to it
     compute: str = "fp32"  # train.precision as the workers apply it (bf16 is a GPU setting)
+    local_cores: int = 0  # a CPU run on cluster=local: this machine's cores (the summary says when slots ask for more)
 
     @property
     def policy_ranks(self) -> int:
@@ -165,6 +166,14 @@ class Plan:
     def engine_bundle0(self) -> int:
         """The first bundle of the engines: after the policy's when they have devices of their own."""
         return self.train_devices if self.rollout_devices else 0
+
+    def oversubscribed(self) -> str:
+        """A local CPU run whose slots ask for more cores than the machine has: said, as the run still goes."""
+        asked = self.bundle.get("CPU", 0.0) * self.world_size
+        if not self.local_cores or asked <= self.local_cores:
+            return ""
+        return (f" (warning: {asked:g} cores asked, this machine has {self.local_cores}: the workers' threads share "
+                "them, each step slower; lower cluster.cpus_per_worker)")
 
     def summary(self) -> str:
         kind = "GPU" if self.use_gpus else "CPU slot"
@@ -186,7 +195,7 @@ class Plan:
                 f"compute              : {self.compute}",
                 f"max model len        : {self.max_model_len}",
                 f"stop tokens          : {describe_stop_tokens(self.model_path)}",
-                f"Ray bundle / device  : {self.bundle}",
+                f"Ray bundle / device  : {self.bundle}{self.oversubscribed()}",
                 f"run dir              : {self.run_dir}",
                 "tracking             : " + (redact_value(self.tracking_uri) if self.mlflow  # a password: ***
                                               else "MLflow off (logging.mlflow=false)"),
@@ -234,6 +243,7 @@ def make_plan(spec: RunSpec) -> Plan:
         mlflow=spec.logging.mlflow,
         logprob_head=head_for(spec.model.path, spec.model.family, spec.train.logprob_chunk_tokens).why,
         compute=compute_line(spec, use_gpus),
+        local_cores=len(os.sched_getaffinity(0)) if spec.cluster.kind == ClusterKind.local and not use_gpus else 0,
     )
 
 
