@@ -21,8 +21,11 @@ def test_the_plan_warns_when_local_cpu_slots_ask_for_more_cores_than_the_machine
     from grpo_launcher.spec.compose import compose, to_spec
 
     cores = len(os.sched_getaffinity(0))
-    line = lambda *o: next(x for x in make_plan(to_spec(compose(list(o)))).summary().splitlines()
-                           if x.startswith("Ray bundle"))
+
+    def line(*overrides: str) -> str:
+        lines = make_plan(to_spec(compose(list(overrides)))).summary().splitlines()
+        return next(x for x in lines if x.startswith("Ray bundle"))
+
     assert "warning" not in line()
     many = line(f"cluster.cpus_per_worker={cores + 62}")
     assert f"{cores + 62} cores asked, this machine has {cores}" in many and "cluster.cpus_per_worker" in many
