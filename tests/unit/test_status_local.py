@@ -57,3 +57,36 @@ def test_a_full_disk_under_the_driver_log_adds_no_traceback(capsys):
         print("grpo-launcher: no space left on device under RUN_DIR", file=tee, flush=True)
         tee.flush()
     assert terminal.getvalue() == "grpo-launcher: no space left on device under RUN_DIR\n"
+
+
+def test_a_copied_run_dir_is_reported_as_a_copy_and_cancel_leaves_the_original_alone(launch_here, tmp_path):
+    """`cp -r outputs/a outputs/b` while `a` ran: `status` listed both as 'a' RUNNING, and `cancel b` sent SIGTERM
+    to a's driver (status.json's pid travels with the copy). A stand-in process holds the pid here."""
+    import shutil
+    import subprocess
+    import sys
+
+    spec = load_spec([f"output_root={tmp_path}", "name=a", "logging.mlflow=false", "grpo.max_steps=4"])
+    plan = make_plan(spec)
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        with recorded(spec, plan) as rec:
+            st = json.loads((plan.run_dir / "status.json").read_text())
+            st["pid"] = driver.pid  # the original run's driver, still running
+            (plan.run_dir / "status.json").write_text(json.dumps(st))
+            (plan.run_dir / "metrics.jsonl").write_text(json.dumps({"step": 2}) + "\n")
+            shutil.copytree(plan.run_dir, tmp_path / "b")
+            listed = launch_here(tmp_path, "status", "--root", str(tmp_path))
+            cancel = launch_here(tmp_path, "cancel", "b", "--root", str(tmp_path), "--timeout", "5")
+            one = launch_here(tmp_path, "status", "b", "--root", str(tmp_path))
+            assert driver.poll() is None, "cancel of the copy stopped the original's driver"
+            rec["rc"] = 0
+    finally:
+        driver.kill()
+        driver.wait()
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert names == ["a", "b"] and "b" in listed.stdout.splitlines()[1] and "STOPPED" in listed.stdout, listed.stdout
+    assert cancel.returncode == 0 and "a copy of" in cancel.stdout, cancel.stdout + cancel.stderr
+    rows = {line[:11].strip(): line[11:] for line in one.stdout.splitlines()}
+    assert rows["run"] == "b" and rows["state"].startswith("STOPPED") and "a copy of" in rows["state"], one.stdout
+    assert rows["step"].startswith("2/4") and "job" not in rows, one.stdout

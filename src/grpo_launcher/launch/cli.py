@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..exit_codes import ExitCode
-from .local_status import cancel_local, describe_local, local_state
+from .local_status import cancel_local, describe_local, local_state, local_step
 from .status import (
     TERMINAL,
     effective_state,
@@ -119,8 +119,32 @@ def last_step(driver_log: Path) -> Optional[str]:
     return step
 
 
+def written_for(run_dir: Path, st: dict) -> Optional[str]:
+    """Where this status.json was written, when not here: a run dir copied or moved keeps the original's job id and
+    pid, which are not this dir's to report on or cancel (None: it is this dir's own)."""
+    recorded = st.get("run_dir")
+    if recorded:
+        return None if Path(str(recorded)).resolve() == Path(run_dir).resolve() else str(recorded)
+    name = st.get("name")  # a status.json from before run_dir was recorded for local runs
+    return f"run '{name}'" if name and name != Path(run_dir).name else None
+
+
+def describe_copy(run_dir: Path, st: dict, origin: str) -> dict:
+    """A copied run dir: its files as they are, no job or process (those are the original's)."""
+    recorded = st.get("state", "UNKNOWN")
+    state = recorded if recorded in TERMINAL else "STOPPED"
+    return {"name": run_dir.name, "state": state, "job_id": None, "job_ids": [], "kind": st.get("kind"), "pid": None,
+            "note": f"a copy of {origin}: its job or process is that run's; a launch with this name resumes the copy "
+                    "as a run of its own", "copy_of": origin, "recorded_state": recorded, "run_dir": str(run_dir),
+            "restarts": None, "exit_code": st.get("exit_code"), "message": st.get("message"),
+            "step": local_step(run_dir, st), "driver_log": None, "slurm_log": None, "phase": None, "timing": None}
+
+
 def describe(run_dir: Path) -> dict:
     st = read_status(run_dir)
+    origin = written_for(run_dir, st)
+    if origin is not None:
+        return describe_copy(run_dir, st, origin)
     if st.get("kind") == "local":  # cluster=local runs (launch/local_status.py)
         return describe_local(run_dir, st)
     job = str(st.get("job_id", "")) or None
@@ -170,7 +194,7 @@ def status(args: list[str]) -> int:
     s = info.get("slurm", {})
     rows = [("run", info["name"]),
             ("state", info["state"] + (f"  ({info['note']})" if info["note"] else "")),
-            ("job", "local" if info.get("kind") == "local"  # no Slurm job: no start count, no job ids
+            ("job", None if info.get("copy_of") else "local" if info.get("kind") == "local"  # no Slurm job: no start
              else f"{info['job_id']}  (start #{info['restarts'] or 0}; job ids {', '.join(info['job_ids'])})")]
     if s:
         rows.append(("slurm", f"{s.get('JobState')} on {s.get('NodeList')}  run time {s.get('RunTime')} / "
@@ -326,6 +350,9 @@ def cancel(args: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.FAILED
     info = describe(run_dir)
+    if info.get("copy_of"):
+        print(f"run dir {run_dir} is {info['note'].split(':')[0]}: nothing of its own runs (state {info['state']})")
+        return ExitCode.OK
     if info.get("kind") == "local":
         return cancel_local(info, a.timeout)
     job = info["job_id"]

@@ -86,7 +86,7 @@ def recorded(spec, plan) -> Iterator[dict]:
     with closing_quietly(open(path, "a", encoding="utf-8")) as log:
         log.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} launch.py (pid {os.getpid()}): run '{spec.name}'\n")
         write_status(plan.run_dir, "RUNNING", kind=LOCAL, name=spec.name, pid=os.getpid(), host=socket.gethostname(),
-                     driver_log=str(path), max_steps=spec.grpo.max_steps, event="started")
+                     driver_log=str(path), max_steps=spec.grpo.max_steps, run_dir=str(plan.run_dir), event="started")
         out, err = sys.stdout, sys.stderr
         tee = Tee(err, log)
         sys.stdout, sys.stderr = Tee(out, log), tee
