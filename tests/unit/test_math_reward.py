@@ -287,6 +287,14 @@ REVISED = [
     (r"We get $f(2) = \boxed{7}$, so $g(f(2)) = \boxed{8}$.", r"\boxed{8}", 1),
     (r"We get $f(2) = \boxed{7}$, so $g(f(2)) = \boxed{8}$.", r"\boxed{7, 8}", 0),
     (r"We get $f(2) = \boxed{7}$, so $g(f(2)) = \boxed{8}$.", r"\boxed{7}", 0),
+    # a hedge, no box: math-verify read `5 or 6` as its first value (1 for the answer 5: a policy learns to hedge)
+    (5, "The answer is 5 or 6", 0),
+    (6, "The answer is 5 or 6.", 0),
+    ("5, 6", "The answer is 5 or 6", 1),
+    (3, "The final answer is $3$ or $4$", 0),
+    ("1/2", "The answer is 1/2 or 0.5.", 1),  # one value written twice
+    (4, "The answer is 3 or 4. Actually, the answer is 4.", 1),  # the last answer stated, not a hedge
+    (12, "The answer is 12 or so", 1),
 ]
 
 # numbers far from 1: math-verify rounds to 6 decimal places, so every two numbers below 1e-6 were equal (and

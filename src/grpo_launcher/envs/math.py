@@ -51,6 +51,9 @@ _SPACED_NUMBERS = re.compile(r"[-+]?\d+(?:\.\d+)?(?:\s+[-+]?\d+(?:\.\d+)?)+")  #
 _THIN_SEPARATOR = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")  # 1\,234 (a LaTeX thousands separator)
 _ANSWER_WORDS = re.compile(r"\\text\{\s*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*:?\s*\}", re.I)  # in a box
 _BOX_GROUPS = re.compile(r"\\boxed\{\s*([-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?)\s*\}")  # \boxed{1 000 000}
+# `the answer is 5 or 6` (no box): math-verify reads its first value, 5, so a hedge scored as a hit; read as both
+_HEDGED = re.compile(r"answer\s+(?:is|=)\s*:?\s*\$?([-+]?\d(?:[\d.,/]*\d)?)\$?\s+or\s+\$?([-+]?\d(?:[\d.,/]*\d)?)", re.I)
+_ANSWER_IS = re.compile(r"answer\s+(?:is|=)", re.I)
 _BOX_SPACED = re.compile(r"\\boxed\{\s*(" + _SPACED_NUMBERS.pattern + r")\s*\}")  # \boxed{1 2}: the list 1, 2
 _BOX_STOP = re.compile(r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?)\.\s*\}")  # \boxed{10.}
 _HASHES = re.compile(r"####\s*(\S[^\n]*)?")  # GSM8K's answer line: what follows the first `####`, to the line's end
@@ -139,12 +142,25 @@ def completion_parsed(completion: str, last_box: bool = False) -> list:
     if "####" in text and "\\boxed" not in text:  # GSM8K's format: its answer line, not a run-on's last number
         line = _HASHES.search(text)
         text = (line.group(1) or "").strip() if line else ""
+    text = unhedged(text)
     if bare(text.strip()):
         return list(gold_parsed(text.strip()))
     got = parse(text, parsing_timeout=None)
     if "\\%" in text and all(isinstance(x, str) for x in got):  # math-verify 0.9 leaves \boxed{50\%} a
         got = parse(text.replace("\\%", ""), parsing_timeout=None)  # string: 50, as it reads $50\%$
     return got
+
+
+def unhedged(text: str) -> str:
+    """`The answer is 5 or 6` (no box; the text's last `answer is`) as both values, `5, 6`: a one-value answer then
+    fails (math-verify read 5, and a hedge scored as a hit); `1/2 or 0.5` (one value twice) as the first."""
+    from math_verify import verify  # (the same)
+
+    last = list(_HEDGED.finditer(text)) if "\\boxed" not in text else []
+    if not last or any(m.start() > last[-1].start() for m in _ANSWER_IS.finditer(text)):
+        return text
+    a, b = last[-1].groups()
+    return a if verify(list(gold_parsed(a)), list(gold_parsed(b)), timeout_seconds=None) else f"{a}, {b}"
 
 
 def final_part(completion: str) -> str:
