@@ -287,6 +287,35 @@ def test_hf_engine_samples_with_the_hf_forwards_logprobs(families, family):
     assert worst(f.batch.generation_logprobs, f.ref_lp, f.mask) <= TOL
 
 
+def test_longrope_samples_and_trains_on_the_factors_vllm_picks(tmp_path):
+    """Phi-3's longrope: transformers picks short or long factors per forward from that call's longest position, so
+    rollout=hf's KV-cached decode kept prompt keys on the short factors past original_max_position_embeddings while
+    the policy's whole-sequence forward ran the long: 0.65 nats apart, exit 0 (found by the family tester). Both now
+    run the factors vLLM picks for the run (long: max_model_len > original), whatever a forward's width."""
+    from grpo_launcher.models.rope import PINNED
+
+    tok = build_tokenizer()
+    half = COMMON["hidden_size"] // COMMON["num_attention_heads"] // 2
+    rope = dict(rope_type="longrope", rope_theta=1e4, original_max_position_embeddings=8,
+                short_factor=[1.0 + i / half for i in range(half)], long_factor=[4.0 + 2 * i for i in range(half)])
+    cfg = AutoConfig.for_model("phi3", **COMMON, rope_parameters=rope, original_max_position_embeddings=8,
+                               pad_token_id=tok.pad_token_id,
+                               eos_token_id=tok.eos_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(tmp_path / "phi3_lr")
+    tok.save_pretrained(tmp_path / "phi3_lr")
+    f = Family("phi3_lr", tmp_path / "phi3_lr", tmp_path)  # prompts of 6-7 tokens, 6 new: past 8 while decoding
+    assert f.chunked.model.config.rope_parameters["original_max_position_embeddings"] == 8
+    assert {m.rope_type for m in f.chunked.model.modules() if hasattr(m, "inv_freq")} == {PINNED}
+    assert worst(f.batch.generation_logprobs, f.chunked.logprobs(f.batch)[0], f.mask) <= TOL
+    long = f.batch.attention_mask.sum(1) > 8  # HF's own forward runs the long factors on these rows whole
+    assert long.any() and worst(f.batch.generation_logprobs[long], f.ref_lp[long], f.mask[long]) <= TOL
+    ids = torch.arange(3, 15).view(1, 12)
+    with torch.no_grad():  # a prefix's logits do not depend on how long the forward is (6 vs 12 positions)
+        short, within = f.whole.model(ids[:, :6]).logits, f.whole.model(ids).logits[:, :6]
+    assert float((short - within).abs().max()) <= TOL
+
+
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) & set(FAMILY_LOGITS)))
 def test_the_post_processing_matters_here(families, family):
     """Without its logit post-processing the family's logprobs move by far more than TOL: the checks above see it."""

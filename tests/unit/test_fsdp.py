@@ -151,12 +151,12 @@ def _meta_rank(rank: int, path: str, store: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
-        model = fsdp.load_model(path, torch.device("cpu"), sharded=True)
+        model = fsdp.load_model(path, torch.device("cpu"), sharded=True, max_len=64)
         assert all(p.is_meta for p in model.parameters())  # nothing read, nothing allocated yet
         ref = copy.deepcopy(model)  # the KL reference, as the worker makes it (loss.kl_coef > 0)
         fsdp.shard(model, bf16=False)
         fsdp.shard(ref, bf16=False)
-        fsdp.materialize([model, ref], path, torch.device("cpu"))
+        fsdp.materialize([model, ref], path, torch.device("cpu"), max_len=64)
         full = fsdp.full_weights(model, device=torch.device("cpu"))
         ref_full = fsdp.full_weights(ref, device=torch.device("cpu"))
         assert all(torch.equal(ref_full[k], v) for k, v in full.items())

@@ -29,6 +29,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from ..models.attention import hf_attention
+from ..models.rope import pin_longrope
 
 FULL = StateDictOptions(full_state_dict=True)
 FULL_ON_RANK0_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the other ranks get {}
@@ -99,19 +100,24 @@ def shard(model: nn.Module, bf16: bool, offload: bool = False) -> nn.Module:
     return model
 
 
-def load_model(model_dir: str, device: torch.device, sharded: bool) -> nn.Module:
+def load_model(model_dir: str, device: torch.device, sharded: bool, max_len: int) -> nn.Module:
     """The policy's HF model: loaded onto `device`, or (sharded) its modules on the meta device, no memory
-    taken until `materialize` fills this rank's shards from rank 0's copy."""
+    taken until `materialize` fills this rank's shards from rank 0's copy. Longrope is pinned for max_len (the
+    engines' max model length: models/rope.py)."""
     from transformers import AutoConfig, AutoModelForCausalLM  # here: the driver imports this module, not transformers
 
     attn = hf_attention(model_dir)  # eager where sdpa would drop Gemma-2's attention softcapping (models/attention.py)
     if not sharded:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **attn).to(device)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32, **attn)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **attn).to(device)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32, **attn)
+    pin_longrope(model, max_len)
+    return model
 
 
-def materialize(models: list[nn.Module], model_dir: str, device: torch.device, offload: bool = False) -> None:
+def materialize(models: list[nn.Module], model_dir: str, device: torch.device, max_len: int,
+                offload: bool = False) -> None:
     """Sharded meta-device models -> real shards on `device`: rank 0 alone reads the weights (on the CPU), each
     rank receives its shards by broadcast (torch.distributed.checkpoint's broadcast_from_rank0); the buffers a
     state dict leaves out (rotary inverse frequencies, ...) are broadcast as rank 0's copy computed them.
@@ -121,6 +127,8 @@ def materialize(models: list[nn.Module], model_dir: str, device: torch.device, o
 
     lead = dist.get_rank() == 0
     full = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32) if lead else None
+    if full is not None:
+        pin_longrope(full, max_len)  # its rotary buffers are every rank's (below)
     state = full.state_dict() if full is not None else {}
     buffers = dict(full.named_buffers()) if full is not None else {}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)

@@ -27,6 +27,7 @@ from ..algos import (LossInputs, entropy_from_logits, linear_logprobs, local_den
                      token_logprobs)
 from ..logit_heads import HeadChoice, LogitTransform, head_for
 from ..models.nemotron_h import bind_mamba_kernels
+from ..plan import engine_max_model_len
 from ..rollout.hf import engine_dtype
 from ..spec.schema import Precision, RunSpec
 from ..batch import TrainBatch, response_logits
@@ -53,7 +54,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         # FSDP2 over the DP ranks, applied once the process group exists; train.cpu_offload: also on one rank
         self.offload = spec.train.cpu_offload and self.device.type == "cuda"
         self.sharded = world > 1 or self.offload
-        self.model = fsdp.load_model(self.model_dir, self.device, sharded=self.sharded)  # sharded: on meta
+        self.model = fsdp.load_model(self.model_dir, self.device, self.sharded, engine_max_model_len(spec))  # meta if sharded
         self.startup_marks.append(("load", time.time()))
         # nemotron_h: the Mamba-2 kernels this device runs (none on CPU; unfused without causal-conv1d)
         self.mamba_path = bind_mamba_kernels(self.model, on_cuda=self.device.type == "cuda")
@@ -114,7 +115,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             if self.ref is not None:
                 fsdp.shard(self.ref, self.bf16, self.offload)
             fsdp.materialize([m for m in (self.model, self.ref) if m is not None], self.model_dir, self.device,
-                             self.offload)
+                             engine_max_model_len(self.spec), self.offload)
             self._build_optimizer()  # over the sharded parameters (fully_shard replaces them)
 
     # ------------------------------------------------------------------ logprobs

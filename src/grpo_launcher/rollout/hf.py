@@ -26,6 +26,8 @@ import torch
 
 from ..models.attention import hf_attention
 from ..models.nemotron_h import bind_mamba_kernels
+from ..models.rope import pin_longrope
+from ..plan import engine_max_model_len
 from ..spec.schema import RunSpec
 from ..batch import Generation
 from ..stop_tokens import stop_token_ids
@@ -71,6 +73,7 @@ class HFEngine:
         if model is None:  # a separate inference copy in the run's precision, refit in place
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine_dtype(spec, device),
                                                          **hf_attention(model_dir)).to(device)  # models/attention.py
+            pin_longrope(model, engine_max_model_len(spec))  # as the policy's copy (models/rope.py)
         self.model = model
         bind_mamba_kernels(model, on_cuda=device.type == "cuda")  # nemotron_h: no Triton kernel on CPU tensors
         self.compiled = device.type == "cuda" and spec.rollout.hf_compile
