@@ -190,6 +190,34 @@ def test_dataset_order_epochs_and_resume_safety():
     assert [p.source for p in make_env(spec).train_prompts(40, 0, 16)] == epoch2[7 * 16:8 * 16]
 
 
+def test_a_resume_with_another_prompt_count_carries_on_in_the_data():
+    """Steps 1-4 at 4 prompts, resumed for steps 5-8 at 8: steps 5-8 trained rows 32-63 (each step at
+    (step - 1) × 8), rows 16-31 never (found by the journeys tester). The checkpoint's meta keeps how many prompts
+    the run drew; the resume carries on from there; a checkpoint saved before that field was kept reads as its own
+    per-step count."""
+    import dataclasses
+
+    from grpo_launcher.envs import make_env
+    from grpo_launcher.plan import make_plan
+    from grpo_launcher.spec.compose import load_spec
+    from grpo_launcher.train.loop_state import LoopState
+
+    args = ["env=dataset", "env.shuffle=false", f"env.train_path={ROOT / 'data/reverse_train.jsonl'}",
+            f"env.val_path={ROOT / 'data/reverse_val.jsonl'}"]
+    four, eight = (load_spec([*args, f"grpo.num_prompts_per_step={n}", f"train.global_batch_size={8 * n}",
+                              "train.micro_batch_size=8", "train.logprob_batch_size=8"])
+                   for n in (4, 8))
+    first = LoopState(four, make_plan(four), None, None)
+    assert first.prompts_drawn(4) == 16
+    resumed = LoopState(eight, make_plan(eight), None, None, step=4, data_origin=(4, first.prompts_drawn(4)))
+    env = make_env(eight)
+    env.data_origin = resumed.data_origin
+    rows = [p.source for s in range(5, 9) for p in env.train_prompts(s, 0, 8)]
+    assert rows == [p.source for p in make_env(eight).train_prompts(2, 0, 16)] + \
+        [p.source for p in make_env(eight).train_prompts(3, 0, 16)]  # rows 16..47, in order
+    assert resumed.prompts_drawn(6) == 32 and dataclasses.replace(resumed, data_origin=(6, 32)).prompts_drawn(8) == 48
+
+
 def test_a_subclass_score_override_is_the_reward_the_worker_gives():
     """A user's MathEnv subclass that overrides score (the issue's workaround) scores in the env worker: the inherited
     score_detail (per-function rewards) no longer bypasses it."""

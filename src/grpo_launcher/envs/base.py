@@ -27,3 +27,12 @@ class Env(Protocol):
 
     def warmup_examples(self, n: int) -> list[tuple[str, str]]:
         """(prompt, answer) pairs for the tiny model's supervised warm start; [] if the env has none."""
+
+
+def first_position(origin: tuple[int, int], step: int, n: int) -> int:
+    """The position in a dataset's stream of step `step`'s first prompt, n prompts a step from `origin` = (a step,
+    the prompts drawn through it): (0, 0) on a fresh run, the resumed checkpoint's (train/loop_state.py) on a
+    resume. A resume that changed grpo.num_prompts_per_step carries on from the next row (a position of
+    (step - 1) × n skipped rows 17-32 of 64 when 4 became 8 at step 5, or trained some twice when it shrank)."""
+    s0, c0 = origin
+    return c0 + (step - s0 - 1) * n

@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional
 
 from ..spec.schema import EnvSpec
 from . import rewards as R
-from .base import Prompt
+from .base import Prompt, first_position
 from .usercode import UserCodeError
 
 JSONL = (".jsonl", ".ndjson")
@@ -413,6 +413,7 @@ def load_split(env: EnvSpec, which: str) -> Table:
 
 class DatasetEnv:
     DEFAULT_REWARD: Optional[str] = "grpo_launcher.envs.rewards:exact_match"  # when no env.reward_fn(s)
+    data_origin: tuple[int, int] = (0, 0)  # set by the trainer on a resume (envs/base.py first_position)
 
     def __init__(self, spec: EnvSpec, seed: int = 0):
         self.spec, self.seed = spec, seed
@@ -449,7 +450,7 @@ class DatasetEnv:
         if round_ > 0:  # dynamic-sampling refill
             rng = random.Random(f"refill-{self.seed}-{step}-{round_}")
             return [self._prompt(t, rng.randrange(N)) for _ in range(n)]
-        first = (step - 1) * n  # steps count from 1
+        first = first_position(self.data_origin, step, n)  # steps count from 1
         return [self._prompt(t, self._order(k // N)[k % N]) for k in range(first, first + n)]
 
     def val_prompts(self) -> list[Prompt]:

@@ -14,6 +14,7 @@ from typing import Optional
 
 import jinja2
 
+from ..envs.base import first_position
 from .samples import GymPrompt
 from .serving import CHATML
 
@@ -60,6 +61,8 @@ def to_prompt(row: dict, index: int) -> GymPrompt:
 class GymEnv:
     """env.name=nemo_gym in the env registry (envs.LAZY_ENVS); its loop's rollout source is GymSource."""
 
+    data_origin: tuple[int, int] = (0, 0)  # set by the trainer on a resume (envs/base.py first_position)
+
     @staticmethod
     def rollout_source() -> type:
         """The loop's rollout source for this env: Gym's servers around it, rollouts and rewards through its agents."""
@@ -76,7 +79,8 @@ class GymEnv:
 
     def train_prompts(self, step: int, round_: int, n: int) -> list[GymPrompt]:
         """Epochs of a seeded shuffle; (step, round_) picks the same rows on every resume."""
-        start = ((step - 1) + round_ * 7919) * n  # rounds > 0 (dynamic sampling) draw elsewhere in the stream
+        start = first_position(self.data_origin, step, n) + round_ * 7919 * n  # rounds > 0 (dynamic sampling)
+        # draw elsewhere in the stream
         out = []
         for k in range(start, start + n):
             epoch, pos = divmod(k, len(self.train))

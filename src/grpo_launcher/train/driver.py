@@ -203,6 +203,8 @@ class Trainer:
                                workers.policy[:1])[0]  # why not AutoTokenizer
         write_prompting(plan.run_dir, self.tok, spec.env, state.data_log, model_dir,  # chat template, system prompt,
                         split_prompts(env, plan.prompts_per_step, validation_on(spec.grpo)))  # first prompts
+        if hasattr(env, "data_origin"):  # a dataset's stream: a resume carries on where its checkpoint's steps left it
+            env.data_origin = state.data_origin
         self.engines = EnginePool(spec, plan, workers, self.tok)
         self.source: RolloutSource = source(spec, plan, env, self.engines, stop)
         self.deadline = (time.monotonic() + parse_duration(spec.checkpoint.must_save_by)

@@ -114,6 +114,12 @@ class LoopState:
     last: dict = field(default_factory=dict)  # latest value of every metric (summary.json, sweeps)
     gpu_peak: Any = None  # tracking/gpu_memory.GpuPeak: the measured whole-GPU peak, reported at the end
     mlflow_run_id: Optional[str] = None  # the resumed checkpoint's: kept in the next ones while logging.mlflow=false
+    data_origin: tuple[int, int] = (0, 0)  # (a step, the prompts drawn through it): envs/base.py first_position
+
+    def prompts_drawn(self, step: int) -> int:
+        """Prompts the run's steps 1..step drew from its data (round 0), with this launch's per-step count."""
+        s0, c0 = self.data_origin
+        return c0 + (step - s0) * self.plan.prompts_per_step
 
     @classmethod
     def start(cls, spec: RunSpec, plan: Plan, ckpt) -> "LoopState":
@@ -137,8 +143,10 @@ class LoopState:
             if sent:
                 print(f"grpo-launcher: replayed {sent} metric value(s) of {path.name} that never reached MLflow",
                       flush=True)
+        step = int(meta["step"])  # before prompts_drawn was saved: the checkpoint's own count per step, throughout
+        drawn = meta["state"].get("prompts_drawn", step * int(meta["spec"]["grpo"]["num_prompts_per_step"]))
         return cls(spec, plan, ckpt, tracker, step=meta["step"], checkpoint_path=path,
-                   data_log=_data_log(spec, plan), mlflow_run_id=run_id)
+                   data_log=_data_log(spec, plan), mlflow_run_id=run_id, data_origin=(step, int(drawn)))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.step = step
@@ -164,7 +172,8 @@ class LoopState:
         checkpoint is renamed into place, then they are committed to MLflow (a crash in between: replayed
         on resume). MLflow's step axis only ever holds checkpointed steps: no repeats, no gaps."""
         # a start with logging.mlflow=false keeps the run's MLflow run: switched on again, it continues there
-        state = {"mlflow_run_id": self.tracker.run_id if self.tracker else self.mlflow_run_id}
+        state = {"mlflow_run_id": self.tracker.run_id if self.tracker else self.mlflow_run_id,
+                 "prompts_drawn": self.prompts_drawn(step)}  # where a resume's data carries on
         pending = self.tracker.pending() if self.tracker is not None else []
         self.ckpt.save(step, write, state, {k: v for k, v in metrics.items() if isinstance(v, float)},
                        pending_metrics=pending)
