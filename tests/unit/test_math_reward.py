@@ -253,6 +253,16 @@ PERCENT = [
     (12.5, r"so \boxed{12.5 \%}.", 1),
     ("50%", r"\boxed{40\%}", 0),
     (0.5, r"\boxed{40\%}", 0),
+    # a percentage is its number against a gold percentage, its value or number against a plain one: 0.2\% read as
+    # 0.2 matched a gold 20% (whose value is 0.2), and 20\% never matched a gold 0.2 (found by the journeys tester)
+    ("20%", r"\boxed{0.2\%}", 0),
+    ("20%", r"The answer is $0.2\%$", 0),
+    ("20%", "0.2%", 0),
+    ("20%", r"\boxed{20\%}", 1),
+    ("20%", r"\boxed{0.2}", 1),
+    (0.2, r"\boxed{20\%}", 1),
+    (0.125, "The answer is 12.5%.", 1),
+    ("20%", r"\boxed{20\%} ... wait, \boxed{30}", 0),
 ]
 
 

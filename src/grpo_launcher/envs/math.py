@@ -56,6 +56,11 @@ _HEDGED = re.compile(r"answer\s+(?:is|=)\s*:?\s*\$?([-+]?\d(?:[\d.,/]*\d)?)\$?\s
 _ANSWER_IS = re.compile(r"answer\s+(?:is|=)", re.I)
 _BOX_SPACED = re.compile(r"\\boxed\{\s*(" + _SPACED_NUMBERS.pattern + r")\s*\}")  # \boxed{1 2}: the list 1, 2
 _BOX_STOP = re.compile(r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?)\.\s*\}")  # \boxed{10.}
+# a percentage as an answer states it: 20\%, 20%, 20 \text{%}; its number is group 1
+_PERCENT = r"([-+]?\d+(?:\.\d+)?)\s*(?:\\%|%|\\text\{\s*\\?%\s*\})"
+_BOXED_PERCENT = re.compile(r"\\boxed\{\s*" + _PERCENT + r"\s*\}")
+_STATED_PERCENT = re.compile(r"answer\s+is\s*:?\s*\$?" + _PERCENT, re.I)
+_BARE_PERCENT = re.compile(r"\s*\$?" + _PERCENT + r"\$?\.?\s*")
 _HASHES = re.compile(r"####\s*(\S[^\n]*)?")  # GSM8K's answer line: what follows the first `####`, to the line's end
 _UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt",  # − π √ as a model types them
                           **{chr(0xFF10 + d): str(d) for d in range(10)}})  # and full-width digits (１２)
@@ -82,7 +87,40 @@ def gold_text(answer: Any) -> str:
 
 
 def grade(gold: str, completion: str) -> bool:
-    """math-verify's verdict for the completion against the gold answer text (no time bound of its own)."""
+    """math-verify's verdict for the completion against the gold answer text (no time bound of its own); a
+    completion that answers with a percentage by percent_verdict."""
+    stated = completion_percent(completion)
+    if stated is not None:
+        return percent_verdict(gold, stated)
+    return graded(gold, completion)
+
+
+def completion_percent(completion: str) -> str | None:
+    """The number of a completion whose final answer is a percentage (its last box, else `the answer is 20%` or
+    the bare `20%`), else None."""
+    text = final_part(completion)
+    boxes = list(_BOXED_PERCENT.finditer(text)) if "\\boxed" in text else []
+    if "\\boxed" in text:
+        last = text[text.rfind("\\boxed"):]
+        return boxes[-1].group(1) if boxes and last.startswith(boxes[-1].group(0)) else None
+    stated = list(_STATED_PERCENT.finditer(text))
+    bare = _BARE_PERCENT.fullmatch(text)
+    return stated[-1].group(1) if stated else bare.group(1) if bare else None
+
+
+def percent_verdict(gold: str, number: str) -> bool:
+    """A completion answering `number`%: against a gold percentage, the two percentages' numbers (20% is not
+    0.2%: math-verify read `\\boxed{0.2\\%}` as 0.2, which a gold 20% also reads as); against a plain gold, its
+    value (20% = 0.2) or its number (50% for the answer 50, as a gold 50% takes 50)."""
+    gold_number = _BARE_PERCENT.fullmatch(gold)
+    if gold_number is not None:
+        return graded(gold_number.group(1), f"\\boxed{{{number}}}")
+    value = format(Decimal(number) / 100, "f")
+    return graded(gold, f"\\boxed{{{value}}}") or graded(gold, f"\\boxed{{{number}}}")
+
+
+def graded(gold: str, completion: str) -> bool:
+    """math-verify's verdict, numbers far from 1 compared by their relative difference."""
     from math_verify import verify  # here: it imports sympy (seconds), and pre-flight imports this module
 
     from sympy import Set, Tuple  # (the same: math-verify's own dependency)
