@@ -26,17 +26,17 @@
 # structured output), then packs everything into one tar split into SPLIT_MIB parts (a size limit per transfer):
 #   OUT_DIR/parts/kit.tar.NN + OUT_DIR/parts/SHA256SUMS
 #   bash scripts/gpu-kit.sh lite OUT_DIR LITE_DIR   the same wheels less vLLM and its own dependencies: one part
-#     (~50 MB) that fits one call with the tree (torch backend, rollout=hf)
+#     (~52 MB) that fits one call with the tree (both backends, rollout=hf)
 # On the node, after the parts arrived (all of them: checked):
 #   bash scripts/gpu-kit.sh install OUT_DIR/parts [/tmp/site]
 # and what is there (vLLM + its MoE library, mamba-ssm's kernels, causal-conv1d, flash-attn, TE, the plugin):
 #   bash scripts/gpu-kit.sh check [/tmp/site]
 set -euo pipefail
 if [ "${1:-}" = lite ]; then  # lite KIT_DIR OUT: the kit's wheels without vLLM and what only vLLM imports, one
-  # part (~50 MB) that travels with the tree in one call: enough for the torch backend with rollout=hf
+  # part (~52 MB) that travels with the tree in one call: enough for both backends with rollout=hf
   src=$2 out=$3 wheels=()
   mkdir -p "$out" && out=$(cd "$out" && pwd)
-  vllm_only='^(vllm|xgrammar|llguidance|openai|openai_harmony|apache_tvm_ffi|compressed_tensors|depyf|blake3|cbor2|fastar|diskcache|megatron_core)-'
+  vllm_only='^(vllm|xgrammar|llguidance|openai|openai_harmony|apache_tvm_ffi|compressed_tensors|depyf|blake3|cbor2|fastar|diskcache)-'
   for w in "$src"/*.whl; do
     [[ $(basename "$w") =~ $vllm_only ]] || wheels+=("$(basename "$w")")
   done
