@@ -58,6 +58,7 @@ from ..batch import TrainBatch
 from . import megatron_convert as mc, megatron_cpu, megatron_hybrid, microbatch
 from .hybrid import HybridRollout
 from .megatron_families import CPU_SHIM_ENV
+from .megatron_pad_row import freeze_lookup_row, hf_padding_idx
 from .profile import Profiling, profiled
 from .update_log import Diverged, UpdateLog, finite_norm
 
@@ -292,6 +293,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
 
         full = mc.to_full(load_hf_weights(self.model_dir), self.arch)
         self.model = self._build_and_load(full)
+        freeze_lookup_row(self.model, hf_padding_idx(self.model_dir))  # as the HF model's nn.Embedding(padding_idx)
         self.ref = None
         if self.spec.loss.kl_coef > 0:
             self.ref = self._build_and_load(full).eval().requires_grad_(False)
