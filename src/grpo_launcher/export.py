@@ -416,7 +416,8 @@ def _check_loads(path: Path) -> None:
         raise ExportError(f"the exported tokenizer in {path} has no EOS token")
 
 
-def main(args: list[str]) -> int:
+def parse_args(args: list[str]) -> argparse.Namespace:
+    """`launch.py export`'s command line (exits 2 with its usage on a bad one, as argparse does)."""
     ap = argparse.ArgumentParser(prog="launch.py export", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", type=Path, help="a run directory (or a run name under --root)")
@@ -428,7 +429,11 @@ def main(args: list[str]) -> int:
                     help="the weights' dtype (default bfloat16; saved: as the checkpoint holds them)")
     ap.add_argument("--root", type=Path, default=Path(os.environ.get("GRPO_OUTPUT_ROOT", "outputs")),
                     help="where run dirs live, for a run name (default ./outputs)")
-    ns = ap.parse_args(args)
+    return ap.parse_args(args)
+
+
+def main(args: list[str]) -> int:
+    ns = parse_args(args)
     run_dir = ns.run_dir if (ns.run_dir / "spec.yaml").exists() else ns.root / ns.run_dir
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:

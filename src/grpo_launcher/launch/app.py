@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import shlex
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -116,7 +117,7 @@ def subcommand_typo(argv: list[str], commands: list[str]) -> Optional[ConfigErro
     if not near:
         return None  # an override without '=': the override check says how to write it
     return ConfigError([Violation("subcommand", (argv[0],), f"'{argv[0]}' is not a command",
-                                  f"did you mean '{near[0]}'? python launch.py {' '.join([near[0], *argv[1:]])} "
+                                  f"did you mean '{near[0]}'? python launch.py {shlex.join([near[0], *argv[1:]])} "
                                   f"(commands: {', '.join(commands)})")])
 
 

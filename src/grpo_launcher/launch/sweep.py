@@ -23,6 +23,7 @@ from omegaconf import DictConfig, IntegerNode, OmegaConf
 from ..checkpoint.manager import spec_changes
 from ..exit_codes import ExitCode
 from ..finished import newest_meta
+from ..pasteable import arg
 from ..plan import make_plan
 from ..preflight.training import METRIC_HIGHER_IS_BETTER
 from ..spec.compose import (ConfigSource, _composition_violation, check_override_keys, compose, register_schema,
@@ -439,7 +440,7 @@ def point_outcome(launch: Launch, result: Optional[JobReturn]) -> tuple[bool, st
     why = status.get("message") or (raised[0] if raised else "")
     code = status.get("exit_code")
     return True, (f"exit {code}: " if code is not None else "") + (why or "see its log: python launch.py logs "
-                                                                    f"{launch.plan.run_dir}")
+                                                                    f"{arg(launch.plan.run_dir)}")
 
 
 def config_line(err: ConfigError) -> str:

@@ -13,6 +13,7 @@ from ..checkpoint import CheckpointManager
 from ..envs.prompting import prompting_record
 from ..exit_codes import ExitCode
 from ..export import RUN_MODEL_FILES, write_model_record
+from ..pasteable import arg, override
 from ..plan import Plan
 from ..runfiles import write_atomic
 from ..secrets import has_secret_argument, redact_value
@@ -92,9 +93,9 @@ def resume_command(spec: RunSpec, plan: Plan, argv: list[str] | None = None) -> 
                  or any("${" in a for a in argv[1:] if not a.startswith(("name=", "output_root="))))
     if argv and Path(argv[0]).name == "launch.py" and plain:
         kept = [a for a in argv[1:] if a.partition("=")[0].lstrip("+~") not in ("name", "output_root")]
-        where = [f"output_root={spec.output_root}", f"name={spec.name}"]
-        return " ".join([*env_prefix(spec), "python", shlex.join([argv[0], *kept, *where])])
-    return f"python launch.py rerun {shlex.quote(str(plan.run_dir))} {shlex.quote(f'name={spec.name}')}"
+        where = [override("output_root", spec.output_root), override("name", spec.name)]
+        return " ".join([*env_prefix(spec), "python", shlex.join([argv[0], *kept]), *where])
+    return f"python launch.py rerun {arg(plan.run_dir)} {override('name', spec.name)}"
 
 
 def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None, stopped: bool = False) -> str:
@@ -111,7 +112,7 @@ def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None, stop
     if png is not None:
         rows.append(("reward curve", png))
     if spec.logging.tensorboard:
-        rows.append(("TensorBoard", f"tensorboard --logdir {plan.run_dir / 'tensorboard'}"))
+        rows.append(("TensorBoard", f"tensorboard --logdir {arg(plan.run_dir / 'tensorboard')}"))
     if spec.logging.wandb:
         rows.append(("W&B", wandb_row(plan.run_dir)))
     if tracker is not None and spec.logging.mlflow:
@@ -121,9 +122,9 @@ def where_everything_is(spec: RunSpec, plan: Plan, state, png: Path | None, stop
     if stopped and last is not None:
         rows.append(("resume", resume_command(spec, plan)))
     elif (plan.run_dir / "repro").is_dir():
-        rows.append(("reproduce", f"python launch.py rerun {plan.run_dir}"))
+        rows.append(("reproduce", f"python launch.py rerun {arg(plan.run_dir)}"))
     if best is not None or last is not None:
-        rows.append(("export (HF dir)", f"python launch.py export {plan.run_dir}"))
+        rows.append(("export (HF dir)", f"python launch.py export {arg(plan.run_dir)}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}} : {v}" for k, v in rows)
 
@@ -136,7 +137,7 @@ def chart_link(tracking_uri: str, experiment_id: str) -> str:
     route = chart_view_path(experiment_id)
     if tracking_uri.startswith(("http://", "https://")):
         return f"{tracking_uri.rstrip('/')}/#{route}"
-    return f"mlflow ui --backend-store-uri {tracking_uri} --port 5000, then http://127.0.0.1:5000/#{route}"
+    return f"mlflow ui --backend-store-uri {arg(tracking_uri)} --port 5000, then http://127.0.0.1:5000/#{route}"
 
 
 def finish_run(spec: RunSpec, plan: Plan, state, rc: int) -> int:
