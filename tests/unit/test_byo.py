@@ -227,3 +227,28 @@ def test_a_subclass_score_override_is_the_reward_the_worker_gives():
             return 1.0
 
     assert own_score(AlwaysRight) and not own_score(MathEnv)
+
+
+def test_env_epochs_counts_the_rows_a_resumed_checkpoint_drew(tmp_path):
+    """Resumed at step 4 after 16 prompts, at 8 prompts a step: 8 steps are 48 of 64 rows, not the epoch
+    `env.epochs=1` asked for (it passed, as 8 × 8 = 64); 10 steps are."""
+    import json
+
+    import pytest
+
+    from grpo_launcher.launch.preflight import preflight
+    from grpo_launcher.spec.errors import ConfigError
+
+    rows = (ROOT / "data/reverse_train.jsonl").read_text().splitlines()[:64]
+    (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
+    meta = tmp_path / "out" / "r" / "checkpoints" / "step_000004" / "meta.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"step": 4, "state": {"prompts_drawn": 16}}))
+    args = ["env=dataset", f"env.train_path={tmp_path / 'train.jsonl'}", f"env.val_path={ROOT / 'data/reverse_val.jsonl'}",
+            f"output_root={tmp_path / 'out'}", "name=r", "env.epochs=1", "grpo.num_prompts_per_step=8",
+            "train.global_batch_size=64", "train.micro_batch_size=8", "train.logprob_batch_size=8"]
+    with pytest.raises(ConfigError) as info:
+        preflight([*args, "grpo.max_steps=8", "dry_run=true"])
+    (v,) = [v for v in info.value.violations if v.keys == ("env.epochs", "grpo.max_steps")]
+    assert "16 prompts through step 4" in v.message and "0.75 epochs" in v.message and "max_steps=10" in v.fix
+    preflight([*args, "grpo.max_steps=10", "dry_run=true"])

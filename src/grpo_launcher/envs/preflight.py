@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 from ..models.tiny import build_tokenizer
 from ..spec.errors import Violation
-from ..spec.schema import ClusterKind, RunSpec, validation_on
+from ..spec.schema import ClusterKind, Resume, RunSpec, validation_on
 from . import ENVS, PLANNED_ONLY, env_class
 from . import rewards as R
 from .dataset import DataError, DatasetEnv, answer_text, load_split
@@ -588,13 +588,32 @@ def _check_epochs(s: RunSpec, rows: int) -> Iterator[Violation]:
     e, g = s.env, s.grpo
     if e.epochs is None:
         return
-    want = -(-e.epochs * rows // g.num_prompts_per_step)  # steps for `epochs` passes, the last one may be partial
+    step, drawn = resumed_draws(s)  # a resume carries on in the data where its checkpoint left it
+    want = step + max(-(-(e.epochs * rows - drawn) // g.num_prompts_per_step), 0)  # the last pass may be partial
     if g.max_steps != want:
-        have = g.max_steps * g.num_prompts_per_step / rows
+        have = (drawn + (g.max_steps - step) * g.num_prompts_per_step) / rows
+        counted = (f"the checkpoint's {drawn} prompts through step {step} + {g.max_steps - step} more step(s)"
+                   if step else f"grpo.max_steps={g.max_steps}")
         yield V(("env.epochs", "grpo.max_steps"),
-                f"grpo.max_steps={g.max_steps} × {g.num_prompts_per_step} prompts/step = {have:.2f} epochs of "
-                f"{rows} rows, not env.epochs={e.epochs}",
+                f"{counted} × {g.num_prompts_per_step} prompts/step = {have:.2f} epochs of {rows} rows, not "
+                f"env.epochs={e.epochs}",
                 f"set grpo.max_steps={want} (or env.epochs=null)")
+
+
+def resumed_draws(s: RunSpec) -> tuple[int, int]:
+    """(step, prompts drawn through it) of the checkpoint a launch of this spec resumes ((0, 0): none): with
+    another grpo.num_prompts_per_step than the checkpoint's, env.epochs counts the rows already drawn."""
+    from ..finished import newest_meta  # here: pre-flight's other rules do not need it
+
+    found = newest_meta(Path(s.output_root) / s.name) if s.checkpoint.resume == Resume.auto else None
+    if found is None:
+        return 0, 0
+    step, meta = found
+    try:
+        drawn = meta["state"].get("prompts_drawn")  # before it was saved: the checkpoint's own count, throughout
+        return step, int(drawn if drawn is not None else step * meta["spec"]["grpo"]["num_prompts_per_step"])
+    except (KeyError, TypeError, ValueError, AttributeError):  # a meta.json of another shape: counted from step 0
+        return 0, 0
 
 
 _TOKENIZERS: dict[str | None, Any] = {}
