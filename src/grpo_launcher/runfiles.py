@@ -1,4 +1,5 @@
-"""Run-dir files that the launcher, the driver and the trackers share: atomic writes, the saved spec, pids.
+"""Run-dir files that the launcher, the driver and the trackers share: atomic writes, the saved spec, pids, and which
+run dir a file was written for (a copy carries the original's).
 
 launch/rundir.py builds the run dir (private directories, the redacted spec.yaml, the run lock) and re-exports
 these; train/, tracking/ and gym/ import them from here, so that nothing below the launcher imports launch/.
@@ -107,3 +108,13 @@ def pid_alive(pid: int) -> bool:
     except OSError:  # no procfs (or it just went): kill(0) said it exists
         return True
     return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+
+
+def written_elsewhere(run_dir: Path, recorded: object) -> Optional[str]:
+    """The run dir a run-dir file names (`recorded`, its "run_dir") when that is not `run_dir`, else None. A copied or
+    moved run dir carries the original's status.json and .run.lock: their pids and jobs are the original's, not this
+    dir's. A file that names no run dir (written before they recorded one) is taken as here."""
+    if not recorded:
+        return None
+    return None if Path(str(recorded)).resolve() == Path(run_dir).resolve() else str(recorded)
+

@@ -300,6 +300,24 @@ def test_dead_holder_is_taken_over_and_release_is_by_owner(tmp_path):
     assert release_run_lock(run_dir) and not (run_dir / LOCK).exists()
 
 
+def test_a_copy_of_a_live_run_is_not_held_by_the_originals_lock(tmp_path):
+    """`cp -a OUT/live OUT/livecopy` mid-run: the copy's .run.lock named the original's live pid, and a launch of the
+    copy was refused ('already in use by a local run') until the original ended. This process is the live holder."""
+    import shutil
+
+    from grpo_launcher.launch.rundir import RunBusy, acquire_run_lock, live_holder, read_lock, release_run_lock
+
+    live, copy = tmp_path / "live", tmp_path / "livecopy"
+    acquire_run_lock(live, "local")
+    shutil.copytree(live, copy)
+    assert live_holder(read_lock(copy)) is None  # the original's holder is not the copy's
+    taken = acquire_run_lock(copy, "local")  # the copy's launch takes the lock over
+    assert read_lock(copy) == taken and taken["run_dir"] == str(copy.resolve())
+    with pytest.raises(RunBusy):  # the original stays held by its own live run
+        acquire_run_lock(live, "local")
+    assert release_run_lock(copy) and release_run_lock(live)
+
+
 # ------------------------------------------------------------------ the sweep's MLflow parent run
 
 

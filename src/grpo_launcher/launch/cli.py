@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..exit_codes import ExitCode
+from ..runfiles import written_elsewhere
 from .local_status import cancel_local, describe_local, local_state, local_step
 from .status import (
     TERMINAL,
@@ -124,7 +125,7 @@ def written_for(run_dir: Path, st: dict) -> Optional[str]:
     pid, which are not this dir's to report on or cancel (None: it is this dir's own)."""
     recorded = st.get("run_dir")
     if recorded:
-        return None if Path(str(recorded)).resolve() == Path(run_dir).resolve() else str(recorded)
+        return written_elsewhere(run_dir, recorded)
     name = st.get("name")  # a status.json from before run_dir was recorded for local runs
     return f"run '{name}'" if name and name != Path(run_dir).name else None
 

@@ -3,12 +3,12 @@
 Files that can hold credentials are private: the run dir and logs/ are 0700; `spec.yaml` (redacted: secret
 values are `***`) and `.secrets.json` (the real values, read back by `load_spec_file`) are 0600.
 
-Run exclusivity: `.run.lock` (JSON: owner kind, job id, pid, host, time) is taken under an `flock` of
+Run exclusivity: `.run.lock` (JSON: owner kind, job id, pid, host, time, run dir) is taken under an `flock` of
 `.run.lock.guard` — check-and-take is atomic, so of two launches of one run name at once exactly one wins —
 before anything is submitted or started, and held by the job (released when it records an end state, see
 launch/status.py) or by the local process (released when it returns). A lock whose holder is gone (a Slurm
 job no longer queued or running, a dead local pid) is stale and taken over; a live one refuses the launch,
-naming the holder.
+naming the holder. A lock written for another run dir (a copy's, inherited from the original) holds nothing here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Iterator, Optional
 from ..checkpoint.manager import spec_as_dict
 from ..exit_codes import ExitCode
 from ..plan import Plan
-from ..runfiles import load_spec_file, pid_alive, write_atomic  # noqa: F401 (launch/ reads them here too)
+from ..runfiles import load_spec_file, pid_alive, write_atomic, written_elsewhere  # noqa: F401 (launch/ reads them here too)
 from ..secrets import redact_text, save_secrets, secret_values
 from ..spec.compose import spec_to_yaml
 from ..spec.errors import ConfigError, Violation
@@ -70,10 +70,15 @@ def _guard(run_dir: Path) -> Iterator[None]:
 
 
 def read_lock(run_dir: Path) -> dict:
+    """This dir's lock, or {} when there is none or it was written for another run dir: a copy of a live run carries
+    the original's lock, whose pid or job holds the original, not the copy (a launch of the copy takes it over)."""
     try:
-        return json.loads((Path(run_dir) / LOCK).read_text())
+        lock = json.loads((Path(run_dir) / LOCK).read_text())
     except (FileNotFoundError, ValueError):
         return {}
+    if not isinstance(lock, dict) or written_elsewhere(run_dir, lock.get("run_dir")):
+        return {}
+    return lock
 
 
 def live_holder(lock: dict) -> Optional[str]:
@@ -133,7 +138,7 @@ def acquire_run_lock(run_dir: Path, owner: str, job_id: Optional[str] = None) ->
         if holder is not None:
             raise RunBusy(holder)
         lock = {"owner": owner, "job_id": job_id, "pid": os.getpid(), "host": socket.gethostname(),
-                "since": round(time.time(), 3)}
+                "since": round(time.time(), 3), "run_dir": str(run_dir.resolve())}
         write_atomic(run_dir / LOCK, json.dumps(lock) + "\n", mode=0o600)
         return lock
 
