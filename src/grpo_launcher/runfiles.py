@@ -1,5 +1,5 @@
-"""Run-dir files that the launcher, the driver and the trackers share: atomic writes, the saved spec, pids, and which
-run dir a file was written for (a copy carries the original's).
+"""Run-dir files that the launcher, the driver and the trackers share: atomic writes, the saved spec, pids, the run
+dir's own MLflow run, and which run dir a file was written for (a copy carries the original's).
 
 launch/rundir.py builds the run dir (private directories, the redacted spec.yaml, the run lock) and re-exports
 these; train/, tracking/ and gym/ import them from here, so that nothing below the launcher imports launch/.
@@ -8,6 +8,7 @@ these; train/, tracking/ and gym/ import them from here, so that nothing below t
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from pathlib import Path
@@ -112,9 +113,33 @@ def pid_alive(pid: int) -> bool:
 
 def written_elsewhere(run_dir: Path, recorded: object) -> Optional[str]:
     """The run dir a run-dir file names (`recorded`, its "run_dir") when that is not `run_dir`, else None. A copied or
-    moved run dir carries the original's status.json and .run.lock: their pids and jobs are the original's, not this
-    dir's. A file that names no run dir (written before they recorded one) is taken as here."""
+    moved run dir carries the original's status.json, .run.lock and MLflow run record: their pids, jobs and runs are
+    the original's, not this dir's. A file that names no run dir (written before they recorded one) is taken as here."""
     if not recorded:
         return None
     return None if Path(str(recorded)).resolve() == Path(run_dir).resolve() else str(recorded)
 
+
+# RUN_DIR's own MLflow run, written each time a start or resume opens one. A checkpoint's meta.json names the run too,
+# but a copy that has not yet saved a checkpoint inherits the original's: without this record every launch of such a
+# copy (one that crashed, or failed at start-up) started yet another run and left the last one RUNNING.
+MLFLOW_RUN = "mlflow_run.json"
+
+
+def record_mlflow_run(run_dir: Path, run_id: str, name: str) -> None:
+    record = {"run_id": run_id, "run_dir": str(Path(run_dir).resolve()), "name": name}
+    write_atomic(Path(run_dir) / MLFLOW_RUN, json.dumps(record) + "\n")
+
+
+def own_mlflow_run(run_dir: Path, name: str) -> Optional[str]:
+    """The MLflow run id recorded by this run dir for run `name`; None when there is no readable record or it was
+    written for another dir or name (a copy's, inherited from the original)."""
+    try:
+        record = json.loads((Path(run_dir) / MLFLOW_RUN).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("name") != name or not record.get("run_dir"):
+        return None
+    if written_elsewhere(run_dir, record["run_dir"]):
+        return None
+    return str(record.get("run_id") or "") or None

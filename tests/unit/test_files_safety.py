@@ -196,6 +196,33 @@ def test_a_copied_run_dir_starts_its_own_mlflow_run_and_leaves_the_original_unto
     assert again == original and history(client, original) == [1, 2, 3]
 
 
+@pytest.mark.parametrize("failure", ["killed", "start-up failure"])
+def test_a_copy_that_fails_before_its_first_checkpoint_reopens_its_own_mlflow_run(tmp_path, store, failure):
+    """A copy's checkpoints name the original's MLflow run until it saves one of its own: a copy killed (or failing
+    at start-up) before then left its new run RUNNING (or FAILED) and each later launch started yet another."""
+    def spec_plan(root: Path, max_steps: int):
+        spec = load_spec([f"output_root={root}", "name=cp", f"logging.tracking_uri={store}",
+                          f"grpo.max_steps={max_steps}"])
+        return spec, make_plan(spec)
+
+    original = train_steps(*spec_plan(tmp_path / "a", 2), range(1, 3))
+    shutil.copytree(tmp_path / "a" / "cp", tmp_path / "b" / "cp")
+    spec, plan = spec_plan(tmp_path / "b", 4)
+    rundir.prepare(spec, plan)
+    first = resume_or_start(spec, plan)  # the copy's first launch: its own new run, steps 1..2 backfilled
+    assert first is not None and first.tracker.run_id != original
+    if failure == "start-up failure":
+        first.abort()  # what the driver does when its start-up fails: the run FAILED
+    # a kill leaves it as it is: RUNNING, its tracker never closed
+    again = train_steps(spec, plan, range(3, 5))
+    client = MlflowClient(tracking_uri=store)
+    assert again == first.tracker.run_id  # reopened, not another new run
+    mine = client.search_runs([client.get_experiment_by_name(spec.logging.experiment).experiment_id],
+                              f"tags.`grpo.run_dir` = '{tmp_path / 'b' / 'cp'}'")
+    assert [r.info.run_id for r in mine] == [again] and mine[0].info.status == "FINISHED"
+    assert history(client, again) == [1, 2, 3, 4] and history(client, original) == [1, 2]
+
+
 def test_a_resume_that_leaves_logged_steps_behind_starts_a_new_mlflow_run(tmp_path, capsys, store):
     """The newest checkpoint unusable (here: gone), the resume from an older one without optimizer state trains
     steps 4.. anew: metrics.jsonl was rewritten with the new values, but MLflow kept the abandoned trajectory's

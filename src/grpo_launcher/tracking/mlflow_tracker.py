@@ -7,8 +7,8 @@ a crash at any point of a save, and a resume from any checkpoint, the step axis 
 A store that goes away mid-run (an http server restarting) does not stop the run: a failed commit keeps its
 metrics buffered (and in the next checkpoint's pending metrics), prints a warning, and the next commit sends them;
 the end of the run waits up to CLOSE_WAIT_S for the store.
-A resume reopens the checkpoint's MLflow run only when that run belongs to this run dir: its tags name the run dir
-(absolute) and its run name is this run's. A copied (or moved) run dir starts a new MLflow run, said so, and its
+A resume reopens the run dir's own MLflow run (RUN_DIR/mlflow_run.json, runfiles.py; else the checkpoint's) only when
+that run belongs to this run dir: its tags name the run dir (absolute) and its run name is this run's. A copied (or moved) run dir starts a new MLflow run, said so, and its
 steps so far are sent from metrics.jsonl (`backfill`); the original run is left as it was.
 Secret values (by key name, or a password inside a URI) are redacted in params and the logged spec.yaml.
 """

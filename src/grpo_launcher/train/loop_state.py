@@ -17,7 +17,7 @@ from tqdm import tqdm
 from ..checkpoint.manager import fault_point, has_optimizer, record_spec_changes
 from ..exit_codes import ExitCode
 from ..plan import Plan
-from ..runfiles import write_atomic
+from ..runfiles import own_mlflow_run, record_mlflow_run, write_atomic
 from ..spec.schema import RunSpec
 from ..tracking import TrainDataLog
 from ..tracking import metric_names as M
@@ -128,7 +128,8 @@ class LoopState:
     @classmethod
     def resume(cls, spec: RunSpec, plan: Plan, ckpt, path: Path) -> "LoopState":
         meta = ckpt.load_meta(path)
-        run_id = meta["state"].get("mlflow_run_id")
+        # the run dir's own record first: a copy's checkpoints name the original's run until the copy saves one
+        run_id = own_mlflow_run(plan.run_dir, spec.name) or meta["state"].get("mlflow_run_id")
         print(f"grpo-launcher: resuming from {path.name} (step {meta['step']})", flush=True)
         fresh = not has_optimizer(path) or distributed_optimizer_unsaved(spec)
         if fresh:
@@ -233,8 +234,10 @@ def _mlflow(spec: RunSpec, plan: Plan, run_id: Optional[str], diverges_after: Op
     from ..tracking import Tracker  # here: mlflow's import, for logging.mlflow runs only
 
     parent = os.environ.get("GRPO_PARENT_RUN_ID")  # set by the sweep launcher for child runs
-    return Tracker(spec, plan.tracking_uri, plan.run_dir, run_id=run_id, parent_run_id=parent,
-                   buffer_until_commit=spec.checkpoint.enabled, diverges_after=diverges_after)
+    tracker = Tracker(spec, plan.tracking_uri, plan.run_dir, run_id=run_id, parent_run_id=parent,
+                      buffer_until_commit=spec.checkpoint.enabled, diverges_after=diverges_after)
+    record_mlflow_run(plan.run_dir, tracker.run_id, spec.name)  # before any step: a crash from here on reopens it
+    return tracker
 
 
 def _data_log(spec: RunSpec, plan: Plan):
