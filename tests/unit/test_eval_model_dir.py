@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from grpo_launcher.launch import eval as ev
 from helpers import launch, share_models, tiny_model
 
 
+@pytest.mark.extended  # 16 s: a second eval end to end (make test's eval runs in test_eval_generate.py)
 def test_eval_of_a_model_dir_leaves_a_run_named_eval_alone(tmp_path):
     (tmp_path / "out").mkdir()
     out = share_models(tmp_path / "out")
