@@ -307,6 +307,34 @@ REVISED = [
     (12, "The answer is 12 or so", 1),
 ]
 
+# found by the grading tester: an exact answer against a decimal (100000000.0 scored for 100000007 and
+# 479001599.5 for two integers: a learnable hack; 0.333333 for 1/3 by math-verify's 6 places), and answers a
+# template or Markdown wraps (R1-Zero's <answer>72</answer>, **72**, \$72) that scored 0
+EXACT_AND_WRAPPED = [
+    (100000007, r"\boxed{100000000.0}", 0),
+    (479001600, r"\boxed{479001599.5}", 0),
+    (1000000007, r"\boxed{1.0 \times 10^9}", 0),
+    (r"\frac{1}{3}", r"\boxed{0.333333}", 0),
+    (r"2\pi", r"\boxed{6.283185}", 0),
+    ("1/8", "0.125", 1),
+    (72, r"\boxed{72.0}", 1),
+    ("602214076000000000000000", r"\boxed{6.02214076e23}", 1),
+    (72, "reasoning. <answer>72</answer>", 1),
+    (72, "<answer>71</answer>", 0),
+    (72, "**72**", 1),
+    (72, "**71**", 0),
+    (24, r"\boxed{2*3*4}", 1),
+    ("a_1 + a_2", r"\boxed{a_1 + a_2}", 1),
+    (72, r"The total is \$72.00.", 1),
+    ("20%", "The answer is 20%. Wait, recompute: the answer is 30.", 0),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", EXACT_AND_WRAPPED)
+def test_exact_answers_and_wrapped_answers(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
 # numbers far from 1: math-verify rounds to 6 decimal places, so every two numbers below 1e-6 were equal (and
 # 1e-7 = 0), and a float's 15 digits missed the exact integer past 1e9 (6.02e23 vs 6.02 \times 10^{23})
 SCALES = [
@@ -325,7 +353,8 @@ SCALES = [
     ("123456789012", r"\boxed{123456789013}", 0),  # two integers: exact, at any size
     ("123456789012", r"\boxed{123456789012}", 1),
     ("1/10000000", r"\boxed{2/10000000}", 0),
-    ("1/3", r"\boxed{0.333333}", 1),  # between, math-verify's own rule stands
+    ("1/3", r"\boxed{0.333333}", 0),  # an exact answer: a decimal must be that number (EXACT_AND_WRAPPED)
+    ("0.333333", r"\boxed{0.3333333}", 1),  # between two decimals, math-verify's own rule stands
     ("1/3", r"\boxed{0.33}", 0),
 ]
 

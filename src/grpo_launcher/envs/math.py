@@ -32,6 +32,7 @@ GRADE_TIMEOUT_S = 5.0  # one completion's parse + comparison
 # the exact integer (6.02e23 ≠ 6.02 \times 10^{23}). Where the larger of the two lies outside [SMALL, LARGE), two
 # single numbers are compared by their relative difference instead.
 SMALL, LARGE, RELATIVE = 1e-3, 1e8, 1e-6
+EXACT_DECIMAL = 1e-12  # a decimal equals an exact answer up to its binary representation (0.1 for 1/10)
 THINK_START, THINK_END = "<think>", "</think>"  # a reasoning model's thinking (Qwen3, DeepSeek-R1): the answer follows
 _EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 # a number in e-notation inside a text (1e21, 2.5E-3): not part of a word or a longer number (x1e2, 0x1e5, 1.2.3e4)
@@ -54,6 +55,10 @@ _BOX_GROUPS = re.compile(r"\\boxed\{\s*([-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?)\s*\}"
 # `the answer is 5 or 6` (no box): math-verify reads its first value, 5, so a hedge scored as a hit; read as both
 _HEDGED = re.compile(r"answer\s+(?:is|=)\s*:?\s*\$?([-+]?\d(?:[\d.,/]*\d)?)\$?\s+or\s+\$?([-+]?\d(?:[\d.,/]*\d)?)", re.I)
 _ANSWER_IS = re.compile(r"answer\s+(?:is|=)", re.I)
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+# **72**, __72__ (and a whole completion *72*): Markdown emphasis, not 2·3·4 (2*3*4) or a subscript (a_1 + a_2)
+_WRAPPED = re.compile(r"(\*\*|__)([^*_\n]+?)\1|^\s*\*([^*\n]+)\*\s*$")
+_ESCAPED_DOLLAR = re.compile(r"\\\$(?=\s*\d)")  # \$72: a currency sign, not a LaTeX delimiter
 _BOX_SPACED = re.compile(r"\\boxed\{\s*(" + _SPACED_NUMBERS.pattern + r")\s*\}")  # \boxed{1 2}: the list 1, 2
 _BOX_STOP = re.compile(r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?)\.\s*\}")  # \boxed{10.}
 # a percentage as an answer states it: 20\%, 20%, 20 \text{%}; its number is group 1
@@ -104,6 +109,8 @@ def completion_percent(completion: str) -> str | None:
         last = text[text.rfind("\\boxed"):]
         return boxes[-1].group(1) if boxes and last.startswith(boxes[-1].group(0)) else None
     stated = list(_STATED_PERCENT.finditer(text))
+    if stated and any(m.start() > stated[-1].start() for m in _ANSWER_IS.finditer(text)):
+        return None  # `the answer is 20%. Wait: the answer is 30`: the later answer stands
     bare = _BARE_PERCENT.fullmatch(text)
     return stated[-1].group(1) if stated else bare.group(1) if bare else None
 
@@ -132,6 +139,9 @@ def graded(gold: str, completion: str) -> bool:
     (a, exact_a), (b, exact_b) = (one_number(x) for x in (target, got))
     if a is None or b is None or (exact_a and exact_b):  # two integers or fractions: math-verify compares exactly
         return verdict
+    if exact_a:  # an exact answer (integer, fraction, surd, π) and a decimal: the decimal must be that number, not
+        # within math-verify's 6 places (0.333333 for 1/3) or a relative 1e-6 (100000000.0 for 100000007: a hack)
+        return bool(abs(a - b) <= EXACT_DECIMAL * max(abs(a), 1))
     scale = max(abs(a), abs(b))
     if SMALL <= scale < LARGE:
         return verdict
@@ -170,7 +180,7 @@ def completion_parsed(completion: str, last_box: bool = False) -> list:
     wrote after it, running on into a new question)."""
     from math_verify import parse  # (the same)
 
-    text = e_notation(normalized(final_part(completion)))
+    text = e_notation(normalized(tagged_answer(final_part(completion))))
     text = text.replace("\\fbox", "\\boxed")  # math-verify reads \fbox's content, not its anchor
     text = boxed_numbers(_ANSWER_WORDS.sub("", text))  # \boxed{\text{The answer is } 5}: the words are no part
     if unclosed_box(text):  # of the answer
@@ -187,6 +197,13 @@ def completion_parsed(completion: str, last_box: bool = False) -> list:
     if "\\%" in text and all(isinstance(x, str) for x in got):  # math-verify 0.9 leaves \boxed{50\%} a
         got = parse(text.replace("\\%", ""), parsing_timeout=None)  # string: 50, as it reads $50\%$
     return got
+
+
+def tagged_answer(text: str) -> str:
+    """The last `<answer>...</answer>` (R1-Zero's template) as the final answer; math-verify found no number in
+    `<answer>72</answer>` (touching the tags) and such runs were rewarded 0."""
+    found = _ANSWER_TAG.findall(text)
+    return found[-1].strip() if found and "\\boxed" not in text else text
 
 
 def unhedged(text: str) -> str:
@@ -218,7 +235,9 @@ def bare(text: str) -> bool:
 
 
 def normalized(text: str) -> str:
-    """Unicode minus, π and √ as LaTeX; 1\\,234's thin-space separator dropped."""
+    """Unicode minus, π and √ as LaTeX; 1\\,234's thin-space separator dropped; Markdown emphasis around an answer
+    (**72**) and an escaped currency sign (\\$72) dropped."""
+    text = _ESCAPED_DOLLAR.sub("", _WRAPPED.sub(lambda m: m.group(2) or m.group(3), text))
     return _THIN_SEPARATOR.sub("", text.translate(_UNICODE))
 
 
