@@ -305,6 +305,10 @@ REVISED = [
     ("1/2", "The answer is 1/2 or 0.5.", 1),  # one value written twice
     (4, "The answer is 3 or 4. Actually, the answer is 4.", 1),  # the last answer stated, not a hedge
     (12, "The answer is 12 or so", 1),
+    (5, "The answer is either 5 or 6.", 0),
+    (5, "The answer is 5 (or possibly 6).", 0),
+    (5, "Answer: 5 or 6", 0),
+    (5, "The answer is 5, or so I think.", 1),
 ]
 
 # found by the grading tester: an exact answer against a decimal (100000000.0 scored for 100000007 and

@@ -53,8 +53,11 @@ _THIN_SEPARATOR = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")  # 1\,234 (a LaTeX th
 _ANSWER_WORDS = re.compile(r"\\text\{\s*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*:?\s*\}", re.I)  # in a box
 _BOX_GROUPS = re.compile(r"\\boxed\{\s*([-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?)\s*\}")  # \boxed{1 000 000}
 # `the answer is 5 or 6` (no box): math-verify reads its first value, 5, so a hedge scored as a hit; read as both
-_HEDGED = re.compile(r"answer\s+(?:is|=)\s*:?\s*\$?([-+]?\d(?:[\d.,/]*\d)?)\$?\s+or\s+\$?([-+]?\d(?:[\d.,/]*\d)?)", re.I)
-_ANSWER_IS = re.compile(r"answer\s+(?:is|=)", re.I)
+_NUM = r"\$?([-+]?\d(?:[\d.,/]*\d)?)\$?"
+# ... `answer is either 5 or 6`, `Answer: 5 (or possibly 6)`, `answer is 5, or maybe 6`
+_HEDGED = re.compile(r"answer\s*(?:is|=|:)\s*:?\s*(?:either\s+)?" + _NUM
+                     + r"\s*,?\s*\(?\s*or\s+(?:possibly\s+|maybe\s+|perhaps\s+)?" + _NUM, re.I)
+_ANSWER_IS = re.compile(r"answer\s*(?:is|=|:)", re.I)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 # **72**, __72__ (and a whole completion *72*): Markdown emphasis, not 2·3·4 (2*3*4) or a subscript (a_1 + a_2)
 _WRAPPED = re.compile(r"(\*\*|__)([^*_\n]+?)\1|^\s*\*([^*\n]+)\*\s*$")
