@@ -323,3 +323,20 @@ def test_columns_the_reward_functions_do_not_get_are_named(tmp_path, launch_here
     assert run.returncode == 0, run.stderr
     assert "the reward functions do not get the file's column 'answer' (the `answer` argument is the 'solution' " \
            "column, env.answer_key) or 'completion'" in run.stderr  # fmt: skip
+
+
+def test_a_pipe_or_a_device_as_a_data_file_is_refused_not_read():
+    """A FIFO as env.train_path hung pre-flight (the dry run too) waiting for a writer; a link to /dev/zero read until
+    memory ran out (MemoryError naming no key). Both are refused by name, nothing read."""
+    import os
+    import tempfile
+
+    from grpo_launcher.envs.dataset import load_table
+
+    with tempfile.TemporaryDirectory() as d:
+        fifo, zero = Path(d) / "fifo.jsonl", Path(d) / "zero.jsonl"
+        os.mkfifo(fifo)
+        zero.symlink_to("/dev/zero")
+        for p in (fifo, zero):
+            with pytest.raises(DataError, match="is not a regular file"):
+                load_table(str(p), "env.train_path")

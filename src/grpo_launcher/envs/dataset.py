@@ -87,6 +87,9 @@ def load_table(path: str, key: str, split_for: str = "train") -> Table:
     p = Path(path).expanduser()
     if not p.exists():
         raise DataError(f"{key}: no file or directory at {p.resolve()}")
+    if not p.is_dir() and not p.is_file():  # a FIFO waits for a writer forever; /dev/zero never ends
+        raise DataError(f"{key}: {p} is not a regular file (a pipe, device or socket: pre-flight reads data files "
+                        "whole); point it at the data file itself")
     fmt, gz = file_format(p)
     if p.is_dir():
         table = _load_saved(p, key, split_for)
