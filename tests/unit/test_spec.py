@@ -171,6 +171,7 @@ FAILING = [
     (["name=a/b"], "safe_names", "name"),
     (["model.path=/nonexistent/model"], "local_paths_exist", "model.path"),
     ([f"model.path={TESTS / 'data' / 'truncated_weights'}"], "model_weights_readable", "model.path"),
+    ([f"model.path={TESTS / 'data' / 'pickled_weights'}"], "model_weights_readable", "model.path"),  # not loaded
     (["env=dataset", "env.prompt_key=question"], "env_data_and_code", "env.train_path"),
     ([f"output_root={TESTS / 'data' / 'finished_run'}"], "run_name_not_finished", "name"),
     ([f"output_root={TESTS / 'data' / 'incompatible_run'}"], "run_name_checkpoints_compatible",

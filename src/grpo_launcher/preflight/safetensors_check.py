@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 from ..spec.errors import Violation
 from ..spec.schema import RunSpec
 
+PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # PyTorch's pickle formats (pytorch_model.bin, ...)
 MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers (MAX_HEADER_SIZE)
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
@@ -95,6 +96,12 @@ def weights_problems(spec: RunSpec) -> Iterator[Violation]:
     if not spec.model.path or not Path(spec.model.path).is_dir():
         return
     path = Path(spec.model.path)
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLED and p.is_file())
+    if pickles and not weight_files(path):  # torch.load's weights_only refused it after start-up (UnpicklingError)
+        yield Violation(RULE, ("model.path",), f"{path} holds no *.safetensors weights, only {', '.join(pickles[:3])}: "
+                        "pickled weights are never loaded (a pickle runs code)",
+                        "convert them on a machine that trusts the file: AutoModelForCausalLM.from_pretrained(DIR)"
+                        ".save_pretrained(DIR) writes model.safetensors")
     for file in weight_files(path):
         why = header_problem(file)
         if why:
