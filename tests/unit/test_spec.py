@@ -155,7 +155,10 @@ FAILING = [
     (["loss=gspo", "loss.aggregation=token_mean"], "sequence_ratios_need_sequence_loss", "loss.aggregation"),
     (["loss.is_truncation=tis"], "importance_sampling_truncation", "loss.importance_sampling_correction"),
     (["grpo.max_val_samples=4"], "validation_sizes", "grpo.max_val_samples"),
-    (["checkpoint.save_period=5"], "checkpoint_metric_is_produced", "checkpoint.save_period"),
+    (["grpo.max_steps=2", "grpo.val_period=5", "checkpoint.save_period=5", "grpo.val_at_end=false"],
+     "checkpoint_metric_is_produced", "grpo.val_at_end"),  # no step validates: top-k ranked nothing, exit 0
+    (["grpo.max_steps=12", "grpo.val_period=5", "checkpoint.save_period=4", "grpo.val_at_end=false",
+      "grpo.val_at_start=true"], "checkpoint_metric_is_produced", "checkpoint.save_period"),  # lcm 20 > 12
     (["checkpoint.metric=val/reward"], "checkpoint_metric_is_produced", "checkpoint.metric"),
     (["cluster.nodes=2"], "local_is_one_node", "cluster.nodes"),
     (["cluster.gpus_per_node=1"], "local_gpus_present", "cluster.gpus_per_node"),  # this CPU machine has none
@@ -274,6 +277,24 @@ def test_rule_names_its_key(overrides, rule, key):
     found = violations(overrides)
     assert any(v.rule == rule and key in v.keys for v in found), [v.render() for v in found]
     assert all(v.fix for v in found)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["grpo.val_period=0", "grpo.val_at_end=true"],  # validation at the last step, which is always checkpointed
+    ["checkpoint.save_period=5"],  # saves at 5, 15, ... carry no val metric, those at 10, 20, ... do
+    ["grpo.max_steps=10", "grpo.val_period=5", "checkpoint.save_period=4", "grpo.val_at_end=false"],  # 10 % 5 == 0
+    ["grpo.max_steps=2", "grpo.val_period=0", "grpo.val_at_end=false", "checkpoint.metric=train/reward_mean"],
+])
+def test_checkpoint_metric_produced_at_a_checkpoint(overrides):
+    """checkpoint_metric_is_produced refuses only when no checkpoint the run saves carries the val/ metric."""
+    load_spec(overrides)
+
+
+def test_checkpoint_metric_fix_is_concrete():
+    (v,) = [v for v in violations(["grpo.max_steps=2", "grpo.val_period=5", "checkpoint.save_period=5",
+                                   "grpo.val_at_end=false"]) if v.rule == "checkpoint_metric_is_produced"]
+    assert "grpo.val_at_end=true" in v.fix and "grpo.val_period=2" in v.fix
+    load_spec(["grpo.max_steps=2", "grpo.val_period=2", "checkpoint.save_period=5", "grpo.val_at_end=false"])
 
 
 def test_every_rule_has_a_failing_case():

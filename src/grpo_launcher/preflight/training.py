@@ -3,6 +3,7 @@ validation and the checkpoint metric it ranks by."""
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 from ..plan import devices_per_node, rollout_devices, world_size
@@ -170,24 +171,51 @@ def validation_sizes(s: RunSpec) -> Iterator[Violation]:
                 f"raise grpo.max_val_samples to ≥ {g.val_batch_size}, lower the batch, or use null (= all)")
 
 
+def first_validated_checkpoint(s: RunSpec) -> int | None:
+    """The first step whose checkpoint carries a val/ metric, from train/driver.py's loop: it saves every
+    checkpoint.save_period steps and at grpo.max_steps; it validates every grpo.val_period steps (0 = never) and at
+    grpo.max_steps with grpo.val_at_end. A checkpoint's meta.json holds its own step's metrics only (what
+    checkpoint/manager.py ranks by), so grpo.val_at_start (step 0, no checkpoint) ranks nothing. A stop (a signal,
+    checkpoint.must_save_by) saves off-period: not counted. None: no checkpoint of the run carries one."""
+    g, c = s.grpo, s.checkpoint
+    last, save, val = g.max_steps, max(c.save_period, 1), g.val_period
+    both = math.lcm(save, val) if val > 0 else None
+    periodic = both if both is not None and both <= last else None
+    at_end = last if last >= 1 and (g.val_at_end or (val > 0 and last % val == 0)) else None
+    found = [k for k in (periodic, at_end) if k is not None]
+    return min(found) if found else None
+
+
 @rule("pure")
 def checkpoint_metric_is_produced(s: RunSpec) -> Iterator[Violation]:
+    """A val/ checkpoint.metric ranks the checkpoints that carry it (the rest rank last): refused only when no
+    checkpoint the run saves would carry it, so top-k would rank nothing (and the summary name no best)."""
     c, g = s.checkpoint, s.grpo
     if not c.enabled:
         return
     if c.metric not in KNOWN_METRICS:
         yield V("checkpoint_metric_is_produced", "checkpoint.metric",
                 f"'{c.metric}' is not a metric this trainer logs", f"use one of: {', '.join(KNOWN_METRICS)}")
-    elif c.metric.startswith("val/"):
-        if g.val_period == 0:
-            yield V("checkpoint_metric_is_produced", ("checkpoint.metric", "grpo.val_period"),
-                    f"top-k by {c.metric} needs validation, but grpo.val_period=0",
-                    "set grpo.val_period, or rank checkpoints by a train/ metric")
-        elif c.save_period % g.val_period:
-            yield V("checkpoint_metric_is_produced", ("checkpoint.save_period", "grpo.val_period"),
-                    f"checkpoints every {c.save_period} steps but validation every {g.val_period}: "
-                    f"{c.save_period} % {g.val_period} = {c.save_period % g.val_period}, so saves miss {c.metric}",
-                    f"make checkpoint.save_period a multiple of {g.val_period}")
+        return
+    if not c.metric.startswith("val/") or g.max_steps < 1 or c.save_period < 1:
+        return  # train/ metrics come with every step; the ranges are value_ranges' / sizes' to refuse
+    if first_validated_checkpoint(s) is not None:
+        return
+    saves = list(range(c.save_period, min(g.max_steps, 3 * c.save_period) + 1, c.save_period))
+    shown = ", ".join(map(str, saves)) + (", ..." if 3 * c.save_period < g.max_steps else "")
+    shown = f"{shown} and {g.max_steps}" if shown and saves[-1] != g.max_steps else (shown or str(g.max_steps))
+    when = (f"every {g.val_period} steps (first at step {g.val_period})" if g.val_period else "never periodically "
+            "(grpo.val_period=0)")
+    start = "; grpo.val_at_start=true validates at step 0, which has no checkpoint" if g.val_at_start else ""
+    last = g.max_steps
+    period_fix = (f"grpo.val_period={c.save_period}" if c.save_period <= last else f"grpo.val_period={last}")
+    yield V("checkpoint_metric_is_produced",
+            ("checkpoint.metric", "grpo.val_period", "grpo.val_at_end", "checkpoint.save_period", "grpo.max_steps"),
+            f"top-k by {c.metric} ranks the checkpoints that carry it, but none will: checkpoints at step(s) {shown} "
+            f"(checkpoint.save_period={c.save_period}, grpo.max_steps={last}), validation {when} and "
+            f"grpo.val_at_end=false{start}",
+            f"set grpo.val_at_end=true (validates at step {last}, which is always checkpointed), or {period_fix}, "
+            "or rank by a train/ metric (checkpoint.metric=train/reward_mean)")
 
 
 @rule("pure")
