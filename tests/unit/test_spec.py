@@ -20,6 +20,7 @@ from helpers import TESTS
 
 SNAPSHOT = TESTS / "snapshots" / "nanov3_slurm.yaml"
 SLURM_OK = ["cluster=slurm", "dry_run=true"]
+HTTP = ["rollout=vllm", "rollout.async_engine=true", "rollout.expose_http_server=true"]
 
 
 def options(group: str) -> list[str]:
@@ -160,6 +161,14 @@ FAILING = [
     (["grpo.max_steps=12", "grpo.val_period=5", "checkpoint.save_period=4", "grpo.val_at_end=false",
       "grpo.val_at_start=true"], "checkpoint_metric_is_produced", "checkpoint.save_period"),  # lcm 20 > 12
     (["checkpoint.metric=val/reward"], "checkpoint_metric_is_produced", "checkpoint.metric"),
+    # the exposed vLLM HTTP server's bind address: an OSError after start-up, or every interface silently
+    (HTTP + ["rollout.http_host=1.2.3.4"], "http_host_bindable", "rollout.http_host"),  # not this machine's
+    (HTTP + ["rollout.http_host=2001:db8::1"], "http_host_bindable", "rollout.http_host"),  # an IPv6 literal too
+    (HTTP + ["rollout.http_host=no-such-host.invalid"], "http_host_bindable", "rollout.http_host"),  # gaierror
+    (HTTP + ["rollout.http_host=''"], "http_host_bindable", "rollout.http_host"),
+    (HTTP + SLURM_OK + ["rollout.http_host=''"], "http_host_bindable", "rollout.http_host"),
+    (HTTP + SLURM_OK + ["rollout.http_host=bad_host"], "http_host_bindable", "rollout.http_host"),
+    (HTTP + SLURM_OK + ["rollout.http_host='[::1]'"], "http_host_bindable", "rollout.http_host"),
     (["cluster.nodes=2"], "local_is_one_node", "cluster.nodes"),
     (["cluster.gpus_per_node=1"], "local_gpus_present", "cluster.gpus_per_node"),  # this CPU machine has none
     (["cluster=ray", "cluster.ray_address=127.0.0.1:1"], "ray_cluster_reachable", "cluster.ray_address"),
@@ -175,6 +184,7 @@ FAILING = [
     (["model.path=/nonexistent/model"], "local_paths_exist", "model.path"),
     ([f"model.path={TESTS / 'data' / 'truncated_weights'}"], "model_weights_readable", "model.path"),
     ([f"model.path={TESTS / 'data' / 'pickled_weights'}"], "model_weights_readable", "model.path"),  # not loaded
+    (["model.vocab_size=100"], "value_ranges", "model.vocab_size"),  # the tiny tokenizer's 259: built silently
     (["env=dataset", "env.prompt_key=question"], "env_data_and_code", "env.train_path"),
     ([f"output_root={TESTS / 'data' / 'finished_run'}"], "run_name_not_finished", "name"),
     ([f"output_root={TESTS / 'data' / 'incompatible_run'}"], "run_name_checkpoints_compatible",
@@ -295,6 +305,32 @@ def test_checkpoint_metric_fix_is_concrete():
                                    "grpo.val_at_end=false"]) if v.rule == "checkpoint_metric_is_produced"]
     assert "grpo.val_at_end=true" in v.fix and "grpo.val_period=2" in v.fix
     load_spec(["grpo.max_steps=2", "grpo.val_period=2", "checkpoint.save_period=5", "grpo.val_at_end=false"])
+
+
+@pytest.mark.parametrize("overrides", [
+    HTTP,  # 127.0.0.1
+    HTTP + ["rollout.http_host=localhost"],
+    HTTP + ["rollout.http_host=0.0.0.0"],  # every interface, asked for explicitly
+    HTTP + SLURM_OK + ["rollout.http_host=1.2.3.4"],  # the node binds it: only its syntax is checked here
+    HTTP + SLURM_OK + ["rollout.http_host=gpu-node-17.cluster"],
+    HTTP + SLURM_OK + ["rollout.http_host=2001:db8::1"],
+    ["rollout.http_host=1.2.3.4"],  # no HTTP server: the host is never bound
+])
+def test_http_host_accepted(overrides):
+    load_spec(overrides)
+
+
+def test_http_host_error_names_the_os_reason():
+    (v,) = [v for v in violations(HTTP + ["rollout.http_host=1.2.3.4"]) if v.rule == "http_host_bindable"]
+    assert v.keys == ("rollout.http_host",) and "Errno" in v.message and "127.0.0.1" in v.fix
+
+
+def test_http_host_all_interfaces_without_api_key_warns(capsys):
+    load_spec(HTTP + ["rollout.http_host=0.0.0.0", "rollout.http_api_key=''"])
+    err = capsys.readouterr().err
+    assert err.count("warning: rollout.http_host=0.0.0.0") == 1 and "no API key" in err
+    load_spec(HTTP + ["rollout.http_host=0.0.0.0", "rollout.http_api_key=k"])  # a key: no warning
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_every_rule_has_a_failing_case():
@@ -575,3 +611,9 @@ def test_a_group_label_set_on_its_own_is_refused():
     found = violations(["loss.name=dapo"])
     assert [v.rule for v in found] == ["group_label"] and "loss=NAME (dapo, dr_grpo, grpo, gspo)" in found[0].fix
     assert load_spec(["loss=dapo"]).loss.name == "dapo"
+
+
+def test_the_tiny_tokenizer_size_the_vocab_rule_holds_is_the_tokenizers():
+    from grpo_launcher.models.tiny import TOKENIZER_SIZE, build_tokenizer
+
+    assert len(build_tokenizer()) == TOKENIZER_SIZE

@@ -15,6 +15,7 @@ from ..plan import (
     train_model_parallel,
 )
 from ..envs.toy import MAX_VAL_PROMPTS, SPACE
+from ..models.tiny import TOKENIZER_SIZE
 from ..spec.errors import Violation
 from ..spec.model_dir import model_facts
 from ..spec.schema import ClusterKind, RolloutBackend, RunSpec
@@ -92,6 +93,10 @@ def value_ranges(s: RunSpec) -> Iterator[Violation]:
     for key, value, ok, what in checks:
         if not ok:
             yield V("value_ranges", key, f"must be {what}, got {value}", f"set {key} to a value {what}")
+    if m.path is None and 1 <= m.vocab_size < TOKENIZER_SIZE:  # was built with 259 silently, spec.yaml saying 100
+        yield V("value_ranges", "model.vocab_size", f"must be ≥ {TOKENIZER_SIZE} for the built-in model, got "
+                f"{m.vocab_size}: its byte-level tokenizer has {TOKENIZER_SIZE} tokens",
+                f"set model.vocab_size ≥ {TOKENIZER_SIZE} (or model.path=DIR for a model of your own)")
     if e.name == "toy" and e.num_val_prompts > MAX_VAL_PROMPTS:  # the toy task has 10,000 strings in all
         yield V("value_ranges", "env.num_val_prompts", f"must be ≤ {MAX_VAL_PROMPTS} for env=toy, got "
                 f"{e.num_val_prompts}: its held-out set leaves at least half of the task's {SPACE} digit strings to "
