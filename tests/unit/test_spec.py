@@ -617,3 +617,14 @@ def test_the_tiny_tokenizer_size_the_vocab_rule_holds_is_the_tokenizers():
     from grpo_launcher.models.tiny import TOKENIZER_SIZE, build_tokenizer
 
     assert len(build_tokenizer()) == TOKENIZER_SIZE
+
+
+@pytest.mark.parametrize("limit", ["UNLIMITED", "infinite", "0"])
+def test_slurm_time_without_a_limit_is_accepted(limit):
+    """Slurm reads UNLIMITED, INFINITE and 0 as no time limit: UNLIMITED was 'not a Slurm duration', and 0 'the save
+    signal ... before the job starts (0s)' (found by the config tester)."""
+    from grpo_launcher.preflight.validate import validate
+    from grpo_launcher.spec.compose import compose, to_spec
+
+    spec = to_spec(compose(["cluster=slurm", f"cluster.time={limit}", "checkpoint.must_save_by=03:00:00"]))
+    assert not [v for v in validate(spec) if v.rule == "time_budget"]

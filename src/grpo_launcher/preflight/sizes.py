@@ -63,7 +63,7 @@ def positive_sizes(s: RunSpec) -> Iterator[Violation]:
     if s.grpo.val_period < 0:
         yield V("positive_sizes", "grpo.val_period", "must be ≥ 0 (0 = no periodic validation)",
                 "set grpo.val_period=0 or a positive step count")
-    if not 0 <= s.logging.profile_step <= s.grpo.max_steps:
+    if not 0 <= s.logging.profile_step <= max(s.grpo.max_steps, 0):  # (a negative max_steps is its own error)
         yield V("positive_sizes", "logging.profile_step", f"must be 0 (off) or a step ≤ grpo.max_steps "
                 f"({s.grpo.max_steps}), got {s.logging.profile_step}", "set logging.profile_step=0 or e.g. 2")
 

@@ -119,15 +119,18 @@ def slurm_node_shape(s: RunSpec) -> Iterator[Violation]:
                 "lower cluster.ray_port, cluster.node_port_stride or cluster.job_port_stride")
 
 
+NO_LIMIT = ("UNLIMITED", "INFINITE")  # Slurm's words for no time limit (cluster.time)
+
+
 @rule("pure")
 def time_budget(s: RunSpec) -> Iterator[Violation]:
     c = s.cluster
-    try:
-        limit = parse_duration(c.time)
+    try:  # Slurm's UNLIMITED / INFINITE / 0: no time limit (the partition's own may still apply)
+        limit = None if c.time.strip().upper() in NO_LIMIT else parse_duration(c.time) or None
     except ValueError as exc:
-        yield V("time_budget", "cluster.time", str(exc), "use [D-]HH:MM:SS, e.g. cluster.time=04:00:00")
+        yield V("time_budget", "cluster.time", str(exc), "use [D-]HH:MM:SS (or UNLIMITED), e.g. cluster.time=04:00:00")
         return
-    if c.kind == ClusterKind.slurm and c.signal_before_s >= limit:
+    if c.kind == ClusterKind.slurm and limit is not None and c.signal_before_s >= limit:
         yield V("time_budget", ("cluster.signal_before_s", "cluster.time"),
                 f"the save signal {c.signal_before_s}s before the end comes before the job starts ({limit}s)",
                 "lower cluster.signal_before_s")
@@ -138,7 +141,7 @@ def time_budget(s: RunSpec) -> Iterator[Violation]:
     except ValueError as exc:
         yield V("time_budget", "checkpoint.must_save_by", str(exc), "use HH:MM:SS")
         return
-    if c.kind == ClusterKind.slurm and save_by + CHECKPOINT_MARGIN_S > limit:
+    if c.kind == ClusterKind.slurm and limit is not None and save_by + CHECKPOINT_MARGIN_S > limit:
         yield V("time_budget", ("checkpoint.must_save_by", "cluster.time"),
                 f"save by {save_by}s + {CHECKPOINT_MARGIN_S}s write margin = {save_by + CHECKPOINT_MARGIN_S}s "
                 f"> the job's --time {limit}s: Slurm kills the job before the checkpoint lands",
