@@ -124,3 +124,16 @@ def test_a_greedy_eval_is_told_how_to_decode_greedily(launch_here, tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("config error"), r.stdout + r.stderr
     assert "fix: eval and generate sample through the run's engines, which take a temperature ≥ 1e-05: " \
            "rollout.temperature=1e-5 decodes (near-)greedily" in r.stderr, r.stderr
+
+
+def test_an_eval_of_a_run_names_a_group_override_it_cannot_take(tmp_path):
+    """`launch.py eval RUN env=dataset` printed '<config>: Merge error: str is not a subclass of EnvSpec' (the
+    config tester): a run's saved spec has no defaults list to pick a group from."""
+    from grpo_launcher.launch import eval as ev
+    from grpo_launcher.spec.errors import ConfigError
+
+    for override, key in (("env=dataset", "env"), ("+recipe=nanov3", "recipe")):
+        with pytest.raises(ConfigError) as info:
+            ev._run_target(tmp_path, None, [override])
+        (v,) = info.value.violations
+        assert v.keys == (key,) and "picks a config group" in v.message and "env.val_path" in v.fix

@@ -43,7 +43,7 @@ from ..preflight.validate import validate
 from ..runfiles import load_spec_file
 from ..spec.compose import _override_key, load_spec, spec_to_yaml, to_spec
 from ..spec.errors import ConfigError, Violation
-from ..spec.schema import RunSpec
+from ..spec.schema import GROUPS, RunSpec
 from ..tracking.repro import REPRO
 from . import execute
 from .names import UNSAFE
@@ -117,6 +117,11 @@ def target(ns: argparse.Namespace) -> Target:
 
 
 def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Target:
+    groups = [o for o in overrides if _override_key(o).lstrip("+") in (*GROUPS, "recipe")]
+    if groups:  # a saved spec has no defaults list to pick from: `env=dataset` was 'Merge error: str is not ...'
+        raise ConfigError([Violation("eval_overrides", (_override_key(groups[0]),),
+                                     f"{groups[0]} picks a config group; an eval of a run keeps the run's groups",
+                                     "change keys instead (env.name=dataset env.val_path=FILE, rollout.temperature=0)")])
     try:
         ckpt = pick_checkpoint(run_dir, step, last=True)
     except ExportError as exc:
