@@ -3,14 +3,17 @@ and KV cache), and sampling that keeps the logprobs exact."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
+import socket
 from typing import Iterator
 
 from ..logit_heads import read_text_config
 from ..plan import engine_max_model_len
 from ..spec.errors import Violation
 from ..spec.model_dir import model_facts
-from ..spec.schema import RolloutBackend, RunSpec
+from ..spec.schema import ClusterKind, RolloutBackend, RunSpec
 from .memory_estimate import CPU_KV_CACHE_MB
 from .registry import V, rule
 
@@ -47,6 +50,67 @@ def vllm_only_switches(s: RunSpec) -> Iterator[Violation]:
                 "the hf rollout backend runs one model copy per worker (no engine parallelism)",
                 "set rollout=vllm, or the rollout parallel sizes to 1")
 
+
+
+HOSTNAME_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def host_syntax_problem(host: str) -> str | None:
+    """Why `host` is neither an IP literal (IPv6 without brackets, as rollout/vllm.py binds it) nor a hostname."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if ":" in host or host.startswith("["):
+        return "not an IPv6 literal (write it without brackets, e.g. ::1)"
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > 253 or not all(HOSTNAME_LABEL.match(label) for label in name.split(".")):
+        return "not an IP literal or a hostname (letters, digits, '-' in dot-separated labels of ≤ 63)"
+    return None
+
+
+def bind_problem(host: str) -> str | None:
+    """Binding `host` here as rollout/vllm.py does (IPv6 when it has a ':', a free port), then closing: the OS's
+    reason when it cannot."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+    except socket.gaierror as exc:
+        return f"cannot be resolved on this machine: [gaierror {exc.errno}] {exc.strerror}"
+    except OSError as exc:
+        return f"cannot be bound on this machine: [Errno {exc.errno}] {exc.strerror}"
+    except (UnicodeError, ValueError) as exc:  # e.g. a label too long for IDNA encoding
+        return f"cannot be bound on this machine: {exc}"
+    return None
+
+
+@rule("pure")
+def http_host_bindable(s: RunSpec) -> Iterator[Violation]:
+    """rollout.http_host, the exposed vLLM HTTP server's bind address (rollout/vllm.py): an empty one would bind
+    every interface unasked; cluster=local binds it here, so it must bind now (else OSError after start-up);
+    on Slurm (and an existing Ray cluster) the engines' nodes bind it: a valid IP literal or hostname."""
+    r = s.rollout
+    if not r.expose_http_server:
+        return
+    host, name = r.http_host, "http_host_bindable"
+    fix = "set rollout.http_host=127.0.0.1 (this node only), or an address of the node; 0.0.0.0 (or ::) = all"
+    if not host.strip():
+        yield V(name, "rollout.http_host", f"an empty host ({host!r}) binds every interface, never meant silently",
+                "set rollout.http_host=127.0.0.1 (this node only), or rollout.http_host=0.0.0.0 to serve every "
+                "interface explicitly")
+        return
+    here = s.cluster.kind == ClusterKind.local and not s.cluster.ray_address
+    problem = bind_problem(host) if here else host_syntax_problem(host)
+    if problem:
+        where = "" if here else f" (cluster.kind={s.cluster.kind.value}: the engines' node binds it)"
+        yield V(name, "rollout.http_host", f"rollout.http_host={host!r} {problem}{where}", fix)
+        return
+    if host in ("0.0.0.0", "::") and r.http_api_key == "":
+        from ..envs.preflight import warn  # the pre-flight warnings' one voice (stderr, once per process)
+
+        warn(f"rollout.http_host={host} serves the vLLM HTTP server on every interface with no API key "
+             "(rollout.http_api_key=''): anyone who reaches this node can use it; null gives a fresh key per run")
 
 @rule("pure")
 def vllm_engine_memory_and_length(s: RunSpec) -> Iterator[Violation]:
