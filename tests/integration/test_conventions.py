@@ -54,6 +54,7 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # in make test-all: CI's time (benchmarks/results/ci-rehearsals.md)
 def test_cluster_ray_joins_an_existing_cluster_with_its_token_and_leaves_it_running(tmp_path):
     """A real `ray start --head --block` with token auth (its own token file and temp dir), stopped by its PID at the
     end. RAY_ADDRESS + cluster=ray: the run joins (RAY_AUTH_MODE=token set for it), trains 2 steps, and leaves the

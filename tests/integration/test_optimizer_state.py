@@ -89,6 +89,7 @@ def _spawn(spec, model_dir: Path, ckpt: Path, out: Path) -> dict:
     return torch.load(out, weights_only=False)
 
 
+@pytest.mark.extended  # in make test-all: CI's time (benchmarks/results/ci-rehearsals.md)
 def test_the_megatron_worker_loads_weights_only_with_a_fresh_optimizer(tmp_path):
     pytest.importorskip("megatron.core")
     spec = _megatron_spec(warmup_steps=4)

@@ -92,6 +92,7 @@ def test_an_eval_with_other_overrides_does_not_overwrite_the_earlier_result(tmp_
     assert out("rollout.temperature=0.5") == second and out("rollout.max_new_tokens=4").name == "step_000002.3.json"
 
 
+@pytest.mark.extended  # in make test-all: CI's time (benchmarks/results/ci-rehearsals.md)
 def test_eval_of_a_damaged_checkpoint_is_refused_or_the_newest_good_one_used(tmp_path):
     """A truncated newest checkpoint reached the workers: a safetensors traceback after their start-up. Now it is
     verified first (manifest sizes, sha256): --step of it is a config error naming it; the default pick falls back to

@@ -215,6 +215,7 @@ def test_export_says_which_rule_picked_the_checkpoint(tmp_path, capsys):
         capsys.readouterr().out
 
 
+@pytest.mark.extended  # in make test-all: CI's time (benchmarks/results/ci-rehearsals.md)
 def test_export_carries_what_the_run_trained_with_after_the_base_model_dir_changed_or_went(tmp_path):
     """export read the tokenizer and generation_config.json from the model dir as it was at export time: after the user
     edited the base model's generation_config.json the export was silently another model's; after deleting the dir,

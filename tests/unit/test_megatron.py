@@ -72,6 +72,8 @@ def test_hf_megatron_hf_round_trip_is_bit_exact(tmp_path, kind):
     assert set(back) == set(hf)
     for k, v in hf.items():
         assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
+    lazy = list(mc.iter_hf(full, arch))  # the refit's pairs, one layer at a time
+    assert [k for k, _ in lazy] == list(back) and all(torch.equal(back[k], v) for k, v in lazy)
     if arch.num_experts:  # the on-disk checkpoint layout (per expert) round-trips too
         from grpo_launcher.policy.megatron_policy import load_hf_weights
 
@@ -297,6 +299,8 @@ def test_nemotron_h_hf_megatron_hf_round_trip_is_bit_exact(tmp_path):
     full = mc.to_full(hf, a)
     back = mc.to_hf(full, a)
     assert back.keys() == hf.keys() and all(torch.equal(back[k], v) for k, v in hf.items())
+    lazy = list(mc.iter_hf(full, a))  # the refit's pairs, one layer at a time: the same names, order and values
+    assert [k for k, _ in lazy] == list(back) and all(torch.equal(back[k], v) for k, v in lazy)
     assert {"decoder.layers.0.norm.weight", "decoder.layers.0.mixer.conv1d.weight", "decoder.layers.1.mlp.router.expert_bias",
             "decoder.layers.2.self_attention.linear_qkv.weight", "decoder.layers.3.mlp.experts.local_experts.3.linear_fc2.weight",
             "decoder.layers.3.mlp.shared_experts.linear_fc1.weight", "decoder.final_norm.weight"} <= full.keys()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from grpo_launcher.launch.repro import say_resume_input_drift
 from grpo_launcher.runfiles import load_spec_file
 from helpers import ROOT, launch, share_models
@@ -14,6 +16,7 @@ from helpers import ROOT, launch, share_models
 REWARD = "def match(prompt, completion, answer=None, **row):\n    return float(completion.strip() == str(answer))\n"
 
 
+@pytest.mark.extended  # in make test-all: CI's time (benchmarks/results/ci-rehearsals.md)
 def test_a_resume_on_changed_files_says_so_and_keeps_the_runs_record(tmp_path, capsys):
     for split in ("train", "val"):
         shutil.copy(ROOT / "data" / f"math_{split}.jsonl", tmp_path / f"{split}.jsonl")

@@ -280,6 +280,7 @@ def test_ctrl_c_in_a_point_stops_the_sweep(tmp_path):
     assert any(line.split()[:3] == [second.name, "NOT", "RUN"] for line in summary), summary
 
 
+@pytest.mark.extended  # in make test-all: CI's time (benchmarks/results/ci-rehearsals.md)
 def test_the_same_sweep_again_skips_its_finished_points_and_runs_the_rest(tmp_path):
     """After a Ctrl-C or a failed point, the same command again was refused whole ('run ... already finished', rule
     run_name_not_finished, for each point that had finished): the rest of the sweep could not be run. Now a finished

@@ -153,6 +153,35 @@ def test_cuda_ipc_handles_cross_the_async_engines_msgpack_channel_as_plain_value
             decode_ipc_handles({"ipc_handles": {"GPU-0": [bad]}})
 
 
+def test_a_refit_sends_one_ipc_buffer_per_run_of_weights_that_fits_it_drawn_one_at_a_time():
+    """vLLM 0.25's packed sender exports one buffer for every chunk and the engine releases it once per chunk: the
+    buffer leaked on the policy's side, 1 GiB a refit (H100, nemotron_h_1b). Each send now carries one run that
+    fits its buffer (one chunk per export); a tensor past the cap goes alone in a buffer of its size; the weights
+    are drawn lazily (a sharded policy gathers one at a time) and arrive complete, in order."""
+    from grpo_launcher.rollout.vllm_compat import BufferRuns
+
+    sizes = [3, 4, 2, 9, 1, 1, 5, 5]  # elements of 4 B: cap 32 B = 8 elements
+    drawn = []
+
+    def weights():
+        for i, n in enumerate(sizes):
+            drawn.append(i)
+            yield f"w{i}", torch.zeros(n, dtype=torch.float32)
+
+    runs, sent, buffers = BufferRuns(weights(), cap=32), [], []
+    while (size := runs.next_buffer_bytes()) is not None:
+        run = []
+        for name, t in runs.run():
+            assert len(drawn) == sum(map(len, sent)) + len(run) + 1  # nothing drawn past the tensor being packed
+            run.append((name, t.numel() * 4))
+        assert sum(b for _, b in run) <= size
+        sent.append(run)
+        buffers.append(size)
+    assert [[n for n, _ in r] for r in sent] == [["w0", "w1"], ["w2"], ["w3"], ["w4", "w5", "w6"], ["w7"]]
+    assert buffers == [32, 32, 36, 32, 32]
+    assert BufferRuns(iter([]), cap=32).next_buffer_bytes() is None
+
+
 def test_an_api_key_that_starts_with_a_dash_reaches_the_http_server_intact():
     """A per-run key is random: token_urlsafe started with "-" one run in 64, and vLLM's parser then read it as an
     option (`--api-key: expected at least one argument`, the HTTP server never started). Now: hex keys, and one

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -177,39 +177,49 @@ def full_to_hf(full: dict[str, Tensor], a: Arch, *, per_expert: bool = False) ->
     in-memory transformers 5 state dict, what refit loads) or, with per_expert, in the checkpoint layout
     (``mlp.experts.{e}.gate_proj.weight`` ...: what safetensors files on disk hold).
     """
-    emb = full["embedding.word_embeddings.weight"]
-    out = {"model.embed_tokens.weight": emb, "model.norm.weight": full["decoder.final_layernorm.weight"],
-           "lm_head.weight": emb if a.tie_embeddings else full["output_layer.weight"]}
+    out = _top_to_hf(full, a)
     for i in range(a.num_layers):
-        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-        at = h + "self_attn."
-        out[h + "input_layernorm.weight"] = full[m + "input_layernorm.weight"]
-        out[h + "post_attention_layernorm.weight"] = full[m + "pre_mlp_layernorm.weight"]
-        q, k, v = _qkv_split(full[m + "self_attention.linear_qkv.weight"], a)
-        out[at + "q_proj.weight"], out[at + "k_proj.weight"], out[at + "v_proj.weight"] = q, k, v
-        if a.qkv_bias:
-            q, k, v = _qkv_split(full[m + "self_attention.linear_qkv.bias"], a)
-            out[at + "q_proj.bias"], out[at + "k_proj.bias"], out[at + "v_proj.bias"] = q, k, v
-        out[at + "o_proj.weight"] = full[m + "self_attention.linear_proj.weight"]
-        if a.qk_norm:
-            out[at + "q_norm.weight"] = full[m + "self_attention.q_layernorm.weight"]
-            out[at + "k_norm.weight"] = full[m + "self_attention.k_layernorm.weight"]
-        if a.num_experts:
-            out[h + "mlp.gate.weight"] = full[m + "mlp.router.weight"]
-            ex = m + "mlp.experts.local_experts.{}.linear_fc{}.weight"
-            if per_expert:
-                for e in range(a.num_experts):
-                    gate, up = full[ex.format(e, 1)].chunk(2)
-                    x = h + f"mlp.experts.{e}."
-                    out[x + "gate_proj.weight"], out[x + "up_proj.weight"] = gate.clone(), up.clone()
-                    out[x + "down_proj.weight"] = full[ex.format(e, 2)]
-            else:
-                out[h + "mlp.experts.gate_up_proj"] = torch.stack([full[ex.format(e, 1)] for e in range(a.num_experts)])
-                out[h + "mlp.experts.down_proj"] = torch.stack([full[ex.format(e, 2)] for e in range(a.num_experts)])
+        out.update(_layer_to_hf(full, a, i, per_expert))
+    return out
+
+
+def _top_to_hf(full: dict[str, Tensor], a: Arch) -> dict[str, Tensor]:
+    emb = full["embedding.word_embeddings.weight"]
+    return {"model.embed_tokens.weight": emb, "model.norm.weight": full["decoder.final_layernorm.weight"],
+            "lm_head.weight": emb if a.tie_embeddings else full["output_layer.weight"]}
+
+
+def _layer_to_hf(full: dict[str, Tensor], a: Arch, i: int, per_expert: bool) -> dict[str, Tensor]:
+    """Layer i of full_to_hf (its q/k/v and gate/up halves are copies; its experts, stacked, one copy)."""
+    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+    at, out = h + "self_attn.", {}
+    out[h + "input_layernorm.weight"] = full[m + "input_layernorm.weight"]
+    out[h + "post_attention_layernorm.weight"] = full[m + "pre_mlp_layernorm.weight"]
+    q, k, v = _qkv_split(full[m + "self_attention.linear_qkv.weight"], a)
+    out[at + "q_proj.weight"], out[at + "k_proj.weight"], out[at + "v_proj.weight"] = q, k, v
+    if a.qkv_bias:
+        q, k, v = _qkv_split(full[m + "self_attention.linear_qkv.bias"], a)
+        out[at + "q_proj.bias"], out[at + "k_proj.bias"], out[at + "v_proj.bias"] = q, k, v
+    out[at + "o_proj.weight"] = full[m + "self_attention.linear_proj.weight"]
+    if a.qk_norm:
+        out[at + "q_norm.weight"] = full[m + "self_attention.q_layernorm.weight"]
+        out[at + "k_norm.weight"] = full[m + "self_attention.k_layernorm.weight"]
+    if a.num_experts:
+        out[h + "mlp.gate.weight"] = full[m + "mlp.router.weight"]
+        ex = m + "mlp.experts.local_experts.{}.linear_fc{}.weight"
+        if per_expert:
+            for e in range(a.num_experts):
+                gate, up = full[ex.format(e, 1)].chunk(2)
+                x = h + f"mlp.experts.{e}."
+                out[x + "gate_proj.weight"], out[x + "up_proj.weight"] = gate.clone(), up.clone()
+                out[x + "down_proj.weight"] = full[ex.format(e, 2)]
         else:
-            gate, up = full[m + "mlp.linear_fc1.weight"].chunk(2)
-            out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate.clone(), up.clone()
-            out[h + "mlp.down_proj.weight"] = full[m + "mlp.linear_fc2.weight"]
+            out[h + "mlp.experts.gate_up_proj"] = torch.stack([full[ex.format(e, 1)] for e in range(a.num_experts)])
+            out[h + "mlp.experts.down_proj"] = torch.stack([full[ex.format(e, 2)] for e in range(a.num_experts)])
+    else:
+        gate, up = full[m + "mlp.linear_fc1.weight"].chunk(2)
+        out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = gate.clone(), up.clone()
+        out[h + "mlp.down_proj.weight"] = full[m + "mlp.linear_fc2.weight"]
     return out
 
 
@@ -402,19 +412,41 @@ def hybrid_hf_to_full(hf: dict[str, Tensor], a: Arch) -> dict[str, Tensor]:
 
 def hybrid_full_to_hf(full: dict[str, Tensor], a: Arch, *, per_expert: bool = False) -> dict[str, Tensor]:
     """Inverse of hybrid_hf_to_full (bit-exact): the in-memory names (refit), or with per_expert the checkpoint's."""
+    out = _hybrid_top_to_hf(full, a)
+    for i in range(len(a.pattern)):
+        out.update(_hybrid_layer_to_hf(full, a, i))
+    return hybrid_to_disk(out) if per_expert else out
+
+
+def _hybrid_top_to_hf(full: dict[str, Tensor], a: Arch) -> dict[str, Tensor]:
     out = {h: full[m] for m, h in HYBRID_TOP}
     out["lm_head.weight"] = full["embedding.word_embeddings.weight" if a.tie_embeddings else "output_layer.weight"]
-    for i, kind in enumerate(a.pattern):
-        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out.update({h + hs: full[m + ms] for ms, hs in HYBRID_LAYER[kind]})
-        if kind == "*":
-            q, k, v = _qkv_split(full[m + "self_attention.linear_qkv.weight"], a)
-            out[h + "mixer.q_proj.weight"], out[h + "mixer.k_proj.weight"], out[h + "mixer.v_proj.weight"] = q, k, v
-        if kind == "E":
-            ex = m + "mlp.experts.local_experts.{}.linear_fc{}.weight"
-            for proj, fc in (("up_proj", 1), ("down_proj", 2)):
-                out[h + f"mixer.experts.{proj}"] = torch.stack([full[ex.format(e, fc)] for e in range(a.num_experts)])
-    return hybrid_to_disk(out) if per_expert else out
+    return out
+
+
+def _hybrid_layer_to_hf(full: dict[str, Tensor], a: Arch, i: int) -> dict[str, Tensor]:
+    """Layer i of hybrid_full_to_hf, in-memory names (an attention layer's q/k/v: copies; an MoE layer's experts:
+    stacked, one copy)."""
+    kind, h, m = a.pattern[i], f"model.layers.{i}.", f"decoder.layers.{i}."
+    out = {h + hs: full[m + ms] for ms, hs in HYBRID_LAYER[kind]}
+    if kind == "*":
+        q, k, v = _qkv_split(full[m + "self_attention.linear_qkv.weight"], a)
+        out[h + "mixer.q_proj.weight"], out[h + "mixer.k_proj.weight"], out[h + "mixer.v_proj.weight"] = q, k, v
+    if kind == "E":
+        ex = m + "mlp.experts.local_experts.{}.linear_fc{}.weight"
+        for proj, fc in (("up_proj", 1), ("down_proj", 2)):
+            out[h + f"mixer.experts.{proj}"] = torch.stack([full[ex.format(e, fc)] for e in range(a.num_experts)])
+    return out
+
+
+def iter_hf(full: dict[str, Tensor], a: Arch) -> Iterator[tuple[str, Tensor]]:
+    """to_hf's in-memory pairs, made one layer at a time as they are drawn (the refit): only one layer's copies (q/k/v,
+    gate/up halves, stacked experts) exist at once, where to_hf makes every layer's first (a second copy of all
+    the experts: a model's worth for an MoE model)."""
+    hybrid = a.mamba is not None
+    yield from (_hybrid_top_to_hf(full, a) if hybrid else _top_to_hf(full, a)).items()
+    for i in range(a.num_layers):
+        yield from (_hybrid_layer_to_hf(full, a, i) if hybrid else _layer_to_hf(full, a, i, False)).items()
 
 
 # ------------------------------------------------------------------------------ any family

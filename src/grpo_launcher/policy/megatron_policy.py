@@ -43,7 +43,7 @@ import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import ray
 import torch
@@ -618,6 +618,11 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
     def hf_weights(self) -> dict[str, torch.Tensor]:
         """HF-named full weights on this device, on every rank (collective): the hybrid engine's refit."""
         return mc.to_hf(self.full_state(on_device=True), self.arch)
+
+    def weight_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The refit's pairs, one layer's converted copies at a time (mc.iter_hf): what pre-flight's "refit gather"
+        counts, where hf_weights would hold a second copy of every expert at once."""
+        return mc.iter_hf(self.full_state(on_device=True), self.arch)
 
     def save(self, directory: str) -> None:
         """Every rank: its optimizer state; rank 0: HF weights (policy/model.safetensors + config)."""

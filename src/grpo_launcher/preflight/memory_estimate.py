@@ -521,7 +521,8 @@ def _torch_fsdp(spec: RunSpec, est: Estimate, a: Arch, pc: ParamCounts, n: float
     if spec.cluster.rollout_devices == 0:  # colocated engines refit from `weight_items` on the device
         eb = 2 if est.use_gpus and spec.train.precision == Precision.bfloat16 else 4  # rollout.hf.engine_dtype
         big = largest_tensor(a)
-        ipc = min(IPC_BUFFER_BYTES, pc.total(a) * eb) if spec.rollout.backend == RolloutBackend.vllm else 0
+        vllm = spec.rollout.backend == RolloutBackend.vllm  # its IPC buffer: 1 GiB, or the largest tensor's size
+        ipc = max(min(IPC_BUFFER_BYTES, pc.total(a) * eb), eb * big) if vllm else 0
         it["refit gather"] = Item("refit gather", eb * big + ipc, f"{_fmt_params(big)} × {eb} B (the largest "
                                   "tensor, gathered one at a time)" + (" + vLLM's IPC buffer" if ipc else ""))
     return gpu * 4 * n / dp

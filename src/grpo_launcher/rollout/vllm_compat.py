@@ -11,8 +11,8 @@ the machine: benchmarks/results/environments.md).
 | FlashInfer absent | GPU runner imports it for its sampler: VLLM_USE_FLASHINFER_SAMPLER=0 | (CPU: not used) |
 
 The refit on CUDA goes through vLLM's own RL weight-transfer API, backend "ipc": the policy worker packs its
-weights (cast to the engine's dtype) into ≤ 1 GiB device buffers and sends CUDA IPC handles of them; the engine's
-worker opens them on the same GPU and loads them with `model.load_weights` (layerwise reload around it). No byte of
+weights (cast to the engine's dtype) into 1 GiB device buffers (a larger tensor: one of its size; `BufferRuns`)
+and sends CUDA IPC handles of them; the engine's worker opens them on the same GPU and loads them with `model.load_weights` (layerwise reload around it). No byte of
 the weights crosses the host. Worker RPC names used (both releases): start_weight_update, update_weights,
 finish_weight_update.
 """
@@ -169,15 +169,53 @@ def decode_ipc_handles(update_info: dict) -> dict:
 
 
 # ------------------------------------------------------------------ trainer side (a policy worker)
+class BufferRuns:
+    """(name, tensor) pairs cut into runs that each fill one IPC buffer: consecutive tensors while their bytes fit
+    `cap`; a tensor larger than `cap` alone, in a buffer of its own size (`next_buffer_bytes`). Lazy: a run draws
+    its tensors as the producer packs them, so a sharded policy still gathers one tensor at a time.
+
+    Why runs: vLLM 0.25's packed sender exports its buffer for IPC once and sends that export with every chunk;
+    the engine rebuilds and releases it once per chunk, which drives torch's cross-process refcount below zero, and
+    the buffer is never freed on the policy's side (1 GiB more held after every refit: memory/policy_allocated_gib
+    +1.00 GiB a step, nemotron_h_1b on an H100, benchmarks/results/nemotron_gpu.md). One run per send is one chunk
+    per export: the count returns to zero and `ipc_collect` frees the buffer (0.32 fixed it on the engine side)."""
+
+    def __init__(self, weights: Iterable[tuple[str, "torch.Tensor"]], cap: int):
+        self.it, self.cap = iter(weights), cap
+        self.head = next(self.it, None)  # the next run's first tensor: drawn, not yet packed
+
+    def next_buffer_bytes(self) -> int | None:
+        """The buffer the next run needs (None: no tensor left)."""
+        return None if self.head is None else max(self.cap, _nbytes(self.head[1]))
+
+    def run(self) -> Iterable[tuple[str, "torch.Tensor"]]:
+        used = 0
+        while self.head is not None:
+            size = _nbytes(self.head[1])
+            if used and used + size > self.cap:
+                return  # the head stays: it opens the next run
+            item, self.head = self.head, None
+            yield item
+            used += size
+            self.head = next(self.it, None)
+
+
+def _nbytes(t: "torch.Tensor") -> int:
+    return t.numel() * t.element_size()
+
+
 def send_weights_ipc(weights: Iterable[tuple[str, "torch.Tensor"]], send: Callable[[dict], None],
                      dtype: "torch.dtype | None" = None) -> None:
     """Every policy rank calls it (the handles are all-gathered when the ranks form a process group); rank 0
-    calls `send(update_info_dict)` once per packed buffer, after which the buffer is reused. `dtype`: the
-    engine's (the fp32 master weights are cast on the device as they are packed)."""
+    calls `send(update_info_dict)` once per packed buffer. `dtype`: the engine's (the fp32 master weights are
+    cast on the device as they are packed). One buffer per run (`BufferRuns`), freed after it is sent."""
     from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine  # here: as above
 
     it = ((k, v.detach().to(dtype) if dtype is not None else v.detach()) for k, v in weights)
-    IPCWeightTransferEngine.trainer_send_weights(
-        it, {"send_mode": lambda info: send(asdict(info)), "packed": True,
-             "packed_buffer_size_bytes": IPC_BUFFER_BYTES})
+    runs = BufferRuns(it, IPC_BUFFER_BYTES)
+    while (size := runs.next_buffer_bytes()) is not None:
+        IPCWeightTransferEngine.trainer_send_weights(
+            runs.run(), {"send_mode": lambda info: send(asdict(info)), "packed": True,
+                         "packed_buffer_size_bytes": size})
+        torch.cuda.ipc_collect()  # the buffer just sent, released by the engine: back to this process's pool
     torch.cuda.synchronize()
