@@ -339,6 +339,31 @@ def test_exact_answers_and_wrapped_answers(math_env, answer, completion, verdict
     assert graded(math_env, answer, completion) == verdict
 
 
+# mixed numbers and other scripts' forms: math-verify read `1 1/2` as 1 (so `1` scored for the answer 1 1/2, and
+# 1 1/2 never for 3/2), ½ as nothing, full-width punctuation (1．5, 2，3) as other numbers
+MIXED_AND_WIDE = [
+    ("1 1/2", "The answer is 1 1/2", 1),
+    ("1 1/2", "The answer is 1", 0),
+    ("3/2", r"\boxed{1 1/2}", 1),
+    ("3/2", "1 1/2", 1),
+    ("-3/2", r"\boxed{-1 1/2}", 1),
+    ("7/2", "So 3 1/2 cups. The answer is 3 1/2", 1),
+    (r"2\frac{1}{4}", r"\boxed{2 1/4}", 1),
+    (5, r"\boxed{1 3/2}", 0),  # no proper fraction: not a mixed number
+    ("1, 2", "1 2", 1),  # whole numbers side by side stay a list
+    (0.5, r"\boxed{½}", 1),
+    (1.5, r"\boxed{1½}", 1),
+    (1.5, r"\boxed{1．5}", 1),
+    ("2, 3", r"\boxed{2，3}", 1),
+    (12, r"\boxed{１２}", 1),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", MIXED_AND_WIDE)
+def test_mixed_numbers_vulgar_fractions_and_full_width_forms(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
 # numbers far from 1: math-verify rounds to 6 decimal places, so every two numbers below 1e-6 were equal (and
 # 1e-7 = 0), and a float's 15 digits missed the exact integer past 1e9 (6.02e23 vs 6.02 \times 10^{23})
 SCALES = [

@@ -70,8 +70,14 @@ _BOXED_PERCENT = re.compile(r"\\boxed\{\s*" + _PERCENT + r"\s*\}")
 _STATED_PERCENT = re.compile(r"answer\s+is\s*:?\s*\$?" + _PERCENT, re.I)
 _BARE_PERCENT = re.compile(r"\s*\$?" + _PERCENT + r"\$?\.?\s*")
 _HASHES = re.compile(r"####\s*(\S[^\n]*)?")  # GSM8K's answer line: what follows the first `####`, to the line's end
-_UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt",  # − π √ as a model types them
-                          **{chr(0xFF10 + d): str(d) for d in range(10)}})  # and full-width digits (１２)
+_VULGAR = {"½": "1/2", "⅓": "1/3", "⅔": "2/3", "¼": "1/4", "¾": "3/4", "⅕": "1/5", "⅖": "2/5", "⅗": "3/5", "⅘": "4/5",
+           "⅙": "1/6", "⅚": "5/6", "⅛": "1/8", "⅜": "3/8", "⅝": "5/8", "⅞": "7/8"}
+_UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt",  # − π √ as a model types them,
+                          "\u3000": " ", **{chr(c): chr(c - 0xFEE0) for c in range(0xFF01, 0xFF5F)},  # full width
+                          **{k: " " + v for k, v in _VULGAR.items()}})  # (１２，１．５) and ½ (1½: a mixed number)
+# a mixed number as plain text, `1 1/2` (a proper fraction after a whole number): math-verify read 1, so `1` scored
+# for the answer `1 1/2` and `1 1/2` never for `3/2`; `1\frac{1}{2}` it reads as 3/2 already
+_MIXED = re.compile(r"(?<![\d.,/]\s)(?<![\d.,/])(\d+)\s+(\d+)/(\d+)(?![\d./])")
 
 
 def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any) -> float:
@@ -238,10 +244,17 @@ def bare(text: str) -> bool:
 
 
 def normalized(text: str) -> str:
-    """Unicode minus, π and √ as LaTeX; 1\\,234's thin-space separator dropped; Markdown emphasis around an answer
-    (**72**) and an escaped currency sign (\\$72) dropped."""
+    """Unicode minus, π and √ as LaTeX, full-width forms and vulgar fractions (½) as ASCII, a mixed number (`1 1/2`)
+    as its fraction; 1\\,234's thin-space separator dropped; Markdown emphasis around an answer (**72**) and an
+    escaped currency sign (\\$72) dropped."""
     text = _ESCAPED_DOLLAR.sub("", _WRAPPED.sub(lambda m: m.group(2) or m.group(3), text))
-    return _THIN_SEPARATOR.sub("", text.translate(_UNICODE))
+    return _MIXED.sub(_improper, _THIN_SEPARATOR.sub("", text.translate(_UNICODE)))
+
+
+def _improper(m: re.Match) -> str:
+    """`1 1/2` as 3/2 (a mixed number); `1 3/2` or `1 0/2` (no proper fraction) as written."""
+    whole, num, den = (int(g) for g in m.groups())
+    return f"{whole * den + num}/{den}" if 0 < num < den else m.group(0)
 
 
 def e_notation(text: str) -> str:
