@@ -628,3 +628,13 @@ def test_slurm_time_without_a_limit_is_accepted(limit):
 
     spec = to_spec(compose(["cluster=slurm", f"cluster.time={limit}", "checkpoint.must_save_by=03:00:00"]))
     assert not [v for v in validate(spec) if v.rule == "time_budget"]
+
+
+def test_a_warm_up_longer_than_the_run_is_a_warning_naming_where_the_learning_rate_ends(capsys):
+    """train.warmup_steps past the run's optimizer steps: the learning rate never reaches train.lr. A warning (a
+    resume may go on), with the fraction it ends at; within the run, none."""
+    validate(load_spec(["train.warmup_steps=50", "grpo.max_steps=10"]))
+    err = capsys.readouterr().err
+    assert "train.warmup_steps=50 is longer than the run's 10 optimizer steps" in err and "ends at 20% of" in err, err
+    validate(load_spec(["train.warmup_steps=10", "grpo.max_steps=10"]))
+    assert "warmup" not in capsys.readouterr().err

@@ -152,6 +152,21 @@ def optimizer_ranges(s: RunSpec) -> Iterator[Violation]:
     if t.warmup_steps < 0:
         yield V("optimizer_ranges", "train.warmup_steps", f"must be ≥ 0, got {t.warmup_steps}",
                 "set train.warmup_steps=0 (no warm-up)")
+    warm_beyond_the_run(s)
+
+
+def warm_beyond_the_run(s: RunSpec) -> None:
+    """A warning (the run goes on: a later resume may go further): a warm-up longer than the run's optimizer steps,
+    whose learning rate then never reaches train.lr."""
+    t, g = s.train, s.grpo
+    per_step = g.num_prompts_per_step * g.num_generations_per_prompt // max(t.global_batch_size, 1)
+    total = g.max_steps * per_step
+    if total > 0 and t.warmup_steps > total:
+        from ..envs.preflight import warn  # the pre-flight warnings' one voice (stderr, once per process)
+
+        warn(f"train.warmup_steps={t.warmup_steps} is longer than the run's {total} optimizer steps "
+             f"(grpo.max_steps={g.max_steps} × {per_step} a step): the learning rate ends at "
+             f"{total / t.warmup_steps:.0%} of train.lr={t.lr:g}")
 
 
 # ---------------------------------------------------------------- validation / checkpoints --
