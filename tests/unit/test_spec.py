@@ -638,3 +638,20 @@ def test_a_warm_up_longer_than_the_run_is_a_warning_naming_where_the_learning_ra
     assert "train.warmup_steps=50 is longer than the run's 10 optimizer steps" in err and "ends at 20% of" in err, err
     validate(load_spec(["train.warmup_steps=10", "grpo.max_steps=10"]))
     assert "warmup" not in capsys.readouterr().err
+
+
+def test_keys_that_nothing_reads_in_this_configuration_are_named_in_a_warning(capsys):
+    """A key set where nothing reads it (loss.kl_clamp with loss.kl_coef=0, Slurm's cluster.partition with
+    cluster=local, checkpoint.keep_top_k with checkpoint.enabled=false, vLLM's gpu_memory_utilization with
+    rollout=hf) was accepted silently: the user believed it in force. A warning names each key and what switches it
+    off; the run goes on. The defaults and every shipped group alone warn of nothing."""
+    validate(load_spec(["loss.kl_clamp=5", "cluster.partition=gpu", "checkpoint.enabled=false",
+                        "checkpoint.keep_top_k=5", "rollout.gpu_memory_utilization=0.3"]))
+    err = capsys.readouterr().err
+    for part in ("loss.kl_clamp=5.0 (loss.kl_coef=0: no KL term)", "cluster.partition=gpu (cluster=local",
+                 "checkpoint.keep_top_k=5 (checkpoint.enabled=false", "rollout.gpu_memory_utilization=0.3 (rollout=hf"):
+        assert part in err, err
+    validate(load_spec(["loss.kl_clamp=5", "loss.kl_coef=0.01"]))
+    for group in ("loss=dapo", "loss=gspo", "rollout=vllm", "cluster=slurm", "env=math", "model=nemotron_h_1b"):
+        validate(load_spec([group]))
+    assert "nothing reads" not in capsys.readouterr().err

@@ -138,3 +138,59 @@ def trackers_installed(s: RunSpec) -> Iterator[Violation]:
     if s.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
         yield V("trackers_installed", "logging.tensorboard", "the `tensorboard` package is not installed",
                 "pip install tensorboard (a dependency of this package: reinstall it), or logging.tensorboard=false")
+
+
+# Keys that nothing reads in some configurations: (keys, when they are inert, why). A key set away from its schema
+# default while it is inert is a warning naming it and the key that switches it off (the run goes on: the user
+# may have meant the other key).
+INERT: tuple[tuple[tuple[str, ...], Any, str], ...] = (
+    (("loss.kl_estimator", "loss.kl_clamp"), lambda s: s.loss.kl_coef == 0, "loss.kl_coef=0: no KL term"),
+    (("loss.dynamic_sampling_max_rounds",), lambda s: not s.loss.dynamic_sampling, "loss.dynamic_sampling=false"),
+    (("rollout.http_host", "rollout.http_api_key"), lambda s: not s.rollout.expose_http_server,
+     "rollout.expose_http_server=false: no HTTP server"),
+    (("rollout.gpu_memory_utilization", "rollout.kv_cache_memory_mb", "rollout.enforce_eager"),
+     lambda s: s.rollout.backend.value != "vllm", "rollout=hf: vLLM's settings"),
+    (("grpo.async_grpo.max_trajectory_age_steps", "grpo.async_grpo.in_flight_weight_updates"),
+     lambda s: not s.grpo.async_grpo.enabled, "grpo.async_grpo.enabled=false"),
+    (("cluster.partition", "cluster.account", "cluster.qos", "cluster.time", "cluster.job_name", "cluster.exclusive",
+      "cluster.container_image", "cluster.container_mounts", "cluster.signal_before_s", "cluster.requeue"),
+     lambda s: s.cluster.kind.value == "local", "cluster=local: Slurm's settings"),
+    (("checkpoint.save_period", "checkpoint.keep_top_k", "checkpoint.metric", "checkpoint.higher_is_better"),
+     lambda s: not s.checkpoint.enabled, "checkpoint.enabled=false: no checkpoint is written"),
+    (("deadlines.factor", "deadlines.floor_s", "deadlines.window"), lambda s: not s.deadlines.enabled,
+     "deadlines.enabled=false"),
+    (("logging.train_data_log_every",), lambda s: not s.logging.train_data_log, "logging.train_data_log=false"),
+    (("env.gym_config_paths", "env.gym_overrides", "env.gym_tool_call_parser", "env.gym_start_timeout_s"),
+     lambda s: s.env.name != "nemo_gym", "env is not nemo_gym"),
+)
+
+
+def inert_keys(s: RunSpec) -> list[str]:
+    """'key=value (why)' for each key of INERT set away from its default where nothing reads it."""
+    default, out = RunSpec(), []
+    for keys, inert, why in INERT:
+        if not inert(s):
+            continue
+        for key in keys:
+            value, base = _at(s, key), _at(default, key)
+            if value != base:
+                out.append(f"{key}={value.value if isinstance(value, Enum) else value} ({why})")
+    return out
+
+
+def _at(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@rule("pure")
+def keys_with_no_effect(s: RunSpec) -> Iterator[Violation]:
+    """A warning, never a refusal: keys set that this configuration never reads."""
+    inert = inert_keys(s)
+    if inert:
+        from ..envs.preflight import warn  # the pre-flight warnings' one voice (stderr, once per process)
+
+        warn("keys set (on the command line or by a config group) that nothing reads in this configuration: "
+             + "; ".join(inert))
+    return iter(())
