@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The issue-40 measurements on one GPU node, as run there (benchmarks/results/nemotron_gpu.md):
 #   bash benchmarks/gpu_jobs/nemotron.sh install PARTS_DIR     # the GPU kit (scripts/gpu-kit.sh) into /tmp/site
-#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry conv kernels pack block gate hf1b mhf1b vllm1b tiny mtiny recipe mrecipe mega mem
+#   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry conv kernels pack block gate hf1b mhf1b vllm1b mvllm1b tiny mtiny recipe mrecipe mega mem
 #   bash benchmarks/gpu_jobs/nemotron.sh bg STEP [STEP ...]    # the same, detached (setsid): outlives the call
 #   bash benchmarks/gpu_jobs/nemotron.sh wait [SECONDS]        # until the detached steps end: their files to $OUT
 #   bash benchmarks/gpu_jobs/nemotron.sh stop                  # end the detached steps now (and Ray); `bg` the rest
@@ -95,6 +95,8 @@ step() {
     mhf1b) run nh1b-mega-hf model=nemotron_h_1b train.backend=megatron train.sequence_packing=false "${GPU[@]}" \
              "${WARM[@]}" grpo.max_steps="${HF1B_STEPS:-12}" checkpoint.enabled=false ;;
     vllm1b) run nh1b-vllm model=nemotron_h_1b rollout=vllm "${GPU[@]}" "${WARM[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
+    mvllm1b) run nh1b-mega-vllm model=nemotron_h_1b rollout=vllm train.backend=megatron train.sequence_packing=false \
+               "${GPU[@]}" "${WARM[@]}" grpo.max_steps=6 checkpoint.enabled=false ;;
     tiny) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k "nemotron_h_learns_with_vllm" 2>&1 | tail -8 ;;
     mtiny) run nhtiny-mega model=nemotron_h_tiny train.backend=megatron rollout=vllm "${GPU[@]}" grpo.max_steps=30 \
              checkpoint.enabled=false ;;
