@@ -364,6 +364,137 @@ def test_mixed_numbers_vulgar_fractions_and_full_width_forms(math_env, answer, c
     assert graded(math_env, answer, completion) == verdict
 
 
+# units: math-verify drops them, so `\boxed{5 km}` scored 1 for the answer `5 m` (every row marked `was 1` did); two
+# units that differ make the answer wrong, the same unit spelled otherwise (m, meters) or a unit on one side only
+# is graded as before (rows without a mark scored the same before). No conversion: 5000 m is not 5 km
+UNITS = [
+    ("5 m", r"\boxed{5 km}", 0),  # was 1
+    ("5 m", r"5\text{ km}", 0),  # was 1
+    ("5 m", r"\boxed{5\text{ km}}", 0),  # was 1
+    ("5 m", r"\boxed{5 \mathrm{km}}", 0),  # was 1
+    ("5 m", "The answer is 5 km.", 0),  # was 1
+    ("5 m", "5km", 0),  # was 1
+    (r"5\text{ m}", r"\boxed{5 \text{ kilometers}}", 0),  # was 1
+    ("12 cm", r"\boxed{12 \text{ m}}", 0),  # was 1
+    ("3 hours", r"\boxed{3 \text{ min}}", 0),  # was 1
+    ("20 kg", r"\boxed{20 g}", 0),  # was 1
+    (r"90^\circ", r"\boxed{90 \text{ rad}}", 0),  # was 1
+    ("18 dollars", r"\boxed{18 \text{ cents}}", 0),  # was 1
+    (r"25\%", r"\boxed{25 \text{ dollars}}", 0),  # was 1
+    ("7 apples", r"\boxed{7 \text{ oranges}}", 0),  # was 1
+    ("5 m", r"\boxed{5 m} ... wait, \boxed{5 km}", 0),  # was 1: the last box's unit
+    ("5 km", r"\boxed{5000 \text{ m}}", 0),  # no conversion between units
+    ("5 m", r"\boxed{5 m}", 1),
+    ("5 m", r"\boxed{5 \text{ meters}}", 1),
+    ("5 m", r"\boxed{5\,\mathrm{m}}", 1),
+    ("5 m", r"\boxed{5}", 1),  # a unit on one side only
+    (5, r"\boxed{5 km}", 1),
+    ("3 h", "The answer is 3 hours.", 1),
+    (r"90^\circ", "The angle is 90 degrees.", 1),
+    (r"90^\circ", r"\boxed{90^{\circ}}", 1),
+    ("50%", r"\boxed{50 \text{ percent}}", 1),
+    ("30 s", r"\boxed{30 \text{ seconds}}", 1),
+    ("7 apples", "7 apple", 1),
+    ("6 - 5i", r"\boxed{6 - 5i}", 1),  # a letter that is no unit
+    ("5 m", r"\boxed{5 km} ... wait, \boxed{5 m}", 1),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", UNITS)
+def test_a_different_unit_is_a_wrong_answer(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
+# repeating decimals: math-verify read `0.\overline{3}` as 0 and `0.333...` as 0.333 (0 for the answer 1/3 by the
+# exact-decimal rule), so each row marked `was 0` scored 0; read as their exact fractions. A decimal with no mark of
+# a period (`0.333`) is still not 1/3, and an ellipsis after digits that do not repeat (3.14159...) is no period
+REPEATING = [
+    ("1/3", r"\boxed{0.\overline{3}}", 1),  # was 0
+    ("1/3", r"0.\overline{3}", 1),  # was 0
+    ("1/3", r"\boxed{0.(3)}", 1),  # was 0
+    ("1/3", "0.(3)", 1),  # was 0
+    ("1/3", "0.333...", 1),  # was 0
+    ("1/3", r"\boxed{0.333\ldots}", 1),  # was 0
+    ("1/3", r"\boxed{0.3\dot{3}}", 1),  # was 0
+    ("1/3", "The answer is 0.333\u2026", 1),  # was 0
+    (r"\frac{1}{6}", r"\boxed{0.1\overline{6}}", 1),  # was 0
+    ("1/6", "0.1666...", 1),  # was 0
+    ("1/7", r"\boxed{0.\overline{142857}}", 1),  # was 0
+    ("1/7", r"\boxed{0.\dot{1}4285\dot{7}}", 1),  # was 0
+    ("-1/3", r"\boxed{-0.\overline{3}}", 1),  # was 0
+    ("10/3", r"\boxed{3.\overline{3}}", 1),  # was 0
+    (1, r"\boxed{0.\overline{9}}", 1),  # was 0
+    ("0.(3)", r"\boxed{\frac{1}{3}}", 1),  # was 0: an answer cell reads so too
+    ("1/3", r"\boxed{0.333}", 0),
+    ("1/3", "0.333", 0),
+    ("1/3", "0.3...", 0),
+    ("1/3", r"\boxed{0.\overline{6}}", 0),
+    ("2/3", r"\boxed{0.\overline{3}}", 0),
+    (r"\pi", r"\boxed{3.14159\ldots}", 0),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", REPEATING)
+def test_a_repeating_decimal_is_its_fraction(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
+# a number in words as the whole final answer: math-verify read `seven` as s·e·v·e·n (each row marked `was 0`
+# scored 0); a word in prose is no answer when a number answer follows, and an answer cell in words (`four`, no math
+# to the grader: not_math) is still rewarded only for its own text
+WORDS = [
+    (7, r"\boxed{seven}", 1),  # was 0
+    (7, r"\boxed{\text{seven}}", 1),  # was 0
+    (7, "The answer is seven.", 1),  # was 0
+    (7, "Answer: Seven", 1),  # was 0
+    (12, "twelve", 1),  # was 0
+    (21, "twenty-one", 1),  # was 0
+    (21, r"\boxed{twenty one}", 1),  # was 0
+    (100, "one hundred", 1),  # was 0
+    (0, r"\boxed{zero}", 1),  # was 0
+    (2305, r"\boxed{two thousand three hundred and five}", 1),  # was 0
+    (9999, "nine thousand nine hundred ninety-nine", 1),  # was 0
+    (8, r"\boxed{seven}", 0),
+    (8, "I tried seven ways. The answer is 8.", 1),
+    (7, "I tried seven ways. The answer is 8.", 0),
+    (7, "seven seven", 0),
+    (7, r"\boxed{seventy}", 0),
+    (100, "one hundred zero", 0),
+    ("four", r"\boxed{four}", 1),
+    ("four", r"\boxed{4}", 0),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", WORDS)
+def test_a_number_in_words_is_that_number(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
+# hedged percentages: math-verify read `\boxed{30\% \text{ or } 20\%}` (or `30\%, 20\%`) as its last value and
+# `answer is 20% or 30%` as a percentage 20, so a hedge scored for a one-value answer (rows marked `was 1`); read as
+# both values, as `The answer is 5 or 6` is (REVISED)
+PERCENT_HEDGES = [
+    ("20%", r"\boxed{30\% \text{ or } 20\%}", 0),  # was 1
+    ("20%", r"\boxed{30\% or 20\%}", 0),  # was 1
+    ("30%", r"\boxed{20\% \text{ or } 30\%}", 0),  # was 1
+    ("20%", r"\boxed{30\%, 20\%}", 0),  # was 1
+    (20, r"\boxed{30\% or 20\%}", 0),  # was 1
+    ("20%", "The answer is 20% or 30%", 0),  # was 1
+    ("20%", r"The answer is 20\% or 30\%.", 0),  # was 1
+    ("20%", r"The answer is $20\%$ or $30\%$", 0),  # was 1
+    ("20%", r"\boxed{20\% \text{ or } 30\%}", 0),
+    ("20%", r"\boxed{20\% or 30\%}", 0),
+    ("20, 30", r"\boxed{20\% \text{ or } 30\%}", 1),  # was 0: a two-value answer
+    ("20%", r"\boxed{20\% \text{ or } 20\%}", 1),  # one value twice
+    ("20%", "The answer is 20% or 20%", 1),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", PERCENT_HEDGES)
+def test_a_hedged_percentage_is_not_an_answer(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
 # numbers far from 1: math-verify rounds to 6 decimal places, so every two numbers below 1e-6 were equal (and
 # 1e-7 = 0), and a float's 15 digits missed the exact integer past 1e9 (6.02e23 vs 6.02 \times 10^{23})
 SCALES = [

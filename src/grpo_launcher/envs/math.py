@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
@@ -53,7 +54,7 @@ _THIN_SEPARATOR = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")  # 1\,234 (a LaTeX th
 _ANSWER_WORDS = re.compile(r"\\text\{\s*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*:?\s*\}", re.I)  # in a box
 _BOX_GROUPS = re.compile(r"\\boxed\{\s*([-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?)\s*\}")  # \boxed{1 000 000}
 # `the answer is 5 or 6` (no box): math-verify reads its first value, 5, so a hedge scored as a hit; read as both
-_NUM = r"\$?([-+]?\d(?:[\d.,/]*\d)?)\$?"
+_NUM = r"\$?([-+]?\d(?:[\d.,/]*\d)?)(?:\s*\\?%)?\$?"  # (a percentage too: `answer is 20% or 30%`)
 # ... `answer is either 5 or 6`, `Answer: 5 (or possibly 6)`, `answer is 5, or maybe 6`
 _HEDGED = re.compile(r"answer\s*(?:is|=|:)\s*:?\s*(?:either\s+)?" + _NUM
                      + r"\s*,?\s*\(?\s*or\s+(?:possibly\s+|maybe\s+|perhaps\s+)?" + _NUM, re.I)
@@ -78,6 +79,35 @@ _UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt", 
 # a mixed number as plain text, `1 1/2` (a proper fraction after a whole number): math-verify read 1, so `1` scored
 # for the answer `1 1/2` and `1 1/2` never for `3/2`; `1\frac{1}{2}` it reads as 3/2 already
 _MIXED = re.compile(r"(?<![\d.,/]\s)(?<![\d.,/])(\d+)\s+(\d+)/(\d+)(?![\d./])")
+# a repeating decimal: 0.\overline{3}, 0.1\overline{6}; 0.(3) (a digit before the point: not `eq.(3)`); 0.3\dot{3},
+# 0.\dot{1}4285\dot{7} (a dot over the period's first and last digit); 0.333..., 0.1666\ldots (the period: repeating_period);
+# at most 30 digits either side of the point (a longer run is left as written)
+_OVERLINE = re.compile(r"(?<![\d.])(\d{0,30})\.(\d{0,30})\\(?:overline|bar)\s*\{(\d{1,12})\}")
+_PAREN_PERIOD = re.compile(r"(?<![\d.])(\d{1,30})\.(\d{0,30})\((\d{1,12})\)")
+_DOTTED = re.compile(r"(?<![\d.])(\d{0,30})\.(\d{0,30})\\dot\s*\{?(\d)\}?(?:(\d{0,10})\\dot\s*\{?(\d)\}?)?")
+_ELLIPSIS = re.compile(r"(?<![\d.])(\d{0,30})\.(\d{2,30})\s*(?:\.{3}|\u2026|\\[lc]?dots\b)")
+# a unit after the final answer's number: 5 km, 5\text{ km}, 5\mathrm{km}, 12.5\%, 90^\circ, 3 cm^2 (group 1 or 2; the
+# exponent group 3); `sep` is what stands between the number and a word (none: 5km, but 5i, 2x are no unit)
+_UNIT_TAIL = re.compile(r"\d(?P<sep>(?:\s|\\[,;:! ]|~)*)(?:\\(?:text|mathrm|textrm|mbox)\s*\{([^{}]{1,40})\}"
+                        r"|([A-Za-z]{1,20}|\\?[%$]|\u00b0|\^\s*\{?\s*\\circ\s*\}?))(\^\s*\{?\d\}?)?$")
+_TAIL_END = re.compile(r"(?:\s|\.|\*|(?<!\\)\$)+$")  # a sentence's full stop, Markdown emphasis, a math delimiter
+# one unit's spellings (lower case); any other unit is compared as written, less a plural s. No conversion between
+# units: `5000 m` for the answer `5 km` is still wrong (as `5 km` for `5 m` is)
+_UNIT_SPELLINGS = {
+    "m": ("meter", "meters", "metre", "metres"), "km": ("kilometer", "kilometers", "kilometre", "kilometres"),
+    "cm": ("centimeter", "centimeters", "centimetre", "centimetres"), "s": ("sec", "secs", "second", "seconds"),
+    "min": ("mins", "minute", "minutes"), "h": ("hr", "hrs", "hour", "hours"), "kg": ("kilogram", "kilograms"),
+    "g": ("gram", "grams"), "l": ("liter", "liters", "litre", "litres"), "ml": ("milliliter", "milliliters"),
+    "$": ("\\$", "dollar", "dollars"), "cent": ("cents", "\u00a2"), "%": ("\\%", "percent"),
+    "\u00b0": ("degree", "degrees", "^\\circ", "\\circ"), "in": ("inch", "inches"), "ft": ("foot", "feet"),
+}
+_UNITS = {spelling: unit for unit, spellings in _UNIT_SPELLINGS.items() for spelling in (unit, *spellings)}
+_SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
+_WORDS = re.compile(r"[A-Za-z]{3,9}(?:[\s-]+[A-Za-z]{3,9}){0,7}")  # an answer in words: `twenty-one`, `one hundred`
+_ONES = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+                                    "fourteen fifteen sixteen seventeen eighteen nineteen".split())}
+_TENS = {w: 10 * i for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split(), 2)}
 
 
 def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any) -> float:
@@ -102,11 +132,98 @@ def gold_text(answer: Any) -> str:
 
 def grade(gold: str, completion: str) -> bool:
     """math-verify's verdict for the completion against the gold answer text (no time bound of its own); a
-    completion that answers with a percentage by percent_verdict."""
+    completion whose unit differs from the gold's is wrong (units_differ), one that answers with a percentage is
+    graded by percent_verdict, one that answers in words (`seven`) as that number (worded_number)."""
+    if units_differ(gold, completion):
+        return False
     stated = completion_percent(completion)
     if stated is not None:
         return percent_verdict(gold, stated)
+    worded = worded_number(completion)
+    if worded is not None and not not_math(gold):  # a gold in words (`four`) is graded as today: by its text
+        return graded(gold, f"\\boxed{{{worded}}}")
     return graded(gold, completion)
+
+
+def final_answer(text: str) -> str:
+    """The text of a completion's (or answer cell's) final answer: its last box's content, else what follows its
+    GSM8K `####` on that line, else what follows its last `answer is` to the sentence's end, else the whole text
+    (after a reasoning model's last `</think>`)."""
+    text = tagged_answer(final_part(text)).replace("\\fbox", "\\boxed")
+    if "\\boxed" in text:
+        return box_content(text[text.rfind("\\boxed") + len("\\boxed"):])
+    if "####" in text:
+        line = _HASHES.search(text)
+        return (line.group(1) or "").strip() if line else ""
+    said = list(_ANSWER_IS.finditer(text))
+    if said:
+        text = _SENTENCE_END.split(text[said[-1].end():].lstrip(" \t\n:*"), maxsplit=1)[0]
+    return text.strip()
+
+
+def box_content(rest: str) -> str:
+    """What a `\\boxed` holds, given the text after it: `{...}` (braces balanced; unclosed: the rest) or `\\boxed 5`."""
+    rest = rest.lstrip()
+    if not rest.startswith("{"):
+        return rest.split()[0] if rest.split() else ""
+    depth = 0
+    for i, ch in enumerate(rest):
+        depth += (ch == "{") - (ch == "}")
+        if depth == 0:
+            return rest[1:i].strip()
+    return rest[1:].strip()
+
+
+def answer_unit(answer: str) -> str | None:
+    """The unit after a final answer's number (`5 km`, `5\\text{ km}`, `12\\%`, `90^\\circ`, `3 cm^2`) as one spelling
+    (`5 meters` and `5 m`: m), else None; a letter right after the number is a unit only when it is a known one
+    (`5km`; not `5i`, `2x`)."""
+    tail = _TAIL_END.sub("", answer[-200:])  # only the tail: an answer may be a long text
+    found = _UNIT_TAIL.search(tail)
+    if found is None:
+        return None
+    text, symbol, power = found.group(2), found.group(3), found.group(4) or ""
+    unit = " ".join((text if text is not None else symbol).lower().replace("{", "").replace("}", "").split())
+    if not unit or (symbol is not None and symbol.isalpha() and not found.group("sep") and unit not in _UNITS):
+        return None
+    unit = _UNITS.get(unit, unit[:-1] if len(unit) > 3 and unit.endswith("s") else unit)
+    return unit + "".join(power.replace("{", "").replace("}", "").split())
+
+
+def units_differ(gold: str, completion: str) -> bool:
+    """Both the answer cell and the completion's final answer name a unit, and not the same one: `\\boxed{5 km}` (or
+    `5\\text{ km}`) for the answer `5 m` scored 1 (math-verify drops units). No unit on either side: graded as
+    before (`\\boxed{5}` for `5 m`, `\\boxed{10 \\text{ cm}}` for 10)."""
+    want, got = answer_unit(final_answer(gold)), answer_unit(final_answer(completion))
+    return want is not None and got is not None and want != got
+
+
+def worded_number(completion: str) -> int | None:
+    """The number a completion's whole final answer writes in words (`\\boxed{seven}`, `The answer is seven.`,
+    `twenty-one`, `one hundred`; each scored 0: math-verify reads s·e·v·e·n), else None. A word in prose is no
+    answer: `I tried seven ways. The answer is 8.` answers 8."""
+    answer = _TEXT_WRAPPER.sub(r"\1", final_answer(completion)).strip(" \t\n$*.!:")
+    return words_value(answer) if _WORDS.fullmatch(answer) else None
+
+
+def words_value(text: str) -> int | None:
+    """`seven` 7, `twenty-one` 21, `two thousand three hundred and five` 2305 (up to 9999), else None."""
+    words = [w for w in re.split(r"[\s-]+", text.lower()) if w and w != "and"]
+    total = 0
+    for name, scale in (("thousand", 1000), ("hundred", 100)):
+        if len(words) >= 2 and words[1] == name and 0 < _ONES.get(words[0], 0) < 10:
+            total, words = total + _ONES[words[0]] * scale, words[2:]
+    if not words:
+        return total or None
+    if len(words) == 1 and words[0] in _ONES:
+        rest = _ONES[words[0]]
+    elif len(words) == 1 and words[0] in _TENS:
+        rest = _TENS[words[0]]
+    elif len(words) == 2 and words[0] in _TENS and 0 < _ONES.get(words[1], 0) < 10:
+        rest = _TENS[words[0]] + _ONES[words[1]]
+    else:
+        return None
+    return None if total and not rest else total + rest
 
 
 def completion_percent(completion: str) -> str | None:
@@ -120,6 +237,9 @@ def completion_percent(completion: str) -> str | None:
     stated = list(_STATED_PERCENT.finditer(text))
     if stated and any(m.start() > stated[-1].start() for m in _ANSWER_IS.finditer(text)):
         return None  # `the answer is 20%. Wait: the answer is 30`: the later answer stands
+    hedge = _HEDGED.match(text, stated[-1].start()) if stated else None
+    if hedge and hedge[1] != hedge[2]:
+        return None  # `the answer is 20% or 30%`: a hedge (unhedged), not the percentage 20
     bare = _BARE_PERCENT.fullmatch(text)
     return stated[-1].group(1) if stated else bare.group(1) if bare else None
 
@@ -203,9 +323,21 @@ def completion_parsed(completion: str, last_box: bool = False) -> list:
     if bare(text.strip()):
         return list(gold_parsed(text.strip()))
     got = parse(text, parsing_timeout=None)
-    if "\\%" in text and all(isinstance(x, str) for x in got):  # math-verify 0.9 leaves \boxed{50\%} a
-        got = parse(text.replace("\\%", ""), parsing_timeout=None)  # string: 50, as it reads $50\%$
-    return got
+    return percentages_read(text, got) if "\\%" in text else got
+
+
+def percentages_read(text: str, got: list) -> list:
+    """A completion with `\\%` as its numbers: math-verify 0.9 leaves `\\boxed{50\\%}` a string (50, as it reads
+    `$50\\%$`), and read `\\boxed{20\\% \\text{ or } 30\\%}` (or `20\\%, 30\\%`) as its last value, 30: a hedge scored 1
+    for the answer 30%; read without the signs, it is the list 20, 30, as `\\boxed{20 \\text{ or } 30}` is."""
+    from math_verify import parse  # (the same)
+    from sympy import Set, Tuple  # (the same)
+
+    plain = parse(text.replace("\\%", ""), parsing_timeout=None)
+    if all(isinstance(x, str) for x in got):
+        return plain
+    many = bool(plain) and isinstance(plain[0], (Set, Tuple)) and not (got and isinstance(got[0], (Set, Tuple)))
+    return plain if many else got
 
 
 def tagged_answer(text: str) -> str:
@@ -246,9 +378,47 @@ def bare(text: str) -> bool:
 def normalized(text: str) -> str:
     """Unicode minus, π and √ as LaTeX, full-width forms and vulgar fractions (½) as ASCII, a mixed number (`1 1/2`)
     as its fraction; 1\\,234's thin-space separator dropped; Markdown emphasis around an answer (**72**) and an
-    escaped currency sign (\\$72) dropped."""
+    escaped currency sign (\\$72) dropped; a repeating decimal as its fraction (repeating_decimals)."""
     text = _ESCAPED_DOLLAR.sub("", _WRAPPED.sub(lambda m: m.group(2) or m.group(3), text))
-    return _MIXED.sub(_improper, _THIN_SEPARATOR.sub("", text.translate(_UNICODE)))
+    text = repeating_decimals(text.translate(_UNICODE))
+    return _MIXED.sub(_improper, _THIN_SEPARATOR.sub("", text))
+
+
+def repeating_decimals(text: str) -> str:
+    """A repeating decimal as its exact fraction: `0.\\overline{3}`, `0.(3)`, `0.3\\dot{3}`, `0.333...`,
+    `0.333\\ldots` as \\frac{1}{3} (each scored 0 for 1/3: math-verify read 0, or 0.333); `0.333` (no mark of a
+    period) stays a finite decimal, wrong for 1/3 (EXACT_DECIMAL)."""
+    if "." not in text:
+        return text
+    text = _OVERLINE.sub(lambda m: as_fraction(*m.groups()), text)
+    text = _PAREN_PERIOD.sub(lambda m: as_fraction(*m.groups()), text)
+    text = _DOTTED.sub(lambda m: as_fraction(m[1], m[2], m[3] + (m[4] or "") + (m[5] or "")), text)
+    return _ELLIPSIS.sub(_ellipsis, text)
+
+
+def _ellipsis(m: re.Match) -> str:
+    """`0.1666...`: the digits' period (repeating_period) as the repeating part; none (`3.14159...`): as written."""
+    found = repeating_period(m[2])
+    return as_fraction(m[1], *found) if found else m[0]
+
+
+def repeating_period(digits: str) -> tuple[str, str] | None:
+    """(the digits before the period, the period) for decimals written out to an ellipsis: the shortest lead, then
+    the shortest period, that the digits after the lead repeat at least twice (`333`: '', '3'; `1666`: '1', '6';
+    `142857142857`: '', '142857'); None where no period repeats (`14159`)."""
+    for lead in range(len(digits) - 1):
+        tail = digits[lead:]
+        for size in range(1, len(tail) // 2 + 1):
+            if tail == (tail[:size] * (len(tail) // size + 1))[: len(tail)]:
+                return digits[:lead], tail[:size]
+    return None
+
+
+def as_fraction(whole: str, fixed: str, period: str) -> str:
+    """`whole.fixed(period)` as LaTeX `\\frac{p}{q}` (an integer as itself: 0.(9) is 1)."""
+    k = len(fixed)
+    value = int(whole or 0) + Fraction(int(fixed or 0), 10**k) + Fraction(int(period), (10 ** len(period) - 1) * 10**k)
+    return str(value.numerator) if value.denominator == 1 else f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
 
 
 def _improper(m: re.Match) -> str:
