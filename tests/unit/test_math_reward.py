@@ -495,6 +495,28 @@ def test_a_hedged_percentage_is_not_an_answer(math_env, answer, completion, verd
     assert graded(math_env, answer, completion) == verdict
 
 
+# found by the journeys tester: a completion that states its answer twice with no box was graded by its first
+# statement (math-verify reads `Answer:` first: a retracted answer scored); `1/2.` (a full stop) and `- 4` (a spaced
+# minus) read as no number
+RESTATED = [
+    (5, "Answer: 5. Actually the answer is 7", 0),
+    (7, "Answer: 5. Actually the answer is 7", 1),
+    (7, "Answer: 5\nWait, the answer is 7.", 1),
+    (7, r"Answer: $5$. Actually the answer is $7$.", 1),
+    (7, "Answer: 5 or 6. Hmm, the answer is 7", 1),
+    (5, "The answer is 5 or 6", 0),
+    ("1/2", "1/2.", 1),
+    (-4, "The answer is - 4", 1),
+    (-4, "Answer: - 4", 1),
+    (1, "5 - 4", 1),  # an expression, not the list 5, -4
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", RESTATED)
+def test_the_last_stated_answer_stands_and_a_full_stop_or_spaced_minus_is_read(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
 # numbers far from 1: math-verify rounds to 6 decimal places, so every two numbers below 1e-6 were equal (and
 # 1e-7 = 0), and a float's 15 digits missed the exact integer past 1e9 (6.02e23 vs 6.02 \times 10^{23})
 SCALES = [

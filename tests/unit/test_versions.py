@@ -13,7 +13,7 @@ import pytest
 from grpo_launcher.spec import versions
 from grpo_launcher.spec.compose import load_spec
 from grpo_launcher.spec.errors import ConfigError
-from grpo_launcher.spec.schema import RolloutBackend
+from grpo_launcher.spec.schema import ClusterKind, RolloutBackend
 
 
 @pytest.fixture
@@ -52,7 +52,11 @@ def test_a_dry_run_lists_it_and_a_container_image_is_not_judged_by_this_interpre
     spec = load_spec(["rollout=vllm", "dry_run=true"])
     assert list(versions.untested(spec)) != []
     for nodes_own in ({"container_image": "img.sqsh"}, {"python": "/opt/env/bin/python"}):
-        assert list(versions.untested(replace(spec, cluster=replace(spec.cluster, **nodes_own)))) == []
+        slurm = replace(spec.cluster, kind=ClusterKind.slurm, **nodes_own)
+        assert list(versions.untested(replace(spec, cluster=slurm))) == []
+        # a local run runs this interpreter whatever the Slurm keys say: still judged (the tester's container_image
+        # on cluster=local turned the version gate off)
+        assert list(versions.untested(replace(spec, cluster=replace(spec.cluster, **nodes_own)))) != []
 
 
 @pytest.mark.parametrize("version,ok", [("0.25.0", True), ("0.32.0+cpu", True), ("0.33.0", False), ("0.24.9", False),
@@ -102,8 +106,9 @@ def test_nemotron_h_with_cuda_vllm_lacking_its_moe_library_is_a_build_gap(tmp_pa
     assert versions.vllm_moe_gap_for(gpu, False, empty) is None
     assert versions.vllm_moe_gap_for(spec, True, empty) is None
     assert versions.vllm_moe_gap_for(replace(gpu, rollout=replace(gpu.rollout, backend="hf")), True, empty) is None
-    assert versions.vllm_moe_gap_for(replace(gpu, cluster=replace(gpu.cluster, container_image="i.sqsh")), True,
-                                      empty) is None
+    image = replace(gpu.cluster, container_image="i.sqsh")
+    assert versions.vllm_moe_gap_for(replace(gpu, cluster=replace(image, kind=ClusterKind.slurm)), True, empty) is None
+    assert versions.vllm_moe_gap_for(replace(gpu, cluster=image), True, empty) is not None  # local: this interpreter
 
 
 def test_the_rule_refuses_it_before_anything_starts(tmp_path, monkeypatch):

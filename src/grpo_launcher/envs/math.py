@@ -78,6 +78,9 @@ _UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt", 
                           **{k: " " + v for k, v in _VULGAR.items()}})  # (１２，１．５) and ½ (1½: a mixed number)
 # a mixed number as plain text, `1 1/2` (a proper fraction after a whole number): math-verify read 1, so `1` scored
 # for the answer `1 1/2` and `1 1/2` never for `3/2`; `1\frac{1}{2}` it reads as 3/2 already
+_END_STOP = re.compile(r"(?<=\d)\.$")
+# `the answer is - 4` (after `is`, `:`, `=`, `$` or at the start; never `5 - 4`): -4 (math-verify read no number)
+_SPACED_MINUS = re.compile(r"(?:^|(?<=\bis )|(?<=[:=$])|(?<=[:=$] ))-\s+(?=\d)")
 _MIXED = re.compile(r"(?<![\d.,/]\s)(?<![\d.,/])(\d+)\s+(\d+)/(\d+)(?![\d./])")
 # a repeating decimal: 0.\overline{3}, 0.1\overline{6}; 0.(3) (a digit before the point: not `eq.(3)`); 0.3\dot{3},
 # 0.\dot{1}4285\dot{7} (a dot over the period's first and last digit); 0.333..., 0.1666\ldots (the period: repeating_period);
@@ -319,9 +322,12 @@ def completion_parsed(completion: str, last_box: bool = False) -> list:
     if "####" in text and "\\boxed" not in text:  # GSM8K's format: its answer line, not a run-on's last number
         line = _HASHES.search(text)
         text = (line.group(1) or "").strip() if line else ""
+    elif "\\boxed" not in text:
+        text = last_stated(text)
     text = unhedged(text)
-    if bare(text.strip()):
-        return list(gold_parsed(text.strip()))
+    answer = _END_STOP.sub("", text.strip())  # `1/2.`: a sentence's full stop (math-verify found no number)
+    if bare(answer):
+        return list(gold_parsed(answer))
     got = parse(text, parsing_timeout=None)
     return percentages_read(text, got) if "\\%" in text else got
 
@@ -338,6 +344,13 @@ def percentages_read(text: str, got: list) -> list:
         return plain
     many = bool(plain) and isinstance(plain[0], (Set, Tuple)) and not (got and isinstance(got[0], (Set, Tuple)))
     return plain if many else got
+
+
+def last_stated(text: str) -> str:
+    """A completion with no box that states its answer more than once, from the last statement on: math-verify read
+    `Answer: 5. Actually the answer is 7` as 5 (its `Answer:` first), so a retracted answer scored."""
+    said = list(_ANSWER_IS.finditer(text))
+    return text[said[-1].start():] if len(said) > 1 else text
 
 
 def tagged_answer(text: str) -> str:
@@ -380,7 +393,7 @@ def normalized(text: str) -> str:
     as its fraction; 1\\,234's thin-space separator dropped; Markdown emphasis around an answer (**72**) and an
     escaped currency sign (\\$72) dropped; a repeating decimal as its fraction (repeating_decimals)."""
     text = _ESCAPED_DOLLAR.sub("", _WRAPPED.sub(lambda m: m.group(2) or m.group(3), text))
-    text = repeating_decimals(text.translate(_UNICODE))
+    text = _SPACED_MINUS.sub("-", repeating_decimals(text.translate(_UNICODE)))
     return _MIXED.sub(_improper, _THIN_SEPARATOR.sub("", text))
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from ..logit_heads import read_text_config
 from ..spec.model_dir import model_facts
 from ..spec.schema import ModelSpec, RunSpec, TrainBackend
+from ..spec.versions import node_packages_decide
 
 # NVIDIA-Nemotron-3-Nano-30B-A3B's hybrid_override_pattern: 23 Mamba-2, 23 MoE, 6 attention layers
 NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
@@ -151,7 +152,7 @@ def planned_packages(s: RunSpec) -> tuple[bool, bool] | None:
     plan's line and the memory model read the same); None where the node's packages decide (cluster.python /
     container_image: another interpreter)."""
     c = s.cluster
-    return None if c.python or c.container_image else mamba_packages()
+    return None if node_packages_decide(c) else mamba_packages()
 
 
 def mamba_train_path(mamba_ssm: bool, causal_conv1d: bool, on_cuda: bool) -> str:

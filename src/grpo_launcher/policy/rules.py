@@ -13,7 +13,7 @@ from ..plan import rollouts_per_step, train_devices
 from ..spec.errors import Violation
 from ..preflight.registry import V, build_gap, rule
 from ..spec.schema import RolloutBackend, RunSpec, TrainBackend
-from ..spec.versions import vllm_moe_gap_for
+from ..spec.versions import node_packages_decide, vllm_moe_gap_for
 from .fused import FAMILIES as LIGER
 from .megatron_families import CPU_SHIM_ENV, FAMILIES, dense_refusals, hybrid_refusals
 from .packing_families import packing_refusal
@@ -222,7 +222,7 @@ def _mamba_ssm_gap(s: RunSpec) -> Iterator[Violation]:
     """megatron-core's Mamba mixer refuses to build without mamba-ssm (GPUs: its Triton kernels; CPU tests: its torch
     references). Judged from this interpreter's files, unless the node's packages decide (cluster.python / image)."""
     c = s.cluster
-    if c.python or c.container_image or mamba_packages()[0]:
+    if node_packages_decide(c) or mamba_packages()[0]:
         return
     yield build_gap(("train.backend", "model.family"), "megatron-core's Mamba mixer (nemotron_h on the megatron "
                     "backend) needs mamba-ssm with triton and einops, and mamba-ssm does not import here",

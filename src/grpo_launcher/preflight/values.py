@@ -53,6 +53,7 @@ def field_values(s: RunSpec) -> Iterator[Violation]:
         why = value_problem(value)
         if why:
             yield V("field_values", key, why, f"set {key} to a plain, finite, one-line value")
+    warn_of_inert_keys(s)  # (a warning: keys set that nothing reads here)
 
 
 PATH_KEYS = ("path", "paths", "root", "_dir", "python", "mounts")  # key suffixes of the values used as paths
@@ -153,11 +154,14 @@ INERT: tuple[tuple[tuple[str, ...], Any, str], ...] = (
     (("grpo.async_grpo.max_trajectory_age_steps", "grpo.async_grpo.in_flight_weight_updates"),
      lambda s: not s.grpo.async_grpo.enabled, "grpo.async_grpo.enabled=false"),
     (("cluster.partition", "cluster.account", "cluster.qos", "cluster.time", "cluster.job_name", "cluster.exclusive",
-      "cluster.container_image", "cluster.container_mounts", "cluster.signal_before_s", "cluster.requeue"),
-     lambda s: s.cluster.kind.value == "local", "cluster=local: Slurm's settings"),
+      "cluster.container_image", "cluster.container_mounts", "cluster.python", "cluster.signal_before_s",
+      "cluster.requeue"), lambda s: s.cluster.kind.value == "local", "cluster=local: Slurm's settings"),
+    (("rollout.hf_compile",), lambda s: s.cluster.gpus_per_node == 0, "a CPU run: the hf engine compiles on CUDA only"),
+    (("train.core_attention",), lambda s: s.train.backend.value != "megatron", "train.backend=torch: megatron's"),
+    (("env.num_val_prompts",), lambda s: s.env.name != "toy", "only env=toy generates a held-out set"),
     (("checkpoint.save_period", "checkpoint.keep_top_k", "checkpoint.metric", "checkpoint.higher_is_better"),
      lambda s: not s.checkpoint.enabled, "checkpoint.enabled=false: no checkpoint is written"),
-    (("deadlines.factor", "deadlines.floor_s", "deadlines.window"), lambda s: not s.deadlines.enabled,
+    (("deadlines.factor", "deadlines.floor_s", "deadlines.first_s", "deadlines.window"), lambda s: not s.deadlines.enabled,
      "deadlines.enabled=false"),
     (("logging.train_data_log_every",), lambda s: not s.logging.train_data_log, "logging.train_data_log=false"),
     (("env.gym_config_paths", "env.gym_overrides", "env.gym_tool_call_parser", "env.gym_start_timeout_s"),
@@ -184,13 +188,11 @@ def _at(obj: Any, key: str) -> Any:
     return obj
 
 
-@rule("pure")
-def keys_with_no_effect(s: RunSpec) -> Iterator[Violation]:
-    """A warning, never a refusal: keys set that this configuration never reads."""
+def warn_of_inert_keys(s: RunSpec) -> None:
+    """A warning, never a refusal (field_values calls it): keys set that this configuration never reads."""
     inert = inert_keys(s)
     if inert:
         from ..envs.preflight import warn  # the pre-flight warnings' one voice (stderr, once per process)
 
         warn("keys set (on the command line or by a config group) that nothing reads in this configuration: "
              + "; ".join(inert))
-    return iter(())

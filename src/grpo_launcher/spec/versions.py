@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from .schema import RolloutBackend, RunSpec, TrainBackend
+from .schema import ClusterKind, ClusterSpec, RolloutBackend, RunSpec, TrainBackend
 
 # package: (lowest tested, first untested); where each end was tested: benchmarks/results/environments.md
 TESTED: dict[str, tuple[str, str]] = {
@@ -48,12 +48,18 @@ def used_by(s: RunSpec) -> list[str]:
     return used
 
 
+def node_packages_decide(c: ClusterSpec) -> bool:
+    """A Slurm job whose nodes run another interpreter (cluster.python) or a container image: its packages, not
+    this interpreter's, decide what runs there. A local run always runs this interpreter (both keys unread)."""
+    return c.kind == ClusterKind.slurm and bool(c.python or c.container_image)
+
+
 def untested(s: RunSpec, version_of: Optional[Callable[[str], Optional[str]]] = None) -> Iterator[tuple[str, str]]:
     """(package, why) for each package this run uses whose installed version is outside its tested range. Only
     where the run uses this interpreter's packages (no cluster.python, no container image)."""
     version_of = version_of or installed
     c = s.cluster
-    if c.untested_versions or c.python or c.container_image:
+    if c.untested_versions or node_packages_decide(c):
         return
     for package in used_by(s):
         version = version_of(package)
@@ -105,8 +111,7 @@ def vllm_moe_gap_for(s: RunSpec, moe_layers: bool, vllm_dir: Optional[Path] = No
     without vLLM's MoE library (`moe_layers`: the model has any, models/nemotron_h.py moe_layers), else None.
     Only for rollout=vllm on GPUs with this interpreter's packages; `vllm_dir`: the installed package's."""
     c = s.cluster
-    if not moe_layers or s.rollout.backend != RolloutBackend.vllm or c.gpus_per_node == 0 or c.python \
-            or c.container_image:
+    if not moe_layers or s.rollout.backend != RolloutBackend.vllm or c.gpus_per_node == 0 or node_packages_decide(c):
         return None
     vllm_dir = vllm_dir or cuda_vllm_dir()
     why = vllm_moe_gap(vllm_dir) if vllm_dir is not None else None
