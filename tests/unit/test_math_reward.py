@@ -381,7 +381,7 @@ UNITS = [
     (r"90^\circ", r"\boxed{90 \text{ rad}}", 0),  # was 1
     ("18 dollars", r"\boxed{18 \text{ cents}}", 0),  # was 1
     (r"25\%", r"\boxed{25 \text{ dollars}}", 0),  # was 1
-    ("7 apples", r"\boxed{7 \text{ oranges}}", 0),  # was 1
+    ("7 apples", r"\boxed{7 \text{ oranges}}", 1),  # units outside the table are not judged (never a false 0)
     ("5 m", r"\boxed{5 m} ... wait, \boxed{5 km}", 0),  # was 1: the last box's unit
     ("5 km", r"\boxed{5000 \text{ m}}", 0),  # no conversion between units
     ("5 m", r"\boxed{5 m}", 1),
@@ -514,6 +514,37 @@ RESTATED = [
 
 @pytest.mark.parametrize("answer, completion, verdict", RESTATED)
 def test_the_last_stated_answer_stands_and_a_full_stop_or_spaced_minus_is_read(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
+# found by the grading tester against the readings above: a later `answer is` that gives no number, a mixed number
+# before a full stop, a decimal cut short with an ellipsis, unit spellings (~cm, in., square units, pounds, ^{ \circ })
+# and a word answer cell; and a 5,000-digit run before a fraction (an exception escaped the reward)
+SECOND_PASS = [
+    (72, "The answer is 72.\n\nIs there anything else? Let me know if the answer is unclear.", 1),
+    (72, "**Answer: 72**\n\nThis answer is based on the total.", 1),
+    (72, "The final answer is 72.\n\nNote: the answer is rounded to the nearest whole number.", 1),
+    (72, "Answer: 72\n\nExplanation: so the answer is correct.", 1),
+    (r"\frac{3}{2}", "The answer is 1 1/2.", 1),
+    (1, "The answer is 1 1/2.", 0),
+    ("3.33", r"so the answer is \$3.33...", 1),
+    ("0.44", "The answer is approximately 0.44...", 1),
+    (r"\frac{1}{3}", "The answer is 0.333...", 1),
+    (r"\frac{4}{9}", "The answer is 0.44...", 1),
+    (r"5\text{ cm}", r"\boxed{5 \mathrm{~cm}}", 1),
+    (r"4\text{ inches}", r"\boxed{4 \text{ in.}}", 1),
+    (r"30\text{ square units}", r"\boxed{30 \text{ units}^2}", 1),
+    (r"12\text{ lb}", r"\boxed{12 \text{ pounds}}", 1),
+    (r"90^\circ", r"\boxed{90^{ \circ }}", 1),
+    (r"\text{one}", r"\boxed{\text{one}}", 1),
+    ("2 x + 3 y", r"\boxed{3 y + 2 x}", 1),
+    ("5 m", r"\boxed{5 \text{ km}}", 0),
+    ("3/2", "The answer is " + "1" * 5000 + " 1/2", 0),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", SECOND_PASS)
+def test_the_new_readings_hold_on_realistic_completions(math_env, answer, completion, verdict):
     assert graded(math_env, answer, completion) == verdict
 
 

@@ -239,7 +239,9 @@ class TestPlanLine:
         assert nh.plan_line(spec) == f"Mamba-2 path         : {nh.mamba_path(False, False, False)}"
         gpu = replace(spec, cluster=replace(spec.cluster, gpus_per_node=1))
         assert nh.plan_line(gpu).endswith("(judged from this interpreter's packages)")
-        assert "node's packages decide" in nh.plan_line(replace(gpu, cluster=replace(gpu.cluster, python="/x/py")))
+        node_py = replace(gpu.cluster, python="/x/py", kind="slurm")  # a Slurm job's nodes' interpreter decides
+        assert "node's packages decide" in nh.plan_line(replace(gpu, cluster=node_py))
+        assert "node's packages decide" not in nh.plan_line(replace(gpu, cluster=replace(node_py, kind="local")))
         assert nh.plan_line(replace(spec, train=replace(spec.train, backend="megatron"))) == ""
         assert nh.plan_line(load_spec([])) == ""
 

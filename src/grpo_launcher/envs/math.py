@@ -51,12 +51,12 @@ _BARE = re.compile(r"[\d\s.,/()\[\]+\-%^*i]*\d[\d\s.,/()\[\]+\-%^*i]*")
 _SIDE_BY_SIDE = re.compile(r"\d\s+\d")
 _SPACED_NUMBERS = re.compile(r"[-+]?\d+(?:\.\d+)?(?:\s+[-+]?\d+(?:\.\d+)?)+")  # `1 2`: two answers, not 1·2 or 12
 _THIN_SEPARATOR = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")  # 1\,234 (a LaTeX thousands separator)
-_ANSWER_WORDS = re.compile(r"\\text\{\s*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*:?\s*\}", re.I)  # in a box
+_ANSWER_WORDS = re.compile(r"\\text\{\s*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\s*(?::\s*)?\}", re.I)  # in a box
 _BOX_GROUPS = re.compile(r"\\boxed\{\s*([-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?)\s*\}")  # \boxed{1 000 000}
 # `the answer is 5 or 6` (no box): math-verify reads its first value, 5, so a hedge scored as a hit; read as both
 _NUM = r"\$?([-+]?\d(?:[\d.,/]*\d)?)(?:\s*\\?%)?\$?"  # (a percentage too: `answer is 20% or 30%`)
 # ... `answer is either 5 or 6`, `Answer: 5 (or possibly 6)`, `answer is 5, or maybe 6`
-_HEDGED = re.compile(r"answer\s*(?:is|=|:)\s*:?\s*(?:either\s+)?" + _NUM
+_HEDGED = re.compile(r"answer\s*(?:is|=|:)\s*(?::\s*)?(?:either\s+)?" + _NUM
                      + r"\s*,?\s*\(?\s*or\s+(?:possibly\s+|maybe\s+|perhaps\s+)?" + _NUM, re.I)
 _ANSWER_IS = re.compile(r"answer\s*(?:is|=|:)", re.I)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -68,7 +68,7 @@ _BOX_STOP = re.compile(r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?)\.\s*\}")  # \boxed{10.
 # a percentage as an answer states it: 20\%, 20%, 20 \text{%}; its number is group 1
 _PERCENT = r"([-+]?\d+(?:\.\d+)?)\s*(?:\\%|%|\\text\{\s*\\?%\s*\})"
 _BOXED_PERCENT = re.compile(r"\\boxed\{\s*" + _PERCENT + r"\s*\}")
-_STATED_PERCENT = re.compile(r"answer\s+is\s*:?\s*\$?" + _PERCENT, re.I)
+_STATED_PERCENT = re.compile(r"answer\s+is\s*(?::\s*)?\$?" + _PERCENT, re.I)
 _BARE_PERCENT = re.compile(r"\s*\$?" + _PERCENT + r"\$?\.?\s*")
 _HASHES = re.compile(r"####\s*(\S[^\n]*)?")  # GSM8K's answer line: what follows the first `####`, to the line's end
 _VULGAR = {"½": "1/2", "⅓": "1/3", "⅔": "2/3", "¼": "1/4", "¾": "3/4", "⅕": "1/5", "⅖": "2/5", "⅗": "3/5", "⅘": "4/5",
@@ -78,10 +78,12 @@ _UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt", 
                           **{k: " " + v for k, v in _VULGAR.items()}})  # (１２，１．５) and ½ (1½: a mixed number)
 # a mixed number as plain text, `1 1/2` (a proper fraction after a whole number): math-verify read 1, so `1` scored
 # for the answer `1 1/2` and `1 1/2` never for `3/2`; `1\frac{1}{2}` it reads as 3/2 already
+_GIVES_NUMBER = re.compile(r"[^.\n]{0,40}?\d")  # an `answer is` followed by a number within its sentence
+_SPACED_DEGREE = re.compile(r"\^\s*\{\s+\\circ\s*\}|\^\s*\{\\circ\s+\}")
 _END_STOP = re.compile(r"(?<=\d)\.$")
 # `the answer is - 4` (after `is`, `:`, `=`, `$` or at the start; never `5 - 4`): -4 (math-verify read no number)
 _SPACED_MINUS = re.compile(r"(?:^|(?<=\bis )|(?<=[:=$])|(?<=[:=$] ))-\s+(?=\d)")
-_MIXED = re.compile(r"(?<![\d.,/]\s)(?<![\d.,/])(\d+)\s+(\d+)/(\d+)(?![\d./])")
+_MIXED = re.compile(r"(?<![\d.,/]\s)(?<![\d.,/])(\d{1,30})\s+(\d{1,30})/(\d{1,30})(?![\d/]|\.\d)")
 # a repeating decimal: 0.\overline{3}, 0.1\overline{6}; 0.(3) (a digit before the point: not `eq.(3)`); 0.3\dot{3},
 # 0.\dot{1}4285\dot{7} (a dot over the period's first and last digit); 0.333..., 0.1666\ldots (the period: repeating_period);
 # at most 30 digits either side of the point (a longer run is left as written)
@@ -102,7 +104,8 @@ _UNIT_SPELLINGS = {
     "min": ("mins", "minute", "minutes"), "h": ("hr", "hrs", "hour", "hours"), "kg": ("kilogram", "kilograms"),
     "g": ("gram", "grams"), "l": ("liter", "liters", "litre", "litres"), "ml": ("milliliter", "milliliters"),
     "$": ("\\$", "dollar", "dollars"), "cent": ("cents", "\u00a2"), "%": ("\\%", "percent"),
-    "\u00b0": ("degree", "degrees", "^\\circ", "\\circ"), "in": ("inch", "inches"), "ft": ("foot", "feet"),
+    "\u00b0": ("degree", "degrees", "^\\circ", "^ \\circ", "\\circ"), "in": ("inch", "inches"), "ft": ("foot", "feet"),
+    "lb": ("lbs", "pound", "pounds"), "yd": ("yds", "yard", "yards"), "rad": ("radian", "radians"),
 }
 _UNITS = {spelling: unit for unit, spellings in _UNIT_SPELLINGS.items() for spelling in (unit, *spellings)}
 _SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
@@ -143,9 +146,12 @@ def grade(gold: str, completion: str) -> bool:
     if stated is not None:
         return percent_verdict(gold, stated)
     worded = worded_number(completion)
-    if worded is not None and not not_math(gold):  # a gold in words (`four`) is graded as today: by its text
-        return graded(gold, f"\\boxed{{{worded}}}")
-    return graded(gold, completion)
+    if worded is not None and not _WORD.search(gold):  # a gold in words (`four`, `\\text{one}`, `7 apples`): graded
+        return graded(gold, f"\\boxed{{{worded}}}")  # by its text, as before
+    if graded(gold, completion):
+        return True
+    periodic = ellipses_as_fractions(completion)  # `0.333...`: 1/3, or 0.333 cut short; either reading scores
+    return periodic != completion and graded(gold, periodic)
 
 
 def final_answer(text: str) -> str:
@@ -178,25 +184,24 @@ def box_content(rest: str) -> str:
 
 
 def answer_unit(answer: str) -> str | None:
-    """The unit after a final answer's number (`5 km`, `5\\text{ km}`, `12\\%`, `90^\\circ`, `3 cm^2`) as one spelling
-    (`5 meters` and `5 m`: m), else None; a letter right after the number is a unit only when it is a known one
-    (`5km`; not `5i`, `2x`)."""
+    """The unit after a final answer's number (`5 km`, `5\\text{ km}`, `5 \\mathrm{~cm}`, `12\\%`, `90^{ \\circ }`,
+    `3 cm^2`, `4 \\text{ in.}`) as its one spelling in _UNIT_SPELLINGS (`5 meters` and `5 m`: m), else None: a unit
+    not in the table (`square units`, `mph`, a variable: `3 y`) is not judged, so it never fails an answer."""
     tail = _TAIL_END.sub("", answer[-200:])  # only the tail: an answer may be a long text
     found = _UNIT_TAIL.search(tail)
     if found is None:
         return None
     text, symbol, power = found.group(2), found.group(3), found.group(4) or ""
-    unit = " ".join((text if text is not None else symbol).lower().replace("{", "").replace("}", "").split())
-    if not unit or (symbol is not None and symbol.isalpha() and not found.group("sep") and unit not in _UNITS):
-        return None
-    unit = _UNITS.get(unit, unit[:-1] if len(unit) > 3 and unit.endswith("s") else unit)
-    return unit + "".join(power.replace("{", "").replace("}", "").split())
+    unit = (text if text is not None else symbol).lower().replace("{", "").replace("}", "").replace("~", " ")
+    unit = " ".join(unit.replace("\\,", " ").replace("\\ ", " ").split()).rstrip(".")
+    unit = _UNITS.get(unit) or _UNITS.get(unit[:-1] if unit.endswith("s") else "")
+    return None if unit is None else unit + "".join(power.replace("{", "").replace("}", "").split())
 
 
 def units_differ(gold: str, completion: str) -> bool:
-    """Both the answer cell and the completion's final answer name a unit, and not the same one: `\\boxed{5 km}` (or
-    `5\\text{ km}`) for the answer `5 m` scored 1 (math-verify drops units). No unit on either side: graded as
-    before (`\\boxed{5}` for `5 m`, `\\boxed{10 \\text{ cm}}` for 10)."""
+    """Both the answer cell and the completion's final answer name a known unit, and not the same one:
+    `\\boxed{5 km}` (or `5\\text{ km}`) for the answer `5 m` scored 1 (math-verify drops units). No known unit on
+    either side: graded as before (`\\boxed{5}` for `5 m`, `\\boxed{10 \\text{ cm}}` for 10)."""
     want, got = answer_unit(final_answer(gold)), answer_unit(final_answer(completion))
     return want is not None and got is not None and want != got
 
@@ -348,8 +353,9 @@ def percentages_read(text: str, got: list) -> list:
 
 def last_stated(text: str) -> str:
     """A completion with no box that states its answer more than once, from the last statement on: math-verify read
-    `Answer: 5. Actually the answer is 7` as 5 (its `Answer:` first), so a retracted answer scored."""
-    said = list(_ANSWER_IS.finditer(text))
+    `Answer: 5. Actually the answer is 7` as 5 (its `Answer:` first), so a retracted answer scored. Only a
+    statement that gives a number counts (`I hope this answer is helpful` is none)."""
+    said = [m for m in _ANSWER_IS.finditer(text) if _GIVES_NUMBER.match(text, m.end())]
     return text[said[-1].start():] if len(said) > 1 else text
 
 
@@ -394,19 +400,26 @@ def normalized(text: str) -> str:
     escaped currency sign (\\$72) dropped; a repeating decimal as its fraction (repeating_decimals)."""
     text = _ESCAPED_DOLLAR.sub("", _WRAPPED.sub(lambda m: m.group(2) or m.group(3), text))
     text = _SPACED_MINUS.sub("-", repeating_decimals(text.translate(_UNICODE)))
+    text = _SPACED_DEGREE.sub(r"^{\\circ}", text)  # 90^{ \circ }: math-verify read no number
     return _MIXED.sub(_improper, _THIN_SEPARATOR.sub("", text))
 
 
 def repeating_decimals(text: str) -> str:
     """A repeating decimal as its exact fraction: `0.\\overline{3}`, `0.(3)`, `0.3\\dot{3}`, `0.333...`,
-    `0.333\\ldots` as \\frac{1}{3} (each scored 0 for 1/3: math-verify read 0, or 0.333); `0.333` (no mark of a
-    period) stays a finite decimal, wrong for 1/3 (EXACT_DECIMAL)."""
+    as \\frac{1}{3} (each scored 0 for 1/3: math-verify read 0, or 0.333); `0.333` (no mark of a period) stays a
+    finite decimal, wrong for 1/3 (EXACT_DECIMAL); `0.333...` is read both ways (ellipses_as_fractions)."""
     if "." not in text:
         return text
     text = _OVERLINE.sub(lambda m: as_fraction(*m.groups()), text)
     text = _PAREN_PERIOD.sub(lambda m: as_fraction(*m.groups()), text)
-    text = _DOTTED.sub(lambda m: as_fraction(m[1], m[2], m[3] + (m[4] or "") + (m[5] or "")), text)
-    return _ELLIPSIS.sub(_ellipsis, text)
+    return _DOTTED.sub(lambda m: as_fraction(m[1], m[2], m[3] + (m[4] or "") + (m[5] or "")), text)
+
+
+def ellipses_as_fractions(text: str) -> str:
+    """Decimals written out to an ellipsis (`0.333...`, `0.1666\\ldots`) as the fractions their digits repeat; a
+    second reading beside the decimal as written (grade): `0.44...` is 4/9 to one grader and 0.44 cut short to
+    another (an answer 0.44 scored 0 when only the period counted)."""
+    return _ELLIPSIS.sub(_ellipsis, text) if "." in text else text
 
 
 def _ellipsis(m: re.Match) -> str:
