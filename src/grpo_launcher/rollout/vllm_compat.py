@@ -175,8 +175,9 @@ class BufferRuns:
     its tensors as the producer packs them, so a sharded policy still gathers one tensor at a time.
 
     Why runs: vLLM 0.25's packed sender exports its buffer for IPC once and sends that export with every chunk;
-    the engine rebuilds and releases it once per chunk, which drives torch's cross-process refcount below zero, and
-    the buffer is never freed on the policy's side (1 GiB more held after every refit: memory/policy_allocated_gib
+    the engine rebuilds and releases it once per chunk, which takes torch's cross-process refcount below zero (an
+    unsigned count, CudaIPCTypes.h: it wraps, and a count > 0 keeps the block in limbo), so the buffer is never
+    freed on the policy's side (1 GiB more held after every refit: memory/policy_allocated_gib
     +1.00 GiB a step, nemotron_h_1b on an H100, benchmarks/results/nemotron_gpu.md). One run per send is one chunk
     per export: the count returns to zero and `ipc_collect` frees the buffer (0.32 fixed it on the engine side)."""
 
