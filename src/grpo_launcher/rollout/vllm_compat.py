@@ -33,12 +33,13 @@ IPC_BUFFER_BYTES = 1 << 30  # vLLM's default packed-buffer size: the weights cro
 
 
 def has_ipc_weight_transfer() -> bool:
-    """vLLM's weight-transfer API with the CUDA IPC backend (0.2x and later): vllm.distributed.weight_transfer."""
+    """vLLM's weight-transfer API with the CUDA IPC backend as `send_weights_ipc` drives it (0.25: the static
+    `trainer_send_weights`; 0.32 replaced it with an engine object, and a CUDA build of it refits by state dict)."""
     try:
-        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine  # noqa: F401 (vLLM ≥ 0.2x)
+        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine  # vLLM ≥ 0.2x
     except ImportError:
         return False
-    return True
+    return hasattr(IPCWeightTransferEngine, "trainer_send_weights")
 
 
 def ipc_engine_kwargs() -> dict[str, Any]:
