@@ -175,12 +175,18 @@ def box_content(rest: str) -> str:
     rest = rest.lstrip()
     if not rest.startswith("{"):
         return rest.split()[0] if rest.split() else ""
+    end = closing_brace(rest)
+    return rest[1:end].strip() if end is not None else rest[1:].strip()
+
+
+def closing_brace(text: str) -> int | None:
+    """Where the brace that opens `text` closes (braces balanced), None where it never does."""
     depth = 0
-    for i, ch in enumerate(rest):
+    for i, ch in enumerate(text):
         depth += (ch == "{") - (ch == "}")
         if depth == 0:
-            return rest[1:i].strip()
-    return rest[1:].strip()
+            return i
+    return None
 
 
 def answer_unit(answer: str) -> str | None:
@@ -472,14 +478,7 @@ def unclosed_box(text: str) -> bool:
     """The last \\boxed{ opens a brace that the text never closes."""
     at = text.rfind("\\boxed")
     rest = text[at + len("\\boxed") :].lstrip() if at >= 0 else ""
-    if not rest.startswith("{"):
-        return False
-    depth = 0
-    for ch in rest:
-        depth += (ch == "{") - (ch == "}")
-        if depth == 0:
-            return False
-    return True
+    return rest.startswith("{") and closing_brace(rest) is None
 
 
 @lru_cache(maxsize=65536)
