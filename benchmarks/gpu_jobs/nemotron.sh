@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_jobs/nemotron.sh install PARTS_DIR     # the GPU kit (scripts/gpu-kit.sh) into /tmp/site
 #   bash benchmarks/gpu_jobs/nemotron.sh STEP [STEP ...]       # steps: dry conv kernels pack block gate hf1b mhf1b vllm1b mvllm1b tiny mtiny recipe mrecipe mega mem
 #   bash benchmarks/gpu_jobs/nemotron.sh bg STEP [STEP ...]    # the same, detached (setsid): outlives the call
-#   bash benchmarks/gpu_jobs/nemotron.sh wait [SECONDS]        # until the detached steps end: their files to $OUT
+#   bash benchmarks/gpu_jobs/nemotron.sh wait [SECONDS]        # until the detached steps end: their files to $OUT (one .tgz)
 #   bash benchmarks/gpu_jobs/nemotron.sh stop                  # end the detached steps now (and Ray); `bg` the rest
 # Each run step writes the run's metrics summary and nvidia-smi's whole-GPU peak to $OUT.
 set -uo pipefail
@@ -131,7 +131,8 @@ if [ "${1:-}" = wait ]; then  # polls the detached steps' pid (at most $2 s), th
   pid=$(cat /tmp/bg.pid)
   end=$((SECONDS + ${2:-560}))
   while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 5; done
-  mkdir -p "$OUT" && cp -r /tmp/bg/. "$OUT/"
+  # one archive (at most 8 files come back from a call): logs, nvidia-smi samples, summaries
+  mkdir -p "$OUT" && tar -czf "$OUT/bg-$(date -u +%H%M%S).tgz" -C /tmp/bg . && cp /tmp/bg/steps.txt "$OUT/"
   cat /tmp/bg/steps.txt
   if kill -0 "$pid" 2>/dev/null; then echo "detached steps still running"; else echo "detached steps ended"; fi
   exit
