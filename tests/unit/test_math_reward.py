@@ -629,3 +629,95 @@ def test_answer_key_other_than_answer_is_graded(tmp_path, launch_here):
     r = launch_here(tmp_path, *keys, "dry_run=true")
     assert r.returncode == 0, r.stderr
     assert "can never be rewarded" not in r.stderr, r.stderr
+
+
+# a number a completion rules out is no stated answer: the last `answer is` with a number won, so `The answer is 5.
+# Note that the answer is not 6.` answered 6 (rows marked `was` scored the other way at 7611a97)
+NEGATED = [
+    (5, "The answer is 5. Note that the answer is not 6.", 1),  # was 0
+    (6, "The answer is 5. Note that the answer is not 6.", 0),  # was 1
+    (5, "The answer is 5. The answer cannot be 6.", 1),  # was 0
+    (6, "The answer is 5. The answer cannot be 6.", 0),  # was 1
+    (6, "The answer is 5. Note that the answer \u2260 6.", 0),  # was 1
+    (6, "x = 5, x \u2260 6", 0),  # was 1
+    (5, "The answer is not 6 but 5.", 1),  # was 0
+    (6, "The answer is not equal to 6; it is 5.", 0),  # was 1
+    (-6, "The answer is 5. Note: the answer isn't -6.", 0),  # was 1
+    (6, "Answer: 5 (the answer is NOT 6)", 0),  # was 1
+    (r"5\text{ km}", "The answer is 5 km, not 5 m.", 1),  # was 0 (its unit read as m)
+    (6, "The answer is $5$, not $6$.", 0),
+    (5, "It can't be 6, so the answer is 5.", 1),
+    (6, "The answer is 6, not 5.", 1),
+    (100, "I am not 100% sure, but the answer is 100.", 1),
+    (r"\frac{1}{2}", r"The answer is $\frac{1}{3}$. Note that the answer is not $\frac{1}{2}$.", 0),  # was 1
+    (r"\frac{1}{3}", r"The answer is \frac{1}{3}. Note that the answer is not \frac{1}{2}.", 1),  # was 0
+    (r"x \neq 6", r"\boxed{x \neq 6}", 1),  # in a box a negation is the answer's own
+    (r"x \neq 6", r"The answer is $x \neq 6$.", 1),  # and for an answer that holds one
+    (5, r"\boxed{6}, not 5", 0),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", NEGATED)
+def test_a_negated_number_is_no_stated_answer(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
+# an answer cell that is a JSON list of numbers is a sequence, graded in order: [1, 2] (its JSON text read as the
+# interval from 1 to 2) scored 0, and `2, 1` or `[2, 1]` 1 (as a set); a stated bare answer (`The answer is (3,
+# -2).`) is read as a bare completion is. A list of strings (OlympiadBench) is still a set: any order
+LISTS = [
+    ([1, 2], "[1, 2]", 1),  # was 0
+    ([1, 2], "[1,2]", 1),  # was 0
+    ([1, 2], r"\boxed{[1, 2]}", 1),  # was 0
+    ([1, 2], r"\boxed{\left[ 1, 2 \right]}", 1),  # was 0
+    ([1, 2], "The answer is [1, 2].", 1),  # was 0
+    ([1, 2], "The final answer is $[1, 2]$.", 1),  # was 0
+    ([1, 2], "The answer is 1, 2.", 1),  # was 0
+    ([-1, 0.5], r"\boxed{[-1, \frac{1}{2}]}", 1),  # was 0
+    ([1, 2], r"\boxed{1, 2}", 1),
+    ([1, 2], "(1, 2)", 1),
+    ([1, 2, 3], "[1, 2, 3]", 1),
+    ([2, 1], r"\boxed{2, 1}", 1),
+    ([1, 2], "[2, 1]", 0),  # was 1
+    ([1, 2], r"\boxed{[2, 1]}", 0),  # was 1
+    ([1, 2], r"\boxed{(2, 1)}", 0),  # was 1
+    ([1, 2, 3], "[1, 3, 2]", 0),  # was 1
+    ([1, 1], r"\boxed{1}", 0),  # was 1
+    ([1, 2], r"\boxed{2}", 0),
+    ([1, 2], r"\boxed{[1, 2, 3]}", 0),
+    (["1", "2"], r"\boxed{2, 1}", 1),  # a list of strings: any order
+    ("[1, 2]", r"\boxed{[1, 2]}", 1),  # an interval as text stays one
+    ("[1, 2]", r"\boxed{(1, 2)}", 0),
+    ("(3, -2)", "The answer is (3, -2).", 1),  # was 0 (read as -2)
+    ("(3, -2)", "The answer is (-2, 3).", 0),
+    (5, "The answer is 5, 6.", 0),  # was 1: two answers
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", LISTS)
+def test_a_list_of_numbers_is_graded_in_order(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
+# a period in parentheses after a decimal point, 2.2(10) = 2.2101010... = 1094/495 (as \overline), was read so
+# already (math.repeating_decimals); pinned with what it must leave alone: f(10), 2(10), (1, 2), f(2.5)
+PAREN_PERIODS = [
+    (r"\frac{1094}{495}", r"\boxed{2.2(10)}", 1),
+    (r"\frac{1094}{495}", r"\boxed{2.2\overline{10}}", 1),
+    (r"\frac{1094}{495}", "The answer is 2.2(10).", 1),
+    ("2.2(10)", r"\boxed{\frac{1094}{495}}", 1),
+    ("2.2", r"\boxed{2.2(10)}", 0),
+    ("2.21010", r"\boxed{2.2(10)}", 0),
+    (22, r"\boxed{2.2(10)}", 0),  # a decimal, then a period: not 2.2 times 10 (see environments.md)
+    ("f(10)", r"\boxed{f(10)}", 1),
+    ("(1, 2)", r"\boxed{(1, 2)}", 1),
+    ("(1.5, 2)", r"\boxed{(1.5, 2)}", 1),
+    ("f(2.5)", r"\boxed{f(2.5)}", 1),
+    (22, "2.2(10) = 22", 1),  # in working, the result after `=` is the answer
+    (10, "Since 0.5(20) = 10, the answer is 10.", 1),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", PAREN_PERIODS)
+def test_a_period_in_parentheses_is_read_only_after_a_decimal_point(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict

@@ -9,10 +9,10 @@ reward.
 
 The answer cell may be a number (27, 0.5), or text: `1/2`, `1,000`, `2/3`, `\\frac{1}{2}`, `$x^2+1$`, `(3, -2)`,
 a worked solution whose answer is boxed (MATH's `solution`) or follows `####` (GSM8K's `answer`), or a list of
-such strings or numbers (OlympiadBench's `final_answer`; [1, 2]: its answers 1 and 2). Real-world shapes and verdicts:
-benchmarks/math_grading.py (benchmarks/results/environments.md). Each grade runs under GRADE_TIMEOUT_S
-(math-verify's own signal.alarm timeouts are off: they fail off the main thread; our bound,
-usercode.call_with_limit, works in a Ray actor and in threads); one that runs over scores 0.
+such strings (OlympiadBench's `final_answer`: its answers, in any order) or numbers ([1, 2]: a sequence, in
+order). Real-world shapes and verdicts: benchmarks/math_grading.py (benchmarks/results/environments.md). Each
+grade runs under GRADE_TIMEOUT_S (math-verify's own signal.alarm timeouts are off: they fail off the main thread;
+our bound, usercode.call_with_limit, works in a Ray actor and in threads); one that runs over scores 0.
 """
 
 from __future__ import annotations
@@ -59,6 +59,13 @@ _NUM = r"\$?([-+]?\d(?:[\d.,/]*\d)?)(?:\s*\\?%)?\$?"  # (a percentage too: `answ
 _HEDGED = re.compile(r"answer\s*(?:is|=|:)\s*(?::\s*)?(?:either\s+)?" + _NUM
                      + r"\s*,?\s*\(?\s*or\s+(?:possibly\s+|maybe\s+|perhaps\s+)?" + _NUM, re.I)
 _ANSWER_IS = re.compile(r"answer\s*(?:is|=|:)", re.I)
+# a number a completion rules out: `is not 6`, `isn't 6`, `not equal to 6`, `cannot be 6`, `can't be 6`, `≠ 6`,
+# `\neq 6`, `not \frac{1}{2}` (no stated answer: `The answer is 5. Note that the answer is not 6.` was read as 6)
+_NEGATED = re.compile(r"(?:\bnot|n't|\bcannot|\u2260|\\neq?(?![A-Za-z]))(?:\s+(?:be|equals?)\b)?(?:\s+to\b)?"
+                      r"\s*(\$)?\s*[-+\u2212]?(?:\d(?:[\d.,/]*\d)?|\\(?:[dt]?frac|sqrt)\s*(?:\{[^{}]*\}\s*){1,2})"
+                      r"(?(1)\s*\$)", re.I)
+# a list in square brackets, [1, 2] (for a list cell of numbers: as_tuple)
+_SQUARE_LIST = re.compile(r"\[([^\[\]]*,[^\[\]]*)\]")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 # **72**, __72__ (and a whole completion *72*): Markdown emphasis, not 2·3·4 (2*3*4) or a subscript (a_1 + a_2)
 _WRAPPED = re.compile(r"(\*\*|__)([^*_\n]+?)\1|^\s*\*([^*\n]+)\*\s*$")
@@ -120,6 +127,8 @@ def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any
     """1.0 when the completion's final answer equals the row's answer as math-verify grades it, else 0.0."""
     if answer is None or not isinstance(completion, str):
         return 0.0
+    if number_list(answer):
+        completion = as_tuple(completion)
     try:
         return 1.0 if call_with_limit(GRADE_TIMEOUT_S, grade, gold_text(answer), completion) else 0.0
     except TimeLimitExceeded:
@@ -127,19 +136,36 @@ def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any
 
 
 def gold_text(answer: Any) -> str:
-    """The answer cell as text; a list of strings or numbers (OlympiadBench's final_answer, ["$\\frac{1}{2}$"]; the
-    roots [1, 2]) as its one answer, or several as one list ($1, 2$; its JSON text [1, 2] reads as an interval)."""
+    """The answer cell as text; a list of strings or numbers (OlympiadBench's final_answer, ["$\\frac{1}{2}$"]) as its
+    one answer, or several as one list: strings as the set of a question's answers, in any order ($x, y$: OlympiadBench
+    grades them so), numbers (number_list) as a tuple, in order ($(1, 2)$); its JSON text [1, 2] reads as an interval."""
     scalar = (str, int, float)
     if isinstance(answer, list) and answer and all(isinstance(a, scalar) and not isinstance(a, bool) for a in answer):
         texts = [answer_text(a) for a in answer]
-        return texts[0] if len(texts) == 1 else "$" + ", ".join(t.strip().strip("$") for t in texts) + "$"
+        items = ", ".join(t.strip().strip("$") for t in texts)
+        return texts[0] if len(texts) == 1 else f"$({items})$" if number_list(answer) else f"${items}$"
     return answer_text(answer)
+
+
+def number_list(answer: Any) -> bool:
+    """The answer cell is a JSON list of two numbers or more, [1, 2]: a sequence (a point, a vector, a sequence's
+    terms), graded in its order ([2, 1] is another answer); a list of strings is graded as a set (gold_text)."""
+    return (isinstance(answer, list) and len(answer) > 1
+            and all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in answer))
+
+
+def as_tuple(completion: str) -> str:
+    """A list the completion writes in square brackets ([1, 2], \\boxed{[1, 2]}) as the tuple (1, 2): math-verify
+    reads [1, 2] as the closed interval from 1 to 2 (and [2, 1] as a tuple). For a number_list cell only: an answer
+    cell `[1, 2]` as text is an interval, and `(1, 2)` is not it."""
+    return _SQUARE_LIST.sub(r"(\1)", completion)
 
 
 def grade(gold: str, completion: str) -> bool:
     """math-verify's verdict for the completion against the gold answer text (no time bound of its own); a
     completion whose unit differs from the gold's is wrong (units_differ), one that answers with a percentage is
     graded by percent_verdict, one that answers in words (`seven`) as that number (worded_number)."""
+    completion = unnegated(gold, completion)
     if units_differ(gold, completion):
         return False
     stated = completion_percent(completion)
@@ -154,6 +180,16 @@ def grade(gold: str, completion: str) -> bool:
     return periodic != completion and graded(gold, periodic)
 
 
+def unnegated(gold: str, completion: str) -> str:
+    """A completion without a box less the numbers it rules out (`the answer is not 6`, `isn't 6`, `cannot be 6`,
+    `≠ 6`: _NEGATED): none is a stated answer (`The answer is 5. Note that the answer is not 6.` answered 6). In a
+    box, or for an answer that holds a negation itself (`x \\neq 6`), a negation is the answer's own."""
+    answer = final_part(completion)  # (a box while thinking is none)
+    if "\\boxed" in answer or "\\fbox" in answer or _NEGATED.search(final_answer(gold)):
+        return completion
+    return _NEGATED.sub("", completion)
+
+
 def final_answer(text: str) -> str:
     """The text of a completion's (or answer cell's) final answer: its last box's content, else what follows its
     GSM8K `####` on that line, else what follows its last `answer is` to the sentence's end, else the whole text
@@ -165,9 +201,12 @@ def final_answer(text: str) -> str:
         line = _HASHES.search(text)
         return (line.group(1) or "").strip() if line else ""
     said = list(_ANSWER_IS.finditer(text))
-    if said:
-        text = _SENTENCE_END.split(text[said[-1].end():].lstrip(" \t\n:*"), maxsplit=1)[0]
-    return text.strip()
+    return stated_value(text, said[-1]) if said else text.strip()
+
+
+def stated_value(text: str, said: re.Match) -> str:
+    """What an `answer is` (`answer:`, `answer =`) in the text states: what follows it to its sentence's end."""
+    return _SENTENCE_END.split(text[said.end():].lstrip(" \t\n:*"), maxsplit=1)[0].strip()
 
 
 def box_content(rest: str) -> str:
@@ -334,7 +373,7 @@ def completion_parsed(completion: str, last_box: bool = False) -> list:
         line = _HASHES.search(text)
         text = (line.group(1) or "").strip() if line else ""
     elif "\\boxed" not in text:
-        text = last_stated(text)
+        text = stated_bare(last_stated(text))
     text = unhedged(text)
     answer = _END_STOP.sub("", text.strip())  # `1/2.`: a sentence's full stop (math-verify found no number)
     if bare(answer):
@@ -363,6 +402,14 @@ def last_stated(text: str) -> str:
     statement that gives a number counts (`I hope this answer is helpful` is none)."""
     said = [m for m in _ANSWER_IS.finditer(text) if _GIVES_NUMBER.match(text, m.end())]
     return text[said[-1].start():] if len(said) > 1 else text
+
+
+def stated_bare(text: str) -> str:
+    """The last statement's answer where it is a bare one (`The answer is (3, -2).`, `Answer: [1, 2]`), read as a
+    whole completion that is only that answer is (bare); math-verify took its last number (-2, 2). Else the text."""
+    said = [m for m in _ANSWER_IS.finditer(text) if _GIVES_NUMBER.match(text, m.end())]
+    answer = stated_value(text, said[-1]) if said else ""
+    return answer if bare(answer) else text
 
 
 def tagged_answer(text: str) -> str:
