@@ -662,9 +662,10 @@ def test_a_negated_number_is_no_stated_answer(math_env, answer, completion, verd
     assert graded(math_env, answer, completion) == verdict
 
 
-# an answer cell that is a JSON list of numbers is a sequence, graded in order: [1, 2] (its JSON text read as the
-# interval from 1 to 2) scored 0, and `2, 1` or `[2, 1]` 1 (as a set); a stated bare answer (`The answer is (3,
-# -2).`) is read as a bare completion is. A list of strings (OlympiadBench) is still a set: any order
+# an answer cell that is a JSON list of numbers is its answers, in any order, each as often as the cell holds it (a
+# multiset: math.number_list, math.in_any_order): [1, 2] (its JSON text read as the interval from 1 to 2) scored 0 at
+# 7611a97, and `\boxed{1}` 1 for [1, 1] (read as a set); at 16319d9 `[2, 1]` scored 0 (graded in order). A stated bare
+# answer (`The answer is (3, -2).`) is read as a bare completion is. A list of strings (OlympiadBench): any order too
 LISTS = [
     ([1, 2], "[1, 2]", 1),  # was 0
     ([1, 2], "[1,2]", 1),  # was 0
@@ -678,24 +679,35 @@ LISTS = [
     ([1, 2], "(1, 2)", 1),
     ([1, 2, 3], "[1, 2, 3]", 1),
     ([2, 1], r"\boxed{2, 1}", 1),
-    ([1, 2], "[2, 1]", 0),  # was 1
-    ([1, 2], r"\boxed{[2, 1]}", 0),  # was 1
-    ([1, 2], r"\boxed{(2, 1)}", 0),  # was 1
-    ([1, 2, 3], "[1, 3, 2]", 0),  # was 1
-    ([1, 1], r"\boxed{1}", 0),  # was 1
+    ([1, 2], "[2, 1]", 1),  # 0 at 16319d9 (in order)
+    ([1, 2], r"\boxed{[2, 1]}", 1),  # 0 at 16319d9
+    ([1, 2], r"\boxed{(2, 1)}", 1),  # 0 at 16319d9
+    ([1, 2], r"\boxed{2, 1}", 1),  # 0 at 16319d9
+    ([1, 2], r"\boxed{2} and \boxed{1}", 1),  # 0 at 16319d9
+    ([1, 2], "The answer is 2, 1.", 1),  # was 0
+    ([2, 1], "[1, 2]", 1),  # was 0
+    ([1, 2, 3], "[1, 3, 2]", 1),  # 0 at 16319d9
+    ([-1, 0.5], r"\boxed{\frac{1}{2}, -1}", 1),  # 0 at 16319d9
+    ([1, 1], r"\boxed{1, 1}", 1),  # 0 at 16319d9 (the set {1} against two 1s): a set as written keeps both
+    ([1, 1], "[1, 1]", 1),
+    ([1, 1], r"\boxed{1}", 0),  # was 1: [1, 1] needs two 1s
+    ([1, 2], r"\boxed{1, 2, 2}", 0),  # was 1
     ([1, 2], r"\boxed{2}", 0),
+    ([1, 2], "[1]", 0),
+    ([1, 2], "[1, 2, 3]", 0),
     ([1, 2], r"\boxed{[1, 2, 3]}", 0),
     (["1", "2"], r"\boxed{2, 1}", 1),  # a list of strings: any order
     ("[1, 2]", r"\boxed{[1, 2]}", 1),  # an interval as text stays one
     ("[1, 2]", r"\boxed{(1, 2)}", 0),
+    ("[1, 2]", r"\boxed{[2, 1]}", 0),
     ("(3, -2)", "The answer is (3, -2).", 1),  # was 0 (read as -2)
-    ("(3, -2)", "The answer is (-2, 3).", 0),
+    ("(3, -2)", "The answer is (-2, 3).", 0),  # a tuple as text stays in order
     (5, "The answer is 5, 6.", 0),  # was 1: two answers
 ]
 
 
 @pytest.mark.parametrize("answer, completion, verdict", LISTS)
-def test_a_list_of_numbers_is_graded_in_order(math_env, answer, completion, verdict):
+def test_a_list_of_numbers_is_graded_in_any_order(math_env, answer, completion, verdict):
     assert graded(math_env, answer, completion) == verdict
 
 

@@ -9,10 +9,10 @@ reward.
 
 The answer cell may be a number (27, 0.5), or text: `1/2`, `1,000`, `2/3`, `\\frac{1}{2}`, `$x^2+1$`, `(3, -2)`,
 a worked solution whose answer is boxed (MATH's `solution`) or follows `####` (GSM8K's `answer`), or a list of
-such strings (OlympiadBench's `final_answer`: its answers, in any order) or numbers ([1, 2]: a sequence, in
-order). Real-world shapes and verdicts: benchmarks/math_grading.py (benchmarks/results/environments.md). Each
-grade runs under GRADE_TIMEOUT_S (math-verify's own signal.alarm timeouts are off: they fail off the main thread;
-our bound, usercode.call_with_limit, works in a Ray actor and in threads); one that runs over scores 0.
+such strings (OlympiadBench's `final_answer`) or numbers ([1, 2]): its answers, in any order. Real-world shapes and
+verdicts: benchmarks/math_grading.py (benchmarks/results/environments.md). Each grade runs under GRADE_TIMEOUT_S
+(math-verify's own signal.alarm timeouts are off: they fail off the main thread; our bound,
+usercode.call_with_limit, works in a Ray actor and in threads); one that runs over scores 0.
 """
 
 from __future__ import annotations
@@ -127,10 +127,11 @@ def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any
     """1.0 when the completion's final answer equals the row's answer as math-verify grades it, else 0.0."""
     if answer is None or not isinstance(completion, str):
         return 0.0
-    if number_list(answer):
+    many = number_list(answer)
+    if many:
         completion = as_tuple(completion)
     try:
-        return 1.0 if call_with_limit(GRADE_TIMEOUT_S, grade, gold_text(answer), completion) else 0.0
+        return 1.0 if call_with_limit(GRADE_TIMEOUT_S, grade, gold_text(answer), completion, many) else 0.0
     except TimeLimitExceeded:
         return 0.0
 
@@ -138,7 +139,8 @@ def math_verify_match(prompt: Any, completion: str, answer: Any = None, **_: Any
 def gold_text(answer: Any) -> str:
     """The answer cell as text; a list of strings or numbers (OlympiadBench's final_answer, ["$\\frac{1}{2}$"]) as its
     one answer, or several as one list: strings as the set of a question's answers, in any order ($x, y$: OlympiadBench
-    grades them so), numbers (number_list) as a tuple, in order ($(1, 2)$); its JSON text [1, 2] reads as an interval."""
+    grades them so), numbers (number_list) as a tuple ($(1, 2)$, graded in any order: in_any_order), so that each
+    counts as often as the cell holds it; its JSON text [1, 2] reads as an interval."""
     scalar = (str, int, float)
     if isinstance(answer, list) and answer and all(isinstance(a, scalar) and not isinstance(a, bool) for a in answer):
         texts = [answer_text(a) for a in answer]
@@ -148,8 +150,8 @@ def gold_text(answer: Any) -> str:
 
 
 def number_list(answer: Any) -> bool:
-    """The answer cell is a JSON list of two numbers or more, [1, 2]: a sequence (a point, a vector, a sequence's
-    terms), graded in its order ([2, 1] is another answer); a list of strings is graded as a set (gold_text)."""
+    """The answer cell is a JSON list of two numbers or more, [1, 2]: a question's answers (roots, solutions), graded
+    in any order as a multiset (in_any_order: [2, 1] scores, [1, 1] needs two 1s, [1, 2, 3] and [1] do not)."""
     return (isinstance(answer, list) and len(answer) > 1
             and all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in answer))
 
@@ -161,10 +163,11 @@ def as_tuple(completion: str) -> str:
     return _SQUARE_LIST.sub(r"(\1)", completion)
 
 
-def grade(gold: str, completion: str) -> bool:
+def grade(gold: str, completion: str, any_order: bool = False) -> bool:
     """math-verify's verdict for the completion against the gold answer text (no time bound of its own); a
     completion whose unit differs from the gold's is wrong (units_differ), one that answers with a percentage is
-    graded by percent_verdict, one that answers in words (`seven`) as that number (worded_number)."""
+    graded by percent_verdict, one that answers in words (`seven`) as that number (worded_number). any_order: a
+    number_list cell's tuple, its members in any order (in_any_order)."""
     completion = unnegated(gold, completion)
     if units_differ(gold, completion):
         return False
@@ -174,10 +177,10 @@ def grade(gold: str, completion: str) -> bool:
     worded = worded_number(completion)
     if worded is not None and not _WORD.search(gold):  # a gold in words (`four`, `\\text{one}`, `7 apples`): graded
         return graded(gold, f"\\boxed{{{worded}}}")  # by its text, as before
-    if graded(gold, completion):
+    if graded(gold, completion, any_order):
         return True
     periodic = ellipses_as_fractions(completion)  # `0.333...`: 1/3, or 0.333 cut short; either reading scores
-    return periodic != completion and graded(gold, periodic)
+    return periodic != completion and graded(gold, periodic, any_order)
 
 
 def unnegated(gold: str, completion: str) -> str:
@@ -308,8 +311,8 @@ def percent_verdict(gold: str, number: str) -> bool:
     return graded(gold, f"\\boxed{{{value}}}") or graded(gold, f"\\boxed{{{number}}}")
 
 
-def graded(gold: str, completion: str) -> bool:
-    """math-verify's verdict, numbers far from 1 compared by their relative difference."""
+def graded(gold: str, completion: str, any_order: bool = False) -> bool:
+    """math-verify's verdict, numbers far from 1 compared by their relative difference (any_order: in_any_order)."""
     from math_verify import verify  # here: it imports sympy (seconds), and pre-flight imports this module
 
     from sympy import Set, Tuple  # (the same: math-verify's own dependency)
@@ -317,6 +320,8 @@ def graded(gold: str, completion: str) -> bool:
     target = gold_parsed(gold)
     one = bool(target) and not isinstance(target[0], (Set, Tuple))  # one value: the last box is the answer
     got = completion_parsed(completion, last_box=one)
+    if any_order:
+        target, got = tuple(in_any_order(target)), in_any_order(got)
     verdict = bool(target) and bool(verify(list(target), got, timeout_seconds=None))
     (a, exact_a), (b, exact_b) = (one_number(x) for x in (target, got))
     if a is None or b is None or (exact_a and exact_b):  # two integers or fractions: math-verify compares exactly
@@ -328,6 +333,25 @@ def graded(gold: str, completion: str) -> bool:
     if SMALL <= scale < LARGE:
         return verdict
     return bool(abs(a - b) <= RELATIVE * scale)
+
+
+def in_any_order(parsed: Any) -> list:
+    """A parsed list's members sorted (math-verify's own sort key), as one tuple: a tuple, a set as written (its
+    duplicates kept: `\\boxed{1, 1}` is the set {1}, written with two) or an open interval ((1, 2), as math-verify reads a pair); so a
+    number_list cell ([1, 2]) is graded in any order, each member as often as it holds it. Anything else as it is."""
+    from math_verify.grader import sort_key  # (the same)
+    from sympy import FiniteSet, Interval, Tuple, ordered  # (the same)
+
+    first = parsed[0] if parsed else None
+    if isinstance(first, Interval) and first.left_open and first.right_open:
+        members = [first.start, first.end]
+    elif isinstance(first, Tuple):
+        members = list(first.args)
+    elif isinstance(first, FiniteSet):
+        members = list(getattr(first, "_unsorted_args", first.args))
+    else:
+        return list(parsed)
+    return [Tuple(*ordered(members, keys=sort_key, default=False)), *parsed[1:]]
 
 
 def one_number(parsed: Any) -> tuple[Any, bool]:
