@@ -18,6 +18,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
 from grpo_launcher.checkpoint import verify_checkpoint
@@ -132,17 +133,92 @@ def test_driver_signal_after_ray_init_saves_and_exits_with_its_code(tmp_path, si
     assert steps == list(range(1, total + 1))
 
 
+def descendants(pid: int) -> dict[tuple[int, float], str]:
+    """{(pid, create time): command line} of pid's live descendants."""
+    found = {}
+    try:
+        for p in psutil.Process(pid).children(recursive=True):
+            try:
+                found[(p.pid, p.create_time())] = " ".join(p.cmdline())
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
+    return found
+
+
+def alive(recorded) -> list[psutil.Process]:
+    """The recorded (pid, create time) processes still running (a zombie has ended; a reused pid is another)."""
+    procs = []
+    for pid, create_time in recorded:
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == create_time and p.status() != psutil.STATUS_ZOMBIE:
+                procs.append(p)
+        except psutil.Error:
+            continue
+    return procs
+
+
+def kill_alive(proc: subprocess.Popen, recorded) -> None:
+    """What a test started, by PID: the driver, then the recorded processes still running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for p in alive(recorded):
+        try:
+            p.kill()
+        except psutil.Error:
+            continue
+
+
+@pytest.mark.slow
+def test_driver_killed_with_sigkill_leaves_no_ray_process(tmp_path):
+    """kill -9 of the driver (the OOM killer's way): Ray's gcs_server and raylet die with it, but Ray's dashboard and
+    runtime-env agents hung in their exit for ever (Ray 2.60). The reaper (train/reaper.py) ends them: none of the
+    driver's processes is left within a bound (the reaper's grace, 5 s, and start-up on a loaded machine)."""
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(run_cmd(tmp_path, "h12-kill9", 200, "logging.mlflow=false"), stdout=out,
+                                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    recorded: dict[tuple[int, float], str] = {}
+    try:
+        wait_until(lambda: re.search(r"^step \d+/200", log.read_text(), re.M) or proc.poll() is not None, 900,
+                   "the first step")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        recorded = descendants(proc.pid)
+        assert any("ray::DashboardAgent" in c for c in recorded.values()), recorded  # what used to be left
+        assert any("grpo_launcher.train.reaper" in c for c in recorded.values()), recorded
+        proc.kill()  # the driver's pid only, as the OOM killer
+        proc.wait()
+        wait_until(lambda: not alive(recorded), 60, "the killed driver's processes to end")
+    finally:
+        kill_alive(proc, recorded)
+
+
 # ------------------------------------------------------------------ a run that diverges
 @pytest.mark.slow
 def test_a_diverged_run_stops_failed_and_checkpoints_no_nan(tmp_path):
     """train.lr=1e12 blows the weights up in step 1's update: step 2's rollout logprobs are NaN. The run stops there
-    (exit 1, the cause named, status FAILED) instead of training on and finishing 0 with a NaN model."""
+    (exit 1, the cause named, status FAILED) instead of training on and finishing 0 with a NaN model. Its end (Ray
+    shut down) leaves none of its processes (Ray's, the reaper of train/workers.py start_reaper) behind."""
     name = "h12-diverged"
-    run = subprocess.run(run_cmd(tmp_path, name, 6, "train.lr=1e12", "logging.mlflow=false"), capture_output=True,
-                         text=True, cwd=ROOT, timeout=900, start_new_session=True)
-    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-3000:]
-    assert "error: step 2: the rollout's logprobs are NaN" in run.stderr and "Traceback" not in run.stderr
-    assert "finished at step" not in run.stdout and "step 3/6" not in run.stdout
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    with open(out, "w") as fo, open(err, "w") as fe:
+        proc = subprocess.Popen(run_cmd(tmp_path, name, 6, "train.lr=1e12", "logging.mlflow=false"), stdout=fo,
+                                stderr=fe, cwd=ROOT, start_new_session=True)
+    seen: dict[tuple[int, float], str] = {}
+    try:  # every process of the run, sampled while it runs
+        wait_until(lambda: seen.update(descendants(proc.pid)) or proc.poll() is not None, 900, "the run's end")
+        stdout, stderr = out.read_text(), err.read_text()
+        assert proc.returncode == 1, stdout[-2000:] + stderr[-3000:]
+        assert any("ray::DashboardAgent" in c for c in seen.values()), seen  # Ray ran here
+        assert any("grpo_launcher.train.reaper" in c for c in seen.values()), seen
+        wait_until(lambda: not alive(seen), 30, "the run's processes to end")
+    finally:
+        kill_alive(proc, seen)
+    assert "error: step 2: the rollout's logprobs are NaN" in stderr and "Traceback" not in stderr
+    assert "finished at step" not in stdout and "step 3/6" not in stdout
     summary = json.loads((tmp_path / name / "status.json").read_text())
     assert summary["state"] == "FAILED", summary
 

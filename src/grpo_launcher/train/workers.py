@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import psutil
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -74,12 +77,40 @@ def _ray_init(spec: RunSpec, plan: Plan) -> None:
     else:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         slots = plan.nodes * plan.devices_per_node
+        before = _descendants()
         ray.init(num_cpus=max(1, math.ceil(slots * plan.bundle.get("CPU", 1.0))), include_dashboard=False,
                  object_store_memory=spec.cluster.object_store_memory_mb * 2**20,
                  runtime_env={"env_vars": env}, logging_level="WARNING",
                  # lean: no idle workers started ahead (every actor here has its own runtime env), no metrics
                  _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False,
                                  "enable_metrics_collection": False})
+        start_reaper(sorted(set(_descendants()) - set(before)))
+
+
+_REAPERS: list[subprocess.Popen] = []  # held: a reaper dropped while running warns (ResourceWarning)
+
+
+def _descendants() -> list[tuple[int, float]]:
+    """(pid, create time) of every live descendant of this process."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out.append((p.pid, p.create_time()))
+        except psutil.Error:
+            continue
+    return out
+
+
+def start_reaper(started: list[tuple[int, float]]) -> None:
+    """The processes ray.init started here, SIGKILLed once this process is gone if they outlive it by
+    reaper.GRACE_S: killed with SIGKILL (the OOM killer), it left Ray's dashboard and runtime-env agents hanging for
+    ever (train/reaper.py). An earlier session's reaper that has exited is collected here."""
+    _REAPERS[:] = [r for r in _REAPERS if r.poll() is None]
+    _REAPERS.append(subprocess.Popen(
+        [sys.executable, "-m", "grpo_launcher.train.reaper", str(os.getpid()), *(f"{pid}:{ct!r}" for pid, ct in started)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+        start_new_session=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (_src(), os.environ.get("PYTHONPATH")) if p))))
 
 
 def ray_temp_problem(spec: RunSpec) -> str | None:
