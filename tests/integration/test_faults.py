@@ -6,7 +6,8 @@ redacted in spec.yaml / plan / MLflow params and kept in 0600 files; the per-run
 exactly one wins; a live holder is named; a dead one is taken over); disk-full messages.
 Slow tier: a save killed with SIGKILL at every phase boundary, then resumed: MLflow has every step exactly once;
 the real driver signalled with SIGTERM / SIGINT / SIGUSR1 after ray.init(): it checkpoints the step it was on
-and exits 143 / 130 / 3, and the resumed run logs every step exactly once.
+and exits 143 / 130 / 3, and the resumed run logs every step exactly once; the driver SIGKILLed after a step
+leaves none of its processes (train/reaper.py), nor does a run's ordinary end.
 """
 
 from __future__ import annotations
