@@ -101,7 +101,10 @@ step() {
     mtiny) run nhtiny-mega model=nemotron_h_tiny train.backend=megatron rollout=vllm "${GPU[@]}" grpo.max_steps=30 \
              checkpoint.enabled=false ;;
     recipe) run nanov3-torch "${RECIPE[@]}" "${GPU[@]}" "${WARM[@]}" train.backend=torch ;;
-    mrecipe) run nanov3-mega "${RECIPE[@]}" "${GPU[@]}" "${WARM[@]}" train.backend=megatron train.sequence_packing=false ;;
+    # megatron cannot pack: the recipe's dynamic batching instead, its budget raised to 16 rows (the scaled-down
+    # max_new_tokens=16 leaves micro_batch_size=1 a budget of 16 response positions: 3 rows of ~5 tokens)
+    mrecipe) run nanov3-mega "${RECIPE[@]}" "${GPU[@]}" "${WARM[@]}" train.backend=megatron train.sequence_packing=false \
+               train.micro_batch_size=16 train.logprob_batch_size=16 ;;
     mega) python3 -m pytest -q -s -m gpu "$TESTS/test_gpu.py" -k "nemotron_h and megatron" 2>&1 | tail -30 ;;
     *) echo "unknown step $1"; return 2 ;;
   esac

@@ -358,7 +358,9 @@ def test_megatron_nemotron_h_logits_match_hf_and_export_is_exact(tmp_path, world
 @needs_mamba_ssm
 def test_megatron_nemotron_h_step_equals_the_torch_backend(tmp_path):
     """One driver step (logprobs, a clipped GRPO update) of nemotron_h on megatron = the torch backend's: logprobs,
-    loss metrics, grad norm and the updated weights (through the Mamba, attention and MoE layers' backward)."""
+    loss metrics, grad norm and the updated weights (through the Mamba, attention and MoE layers' backward). Megatron
+    runs token-budget micro-batches (train.dynamic_batching: rows in whole scan chunks, one micro-batch here), the
+    torch backend fixed rows of 4."""
     pytest.importorskip("megatron.core")
     from grpo_launcher.algos import local_denominator
     from grpo_launcher.policy.torch_policy import TorchPolicyWorker
@@ -367,7 +369,7 @@ def test_megatron_nemotron_h_step_equals_the_torch_backend(tmp_path):
     path = _nemotron_h_dir(tmp_path)
     batch = _batch(8, 512)
     moe = MoESpec(token_dispatcher="allgather", load_balancing_type="none")
-    mg = _run(1, _megatron_spec(moe=moe), path, batch, tmp_path / "m.pt")
+    mg = _run(1, _megatron_spec(moe=moe, dynamic_batching=True), path, batch, tmp_path / "m.pt")
     spec = _megatron_spec(moe=moe)
     spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, backend="torch"))
     tw = TorchPolicyWorker(spec, str(path), 0, 1)

@@ -43,6 +43,47 @@ def test_plan_stays_within_the_budget_and_covers_every_row_once():
     assert microbatch.plan([900, 10, 10], [800, 5, 5], 1, 600, 500) == [[0], [1, 2]]
 
 
+def test_mamba_rows_count_in_whole_chunks():
+    """granule (a Mamba-2 chunk): 80-token rows count as 128 against a budget of 1024 (8 a micro-batch, not 12);
+    the budget itself rounds up the same way, so one full-length row still fits."""
+    plain = microbatch.plan([80] * 24, [5] * 24, rows=1, max_len=1024, max_resp=1024)
+    chunked = microbatch.plan([80] * 24, [5] * 24, rows=1, max_len=1024, max_resp=1024, granule=128)
+    assert [len(g) for g in plain] == [12, 12] and [len(g) for g in chunked] == [8, 8, 8]
+    assert [len(g) for g in microbatch.plan([1000, 1000], [5, 5], 2, 1000, 1024, granule=128)] == [2]
+    assert microbatch.plan([129, 10], [5, 5], 1, 128, 1024, granule=128) == [[0], [1]]
+
+
+def test_nemotron_h_token_budget_equals_the_fixed_rows(model_root):
+    """A nemotron_h model (Mamba-2, MoE, attention) with train.dynamic_batching: token-budget micro-batches in
+    whole scan chunks, fewer than the fixed rows, with the same logprobs, loss and gradients."""
+    from nemotron_tiny import tiny_nemotron_h
+    from unit.test_packing import _hybrid_batch
+
+    model_dir = str(tiny_nemotron_h())
+    over = [f"output_root={model_root}", f"model.path={model_dir}", *SMALL, "train.micro_batch_size=2",
+            "train.logprob_batch_size=2", "train.max_total_sequence_length=64", "rollout.max_new_tokens=48"]
+    budget = TorchPolicyWorker(load_spec([*over, "train.dynamic_batching=true"]), model_dir, 0, 1)
+    rows = TorchPolicyWorker(load_spec(over), model_dir, 0, 1)
+    assert budget.token_budget and budget.granule == budget.model.config.chunk_size > 1
+    batch = _hybrid_batch(model_dir)
+    gb = budget._micro_batches(batch, 2)
+    assert len(gb) < len(rows._micro_batches(batch, 2))
+    lengths, _ = microbatch.lengths_of(batch)
+    whole = lambda n: -(-n // budget.granule) * budget.granule  # noqa: E731
+    assert all(len(g) * max(whole(lengths[i]) for i in g) <= 2 * whole(64) for g in gb)
+    mask = batch.response_mask.bool()
+    (pa, _), (pb, _) = budget.logprobs(batch), rows.logprobs(batch)
+    assert (pa - pb)[mask].abs().max() < 1e-5
+    den = [float(batch.response_mask.sum())]
+    budget.opt.step = rows.opt.step = lambda: None  # the gradients stay as the backward left them
+    oa, ob = budget.update([batch], den), rows.update([batch], den)
+    for k in ("loss", "grad_norm"):
+        assert oa[k] == pytest.approx(ob[k], rel=1e-5, abs=1e-6), k
+    for (k, x), y in zip(budget.model.named_parameters(), rows.model.parameters()):
+        if x.grad is not None or y.grad is not None:
+            assert torch.allclose(x.grad, y.grad, atol=1e-6, rtol=1e-4), k
+
+
 def test_even_out_splits_the_largest_and_restore_undoes_the_order():
     groups = microbatch.even_out([[3, 1, 0, 2], [4]], 4)
     assert len(groups) == 4 and sorted(i for grp in groups for i in grp) == list(range(5))

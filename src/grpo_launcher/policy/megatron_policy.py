@@ -244,10 +244,11 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         self.steps = 0
         # train.dynamic_batching: token-budget micro-batches cut to their own longest row (policy/microbatch.py);
         # with EP > 1 the ranks of an expert group hold different rows and megatron's allgather dispatcher needs the
-        # same shapes on each: fixed row counts at the batch's length there; Mamba layers: fixed row counts (as the
-        # torch backend)
+        # same shapes on each: fixed row counts at the batch's length there; Mamba-2 layers count rows in whole
+        # chunks (their scan's unit)
         on = spec.train.dynamic_batching and spec.train.expert_parallel_size == 1
-        self.token_budget, self.cut = on and self.arch.mamba is None, on
+        self.token_budget, self.cut = on, on
+        self.granule = self.arch.mamba.chunk_size if self.arch.mamba else 1
         self.width_multiple = microbatch.WIDTH_MULTIPLE if self.cuda else 1  # (microbatch.widened)
 
     # ------------------------------------------------------------------ distributed set-up
@@ -469,7 +470,7 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         lengths, responses = microbatch.lengths_of(b)
         longest = max(self.spec.train.max_total_sequence_length, b.input_ids.shape[1])
         return microbatch.plan(lengths, responses, rows, longest,
-                               max(self.spec.rollout.max_new_tokens, b.response_ids.shape[1]))
+                               max(self.spec.rollout.max_new_tokens, b.response_ids.shape[1]), self.granule)
 
     # ------------------------------------------------------------------ update
     @profiled("update")

@@ -33,22 +33,35 @@ Groups = list[list[int]]  # row indices of each micro-batch, in the order they r
 WIDTH_MULTIPLE = 16  # on GPUs, micro-batch widths are padded to a multiple of this (`widened`)
 
 
-def plan(lengths: list[int], responses: list[int], rows: int, max_len: int, max_resp: int) -> Groups:
+def plan(lengths: list[int], responses: list[int], rows: int, max_len: int, max_resp: int,
+         granule: int = 1) -> Groups:
     """Micro-batches of at most rows × max_len padded tokens and rows × max_resp padded response positions each;
-    a row longer than max_len (or max_resp) runs alone."""
+    a row longer than max_len (or max_resp) runs alone. granule > 1 (a Mamba-2 model's chunk size): lengths count
+    as whole chunks, as its scan processes them (the pure-torch scan pads every row to whole chunks, the kernels
+    keep per-chunk state), against a budget of rows × max_len rounded up the same way: the memory pre-flight's
+    count (preflight/memory_shapes.py mamba_saved_bytes) holds for many short rows as for full-length ones."""
+    whole = lambda n: -(-n // granule) * granule  # noqa: E731
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     groups: Groups = []
     longest = resp = 0
     for i in order:
         g = groups[-1] if groups else None
         r = max(resp, responses[i])
-        if g and (len(g) + 1) * longest <= rows * max_len and (len(g) + 1) * r <= rows * max_resp:
+        if g and (len(g) + 1) * longest <= rows * whole(max_len) and (len(g) + 1) * r <= rows * max_resp:
             g.append(i)
             resp = r
         else:
             groups.append([i])
-            longest, resp = lengths[i], responses[i]
+            longest, resp = whole(lengths[i]), responses[i]
     return groups
+
+
+def mamba_chunk(model: torch.nn.Module) -> int:
+    """plan's granule for an HF model: 1 without Mamba-2 mixers; with them, its config's chunk size (0 where the
+    config has none: fixed rows)."""
+    if not any(type(m).__name__.endswith("Mamba2Mixer") for m in model.modules()):
+        return 1
+    return int(getattr(model.config, "chunk_size", 0) or 0)
 
 
 def fixed(n: int, rows: int) -> Groups:

@@ -67,11 +67,11 @@ class TorchPolicyWorker(HybridRollout, Profiling):
         # packing: Mamba-2 mixers run per sequence (policy/packing.py); hooked before the reference is copied
         self.mamba_mixers = segment_mamba_mixers(self.model) if spec.train.sequence_packing else 0
         # train.dynamic_batching: token-budget micro-batches (policy/microbatch.py), each cut to its own longest row;
-        # a model with Mamba layers keeps fixed row counts (the pure-torch scan pads every row to whole chunks: more,
-        # shorter rows would pass the memory pre-flight's count). Off: fixed rows at the minibatch's length
-        on = spec.train.dynamic_batching
-        self.token_budget = on and not any(type(m).__name__.endswith("Mamba2Mixer") for m in self.model.modules())
-        self.cut = on and not spec.train.sequence_packing  # packed rows are laid out at max_total_sequence_length
+        # Mamba-2 layers count rows in whole chunks (their scan's unit). Off: fixed rows at the minibatch's length
+        # (a Mamba model without a chunk size in its config keeps fixed rows)
+        self.granule = microbatch.mamba_chunk(self.model)
+        self.token_budget = spec.train.dynamic_batching and self.granule > 0
+        self.cut = spec.train.dynamic_batching and not spec.train.sequence_packing  # packed rows are laid out at max_total_sequence_length
         self.width_multiple = microbatch.WIDTH_MULTIPLE if self.device.type == "cuda" else 1  # (microbatch.widened)
         self.router_load = RouterLoad(self.model)  # train/moe/*: MoE routers' load per layer (none: dense)
         self.head = chunked_head(self.model, spec, self.model_dir)  # the family's logit post-processing per chunk
@@ -177,7 +177,7 @@ class TorchPolicyWorker(HybridRollout, Profiling):
             groups = [list(range(s.start, s.stop)) for s in packed_slices(lengths, capacity, rows)]
         elif self.token_budget:
             most = max(self.spec.rollout.max_new_tokens, b.response_ids.shape[1])
-            groups = microbatch.plan(lengths, responses, rows, capacity, most)
+            groups = microbatch.plan(lengths, responses, rows, capacity, most, self.granule)
         else:
             groups = microbatch.fixed(len(b), rows)
         if self.sharded:
