@@ -57,7 +57,7 @@ def test_nemotron_h_token_budget_equals_the_fixed_rows(model_root):
     """A nemotron_h model (Mamba-2, MoE, attention) with train.dynamic_batching: token-budget micro-batches in
     whole scan chunks, fewer than the fixed rows, with the same logprobs, loss and gradients."""
     from nemotron_tiny import tiny_nemotron_h
-    from unit.test_packing import _hybrid_batch
+    from unit.test_packing import _hybrid_batch, assert_same_step
 
     model_dir = str(tiny_nemotron_h())
     over = [f"output_root={model_root}", f"model.path={model_dir}", *SMALL, "train.micro_batch_size=2",
@@ -71,17 +71,7 @@ def test_nemotron_h_token_budget_equals_the_fixed_rows(model_root):
     lengths, _ = microbatch.lengths_of(batch)
     whole = lambda n: -(-n // budget.granule) * budget.granule  # noqa: E731
     assert all(len(g) * max(whole(lengths[i]) for i in g) <= 2 * whole(64) for g in gb)
-    mask = batch.response_mask.bool()
-    (pa, _), (pb, _) = budget.logprobs(batch), rows.logprobs(batch)
-    assert (pa - pb)[mask].abs().max() < 1e-5
-    den = [float(batch.response_mask.sum())]
-    budget.opt.step = rows.opt.step = lambda: None  # the gradients stay as the backward left them
-    oa, ob = budget.update([batch], den), rows.update([batch], den)
-    for k in ("loss", "grad_norm"):
-        assert oa[k] == pytest.approx(ob[k], rel=1e-5, abs=1e-6), k
-    for (k, x), y in zip(budget.model.named_parameters(), rows.model.parameters()):
-        if x.grad is not None or y.grad is not None:
-            assert torch.allclose(x.grad, y.grad, atol=1e-6, rtol=1e-4), k
+    assert_same_step(budget, rows, batch, rtol=1e-4)
 
 
 def test_even_out_splits_the_largest_and_restore_undoes_the_order():

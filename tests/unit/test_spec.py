@@ -640,6 +640,20 @@ def test_a_warm_up_longer_than_the_run_is_a_warning_naming_where_the_learning_ra
     assert "warmup" not in capsys.readouterr().err
 
 
+def test_the_tiny_models_learning_rate_on_a_pretrained_model_is_a_warning(capsys, monkeypatch):
+    """train.lr=3e-4 (the default, fit for the tiny model built from scratch) on pretrained weights of ≥ 1e8
+    parameters: a warning naming train.lr and the usual range; none at 1e-6, none for a model built here."""
+    from grpo_launcher.spec.compose import compose, to_spec
+
+    monkeypatch.setattr("grpo_launcher.envs.preflight._WARNED", set())  # each warning is said once per process
+    validate(to_spec(compose(["model=qwen2_5_1_5b"])))  # its model.path is absent here: only the spec is read
+    err = capsys.readouterr().err
+    assert "train.lr=0.0003 on the pretrained" in err and "1e-7 to 1e-5" in err, err
+    validate(to_spec(compose(["model=qwen2_5_1_5b", "train.lr=1e-6"])))
+    validate(load_spec(["model=nemotron_h_1b"]))  # model.path null: random weights, warm-started here
+    assert "train.lr=" not in capsys.readouterr().err
+
+
 def test_keys_that_nothing_reads_in_this_configuration_are_named_in_a_warning(capsys):
     """A key set where nothing reads it (loss.kl_clamp with loss.kl_coef=0, Slurm's cluster.partition with
     cluster=local, checkpoint.keep_top_k with checkpoint.enabled=false, vLLM's gpu_memory_utilization with

@@ -154,12 +154,17 @@ def is_sharded(model: nn.Module) -> bool:
 def iter_full_weights(model: nn.Module, dtype: torch.dtype | None = None,
                       device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, full tensor) pairs, gathered one at a time as they are consumed (a collective: every rank
-    iterates to the end), each cast to `dtype` and moved to `device` at once."""
+    iterates to the end), each cast to `dtype` and moved to `device` at once. A shard is cast before it is
+    gathered: the full tensor exists only in `dtype` (an fp32 gather then a cast held 4 + 2 bytes a parameter of the
+    largest tensor, beside the refit's buffer, where pre-flight's "refit gather" counts 2), and the gather moves
+    half the bytes."""
     for k, v in model.state_dict().items():
-        gathered = isinstance(v, DTensor)
-        full = (v.full_tensor() if gathered else v).detach()
-        cast = dtype if dtype is not None and full.is_floating_point() else None
-        yield k, full.to(device=device, dtype=cast, copy=device is not None and not gathered)
+        v = v.detach()
+        cast = dtype if dtype is not None and v.is_floating_point() else None
+        if isinstance(v, DTensor):
+            yield k, (v.to(cast) if cast is not None else v).full_tensor().to(device=device)
+        else:
+            yield k, v.to(device=device, dtype=cast, copy=device is not None)
 
 
 def full_weights(model: nn.Module, dtype: torch.dtype | None = None,

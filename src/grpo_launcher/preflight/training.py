@@ -153,6 +153,33 @@ def optimizer_ranges(s: RunSpec) -> Iterator[Violation]:
         yield V("optimizer_ranges", "train.warmup_steps", f"must be ≥ 0, got {t.warmup_steps}",
                 "set train.warmup_steps=0 (no warm-up)")
     warm_beyond_the_run(s)
+    lr_for_a_pretrained_model(s)
+
+
+PRETRAINED_LR_MAX = 1e-4  # above this on a pretrained model of ≥ 1e8 parameters: a warning
+PRETRAINED_PARAMS = 1e8
+
+
+def lr_for_a_pretrained_model(s: RunSpec) -> None:
+    """A warning (the run goes on): a learning rate fit for the tiny model built from scratch (the default 3e-4) on
+    pretrained weights of 1e8 parameters or more, where GRPO post-training uses 1e-7..1e-5: the first updates
+    would wreck what the model knows, silently (the rewards fall, nothing fails)."""
+    t, m = s.train, s.model
+    if m.path is None or not t.lr > PRETRAINED_LR_MAX:
+        return
+    from .memory_shapes import arch_of, param_counts
+
+    try:
+        a = arch_of(s)
+        n = param_counts(a).total(a)
+    except (ValueError, KeyError, ZeroDivisionError, TypeError):  # the sizes' own rules name bad values
+        return
+    if n >= PRETRAINED_PARAMS:
+        from ..envs.preflight import warn
+
+        warn(f"train.lr={t.lr:g} on the pretrained {n / 1e9:.2f}B-parameter model at model.path: GRPO post-training "
+             "at this size uses 1e-7 to 1e-5 (the nanov3 recipe: 3e-6); a rate this high is the tiny model's and would "
+             "undo the pretrained weights in a few steps; set train.lr, e.g. train.lr=1e-6")
 
 
 def warm_beyond_the_run(s: RunSpec) -> None:
