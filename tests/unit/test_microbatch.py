@@ -53,6 +53,19 @@ def test_mamba_rows_count_in_whole_chunks():
     assert microbatch.plan([129, 10], [5, 5], 1, 128, 1024, granule=128) == [[0], [1]]
 
 
+def test_the_granule_is_the_mamba_chunk_of_every_hybrid_family():
+    """Bamba (as Falcon-H1, GraniteMoeHybrid) names its chunk `mamba_chunk_size` and its mixer BambaMixer: counted in
+    whole chunks too, not as a dense model (1); a dense model: 1."""
+    from transformers import BambaConfig, BambaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tiny = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                intermediate_size=32)
+    bamba = BambaForCausalLM(BambaConfig(**tiny, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16,
+                                         mamba_d_state=8, mamba_chunk_size=16))
+    assert microbatch.mamba_chunk(bamba) == 16
+    assert microbatch.mamba_chunk(Qwen2ForCausalLM(Qwen2Config(**tiny))) == 1
+
+
 def test_nemotron_h_token_budget_equals_the_fixed_rows(model_root):
     """A nemotron_h model (Mamba-2, MoE, attention) with train.dynamic_batching: token-budget micro-batches in
     whole scan chunks, fewer than the fixed rows, with the same logprobs, loss and gradients."""

@@ -57,8 +57,12 @@ def plan(lengths: list[int], responses: list[int], rows: int, max_len: int, max_
 
 
 def mamba_chunk(model: torch.nn.Module) -> int:
-    """plan's granule for an HF model: 1 without Mamba-2 mixers; with them, its config's chunk size (0 where the
-    config has none: fixed rows)."""
+    """plan's granule for an HF model: 1 without Mamba-2 layers; with them, its config's chunk size (the hybrids'
+    `mamba_chunk_size`: Bamba, Falcon-H1, GraniteMoeHybrid; `chunk_size` beside a Mamba2Mixer: NemotronH, Mamba2), 0
+    where the config has none (fixed rows)."""
+    hybrid = getattr(model.config, "mamba_chunk_size", None)
+    if hybrid is not None:
+        return int(hybrid or 0)
     if not any(type(m).__name__.endswith("Mamba2Mixer") for m in model.modules()):
         return 1
     return int(getattr(model.config, "chunk_size", 0) or 0)
