@@ -165,7 +165,7 @@ def run_trl_vllm(args, w: Workload = PROMPT_HEAVY, model_path: Path | None = Non
     out = args.out / "trl-vllm"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "trl_vllm.py"), "--steps", str(args.steps),
            "--skip", str(args.skip), "--out", str(out), "--shape", w.name,
-           *(["--model", str(model_path)] if model_path else [])]
+           "--micro", str(w.micro), *(["--model", str(model_path)] if model_path else [])]
     return peer_row("trl-vllm", cmd, out, env)
 
 

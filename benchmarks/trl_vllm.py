@@ -20,6 +20,7 @@ summary.json's `process_start_to_step1_s`: this process's start (psutil, as our 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -104,12 +105,14 @@ def main() -> int:
     ap.add_argument("--vllm-memory", type=float, default=0.3, help="vllm_gpu_memory_utilization (TRL's default)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/trl-vllm"))
     ap.add_argument("--shape", default="prompt-heavy", choices=sorted(SHAPES), help="the work (workload_shapes.py)")
+    ap.add_argument("--micro", type=int, default=None, help="per_device_train_batch_size (default: the shape's)")
     ap.add_argument("--model", type=Path, default=None,
                     help="a saved checkpoint of the shape (gpu_step.save_model; workloads.py's, ours load it too); "
                          "default: build it here, before the clock's step 1 ends")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model, short sequences, CPU: a smoke test of this script")
     args = ap.parse_args()
     w = SHAPES[args.shape]
+    w = dataclasses.replace(w, micro=args.micro or w.micro)
     shape, args.prompt, args.new = (TINY, 64, 16) if args.tiny else (w.model, w.prompt, w.new)
     args.out.mkdir(parents=True, exist_ok=True)
     import trl

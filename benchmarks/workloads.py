@@ -37,6 +37,9 @@ On one H200 (pre-flight predicts 98-120 GiB a GPU for these shapes: not an H100)
     python3 benchmarks/workloads.py --shape long-context --steps 3 --out /tmp/wl --copy-to $OUT/long-context
     python3 benchmarks/workloads.py --shape decode-heavy ... --only ours-vllm-megatron   # one row, into the table
 
+On one H100 (79.6 GiB) only decode-heavy fits, at half its micro-batch on both sides: `--micro 2 --hbm-bytes-s
+3.35e12` (results/workloads.md).
+
 A row takes its start-up (~90-140 s for the 1.5B shape, issue 41) plus its steps; where a command may run only
 10 minutes, run a shape's rows in two commands on the same warm machine (--only; the second adds its rows to the
 first's table).
@@ -50,6 +53,7 @@ GRPO_MEGATRON_CPU_SHIM=1): the table is produced, its figures say nothing about 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -149,6 +153,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("/tmp/workloads"))
     ap.add_argument("--copy-to", type=Path, default=None,
                     help="after each row, copy the table, logs, metrics.jsonl and TRL's summary here (e.g. $OUT)")
+    ap.add_argument("--micro", type=int, default=None,
+                    help="train.micro_batch_size on both sides (default: the shape's; 2 fits decode-heavy on an H100)")
     ap.add_argument("--fresh", action="store_true", help="drop the rows an earlier command left in OUT/<shape>")
     args = ap.parse_args()
     args.steps = args.steps or (2 if args.cpu_smoke else 4)
@@ -160,6 +166,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     w = ws.CPU_SMOKE if args.cpu_smoke else ws.SHAPES[args.shape]
+    w = dataclasses.replace(w, micro=args.micro or w.micro)
     args.out = (args.out / w.name).resolve()  # gpu_step's runs and logs land here
     args.out.mkdir(parents=True, exist_ok=True)
     data = args.out / "prompts.jsonl"
