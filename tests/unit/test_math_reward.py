@@ -733,3 +733,32 @@ PAREN_PERIODS = [
 @pytest.mark.parametrize("answer, completion, verdict", PAREN_PERIODS)
 def test_a_period_in_parentheses_is_read_only_after_a_decimal_point(math_env, answer, completion, verdict):
     assert graded(math_env, answer, completion) == verdict
+
+
+# answers written beyond a box or a stated `answer is`: the wrong verdicts of 6b8413d (each `was`)
+WRITTEN = [
+    ("(3, -2)", "So the point is (3, -2).", 1),  # was 0 (math-verify read -2)
+    ("(2, 3)", "The coordinates are (2, 3)", 1),  # was 0
+    ("[1, 2]", "The interval is [1, 2].", 1),  # was 0
+    ([1, 2], "x = [1, 2]", 1),  # was 0
+    ("(3, 2)", "So the point is (3, -2).", 0),
+    ("(-2, 3)", "So the point is (3, -2).", 0),  # a tuple as text stays in order
+    ("(1, 2)", "The interval is [1, 2].", 0),
+    ("3", "The value is 3. The point is (1, 2).", 0),
+    ("5", "The total is 5 (rounded).", 1),
+    ("4", "We get x = 4 (since 2+2=4).", 1),
+    ("(3, -2)", r"\left(3, -2\right)", 1),  # was 0: a delimiter's size outside $...$
+    ("(3, -2)", r"The answer is \left(3, -2\right).", 1),  # was 0
+    ([1, 2], r"\left[1, 2\right]", 1),  # was 0
+    ([1, 1], r"\boxed{1} and \boxed{1}", 1),  # was 0: a double root boxed twice (math-verify's set {1})
+    ([1, 2], r"\boxed{1}, \boxed{2}, \boxed{2}", 0),  # was 1: three answers for two
+    ([1, 2], r"\boxed{1} and \boxed{1}", 0),
+    ([1, 2], r"\boxed{1} and \boxed{x}", 0),
+    ([-1, 0.5], r"\boxed{\frac{1}{2}} and \boxed{-1}", 1),
+    ([1, 2], r"<think>\boxed{5}</think>\boxed{1} and \boxed{2}", 1),
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", WRITTEN)
+def test_an_answer_written_without_a_box_or_a_statement_is_read(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict

@@ -66,6 +66,12 @@ _NEGATED = re.compile(r"(?:\bnot|n't|\bcannot|\u2260|\\neq?(?![A-Za-z]))(?:\s+(?
                       r"(?(1)\s*\$)", re.I)
 # a list in square brackets, [1, 2] (for a list cell of numbers: as_tuple)
 _SQUARE_LIST = re.compile(r"\[([^\[\]]*,[^\[\]]*)\]")
+# \left( ... \right): a delimiter's size, no part of the answer (math-verify reads it only between $...$)
+_SIZED = re.compile(r"\\(?:left|right)\s*(?=[\[\]()])")
+# a box that holds one number, \boxed{-2}, \boxed{1.5}, \boxed{\frac{1}{2}}: a list's members boxed one by one
+_NUMBER_BOX = re.compile(r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?|[-+]?\\[dt]?frac\{\d+\}\{\d+\})\s*\}")
+# a statement that ends the text with a bracketed answer, `So the point is (3, -2).`, `x = [1, 2]`
+_STATED_GROUP = re.compile(r"(?:\b(?:is|are)|=|:)\s*(\([^()]*\)|\[[^\[\]]*\])\s*\.?\s*$")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 # **72**, __72__ (and a whole completion *72*): Markdown emphasis, not 2·3·4 (2*3*4) or a subscript (a_1 + a_2)
 _WRAPPED = re.compile(r"(\*\*|__)([^*_\n]+?)\1|^\s*\*([^*\n]+)\*\s*$")
@@ -160,7 +166,19 @@ def as_tuple(completion: str) -> str:
     """A list the completion writes in square brackets ([1, 2], \\boxed{[1, 2]}) as the tuple (1, 2): math-verify
     reads [1, 2] as the closed interval from 1 to 2 (and [2, 1] as a tuple). For a number_list cell only: an answer
     cell `[1, 2]` as text is an interval, and `(1, 2)` is not it."""
-    return _SQUARE_LIST.sub(r"(\1)", completion)
+    return _SQUARE_LIST.sub(r"(\1)", joined_boxes(_SIZED.sub("", completion)))
+
+
+def joined_boxes(completion: str) -> str:
+    """A list's members boxed one by one, `\\boxed{1} and \\boxed{1}`, as one box of their tuple, \\boxed{(1, 1)}:
+    math-verify reads several boxes as a set, so the answer [1, 1] (a double root) never scored. Only where every box
+    of the final answer holds one number; the text between them is dropped. For a number_list cell only."""
+    head, sep, tail = completion.rpartition(THINK_END)
+    boxes = list(_NUMBER_BOX.finditer(tail))
+    if len(boxes) < 2 or tail.count("\\boxed") != len(boxes):
+        return completion
+    joined = "\\boxed{(" + ", ".join(m.group(1) for m in boxes) + ")}"
+    return head + sep + tail[:boxes[0].start()] + joined + tail[boxes[-1].end():]
 
 
 def grade(gold: str, completion: str, any_order: bool = False) -> bool:
@@ -429,10 +447,12 @@ def last_stated(text: str) -> str:
 
 
 def stated_bare(text: str) -> str:
-    """The last statement's answer where it is a bare one (`The answer is (3, -2).`, `Answer: [1, 2]`), read as a
-    whole completion that is only that answer is (bare); math-verify took its last number (-2, 2). Else the text."""
+    """The last statement's answer where it is a bare one (`The answer is (3, -2).`, `Answer: [1, 2]`; with no
+    `answer is`, a bracketed one ending the text: `So the point is (3, -2).`), read as a whole completion that is
+    only that answer is (bare); math-verify took its last number (-2, 2). Else the text."""
     said = [m for m in _ANSWER_IS.finditer(text) if _GIVES_NUMBER.match(text, m.end())]
-    answer = stated_value(text, said[-1]) if said else ""
+    group = _STATED_GROUP.search(text)
+    answer = stated_value(text, said[-1]) if said else group.group(1) if group else ""
     return answer if bare(answer) else text
 
 
@@ -475,7 +495,7 @@ def normalized(text: str) -> str:
     """Unicode minus, π and √ as LaTeX, full-width forms and vulgar fractions (½) as ASCII, a mixed number (`1 1/2`)
     as its fraction; 1\\,234's thin-space separator dropped; Markdown emphasis around an answer (**72**) and an
     escaped currency sign (\\$72) dropped; a repeating decimal as its fraction (repeating_decimals)."""
-    text = _ESCAPED_DOLLAR.sub("", _WRAPPED.sub(lambda m: m.group(2) or m.group(3), text))
+    text = _ESCAPED_DOLLAR.sub("", _WRAPPED.sub(lambda m: m.group(2) or m.group(3), _SIZED.sub("", text)))
     text = _SPACED_MINUS.sub("-", repeating_decimals(text.translate(_UNICODE)))
     text = _SPACED_DEGREE.sub(r"^{\\circ}", text)  # 90^{ \circ }: math-verify read no number
     return _MIXED.sub(_improper, _THIN_SEPARATOR.sub("", text))
