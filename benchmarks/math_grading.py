@@ -191,6 +191,14 @@ CASES = [
     ("math-500", r"-\frac{1}{2}, \frac{1}{3}", r"\boxed{\frac13}", 0),
     ("math-500", r"\text{(C)}", r"\boxed{\textbf{(C)}}", 1),
     ("math-500", r"\text{(C)}", r"\boxed{\textbf{(D)}}", 0),
+    # an unboxed choice letter, read from the last `answer is` (0 before 2026-12-07: math-verify's string extraction
+    # missed `(C)` and read `C is wrong, the answer is (D)` as C)
+    ("math", r"\text{(C)}", "The answer is (C).", 1),
+    ("math", "C", "C is wrong, the answer is (D).", 0),
+    ("math", "D", "C is wrong, the answer is (D).", 1),
+    ("math", "B", "Answer: B) 42", 1),
+    ("math", "B", "I think the answer is B or C.", 0),
+    ("math", "A", "The answer is A lot.", 0),
     ("math-500", r"\frac{14}{3}", r"\boxed{4\frac{2}{3}}", 1),
     ("math-500", r"\frac{14}{3}", r"\boxed{4.67}", 0),
     # a MATH `solution` cell (hendrycks MATH has no `answer` column): the boxed answer is the reference
@@ -249,13 +257,6 @@ AMBIGUOUS = [
         "#### 24\nWait: 48 + 24 = 72",
         "an answer line, then a correction without one: read by its answer line (GSM8K's strict match), as a run-on "
         "past `#### 72` into a new question must be",
-    ),
-    (
-        "math",
-        r"\text{(C)}",
-        "The answer is (C).",
-        "not ambiguous, left as is: an unboxed choice letter; math-verify's StringExtractionConfig misses '(C)' and "
-        "reads 'C is wrong, the answer is (D)' as C (a false positive)",
     ),
 ]
 

@@ -756,6 +756,15 @@ WRITTEN = [
     ([1, 2], r"\boxed{1} and \boxed{x}", 0),
     ([-1, 0.5], r"\boxed{\frac{1}{2}} and \boxed{-1}", 1),
     ([1, 2], r"<think>\boxed{5}</think>\boxed{1} and \boxed{2}", 1),
+    ("E", r"The answer is $\textbf{(E)}$.", 1),  # choice letters stated without a box: each was 0
+    ("D", "The answer is option D.", 1),
+    ("(B)", "The answer is **B**", 1),
+    ("C", "<think>the answer is A</think>The answer is C", 1),
+    ("A", "<think>the answer is A</think>The answer is C", 0),
+    ("B", "The answer is 5.", 0),
+    ("5", "The answer is B.", 0),
+    ("B", "I think it is B", 0),
+    ("B", "Answer: (b)", 0),
 ]
 
 

@@ -122,6 +122,10 @@ _UNIT_SPELLINGS = {
 }
 _UNITS = {spelling: unit for unit, spellings in _UNIT_SPELLINGS.items() for spelling in (unit, *spellings)}
 _SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
+# a choice letter as a cell or a statement writes it: C, (C), C), C., \text{(C)}, \textbf{C}, **C**, $C$ (upper case
+# A-J only: `a 5`, `I think` are no letter); what may follow it: the end, or `)`, `.`, `:` and the option's text
+_CHOICE = re.compile(r"\(?([A-J])(?:\)|[.:](?=\s|$)|(?=\s*$))")
+_CHOICE_WRAPPERS = re.compile(r"\\text(?:bf|rm)?\s*\{|[{}$*]|\b(?:option|choice)\s+", re.I)
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
 _WORDS = re.compile(r"[A-Za-z]{3,9}(?:[\s-]+[A-Za-z]{3,9}){0,7}")  # an answer in words: `twenty-one`, `one hundred`
 _ONES = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve thirteen "
@@ -192,6 +196,9 @@ def grade(gold: str, completion: str, any_order: bool = False) -> bool:
     stated = completion_percent(completion)
     if stated is not None:
         return percent_verdict(gold, stated)
+    letter = choice_letter(final_answer(gold), whole=True)
+    if letter is not None and "\\boxed" not in final_part(completion).replace("\\fbox", "\\boxed"):
+        return stated_letter(completion) == letter
     worded = worded_number(completion)
     if worded is not None and not _WORD.search(gold):  # a gold in words (`four`, `\\text{one}`, `7 apples`): graded
         return graded(gold, f"\\boxed{{{worded}}}")  # by its text, as before
@@ -199,6 +206,24 @@ def grade(gold: str, completion: str, any_order: bool = False) -> bool:
         return True
     periodic = ellipses_as_fractions(completion)  # `0.333...`: 1/3, or 0.333 cut short; either reading scores
     return periodic != completion and graded(gold, periodic, any_order)
+
+
+def choice_letter(text: str, whole: bool = False) -> str | None:
+    """The choice letter a text is (whole: `C`, `(C)`, `\\text{(C)}`) or begins with (`(C) 42`, `C) 42`, `C. 42`),
+    else None."""
+    text = _CHOICE_WRAPPERS.sub("", text).strip()
+    found = _CHOICE.match(text)
+    return found.group(1) if found and (not whole or found.end() == len(text.rstrip(".) "))
+                                        or text.strip("() .") == found.group(1)) else None
+
+
+def stated_letter(completion: str) -> str | None:
+    """The letter a completion without a box states as its answer, in its last `answer is` (`The answer is (C).`,
+    `Answer: C) 42`): math-verify reads no letter there (0 for a right one) and read `C is wrong, the answer is (D)`
+    as C. A letter the completion only is (`C`, `(C)`) counts too; any other text states none."""
+    text = final_part(completion)
+    said = list(_ANSWER_IS.finditer(text))
+    return choice_letter(stated_value(text, said[-1]) if said else text, whole=not said)
 
 
 def unnegated(gold: str, completion: str) -> str:
