@@ -213,8 +213,7 @@ def choice_letter(text: str, whole: bool = False) -> str | None:
     else None."""
     text = _CHOICE_WRAPPERS.sub("", text).strip()
     found = _CHOICE.match(text)
-    return found.group(1) if found and (not whole or found.end() == len(text.rstrip(".) "))
-                                        or text.strip("() .") == found.group(1)) else None
+    return found.group(1) if found and (not whole or text.strip("() .") == found.group(1)) else None
 
 
 def stated_letter(completion: str) -> str | None:
@@ -476,7 +475,7 @@ def stated_bare(text: str) -> str:
     `answer is`, a bracketed one ending the text: `So the point is (3, -2).`), read as a whole completion that is
     only that answer is (bare); math-verify took its last number (-2, 2). Else the text."""
     said = [m for m in _ANSWER_IS.finditer(text) if _GIVES_NUMBER.match(text, m.end())]
-    group = _STATED_GROUP.search(text)
+    group = None if said else _STATED_GROUP.search(text)
     answer = stated_value(text, said[-1]) if said else group.group(1) if group else ""
     return answer if bare(answer) else text
 
