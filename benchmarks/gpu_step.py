@@ -140,7 +140,11 @@ def run_ours(name: str, backend: str, args, data: Path, separate: bool, vllm: bo
             "gen_tok_s": w.sequences * gen_len / phases["rollout"],
             "lp_absdiff": med("train/gen_vs_policy_logprob_absdiff"),
             "first_step_s": rows[min(rows)]["time/step_s"], "profile": read_profile(run_dir, steps, args.profile),
-            "startup_s": startup_seconds(proc.stdout + proc.stderr)}
+            "startup_s": startup_seconds(proc.stdout + proc.stderr),
+            "refit_parts": {p: med(f"time/refit_{p}_ms") for p in REFIT_PARTS if f"time/refit_{p}_ms" in steady[-1]}}
+
+
+REFIT_PARTS = ("start", "pack", "load", "finish", "engine")  # time/refit_<part>_ms (tracking/metric_names.py)
 
 
 def read_profile(run_dir: Path, step: int, on: bool) -> dict:

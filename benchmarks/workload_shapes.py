@@ -117,7 +117,7 @@ def row_figures(r: dict, w: Workload, peak_tflops: float, bandwidth: float = H20
     if "phases" in r:
         ph = r["phases"]
         t = dict(step=ph["step"], rollout=ph["rollout"], update=ph["logprobs"] + ph["update"], refit=ph["refit"],
-                 startup=r.get("startup_s"), gen_len=r["gen_len"])
+                 startup=r.get("startup_s"), gen_len=r["gen_len"], refit_parts=r.get("refit_parts", {}))
     else:
         s = r["summary"]
         t = dict(step=s["median_step_s"], rollout=s["median_rollout_s"], update=s["median_update_s"],

@@ -89,6 +89,8 @@ ROWS = [
     ("rollout / decode floor", None, lambda f: f"{f['rollout_over_floor']:.2f}x"),
     ("update", "update", lambda f: f"{f['update']:.2f} s, {100 * f['update_mfu']:.1f} % MFU"),
     ("refit", "refit", lambda f: f"{1e3 * f['refit']:.1f} ms"),
+    ("refit's parts, ms (policy rank 0's waits; engine: its own)", None,
+     lambda f: ", ".join(f"{k} {v:.1f}" for k, v in f.get("refit_parts", {}).items())),
     ("process start -> end of step 1", "startup",
      lambda f: f"{f['startup']:.1f} s" if f["startup"] is not None else "n/a"),
     ("tok/s per GPU (prompt + generated)", None, lambda f: f"{f['tok_s_per_gpu']:,.0f}"),

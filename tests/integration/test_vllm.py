@@ -359,3 +359,5 @@ def test_launch_rollout_vllm_refit_reaches_the_engine(tmp_path, family):
     gaps = [r["train/gen_vs_policy_logprob_absdiff"] for r in rows if "train/gen_vs_policy_logprob_absdiff" in r]
     assert len(gaps) == 2, rows
     assert max(gaps) < 1e-3, gaps  # step 2's rollouts come from the refit weights
+    # the refit's parts (issue 41): the engine's own load, inside the driver's wait for the whole refit
+    assert all(0 < r["time/refit_engine_ms"] <= r["time/refit_ms"] for r in rows), rows

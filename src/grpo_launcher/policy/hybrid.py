@@ -51,27 +51,40 @@ class HybridRollout:
         return (time.perf_counter() - t0) * 1e3
 
     @profiled("refit")
-    def send_weights_ipc(self, engines: list, version: int | None = None) -> float:
+    def send_weights_ipc(self, engines: list, version: int | None = None) -> dict[str, float]:
         """Separate vLLM engines on this node's GPUs (rollout=vllm on CUDA): every rank calls it; the weights, cast
         to the engine's dtype, cross as CUDA IPC handles of ≤ 1 GiB device buffers (vLLM's weight-transfer API,
-        rollout/vllm_compat.py), never through the host. Rank 0 drives the engines. Returns ms."""
-        t0 = time.perf_counter()
+        rollout/vllm_compat.py), never through the host. Rank 0 drives the engines. Returns the parts in ms (the
+        time/refit_* metrics): this rank's waits on the engines (start, load, finish), its own cast + pack + export
+        (pack), and the slowest engine's own start-to-finish (engine)."""
+        ms: dict[str, float] = {"start": 0.0, "load": 0.0, "finish": 0.0, "engine": 0.0}
         if engine_sleeps(self.spec):  # sleeping engines wake into memory the update's cached blocks still hold,
             torch.cuda.ipc_collect()  # and into the last transfer buffer, once the engines have let it go
             torch.cuda.empty_cache()
         lead = getattr(self, "rank", 0) == 0
+
+        def timed(part: str, call: Any) -> Any:
+            t = time.perf_counter()
+            out = call()
+            ms[part] += (time.perf_counter() - t) * 1e3
+            return out
+
         if lead:  # a sleeping engine wakes its weights here and its KV cache once they are loaded
-            ray.get([e.start_weight_update.remote() for e in engines])
+            timed("start", lambda: ray.get([e.start_weight_update.remote() for e in engines]))
         if self.file_names is None:
             from ..rollout.checkpoint_names import CheckpointNames  # here: it imports transformers' auto classes,
             # and the driver imports this module (the actor's class) before it starts the policy workers
             self.file_names = CheckpointNames(self.model_dir)
-        vllm_compat.send_weights_ipc(self.file_names(self.weight_items()),
-                                     lambda info: ray.get([e.update_weights_ipc.remote(info) for e in engines]),
-                                     dtype=getattr(torch, vllm_compat.engine_dtype(self.spec, cuda=True)))
+        t0 = time.perf_counter()
+        vllm_compat.send_weights_ipc(
+            self.file_names(self.weight_items()),
+            lambda info: timed("load", lambda: ray.get([e.update_weights_ipc.remote(info) for e in engines])),
+            dtype=getattr(torch, vllm_compat.engine_dtype(self.spec, cuda=True)))
+        ms["pack"] = (time.perf_counter() - t0) * 1e3 - ms["load"]
         if lead:
-            ray.get([e.finish_weight_update.remote(version) for e in engines])
-        return (time.perf_counter() - t0) * 1e3
+            ms["engine"] = max(timed("finish", lambda: ray.get([e.finish_weight_update.remote(version)
+                                                                for e in engines])))
+        return ms
 
     def load_tokenizer(self) -> Any:
         """The run's tokenizer as `AutoTokenizer` loads it. The driver takes its copy from here (through Ray):

@@ -72,7 +72,16 @@ TRAIN_MOE_ENTROPY = "train/moe/entropy"  # routing entropy / log(experts), mean 
 # wall time: time/<phase>_s per phase of the step (rollout, score, logprobs, update, refit, log), time/step_s
 TIME_PREFIX = "time/"
 TIME_STEP_S = "time/step_s"
-TIME_REFIT_MS = "time/refit_ms"
+TIME_REFIT_MS = "time/refit_ms"  # the driver's wait for the whole refit
+# the refit's parts (train/engines.py refit_parts): the slowest engine's own time for it, every path; over CUDA IPC
+# (policy/hybrid.py send_weights_ipc) policy rank 0's waits on the engines' start, per-buffer loads and finish
+# (layerwise reload finalized, prefix cache reset) and its own cast + pack + export of the buffers. time/refit_ms
+# less those four: the driver <-> policy hop and sleep mode's cache release
+TIME_REFIT_ENGINE_MS = "time/refit_engine_ms"
+TIME_REFIT_START_MS = "time/refit_start_ms"
+TIME_REFIT_PACK_MS = "time/refit_pack_ms"
+TIME_REFIT_LOAD_MS = "time/refit_load_ms"
+TIME_REFIT_FINISH_MS = "time/refit_finish_ms"
 TIME_TRAINER_IDLE_S = "time/trainer_idle_s"
 TIME_GENERATION_IDLE_S = "time/generation_idle_s"
 

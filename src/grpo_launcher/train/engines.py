@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..plan import Plan
     from .workers import Workers
 
-Refit = Callable[["EnginePool"], None]
+Refit = Callable[["EnginePool"], dict[str, float]]  # the refit's parts, ms by name (time/refit_<name>_ms)
 
 
 class EnginePool:
@@ -43,6 +43,7 @@ class EnginePool:
         self.kind = ENGINE_KINDS[spec.rollout.backend]
         self.restarts = 0  # engines lost and started again (deadlines.engine_restarts)
         self._refit: Refit | None = None  # chosen at the first refit (it may ask an engine what it supports)
+        self.refit_parts: dict[str, float] = {}  # the last refit's parts (metrics)
 
     # ------------------------------------------------------------------ generate
     def calls(self, prompts: list, seed: int) -> list[tuple[list, int]]:
@@ -78,15 +79,17 @@ class EnginePool:
     def metrics(self) -> dict[str, float]:
         """rollout/engine_restarts where engines can be restarted (a health-probed kind on engines of their own)."""
         restartable = self.w.new_engine is not None and self.kind.health_probe
-        return {M.ROLLOUT_ENGINE_RESTARTS: float(self.restarts)} if restartable else {}
+        parts = {f"{M.TIME_PREFIX}refit_{name}_ms": ms for name, ms in self.refit_parts.items()}
+        return {**parts, M.ROLLOUT_ENGINE_RESTARTS: float(self.restarts)} if restartable else parts
 
     # ------------------------------------------------------------------ refit
     def refit(self) -> float:
-        """Policy weights → every rollout engine (the strategy chosen once, by ENGINE_KINDS). Returns ms."""
+        """Policy weights → every rollout engine (the strategy chosen once, by ENGINE_KINDS). Returns ms; the
+        parts in refit_parts."""
         t0 = time.perf_counter()
         if self._refit is None:
             self._refit = self.kind.choose_refit(self)
-        self._refit(self)
+        self.refit_parts = self._refit(self)
         return (time.perf_counter() - t0) * 1e3
 
     def weights(self) -> list:
@@ -156,23 +159,24 @@ class EnginePool:
 
 
 # ---------------------------------------------------------------------- refit strategies
-def refit_hybrid(pool: EnginePool) -> None:
+def refit_hybrid(pool: EnginePool) -> dict[str, float]:
     """rollout=hf colocated: each policy worker copies its weights into its own engine, on its device."""
     w = pool.w
-    w.get("refit", [p.refit_engine.remote() for p in w.policy], w.policy)
+    ms = max(w.get("refit", [p.refit_engine.remote() for p in w.policy], w.policy))
+    return {"engine": ms} if ms else {}  # 0: the engine shares the policy's model (nothing copied)
 
 
-def refit_cuda_ipc(pool: EnginePool) -> None:
+def refit_cuda_ipc(pool: EnginePool) -> dict[str, float]:
     """vLLM on CUDA, engines on the policy's GPUs: policy rank 0 drives them; a failed or overdue wait is named as
     the engine's fault where an engine is frozen or dead (engine_at_fault)."""
     w = pool.w
     try:
-        w.get("refit", [p.send_weights_ipc.remote(w.rollout) for p in w.policy], w.policy)
+        return w.get("refit", [p.send_weights_ipc.remote(w.rollout) for p in w.policy], w.policy)[0]  # rank 0's
     except (Hung, ActorDied) as exc:
         raise pool.engine_at_fault(exc) from exc
 
 
-def refit_state_dict(pool: EnginePool) -> None:
+def refit_state_dict(pool: EnginePool) -> dict[str, float]:
     """Rank 0's HF-named dict, one object-store copy for every engine; an engine lost meanwhile is restarted with
     these weights (recover), the others' pushes waited for."""
     w = pool.w
@@ -181,7 +185,7 @@ def refit_state_dict(pool: EnginePool) -> None:
     w.clock.wait_all("state_dict", refs, w.policy)  # a stuck policy rank is named as such
     while True:
         try:
-            w.get("refit", list(pushes.values()), [w.rollout[e] for e in pushes])
+            loaded = w.get("refit", list(pushes.values()), [w.rollout[e] for e in pushes])
             break
         except ActorDied as exc:
             pushes.pop(pool.recover(exc))  # restarted with these weights
@@ -189,6 +193,7 @@ def refit_state_dict(pool: EnginePool) -> None:
             pushes.pop(pool.recover(pool.dead_engine(err, "refit")))
     if w.probe is not None:
         w.probe.watched = list(w.rollout)  # up and refit: probed from now on
+    return {"engine": max(loaded, default=0.0)}  # every engine restarted meanwhile: loaded as it started
 
 
 def hf_refit(pool: EnginePool) -> Refit:
