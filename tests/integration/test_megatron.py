@@ -387,3 +387,53 @@ def test_megatron_nemotron_h_step_equals_the_torch_backend(tmp_path):
     worst = max((mg["sd"][k] - v).abs().max().item() for k, v in tsd.items())
     print(f"nemotron_h megatron vs torch after one update: max |d weight| {worst:.2e}")
     assert worst < 2e-5
+
+
+def _aux_grads_job(rank: int, world: int, spec, model_dir: str, batches, out: str, port: int) -> None:
+    """One worker: for each batch, one update's gradients (no optimizer step) with every advantage 0 and the old
+    logprobs the current ones, so that the MoE router's balancing loss is the only gradient."""
+    os.environ["GRPO_MEGATRON_CPU_SHIM"] = SHIM
+    import torch.distributed as dist
+
+    from grpo_launcher.policy.megatron_policy import MegatronPolicyWorker
+
+    w = MegatronPolicyWorker(spec, model_dir, rank, world)
+    w.init_distributed("127.0.0.1", port)
+    w.opt.step = lambda: None  # the gradients stay as the backward left them
+    res = []
+    for batch in batches:
+        prev, _ = w.logprobs(batch)
+        b = batch.with_(prev_logprobs=prev, advantages=torch.zeros_like(batch.advantages))
+        w.update([b], [float(b.response_mask.sum())])
+        res.append({n: p.grad.clone() for n, p in w.model.named_parameters() if p.grad is not None})
+    torch.save(res, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("balancing", ["aux_loss", "seq_aux_loss"])
+def test_megatron_moe_balancing_loss_weighs_the_same_whatever_the_batch_size(tmp_path, balancing):
+    """train.moe.aux_loss_coeff on megatron: the router's balancing loss is a mean over the step, so a batch and the
+    same rows twice give the same gradient. Before: megatron's routers multiplied it by each micro-batch's token
+    count (calculate_per_token_loss, for a finalize_model_grads(num_tokens) we never call), summed over micro-batches:
+    the coefficient weighed tokens-per-micro-batch × micro-batches times too much, and twice as much for the
+    doubled batch."""
+    pytest.importorskip("megatron.core")
+    import torch.multiprocessing as mp
+
+    from grpo_launcher.spec.schema import MoESpec
+
+    path = _tiny_hf("qwen3_moe", tmp_path)
+    spec = _megatron_spec(micro_batch_size=4, global_batch_size=16, max_grad_norm=1e9,
+                          moe=MoESpec(token_dispatcher="allgather", load_balancing_type=balancing,
+                                      aux_loss_coeff=0.01))
+    batch = _batch(8, 256)
+    twice = batch.select(torch.arange(16) % 8)  # rows 0-7, then the same again
+    out = tmp_path / "out.pt"
+    mp.start_processes(_aux_grads_job, args=(1, spec, str(path), [batch, twice], str(out), _free_port()), nprocs=1,
+                       start_method="spawn", join=True)
+    once, doubled = torch.load(out, weights_only=False)
+    router = [k for k in once if ".router." in k]
+    assert router and all(once[k].abs().max() > 0 for k in router)  # the balancing loss reached the routers
+    for k, g in once.items():
+        assert torch.allclose(doubled[k], g, atol=1e-7, rtol=1e-4), (k, (doubled[k].norm() / g.norm()).item())

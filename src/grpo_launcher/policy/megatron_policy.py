@@ -188,7 +188,29 @@ def build_model(arch: mc.Arch, spec: RunSpec, *, pre_process: bool = True, post_
         for name, p in model.named_parameters():
             if ".router." in name:
                 p.requires_grad_(False)
+    unscale_router_losses(model)
     return model
+
+
+def unscale_router_losses(model: torch.nn.Module) -> None:
+    """calculate_per_token_loss (set for our DDP's sum over replicas) also has megatron's routers multiply their
+    balancing and z-losses by the micro-batch's token count, for a finalize_model_grads(num_tokens) that divides every
+    gradient by the step's tokens. Ours never divides (the policy loss comes scaled by its global denominator), so
+    the routers keep their losses as defined and each micro-step weighs them by its share (scale_router_losses).
+    Before: tokens-per-micro-batch x micro-batches times train.moe.aux_loss_coeff."""
+    from megatron.core.transformer.moe.router import Router  # lazy: see Imports above
+
+    for m in model.modules():
+        if isinstance(m, Router):
+            m.calculate_per_token_loss = False
+
+
+def scale_router_losses(share: float, device: torch.device) -> None:
+    """The weight of the routers' losses in this micro-step's backward: its share of the step's loss, as the policy
+    loss's (the shares of a step's micro-batches over every replica sum to 1: the step's share-weighted mean)."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler  # lazy: see Imports above
+
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(share, dtype=torch.float32, device=device))
 
 
 def build_gpt(arch: mc.Arch, cfg, *, pre_process: bool, post_process: bool, core_attention: Optional[type]):
@@ -517,6 +539,8 @@ class MegatronPolicyWorker(HybridRollout, Profiling):
         x = LossInputs.of(mb, old).to(self.device)
         loss, _, m = spec_policy_loss(lp, x, lo, norm_len=self.spec.rollout.max_new_tokens, entropy=ent_tok)
         share = local_denominator(lo.aggregation, x.effective_mask) / den
+        if self.arch.num_experts:
+            scale_router_losses(share, self.device)
         (loss * share).backward()
         return {"loss": float(loss.detach()), **m}, float(share), old.detach().cpu()
 
