@@ -411,7 +411,7 @@ def _aux_grads_job(rank: int, world: int, spec, model_dir: str, batches, out: st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("balancing", ["aux_loss", "seq_aux_loss"])
+@pytest.mark.parametrize("balancing", ["aux_loss", pytest.param("seq_aux_loss", marks=pytest.mark.extended)])  # time
 def test_megatron_moe_balancing_loss_weighs_the_same_whatever_the_batch_size(tmp_path, balancing):
     """train.moe.aux_loss_coeff on megatron: the router's balancing loss is a mean over the step, so a batch and the
     same rows twice give the same gradient. Before: megatron's routers multiplied it by each micro-batch's token
