@@ -87,6 +87,19 @@ def test_advantages_hand_computed():
     assert_close(compute_advantages("group_norm", torch.tensor([1, 1]), 2), torch.zeros(2))
 
 
+@pytest.mark.parametrize("name", list(ADVANTAGE_ESTIMATORS))
+def test_advantages_over_the_valid_samples_of_each_group(name):
+    """`valid`: each group's estimate over its valid members alone (as if the group were only those), 0 elsewhere
+    and in a group with fewer than two valid members; all valid: the plain estimate."""
+    r = t([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.5, 0.0, 1.0, 0.0, 0.0, 0.0])  # three groups of G=4
+    valid = torch.tensor([1, 1, 1, 0, 1, 1, 0, 1, 1, 0, 0, 0], dtype=torch.bool)
+    adv = compute_advantages(name, r, 4, valid=valid)
+    assert adv[:4].tolist() == [0.0] * 4  # [1, 1, 1, -]: equally good
+    assert_close(adv[[4, 5, 7]], compute_advantages(name, t([1.0, 0.0, 0.0]), 3))
+    assert adv[6] == 0 and adv[8:].tolist() == [0.0] * 4  # one valid member: nothing to compare with
+    assert_close(compute_advantages(name, r, 4, valid=torch.ones(12, dtype=torch.bool)), compute_advantages(name, r, 4))
+
+
 def test_advantages_errors():
     for name in ADVANTAGE_ESTIMATORS:
         with pytest.raises(ValueError):

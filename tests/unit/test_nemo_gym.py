@@ -142,6 +142,34 @@ def test_make_batch_applies_the_gym_masks():
     assert m["gym/non_contiguous_samples"] == 1 and m["gym/multi_turn_samples"] == 2
 
 
+def test_a_failed_or_env_masked_rollout_is_left_out_of_its_groups_baseline():
+    """[1, 1, 1, failed]: the three valid samples did equally well, so their advantage is 0; at 27486e1 the failed
+    rollout's placeholder 0 sat in the group's mean and std and gave each +0.5. The same for Gym's mask_sample (the
+    environment failed, not the policy); a non-contiguous sample's reward is the policy's own and still counts."""
+    from grpo_launcher.algos import compute_advantages
+    from grpo_launcher.gym.samples import failed_generation
+    from grpo_launcher.plan import make_plan
+    from grpo_launcher.train.gym_loop import GymSource
+
+    spec = load_spec([*GYM, "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=4",
+                      "train.global_batch_size=8", "train.micro_batch_size=2", "train.logprob_batch_size=2",
+                      "dry_run=true"])
+    t = object.__new__(GymSource)
+    t.spec, t.plan = spec, make_plan(spec)
+    t.tok = type("Tok", (), {"pad_token_id": 0})()
+    ok = lambda r: to_generation({"reward": r, "response": {"output": [item([1, 2], [3])]}}, MATH_ROW)  # noqa: E731
+    env_masked = to_generation({"reward": 0.0, "mask_sample": True, "response": {"output": [item([1, 2], [3])]}},
+                               MATH_ROW)
+    gens = [ok(1.0), ok(1.0), ok(1.0), failed_generation(MATH_ROW, "agent error"),
+            ok(1.0), ok(0.0), env_masked, ok(0.0)]
+    rewards = torch.tensor([g.reward for g in gens])
+    batch, _ = t.make_batch(gens, rewards)
+    assert batch.advantages[:4].tolist() == [0.0] * 4
+    expect = compute_advantages(spec.loss.advantage, torch.tensor([1.0, 0.0, 0.0]), 3)
+    assert torch.allclose(batch.advantages[[4, 5, 7]], expect) and batch.advantages[6] == 0
+    assert batch.sample_mask.tolist() == [1, 1, 1, 0, 1, 1, 0, 1]
+
+
 # ---------------------------------------------------------------- the prefix-token route (gym/serving.py)
 
 

@@ -17,7 +17,7 @@ Conventions
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Optional, TypeVar
 
 import torch
 from torch import Tensor
@@ -169,10 +169,23 @@ def _lookup(registry: Mapping[Any, F], kind: str, name: str) -> F:
     return registry[name]
 
 
-def compute_advantages(name: str, rewards: Tensor, group_size: int, **kw: object) -> Tensor:
-    """Look up ``name`` in ADVANTAGE_ESTIMATORS and apply it."""
-    # rewards: [B] -> [B]
-    return _lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)(rewards, group_size, **kw)
+def compute_advantages(name: str, rewards: Tensor, group_size: int, valid: Optional[Tensor] = None,
+                       **kw: object) -> Tensor:
+    """Look up ``name`` in ADVANTAGE_ESTIMATORS and apply it. ``valid``: the samples that count (a rollout the
+    environment failed has none to give): each group's estimate over its valid members alone, 0 for the others and
+    for a group with fewer than two valid members. Without it, every sample counts."""
+    # rewards: [B], valid: [B] bool -> [B]
+    estimator = _lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+    adv = estimator(rewards, group_size, **kw)
+    if valid is None or bool(valid.all()):
+        return adv
+    for g in range(rewards.numel() // group_size):
+        rows = torch.arange(g * group_size, (g + 1) * group_size)  # [G]
+        ok = rows[valid[rows].bool()]  # [k]
+        adv[rows] = 0.0
+        if len(ok) >= 2:
+            adv[ok] = estimator(rewards[ok], len(ok), **kw)
+    return adv
 
 
 # --------------------------------------------------------------------------- ratios & surrogate

@@ -114,7 +114,10 @@ class GymSource:
         return torch.tensor([g.reward for g in gens], dtype=torch.float32), [None] * len(gens)
 
     def make_batch(self, gens: list, rewards: torch.Tensor) -> tuple[TrainBatch, dict[str, float]]:
-        batch, m = make_batch(self.spec, self.plan.group_size, self.tok, gens, rewards)
+        """A failed rollout (its reward a placeholder) or one the environment masked is left out of its group's
+        baseline as well as the loss: [1, 1, 1, failed] gives its three valid samples 0, not +0.5 each."""
+        valid = torch.tensor([not (g.failed or g.mask_sample) for g in gens])
+        batch, m = make_batch(self.spec, self.plan.group_size, self.tok, gens, rewards, valid=valid)
         mask = torch.zeros_like(batch.response_mask)
         keep = torch.ones(len(gens))
         for i, g in enumerate(gens):

@@ -152,10 +152,11 @@ def score_on_env(engines: EnginePool, prompts: list, gens: list, n: int) -> tupl
     return torch.tensor([s.total for s in scored], dtype=torch.float32), list(scored)
 
 
-def make_batch(spec: RunSpec, group_size: int, tok: Any, gens: list[Generation],
-               rewards: torch.Tensor) -> tuple[TrainBatch, dict[str, float]]:
-    """Advantages over all samples, the overlong mask, the padded batch; the reward and length metrics."""
-    adv = algos.compute_advantages(spec.loss.advantage, rewards, group_size)  # [B]
+def make_batch(spec: RunSpec, group_size: int, tok: Any, gens: list[Generation], rewards: torch.Tensor,
+               valid: torch.Tensor | None = None) -> tuple[TrainBatch, dict[str, float]]:
+    """Advantages over all samples (`valid`: over those alone, in each group), the overlong mask, the padded batch;
+    the reward and length metrics."""
+    adv = algos.compute_advantages(spec.loss.advantage, rewards, group_size, valid=valid)  # [B]
     truncated = torch.tensor([g.truncated for g in gens])
     sample_mask = algos.overlong_sample_mask(truncated) if spec.loss.overlong_filtering else torch.ones(len(gens))
     if spec.loss.dynamic_sampling:  # DAPO: only groups whose rewards vary train (the round cap's padding groups
