@@ -232,6 +232,51 @@ CASES = [
     ("output", 1, r"\boxed{9^{9^{9^{9}}}}", 0),
     ("output", 1, r"\boxed{(10^{10})!}", 0),
     ("output", 1, r"\boxed{1}" * 2000, 1),
+    # found 2026-12-07 (each `was` scored the other way at b088b80). Roots stated in prose, no box: math-verify read
+    # the last number (1 and 2 scored 0 for [1, 2], 1 for the one answer 2); read as the list they state
+    ("math", [1, 2], "The roots are x = 1 and x = 2.", 1),  # was 0
+    ("math", [1, 2], "The roots are x = 2 and x = 1.", 1),  # was 0
+    ("math", [1, 2], "The roots are 1 and 2.", 1),  # was 0
+    ("math", [1, 2], "x = 1 or x = 3", 0),
+    ("math", [1, 2], "The roots are x = 1 and x = 1.", 0),
+    ("math", "1, 2", "The roots are x = 1 and x = 2.", 1),  # was 0
+    ("math", 2, "The roots are x = 1 and x = 2.", 0),  # was 1
+    ("math", 2, "So a = 3 and b = 2.", 1),  # two unknowns, not two answers
+    # a percentage answer cell in LaTeX (`5\%`): math-verify's LaTeX reader fails on `\%` (antlr 4.9.3) and kept 5,
+    # so its value scored 0 (`5%` scored 1); read as math-verify reads `5%`: 0.05, 1/20 or the number 5
+    ("math", r"5\%", r"\boxed{0.05}", 1),  # was 0
+    ("math", r"12.5\%", r"\boxed{\frac{1}{8}}", 1),  # was 0
+    ("math", r"5\%", "The answer is 0.05.", 1),  # was 0
+    ("math", r"10\%", r"\boxed{0.1}", 1),  # was 0 (listed as ambiguous before)
+    ("math-solution", r"So the rate is $\boxed{25\%}$.", r"\boxed{0.25}", 1),  # was 0
+    ("math", "0.05", r"\boxed{5\%}", 1),
+    ("math", r"5\%", r"\boxed{0.5}", 0),
+    ("math", r"5\%", r"\boxed{50}", 0),
+    ("math", r"1\%", r"\boxed{0.1}", 0),
+    # symbols as a model types them: ° ∞ × (each read as no number or another one)
+    ("math", 30, "\\boxed{30\u00b0}", 1),  # was 0
+    ("math", r"30^\circ", "\\boxed{30\u00b0}", 1),  # was 0
+    ("math", r"30^\circ", "\\boxed{31\u00b0}", 0),
+    ("math", r"(-\infty, 3)", "\\boxed{(-\u221e, 3)}", 1),  # was 0
+    ("math", r"\infty", "\\boxed{\u221e}", 1),  # was 0
+    ("math", 1500, "1.5 \u00d7 10^3", 1),  # was 0
+    ("math", 6, "\\boxed{2 \u00d7 3}", 1),
+    # LaTeX stated without `$...$` or a box: math-verify reads only a plain \frac there
+    ("math", r"\frac{\sqrt{2}}{2}", r"The answer is \sqrt{2}/2.", 1),  # was 0
+    ("math", r"\pi", r"The answer is \pi.", 1),  # was 0
+    ("math", r"\frac{\pi}{2}", "The answer is \u03c0/2.", 1),  # was 0
+    ("math", r"\frac{1}{2}", r"The answer is \frac{1}{2}x.", 0),  # was 1
+    ("math", r"\frac{1}{2}", r"The answer is \frac{1}{2} because it is half.", 1),
+    # yes / no answer cells: only the same text in a box scored
+    ("math", "Yes", "Yes", 1),  # was 0
+    ("math", "yes", "The answer is yes.", 1),  # was 0
+    ("math", "No", r"\boxed{No.}", 1),  # was 0
+    ("math", "Yes", "The answer is no.", 0),
+    ("math", "No", r"\boxed{\text{Yes}} ... wait, \boxed{\text{No}}", 1),
+    # GSM8K losses: a minus before the currency sign
+    ("gsm8k", "#### -5", "-$5", 1),  # was 0
+    ("gsm8k", "#### -5", "The answer is -$5.", 1),  # was 0
+    ("gsm8k", "#### 5", "-$5", 0),
 ]
 
 # two careful graders disagree: the verdict is recorded (with the reason), not asserted
@@ -243,7 +288,6 @@ AMBIGUOUS = [
         "math-verify reads boxed answers "
         "under 70 characters apart with a separator between as one list ({3, 5}), as for x = \\boxed{2} or \\boxed{3}",
     ),
-    ("math", r"10\%", r"\boxed{0.1}", "a percentage as a fraction"),
     ("math", 3, r"\boxed{3}. Or maybe \boxed{", "an answer, then a second box cut off (read as cut off: no answer)"),
     ("math", 0.5, r"\boxed{50\%}", "50% of what: a fraction 0.5, or the number 50 the question asks for in percent"),
     ("math", "1,234", r"\boxed{1, 234}", "a thousands separator or a list of two answers"),

@@ -771,3 +771,101 @@ WRITTEN = [
 @pytest.mark.parametrize("answer, completion, verdict", WRITTEN)
 def test_an_answer_written_without_a_box_or_a_statement_is_read(math_env, answer, completion, verdict):
     assert graded(math_env, answer, completion) == verdict
+
+
+# found 2026-12-07 (each `was` scored the other way at b088b80): answers stated in prose with no box, a percentage
+# answer cell in LaTeX, symbols as a model types them, LaTeX outside `$...$`, yes/no cells, a GSM8K loss (-$5)
+# (benchmarks/math_grading.py holds more of each)
+PROSE_AND_SYMBOLS = [
+    ([1, 2], "The roots are x = 1 and x = 2.", 1),  # was 0
+    ([1, 2], "x = 1 or x = 2", 1),  # was 0
+    ([1, 2], "The roots are 1, 2.", 1),  # was 0
+    ([1, 2], "x_1 = 1 and x_2 = 2", 1),  # was 0
+    ([-1, 0.5], "The solutions are x = -1 and x = 1/2.", 1),  # was 0
+    ([1, 1], "The roots are x = 1 and x = 1.", 1),  # was 0: a double root
+    ([1, 2, 3], "The roots are x = 1, x = 2, and x = 3.", 1),  # was 0
+    ([1, 2, 3], r"$x = 1$, $x = 2$, and $x = 3$", 1),  # was 0 (math-verify's `$a$, and $b$` reading stops at it)
+    ([1, 2], "x = 1 or x = 3", 0),
+    ([1, 2], "The roots are x = 1, x = 2, and x = 3.", 0),
+    ([1, 2], "The roots are x = 1 and x = 1.", 0),
+    ([1, 2], "x = 1 and y = 2", 0),
+    ("1, 2", "The roots are 1, 2.", 1),  # was 0
+    (2, "The roots are 1, 2.", 0),  # was 1
+    (2, "x = 1 or x = 2", 0),  # was 1: a hedge
+    (1, "The roots are x = 1 and x = 1.", 1),  # one value said twice
+    ("1/2", "The probability is 1/2 or 0.5.", 1),
+    (2, "So a = 3 and b = 2.", 1),  # two unknowns, not two answers
+    (4, "Therefore, x = 3, 4", 0),  # was 1
+    (5, "2 + 3 and 5", 1),  # `3 and 5` ends an expression: no enumeration
+    (7, "Adding 3 and 4 gives 7.", 1),
+    (1000, "The total is 1,000.", 1),  # a thousands separator is no list
+    (r"\pm 2", "x = 2 or x = -2", 1),  # was 0
+    (r"5\%", r"\boxed{0.05}", 1),  # was 0
+    (r"$5\%$", r"\boxed{0.05}", 1),  # was 0
+    (r"50\%", r"\boxed{\frac12}", 1),  # was 0
+    (r"5\%", r"\boxed{0.050}", 1),  # was 0
+    (r"-5\%", r"\boxed{-0.05}", 1),  # was 0
+    ("#### 25%", "0.25", 1),
+    (r"5\%", r"\boxed{5}", 1),
+    (r"5\%", r"\boxed{5.0}", 1),  # its number, as `5` (math-verify alone: 5.0 is not 0.05)
+    (r"33.3\%", r"\boxed{0.333}", 1),  # was 0
+    (r"12.5\%", r"\boxed{12.5}", 1),
+    (r"12.5\%", r"\boxed{1.25}", 0),
+    (r"5\%", r"\boxed{5\%}", 1),
+    (r"-5\%", r"\boxed{0.05}", 0),
+    (r"5\%", r"\boxed{500}", 0),
+    (r"So the rate is $\boxed{25\%}$.", r"\boxed{0.5}", 0),
+    (0.05, r"\boxed{5}", 0),
+    ("The limit is $\\infty$.", "\\boxed{\u221e}", 1),  # was 0
+    (r"30^\circ", "The angle is 30\u00b0.", 1),
+    (r"30^\circ", "\\boxed{30 \u00b0}", 1),  # was 0
+    (3, "2 \u00b7 3 = 6", 0),
+    (6, "2 \u00b7 3", 1),  # was 0
+    (r"\frac{\sqrt{2}}{2}", r"\sqrt{2}/2", 1),  # was 0
+    (r"\frac{\pi}{2}", r"The answer is \frac{\pi}{2}.", 1),  # was 0
+    (r"\frac{\sqrt{3}}{2}", r"Answer: \frac{\sqrt{3}}{3}", 0),
+    (r"\frac{1}{3}", r"The answer is \frac{1}{3}. Note that the answer is not \frac{1}{2}.", 1),
+    ("yes", "yes", 1),  # was 0
+    ("Yes", "Final answer: **Yes**", 1),  # was 0
+    (r"\text{yes}", r"\boxed{YES}", 1),
+    ("True", r"\boxed{true}", 1),  # was 0
+    ("No", r"\boxed{Yes}", 0),
+    ("No", "No, it is not possible.", 0),  # no stated answer (a miss, not a false reward)
+    ("Yes", r"\boxed{\text{Yes and No}}", 0),
+    ("yes", "<think>no</think>Yes", 1),  # was 0
+    (1, "Yes", 0),
+    (-5, "-$5", 1),  # was 0
+    (5, "-$5", 0),
+    (-5, r"\boxed{-\$5}", 1),
+    (r"\emptyset", r"\boxed{\varnothing}", 1),  # was 0
+    (45, r"\boxed{45\degree}", 1),  # was 0
+    (r"3 \times 10^{8}", "3\u00d710\u2078", 1),  # was 0: superscript digits
+    (r"3 \times 10^{8}", "3\u00d710\u2079", 0),
+    (0.001, "\\boxed{10\u207b\u00b3}", 1),  # was 0
+    ("x^2 + 1", "\\boxed{x\u00b2 + 1}", 1),  # was 0
+    (3, "3\u00b2 = 9", 0),
+    (r"25\text{ cm}^2", "\\boxed{25 cm\u00b2}", 1),  # was 0
+    (r"25\text{ cm}^2", r"\boxed{25 cm^2}", 1),  # was 0 (read as 25·c·m²)
+    (25, r"\boxed{25 cm^{2}}", 1),  # was 0
+    (r"4 \text{ units}^2", r"\boxed{4 units^2}", 1),  # was 0
+    (r"25\text{ cm}^2", r"\boxed{25 cm^3}", 0),
+    (r"25\text{ cm}^2", r"\boxed{25 ft^2}", 0),
+    ("25m^2", r"\boxed{25}", 0),  # one letter: a variable, not a unit
+]
+
+
+@pytest.mark.parametrize("answer, completion, verdict", PROSE_AND_SYMBOLS)
+def test_prose_lists_percent_cells_symbols_and_words(math_env, answer, completion, verdict):
+    assert graded(math_env, answer, completion) == verdict
+
+
+def test_an_enumeration_is_searched_for_in_bounded_time():
+    """An enumeration is searched for only in the text's last math.ENUMERATION_REACH characters: over a whole
+    completion of 20,000 comma-separated numbers the search took seconds (quadratic in the run)."""
+    from grpo_launcher.envs.math import enumerated
+
+    t0 = time.monotonic()
+    assert enumerated("1, " * 20000 + "x") == "1, " * 20000 + "x"
+    assert enumerated("The roots are " + "1, " * 20000 + "2.").startswith("1, 1, ")
+    assert enumerated("x = 1 and " * 20000 + "y").endswith("y")
+    assert time.monotonic() - t0 < 1

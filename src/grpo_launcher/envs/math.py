@@ -72,10 +72,20 @@ _SIZED = re.compile(r"\\(?:left|right)\s*(?=[\[\]()])")
 _NUMBER_BOX = re.compile(r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?|[-+]?\\[dt]?frac\{\d+\}\{\d+\})\s*\}")
 # a statement that ends the text with a bracketed answer, `So the point is (3, -2).`, `x = [1, 2]`
 _STATED_GROUP = re.compile(r"(?:\b(?:is|are)|=|:)\s*(\([^()]*\)|\[[^\[\]]*\])\s*\.?\s*$")
+# a final enumeration in prose, `The roots are x = 1 and x = 2.`, `are 1, 2, or 3`, `$x = 1$ or $x = 2$`: math-verify
+# read its last number (2 scored for [1, 2]'s `1 and 2`), and its own `$a$ and $b$` reading misses an Oxford comma;
+# members are numbers, each with an optional `x =` (x_1 =), split by `, ` (not 1,000), the last by `and`/`or`
+_VARIABLE = r"([A-Za-z])(?:_\{?\d\}?)?\s*="  # `x =`, `x_1 =`, `x_{2} =` (group 1: its letter)
+_MEMBER = rf"\$?(?:{_VARIABLE}\s*)?[-+]?\d+(?:\.\d+)?(?:/\d+)?\$?"
+_MEMBER_SEP = r"(?:\s*,(?=[\s$])\s*(?:(?:and|or)\s+)?|\s+(?:and|or)\s+)"
+_ENUMERATION = re.compile(rf"(?<!\S)({_MEMBER}(?:{_MEMBER_SEP}{_MEMBER})+)\s*\.?\s*$")
+ENUMERATION_REACH = 300  # an enumeration of answers is short: only the text's last 300 characters are searched
+_OPERAND = re.compile(r"[\d+\-*/=^(<>]\s*$")  # what ends an expression's left side: `2 + 3 and 5` is no enumeration
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 # **72**, __72__ (and a whole completion *72*): Markdown emphasis, not 2·3·4 (2*3*4) or a subscript (a_1 + a_2)
 _WRAPPED = re.compile(r"(\*\*|__)([^*_\n]+?)\1|^\s*\*([^*\n]+)\*\s*$")
 _ESCAPED_DOLLAR = re.compile(r"\\\$(?=\s*\d)")  # \$72: a currency sign, not a LaTeX delimiter
+_MINUS_DOLLAR = re.compile(r"(?<![\w$])-\s*\$(?=\d)")  # -$5 (a loss): the sign of 5 dollars, not a delimiter
 _BOX_SPACED = re.compile(r"\\boxed\{\s*(" + _SPACED_NUMBERS.pattern + r")\s*\}")  # \boxed{1 2}: the list 1, 2
 _BOX_STOP = re.compile(r"\\boxed\{\s*([-+]?\d+(?:\.\d+)?)\.\s*\}")  # \boxed{10.}
 # a percentage as an answer states it: 20\%, 20%, 20 \text{%}; its number is group 1
@@ -87,8 +97,17 @@ _HASHES = re.compile(r"####\s*(\S[^\n]*)?")  # GSM8K's answer line: what follows
 _VULGAR = {"½": "1/2", "⅓": "1/3", "⅔": "2/3", "¼": "1/4", "¾": "3/4", "⅕": "1/5", "⅖": "2/5", "⅗": "3/5", "⅘": "4/5",
            "⅙": "1/6", "⅚": "5/6", "⅛": "1/8", "⅜": "3/8", "⅝": "5/8", "⅞": "7/8"}
 _UNICODE = str.maketrans({"\u2212": "-", "\u03c0": "\\pi ", "\u221a": "\\sqrt",  # − π √ as a model types them,
+                          "\u221e": "\\infty ", "\u00b0": "^\\circ ", "\u00d7": "*", "\u00b7": "*",  # ∞ ° × ·
                           "\u3000": " ", **{chr(c): chr(c - 0xFEE0) for c in range(0xFF01, 0xFF5F)},  # full width
                           **{k: " " + v for k, v in _VULGAR.items()}})  # (１２，１．５) and ½ (1½: a mixed number)
+# superscript digits as a model types them, 10⁸, cm², 10⁻³: a power (math-verify read 10⁸ as 10)
+_SUPERSCRIPT = re.compile("[\u2070\u00b9\u00b2\u00b3\u2074-\u2079\u207b]+")
+_SUPER_DIGITS = str.maketrans("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b", "0123456789-")
+_SYNONYMS = {"\\varnothing": "\\emptyset", "\\degree": "^\\circ"}  # LaTeX math-verify reads only the other way
+_SYNONYM = re.compile(r"\\(?:varnothing|degree)(?![A-Za-z])")
+# a unit squared or cubed outside \text, `25 cm^2`: math-verify drops `\text{ cm}^2` and a bare `cm`, but read this as
+# 25·c·m² (one-letter units, m, are left: a variable)
+_UNIT_POWER = re.compile(r"(?<=[\d\s])(cm|mm|km|ft|in|yd|units?)\s*\^\s*(\{[23]\}|[23])(?![\w^])")
 # a mixed number as plain text, `1 1/2` (a proper fraction after a whole number): math-verify read 1, so `1` scored
 # for the answer `1 1/2` and `1 1/2` never for `3/2`; `1\frac{1}{2}` it reads as 3/2 already
 _GIVES_NUMBER = re.compile(r"[^.\n]{0,40}?\d")  # an `answer is` followed by a number within its sentence
@@ -126,6 +145,7 @@ _SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
 # A-J only: `a 5`, `I think` are no letter); what may follow it: the end, or `)`, `.`, `:` and the option's text
 _CHOICE = re.compile(r"\(?([A-J])(?:\)|[.:](?=\s|$)|(?=\s*$))")
 _CHOICE_WRAPPERS = re.compile(r"\\text(?:bf|rm)?\s*\{|[{}$*]|\b(?:option|choice)\s+", re.I)
+_YES_NO = ("yes", "no", "true", "false")  # an answer cell that is one of these words: graded as that word
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
 _WORDS = re.compile(r"[A-Za-z]{3,9}(?:[\s-]+[A-Za-z]{3,9}){0,7}")  # an answer in words: `twenty-one`, `one hundred`
 _ONES = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve thirteen "
@@ -199,10 +219,13 @@ def grade(gold: str, completion: str, any_order: bool = False) -> bool:
     letter = choice_letter(final_answer(gold), whole=True)
     if letter is not None and "\\boxed" not in final_part(completion).replace("\\fbox", "\\boxed"):
         return stated_letter(completion) == letter
+    if yes_no(gold) is not None:
+        return yes_no(completion) == yes_no(gold)
     worded = worded_number(completion)
     if worded is not None and not _WORD.search(gold):  # a gold in words (`four`, `\\text{one}`, `7 apples`): graded
         return graded(gold, f"\\boxed{{{worded}}}")  # by its text, as before
-    if graded(gold, completion, any_order):
+    number = percent_number(gold)  # a percentage cell: its value (0.05) or, as a gold 50% takes 50, its number (5.0)
+    if graded(gold, completion, any_order) or (number is not None and graded(number, completion)):
         return True
     periodic = ellipses_as_fractions(completion)  # `0.333...`: 1/3, or 0.333 cut short; either reading scores
     return periodic != completion and graded(gold, periodic, any_order)
@@ -294,6 +317,14 @@ def units_differ(gold: str, completion: str) -> bool:
     either side: graded as before (`\\boxed{5}` for `5 m`, `\\boxed{10 \\text{ cm}}` for 10)."""
     want, got = answer_unit(final_answer(gold)), answer_unit(final_answer(completion))
     return want is not None and got is not None and want != got
+
+
+def yes_no(text: str) -> str | None:
+    """The word of a final answer that is only `yes`, `no`, `true` or `false` in any case and wrapping (`Yes`, `The
+    answer is yes.`, `\\boxed{No.}`, `\\text{No}`, `**Yes**`), lower case, else None: math-verify compared only the same
+    text in a box (`\\boxed{no}`), so `The answer is no.` scored 0 for the answer `No`."""
+    word = _TEXT_WRAPPER.sub(r"\1", final_answer(text)).strip(" \t\n$*.!:").lower()
+    return word if word in _YES_NO else None
 
 
 def worded_number(completion: str) -> int | None:
@@ -439,7 +470,7 @@ def completion_parsed(completion: str, last_box: bool = False) -> list:
         line = _HASHES.search(text)
         text = (line.group(1) or "").strip() if line else ""
     elif "\\boxed" not in text:
-        text = stated_bare(last_stated(text))
+        text = enumerated(latex_stated(stated_bare(last_stated(text))), one=last_box)
     text = unhedged(text)
     answer = _END_STOP.sub("", text.strip())  # `1/2.`: a sentence's full stop (math-verify found no number)
     if bare(answer):
@@ -480,6 +511,37 @@ def stated_bare(text: str) -> str:
     return answer if bare(answer) else text
 
 
+def latex_stated(text: str) -> str:
+    """The last statement's answer (or the whole text) where it is LaTeX with no `$` around it (`The answer is
+    \\pi.`, `\\sqrt{2}/2`) as math, `$\\pi$`: math-verify reads LaTeX outside `$...$` only as a plain \\frac, so each
+    scored 0. Not where it holds prose (`\\frac{1}{3} because ...`) or a percentage (percent_verdict reads those)."""
+    said = list(_ANSWER_IS.finditer(text))
+    answer = (stated_value(text, said[-1]) if said else text.strip()).rstrip(". ")
+    if "\\" not in answer or any(c in answer for c in "$%\n") or _WORD.search(answer):
+        return text
+    return f"${answer}$"
+
+
+def enumerated(text: str, one: bool = False) -> str:
+    """A text that ends with an enumeration of numbers (_ENUMERATION: `The roots are x = 1 and x = 2.`) as that
+    list, `$x = 1, x = 2$` (`1, 2` with no variable: a bare answer), which math-verify reads as a set: a number_list
+    cell [1, 2] scored 0 for it, and a one-value answer 2 scored 1. Members that name two variables (`a = 3 and
+    b = 2`: a question's unknowns, not its answers) leave the text as it is, and so, for a one-value answer (one),
+    do members that say one value twice (`1/2 or 0.5`; `x = 1 and x = 1` is [1, 1]'s double root)."""
+    from math_verify import verify  # (the same)
+
+    start = max(len(text) - ENUMERATION_REACH, 0)
+    found = _ENUMERATION.search(text, start)
+    if found is None or _OPERAND.search(text, 0, found.start()) or len(set(re.findall(_VARIABLE, found[1]))) > 1:
+        return text
+    members = [m.strip(" $") for m in re.split(_MEMBER_SEP, found[1])]
+    values = [list(gold_parsed(m)) for m in members]
+    if one and all(verify(values[0], v, timeout_seconds=None) for v in values[1:]):
+        return text
+    listed = ", ".join(members)
+    return listed if "=" not in listed else f"${listed}$"
+
+
 def tagged_answer(text: str) -> str:
     """The last `<answer>...</answer>` (R1-Zero's template) as the final answer; math-verify found no number in
     `<answer>72</answer>` (touching the tags) and such runs were rewarded 0."""
@@ -518,11 +580,22 @@ def bare(text: str) -> bool:
 def normalized(text: str) -> str:
     """Unicode minus, π and √ as LaTeX, full-width forms and vulgar fractions (½) as ASCII, a mixed number (`1 1/2`)
     as its fraction; 1\\,234's thin-space separator dropped; Markdown emphasis around an answer (**72**) and an
-    escaped currency sign (\\$72) dropped; a repeating decimal as its fraction (repeating_decimals)."""
-    text = _ESCAPED_DOLLAR.sub("", _WRAPPED.sub(lambda m: m.group(2) or m.group(3), _SIZED.sub("", text)))
+    escaped currency sign (\\$72, -$5) dropped; ∞ and ° as LaTeX, × and · as *, superscripts (10⁸) as powers,
+    \\varnothing and \\degree as \\emptyset and ^\\circ, `cm^2` as `\\text{ cm}^2`; a repeating decimal as its fraction
+    (repeating_decimals)."""
+    text = _WRAPPED.sub(lambda m: m.group(2) or m.group(3), _SIZED.sub("", text))
+    text = _ESCAPED_DOLLAR.sub("", _MINUS_DOLLAR.sub("-", text))
     text = _SPACED_MINUS.sub("-", repeating_decimals(text.translate(_UNICODE)))
+    text = _SUPERSCRIPT.sub(_power, text)
+    text = _UNIT_POWER.sub(r"\\text{ \1}^\2", _SYNONYM.sub(lambda m: _SYNONYMS[m[0]], text))
     text = _SPACED_DEGREE.sub(r"^{\\circ}", text)  # 90^{ \circ }: math-verify read no number
     return _MIXED.sub(_improper, _THIN_SEPARATOR.sub("", text))
+
+
+def _power(m: re.Match) -> str:
+    """Superscript digits as a power: `^8` (plain text reads it too), `^{12}`, `^{-3}`."""
+    digits = m[0].translate(_SUPER_DIGITS)
+    return f"^{digits}" if len(digits) == 1 else f"^{{{digits}}}"
 
 
 def repeating_decimals(text: str) -> str:
@@ -608,6 +681,7 @@ def gold_parsed(gold: str) -> tuple:
     text = normalized(gold).strip()
     if "####" in text:
         text = text.rsplit("####", 1)[1].strip()
+    text = percent_cell(text)
     if _EXPONENT.fullmatch(text):
         text = e_notation(text)
     if _SPACED_NUMBERS.fullmatch(text) and not _NUMBER_CELL.fullmatch(text):  # not digit groups (1 000)
@@ -622,6 +696,21 @@ def gold_parsed(gold: str) -> tuple:
     if _NUMBER_CELL.fullmatch(text) or (_WORD.search(text) and not any(h in text for h in _LATEX_HINTS)):
         readings.reverse()  # a number, or prose: its (last) number first
     return tuple(parse(readings[0], parsing_timeout=None) or parse(readings[1], parsing_timeout=None))
+
+
+def percent_cell(text: str) -> str:
+    """A percentage answer cell (`5\\%`, `$12.5\\%$`, a solution's `\\boxed{25\\%}`) as `5%`: math-verify's expression
+    reader parses it to its percentage (5·1/100), which its verify compares as 0.05, 1/20 or the number 5 (`5%` read
+    so already); its LaTeX reader fails on `\\%` (the antlr 4.9.3 grammar we pin) and kept 5, so `\\boxed{0.05}`
+    scored 0 for the cell `5\\%` and 1 for `5%`. Any other cell as it is."""
+    found = _BARE_PERCENT.fullmatch(final_answer(text) if "\\boxed" in text else text)
+    return f"{found.group(1)}%" if found else text
+
+
+def percent_number(gold: str) -> str | None:
+    """The number of a percentage answer cell (`5\\%`, `5%`, a solution's `\\boxed{5\\%}`: '5'), else None."""
+    found = _BARE_PERCENT.fullmatch(percent_cell(gold))
+    return found.group(1) if found else None
 
 
 def not_math(gold: str) -> bool:
