@@ -142,8 +142,9 @@ def test_export_copies_no_symlink_even_when_the_manifest_lists_it(tmp_path):
 # ------------------------------------------------------------------ a copied run dir and its MLflow run
 
 
-def train_steps(spec, plan, steps: range) -> str:
-    """What a launch and the driver do per step, without Ray: log, metrics.jsonl, checkpoint, then finish."""
+def train_steps(spec, plan, steps: range, optimizer: bool = False) -> str:
+    """What a launch and the driver do per step, without Ray: log, metrics.jsonl, checkpoint (`optimizer`: with an
+    optimizer state file: a resume continues the optimizer), then finish."""
     rundir.prepare(spec, plan)
     state = resume_or_start(spec, plan)
     assert state is not None
@@ -152,7 +153,9 @@ def train_steps(spec, plan, steps: range) -> str:
         state.log(step, metrics)
         with open(plan.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
-        state.save_checkpoint(step, lambda d: (d / "weights.bin").write_bytes(b"w"), metrics)
+        state.save_checkpoint(step, lambda d: ((d / "weights.bin").write_bytes(b"w"),
+                                               optimizer and torch.save({"step": torch.tensor(step)}, d / "optim.pt")),
+                              metrics)
     state.finish("FINISHED")
     return state.tracker.run_id
 
@@ -513,3 +516,28 @@ def test_a_resume_without_the_runs_mlflow_store_variable_is_refused(tmp_path, la
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     moved = launch_here(tmp_path, *args, f"logging.tracking_uri=sqlite:///{tmp_path / 'new.db'}")
     assert "run_name_keeps_its_tracking_store" not in rules(moved)
+
+
+def test_a_resume_past_steps_a_start_without_checkpoints_logged_starts_a_new_mlflow_run(tmp_path, capsys, store):
+    """Steps 1-2 checkpointed; a start with checkpoint.enabled=false logs steps 3-4 (committed at once, no
+    checkpoint); the next start resumes from step 2 and trains 3.. anew. At b11b41e MLflow kept the second start's
+    values for steps 3-4 (each (key, step) pair it held was never sent again) while metrics.jsonl had the new ones."""
+    def spec(*more: str):
+        s = load_spec([f"output_root={tmp_path}", "name=nock", f"logging.tracking_uri={store}", *more])
+        return s, make_plan(s)
+
+    first = train_steps(*spec("grpo.max_steps=2"), range(1, 3), optimizer=True)  # its resume: the same optimizer
+    s, plan = spec("grpo.max_steps=4", "checkpoint.enabled=false")
+    state = resume_or_start(s, plan)
+    assert state is not None and state.tracker.run_id == first
+    for step in (3, 4):
+        state.log(step, {"train/reward_mean": -1.0, "time/step_s": 0.5})  # committed: no checkpoint to wait for
+    state.finish("FINISHED")
+    capsys.readouterr()
+    second = train_steps(*spec("grpo.max_steps=5", "train.lr=0.05"), range(3, 6))
+    out = capsys.readouterr().out
+    assert second != first and f"MLflow run {first} holds steps 3..4 of the trajectory this resume leaves" in out, out
+    client = MlflowClient(tracking_uri=store)
+    assert history(client, second) == [1, 2, 3, 4, 5]
+    assert [m.value for m in sorted(client.get_metric_history(second, "train/reward_mean"), key=lambda m: m.step)
+            ][2:] == [3.0, 4.0, 5.0]  # this start's values, not the abandoned -1.0

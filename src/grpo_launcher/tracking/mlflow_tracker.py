@@ -173,8 +173,8 @@ class Tracker:
         buffer_until_commit: bool = True,
         diverges_after: int | None = None,
     ) -> None:
-        """`diverges_after`: a resume whose training departs from the run's record after this step (a checkpoint
-        without optimizer state): steps past it that the run holds belong to the abandoned trajectory."""
+        """`diverges_after`: a resume's checkpoint step; steps past it that the run holds belong to a trajectory the
+        resume leaves (committed by a start with checkpoint.enabled=false, or a newer checkpoint's that was not used)."""
         # no mlflow.set_tracking_uri: it exports MLFLOW_TRACKING_URI into this process, which the next run of an
         # in-process sweep would then read as the user's (tracking/store.py); the client carries its own URI
         self.spec = spec
@@ -219,7 +219,7 @@ class Tracker:
             self.adopted_from = run_id
             self.client.set_tag(run_id, "grpo.continued_in", new)
             print(f"grpo-launcher: MLflow run {run_id} holds steps {diverges_after + 1}..{ahead} of the trajectory "
-                  f"this resume leaves (it continues from step {diverges_after} with a fresh optimizer): that run is "
+                  f"this resume leaves (it trains on from its checkpoint of step {diverges_after}): that run is "
                   f"left as it was; this run logs to a new MLflow run {new} (steps 1..{diverges_after} copied from "
                   "metrics.jsonl)", flush=True)
             return new

@@ -134,7 +134,9 @@ class LoopState:
         fresh = not has_optimizer(path) or distributed_optimizer_unsaved(spec)
         if fresh:
             print(fresh_optimizer_line(spec, path), flush=True)
-        tracker = _tracker(spec, plan, run_id, diverges_after=int(meta["step"]) if fresh else None)
+        # whatever MLflow holds past the checkpoint is of a trajectory this resume leaves: steps a start with
+        # checkpoint.enabled=false committed, or those of a newer checkpoint that could not be used
+        tracker = _tracker(spec, plan, run_id, diverges_after=int(meta["step"]))
         changes = record_spec_changes(plan.run_dir, meta, spec)  # keys changed on relaunch: file, message, MLflow
         if tracker is not None and changes:
             tracker.log_spec_changes(int(meta["step"]) + 1, changes)
