@@ -118,6 +118,23 @@ def test_incompatible_resume_names_every_key(tmp_path):
     assert "checkpoint.resume=fresh" in msg and "name=" in msg
 
 
+def test_a_resume_under_another_seed_is_refused(tmp_path):
+    """grpo.seed orders the data of every epoch and seeds the default run's tiny model (its KL reference): at b11b41e
+    a resume under another seed was a mere spec change, and epoch 1 trained some rows twice and others never. A
+    checkpoint whose fingerprint predates the key is judged by its stored spec: the same seed resumes."""
+    import json
+
+    path = save(CheckpointManager(tmp_path / "ckpt", load_spec([])), 10)
+    with pytest.raises(IncompatibleCheckpoint, match="grpo.seed: 0 → 1"):
+        CheckpointManager(tmp_path / "ckpt", load_spec(["grpo.seed=1"])).check_compatible(path)
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["compat"]["grpo.seed"]  # as written before grpo.seed was a compat key
+    (path / "meta.json").write_text(json.dumps(meta))
+    CheckpointManager(tmp_path / "ckpt", load_spec([])).check_compatible(path)  # no raise
+    with pytest.raises(IncompatibleCheckpoint, match="grpo.seed: 0 → 1"):
+        CheckpointManager(tmp_path / "ckpt", load_spec(["grpo.seed=1"])).check_compatible(path)
+
+
 def test_compatible_resume_accepts_changed_lr_and_steps(tmp_path):
     path = save(CheckpointManager(tmp_path / "ckpt", load_spec([])), 10)
     changed = load_spec(["train.lr=1e-5", "grpo.max_steps=50", "grpo.val_period=5"])

@@ -58,6 +58,7 @@ COMPAT_KEYS = (
     "train.context_parallel_size",
     "train.expert_parallel_size",
     "grpo.num_generations_per_prompt",
+    "grpo.seed",  # the data's shuffle order per epoch and the default run's tiny model (the KL reference) derive from it
     "env.name",
 )
 MISSING = "<missing>"
@@ -266,10 +267,9 @@ def compat_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def incompatibilities(meta: dict[str, Any], spec: RunSpec) -> list[str]:
     """'key: old → new' for every compat key where a checkpoint's meta.json and this spec differ."""
     new = compat_fingerprint(spec)
-    old = meta.get("compat")
-    if old is None:  # written before fingerprints existed: derive from the stored spec
-        old = {k: v for k, v in flatten(meta.get("spec", {})).items() if k in new}
-    return compat_diff(old, new)
+    # a key the checkpoint's fingerprint lacks (written before fingerprints, or before the key was one): its stored spec's
+    stored = {k: v for k, v in flatten(meta.get("spec", {})).items() if k in new}
+    return compat_diff({**stored, **(meta.get("compat") or {})}, new)
 
 
 def spec_changes(meta: dict[str, Any], spec: RunSpec) -> dict[str, tuple[Any, Any]]:
