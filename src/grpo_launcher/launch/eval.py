@@ -37,7 +37,7 @@ from ..envs.base import Prompt
 from ..envs.preflight import load_tokenizer, training_preflight
 from ..envs.prompting import PromptTooLong, prompt_lengths
 from ..exit_codes import ExitCode
-from ..export import RUN_MODEL_FILES, ExportError, pick_checkpoint, run_copy
+from ..export import MODEL_RECORD, RUN_MODEL_FILES, ExportError, model_files, pick_checkpoint, run_copy
 from ..plan import make_plan
 from ..preflight.validate import validate
 from ..runfiles import load_spec_file
@@ -139,8 +139,27 @@ def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Tar
         raise
     except Exception as exc:  # noqa: BLE001 (OmegaConf's errors: an unknown key, a wrong type)
         raise ConfigError([Violation("composition", ("<overrides>",), str(exc).splitlines()[0], "fix the override")])
+    drift = tokenizer_drift(run_dir, spec)
+    if drift:
+        raise ConfigError([Violation(
+            "eval_same_tokenizer", ("model.path",), f"{', '.join(drift)} in {spec.model.path} differ from those run "
+            f"{spec.name} trained with ({run_dir / RUN_MODEL_FILES}): its checkpoint's token ids would be read with "
+            "another vocabulary, template or stop tokens", "model.path=DIR of a model with the run's tokenizer "
+            "(leave model.path out: the run's own)")])
     other = (_env_name(spec), spec.env.val_path) != (str(cfg.env.name), cfg.env.val_path)  # cfg: the run's own
     return Target(_checked(spec), ckpt, run_dir / "eval", data_label(spec) if other else None)
+
+
+def tokenizer_drift(run_dir: Path, spec: RunSpec) -> list[str]:
+    """The tokenizer and generation-config files of the model directory an eval of a run reads that differ from
+    those the run started with (RUN_DIR/model.json; none for a run dir from before it): another model.path scored
+    the run's weights through another vocabulary, silently (val/reward_mean 0 against 0.23)."""
+    path = Path(str(spec.model.path or ""))
+    if not spec.model.path or not path.is_dir() or run_copy(run_dir) is None:
+        return []
+    then = json.loads((run_dir / MODEL_RECORD).read_text())["files"]
+    now = model_files(path)
+    return sorted(n for n in {*then, *now} if then.get(n) != now.get(n))
 
 
 def verified(t: Target, step: Optional[int]) -> Target:
