@@ -84,13 +84,14 @@ def test_an_optuna_dry_run_searches_int_keys_as_ints_and_never_stores_the_study(
 
 def test_an_optuna_dry_run_names_each_refused_trial(tmp_path):
     """Each batch (one trial here) is checked by every rule through the launcher's composition kept from the first
-    batch; a trial a rule refuses is named with its key (a dry run's refused trials were dropped without a word)."""
+    batch; a trial a rule refuses is named with its key (a dry run's refused trials were dropped without a word), and
+    the dry run exits 2, as a basic sweep's with a refused point (it exited 0, even with every trial refused)."""
     import re
 
     p = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=4",
                "train.global_batch_size=choice(128,100)", "grpo.seed=choice(1,2)", "dry_run=true",
                f"output_root={tmp_path}")
-    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.returncode == 2 and "dry run: a trial's config was refused" in p.stderr, p.stderr[-2000:]
     dirs = [line.rsplit("/", 1)[1] for line in p.stdout.splitlines() if line.startswith("run dir")]
     refused = re.findall(r"^config error: point \[.*name='(\S+)'\]:\n  - train.global_batch_size", p.stderr, re.M)
     assert dirs == ["tiny-grpo-t0", "tiny-grpo-t1"] and refused == ["tiny-grpo-t2", "tiny-grpo-t3"], p.stderr[-2000:]

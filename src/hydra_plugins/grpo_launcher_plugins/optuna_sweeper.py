@@ -169,6 +169,10 @@ class OptunaSweeper(Sweeper):
             ok = all([self.tell(study, t, r) for t, r in zip(trials, results)]) and ok
             job_idx += len(trials)
             finished += len(trials)
+        if self.config.dry_run and not ok:  # was exit 0: every trial refused read as a plan that would run
+            print("optuna sweep: dry run: a trial's config was refused (its errors are above)", file=sys.stderr,
+                  flush=True)
+            sys.exit(ExitCode.CONFIG_ERROR)  # as a basic sweep's dry run with a refused point
         if not self.config.dry_run:
             completed = self.report(study, sweep_dir)
             end_study_parent_run(self.config, sweep_dir, ok)
@@ -196,7 +200,7 @@ class OptunaSweeper(Sweeper):
 
         if self.config.dry_run:  # its return value is execute()'s exit code, not the objective
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            return True
+            return result.status == JobStatus.COMPLETED and result._return_value == 0  # refused: 2
         value = result._return_value if result.status == JobStatus.COMPLETED else None
         if isinstance(value, (int, float)) and math.isfinite(value):
             study.tell(trial, float(value))
