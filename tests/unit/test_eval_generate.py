@@ -99,3 +99,19 @@ def test_eval_on_another_val_set_is_named_after_it(tmp_path):
     assert out("grpo.max_val_samples=128") == run_dir / "eval" / "step_000002.json"  # the same val set
     other = ("env.name=dataset", f"env.val_path={mine}", f"env.train_path={mine}")
     assert out(*other) == run_dir / "eval" / "step_000002.mine.json"
+
+
+def test_a_path_given_to_eval_is_the_callers_own(tmp_path, monkeypatch):
+    """The eval works from the run's launch directory (the spec's relative paths are its); `env.val_path=data/v.jsonl`
+    given from another directory read the launch directory's file of that name (the project's 64-sample val set, not
+    the caller's 8), silently. A path given here that exists from the caller's directory is taken from there."""
+    from grpo_launcher.launch.repro import callers_path
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "v.jsonl").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    assert callers_path("env.val_path=data/v.jsonl") == f"env.val_path={tmp_path / 'data' / 'v.jsonl'}"
+    assert callers_path("+env.train_path=data/v.jsonl") == f"+env.train_path={tmp_path / 'data' / 'v.jsonl'}"
+    assert callers_path("env.val_path=data/none.jsonl") == "env.val_path=data/none.jsonl"  # the launch dir's, if any
+    assert callers_path("model.path=Qwen/Qwen2.5-0.5B") == "model.path=Qwen/Qwen2.5-0.5B"  # a hub id
+    assert callers_path("rollout.temperature=0") == "rollout.temperature=0"

@@ -48,7 +48,7 @@ from ..tracking.repro import REPRO
 from . import execute
 from .names import UNSAFE
 from .preflight import Launch
-from .repro import work_from_launch_dir
+from .repro import callers_path, work_from_launch_dir
 
 if TYPE_CHECKING:
     from ..train.driver import Trainer
@@ -102,6 +102,7 @@ def target(ns: argparse.Namespace) -> Target:
         run_dir = run_dir.resolve()
         if getattr(ns, "out", None) is not None:
             ns.out = ns.out.absolute()  # --out is the caller's, before the working directory changes
+        ns.overrides = [callers_path(o) for o in ns.overrides]  # and so is a path given here that is there
         # the spec's relative paths (env.val_path=data/val.jsonl) are the launch directory's: from elsewhere, eval
         # read the same name in this directory (another file, or none)
         work_from_launch_dir(run_dir / REPRO / "git.json")

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import yaml
 from omegaconf import OmegaConf
 
-from ..checkpoint.manager import SPEC_CHANGES
+from ..checkpoint.manager import PATH_KEYS, SPEC_CHANGES
 from ..finished import last_checkpoint_step
 from ..spec.compose import _override_key, spec_to_yaml
 from ..spec.errors import ConfigError, Violation
@@ -45,6 +45,7 @@ def rerun(args: list[str], single_run: Callable[..., int]) -> int:
     if incomplete:
         print(ConfigError(incomplete).render(), file=sys.stderr)
         return 2
+    ns.overrides = [callers_path(o) for o in ns.overrides]  # before the working directory changes
     work_from_launch_dir(ns.run_dir / REPRO / "git.json")
     _say_code_drift(ns.run_dir / REPRO / "git.json")
     _say_input_drift(ns.run_dir, ns.overrides)
@@ -94,6 +95,17 @@ def saved_config(spec_file: Path, overrides: list[str]) -> tuple[Any, list[Viola
     return cfg, []
 
 
+def callers_path(override: str) -> str:
+    """`env.val_path=data/val.jsonl` (a path key: model.path, env.train_path, env.val_path) naming a file or folder
+    relative to the caller's directory, as its absolute path: rerun, eval and generate work from the run's launch directory, where
+    the same name read another file (an eval: 64 samples of the project's own val set instead of the caller's 8), silently.
+    A relative path that is not there stays relative to the launch directory (the spec's own are)."""
+    key, eq, value = override.partition("=")
+    if eq and key.lstrip("+") in PATH_KEYS and value and not Path(value).is_absolute() and Path(value).exists():
+        return f"{key}={Path(value).absolute()}"
+    return override
+
+
 def work_from_launch_dir(git_file: Path) -> None:
     """Work from the directory the run was launched in: its spec's relative paths are relative to it (rerun, and
     eval / generate of a run dir)."""
@@ -103,8 +115,8 @@ def work_from_launch_dir(git_file: Path) -> None:
         return
     if then and Path(then).is_dir() and Path(then).resolve() != Path.cwd().resolve():
         os.chdir(then)
-        print(f"grpo-launcher: working from {then}, where the run was launched (its relative paths, and any "
-              f"relative path given here, are relative to it)", flush=True)
+        print(f"grpo-launcher: working from {then}, where the run was launched (its spec's relative paths are "
+              f"relative to it)", flush=True)
 
 
 def _fresh_name(root: Path, name: str) -> str:
