@@ -14,6 +14,9 @@ from .safetensors_check import weights_problems
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9_.+=,@-]+")
 MAX_NAME = 200  # a directory name (255 bytes) with room for the sweep suffixes
+# what output_root holds beside the run dirs: the default MLflow store and its artifacts (tracking/store.py), the
+# sweeps' folder (conf/config.yaml hydra.sweep.dir) and the Optuna sweeper's default storage
+OUTPUT_ROOT_ENTRIES = ("mlflow.db", "mlartifacts", "multirun", "optuna.db")
 
 
 @rule("pure")
@@ -24,6 +27,9 @@ def safe_names(s: RunSpec) -> Iterator[Violation]:
     elif s.name.startswith("."):
         yield V("safe_names", "name", f"run name {s.name[:40]!r}{'...' if len(s.name) > 40 else ''} must not start "
                 f"with '.' (output_root/{s.name[:8]} would leave or hide in output_root)", "use a name like my-run_1")
+    elif s.name in OUTPUT_ROOT_ENTRIES:
+        yield V("safe_names", "name", f"run name {s.name!r} is the name of output_root's own {s.name} (the run dir "
+                f"would be it: {', '.join(OUTPUT_ROOT_ENTRIES)} are taken)", "use a name like my-run_1")
     elif len(s.name) > MAX_NAME:
         yield V("safe_names", "name", f"run name {s.name[:40]!r}... has {len(s.name)} characters, more than "
                 f"{MAX_NAME} (a directory and a job name)", "use a shorter name, like my-run_1")
