@@ -81,3 +81,12 @@ def test_rerun_names_the_keys_a_resume_changed(launch_here, tmp_path):
     assert "grpo.max_steps" not in said  # the rerun's length is the run's last: nothing to warn of
     r = launch_here(tmp_path, "rerun", str(run_dir), "dry_run=true", "train.lr=3e-4")  # chosen on the command line
     assert r.returncode == 0 and "resumed with changed keys" not in r.stdout, r.stdout + r.stderr
+
+
+def test_rerun_takes_a_run_name_as_eval_and_export_do(launch_here, tmp_path):
+    """`rerun orig --root OUT` (or GRPO_OUTPUT_ROOT): a run name under the output root; it was 'not a run dir'."""
+    run_dir = recorded_run(tmp_path)
+    r = launch_here(tmp_path, "rerun", "orig", "--root", str(run_dir.parent), "dry_run=true")
+    assert r.returncode == 0 and "rerunning" in r.stdout, r.stdout[-2000:] + r.stderr
+    r = launch_here(tmp_path, "rerun", "nope", "--root", str(run_dir.parent), "dry_run=true")
+    assert r.returncode == 2 and f"nor a run under {run_dir.parent}" in r.stderr, r.stderr

@@ -33,13 +33,19 @@ def rerun(args: list[str], single_run: Callable[..., int]) -> int:
     """`launch.py rerun RUN_DIR [key=value ...]`: the run's resolved spec again, as a new run, through the same door
     as a launch (single_run, app.py's: pre-flight, model.path's config.json, plan, execute)."""
     ap = argparse.ArgumentParser(prog="launch.py rerun", description=rerun.__doc__)
-    ap.add_argument("run_dir", type=Path, help="a run directory (holding spec.yaml)")
+    ap.add_argument("run_dir", type=Path, help="a run directory (holding spec.yaml), or a run name under --root")
     ap.add_argument("overrides", nargs="*", help="key=value changes (name=... picks the new run's name)")
-    ns = ap.parse_args(args)
+    ap.add_argument("--root", type=Path, default=Path(os.environ.get("GRPO_OUTPUT_ROOT", "outputs")),
+                    help="where run dirs live, for a run name (default: $GRPO_OUTPUT_ROOT, else ./outputs)")
+    ns = ap.parse_intermixed_args(args)
+    named = ns.root / ns.run_dir  # a run name, as eval, export and status take one
+    if not (ns.run_dir / "spec.yaml").is_file() and (named / "spec.yaml").is_file():
+        ns.run_dir = named
     ns.run_dir = ns.run_dir.resolve()  # before _launch_dir changes the working directory
     spec_file = ns.run_dir / "spec.yaml"
     if not spec_file.is_file():
-        print(f"error: {ns.run_dir} is not a run dir (no spec.yaml)", file=sys.stderr)
+        print(f"error: {ns.run_dir} is not a run dir (no spec.yaml), nor a run under {ns.root.resolve()} (--root)",
+              file=sys.stderr)
         return 2
     incomplete = spec_file_problems(spec_file)
     if incomplete:
