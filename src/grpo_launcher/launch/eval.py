@@ -37,7 +37,8 @@ from ..envs.base import Prompt
 from ..envs.preflight import load_tokenizer, training_preflight
 from ..envs.prompting import PromptTooLong, prompt_lengths
 from ..exit_codes import ExitCode
-from ..export import MODEL_RECORD, RUN_MODEL_FILES, ExportError, model_files, pick_checkpoint, run_copy
+from ..export import (GENERATION_CONFIG, MODEL_RECORD, RUN_MODEL_FILES, ExportError, model_files,
+                      pick_checkpoint, run_copy)
 from ..plan import make_plan
 from ..preflight.validate import validate
 from ..runfiles import load_spec_file
@@ -141,11 +142,15 @@ def _run_target(run_dir: Path, step: Optional[int], overrides: list[str]) -> Tar
     except Exception as exc:  # noqa: BLE001 (OmegaConf's errors: an unknown key, a wrong type)
         raise ConfigError([Violation("composition", ("<overrides>",), str(exc).splitlines()[0], "fix the override")])
     drift = tokenizer_drift(run_dir, spec)
+    if GENERATION_CONFIG in drift:  # stop tokens or sampling defaults: another setting, not another vocabulary
+        print(f"grpo-launcher: warning: {GENERATION_CONFIG} in {spec.model.path} differs from the run's "
+              f"({run_dir / RUN_MODEL_FILES}): this command stops and samples by the one given", flush=True)
+        drift.remove(GENERATION_CONFIG)
     if drift:
         raise ConfigError([Violation(
             "eval_same_tokenizer", ("model.path",), f"{', '.join(drift)} in {spec.model.path} differ from those run "
             f"{spec.name} trained with ({run_dir / RUN_MODEL_FILES}): its checkpoint's token ids would be read with "
-            "another vocabulary, template or stop tokens", "model.path=DIR of a model with the run's tokenizer "
+            "another vocabulary or template", "model.path=DIR of a model with the run's tokenizer "
             "(leave model.path out: the run's own)")])
     other = (_env_name(spec), spec.env.val_path) != (str(cfg.env.name), cfg.env.val_path)  # cfg: the run's own
     return Target(_checked(spec), ckpt, run_dir / "eval", data_label(spec) if other else None)
