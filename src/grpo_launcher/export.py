@@ -111,13 +111,11 @@ def write_model_record(run_dir: Path, model_dir: Path) -> list[str]:
     sha256) and RUN_DIR/model_files/ (their copies), what `export` carries. A resume keeps the start's record and
     copies; returns the files of model_dir that differ from them now (the resumed run reads model_dir's)."""
     record_file, copies = Path(run_dir) / MODEL_RECORD, Path(run_dir) / RUN_MODEL_FILES
+    if copies.is_dir():
+        drift = recorded_drift(run_dir, model_dir)
+        if drift is not None:
+            return drift
     now = model_files(Path(model_dir))
-    try:
-        then = json.loads(record_file.read_text())["files"]
-        if copies.is_dir():
-            return sorted(n for n in {*then, *now} if then.get(n) != now.get(n))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     tmp = copies.with_name(f".tmp-{RUN_MODEL_FILES}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -127,6 +125,17 @@ def write_model_record(run_dir: Path, model_dir: Path) -> list[str]:
     os.replace(tmp, copies)
     write_atomic(record_file, json.dumps({"model_dir": str(Path(model_dir).resolve()), "files": now}) + "\n")
     return []
+
+
+def recorded_drift(run_dir: Path, model_dir: Path) -> Optional[list[str]]:
+    """The tokenizer and generation-config files of model_dir that differ from those RUN_DIR/model.json records (the
+    run's start); None without a readable record."""
+    try:
+        then = json.loads((Path(run_dir) / MODEL_RECORD).read_text())["files"]
+        now = model_files(Path(model_dir))
+        return sorted(n for n in {*then, *now} if then.get(n) != now.get(n))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def run_copy(run_dir: Path) -> Optional[Path]:

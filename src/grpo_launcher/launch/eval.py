@@ -37,8 +37,8 @@ from ..envs.base import Prompt
 from ..envs.preflight import load_tokenizer, training_preflight
 from ..envs.prompting import PromptTooLong, prompt_lengths
 from ..exit_codes import ExitCode
-from ..export import (GENERATION_CONFIG, MODEL_RECORD, RUN_MODEL_FILES, ExportError, model_files,
-                      pick_checkpoint, run_copy)
+from ..export import (GENERATION_CONFIG, RUN_MODEL_FILES, ExportError, pick_checkpoint, recorded_drift,
+                      run_copy)
 from ..plan import make_plan
 from ..preflight.validate import validate
 from ..runfiles import load_spec_file
@@ -163,9 +163,7 @@ def tokenizer_drift(run_dir: Path, spec: RunSpec) -> list[str]:
     path = Path(str(spec.model.path or ""))
     if not spec.model.path or not path.is_dir() or run_copy(run_dir) is None:
         return []
-    then = json.loads((run_dir / MODEL_RECORD).read_text())["files"]
-    now = model_files(path)
-    return sorted(n for n in {*then, *now} if then.get(n) != now.get(n))
+    return recorded_drift(run_dir, path) or []
 
 
 def verified(t: Target, step: Optional[int]) -> Target:

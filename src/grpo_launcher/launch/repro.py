@@ -35,7 +35,9 @@ def rerun(args: list[str], single_run: Callable[..., int]) -> int:
     ap = argparse.ArgumentParser(prog="launch.py rerun", description=rerun.__doc__)
     ap.add_argument("run_dir", type=Path, help="a run directory (holding spec.yaml), or a run name under --root")
     ap.add_argument("overrides", nargs="*", help="key=value changes (name=... picks the new run's name)")
-    ap.add_argument("--root", type=Path, default=Path(os.environ.get("GRPO_OUTPUT_ROOT", "outputs")),
+    from .cli import default_root  # here: cli imports the status readers, which preflight (our importer) never needs
+
+    ap.add_argument("--root", type=Path, default=default_root(),
                     help="where run dirs live, for a run name (default: $GRPO_OUTPUT_ROOT, else ./outputs)")
     ns = ap.parse_intermixed_args(args)
     named = ns.root / ns.run_dir  # a run name, as eval, export and status take one
