@@ -74,7 +74,7 @@ class HybridRollout:
         if self.file_names is None:
             from ..rollout.checkpoint_names import CheckpointNames  # here: it imports transformers' auto classes,
             # and the driver imports this module (the actor's class) before it starts the policy workers
-            self.file_names = CheckpointNames(self.model_dir)
+            self.file_names = CheckpointNames(self.model_dir, ipc=True)
         t0 = time.perf_counter()
         vllm_compat.send_weights_ipc(
             self.file_names(self.weight_items()),

@@ -12,7 +12,9 @@ Tied weights: a tied model's file holds the source only (`model.embed_tokens.wei
 Where vLLM's model has no `lm_head` module at all (VLLM_HEADLESS: its logits reuse the embedding) the alias is not
 sent: the first refit of a tied gemma2 stopped at "There is no module or parameter named 'lm_head'". Elsewhere it
 is: vLLM 0.32's in-place reload leaves a tied llama / qwen3 head on the start-up dummy weights unless
-`lm_head.weight` comes too (0.67 nats off, benchmarks/results/families.md).
+`lm_head.weight` comes too (0.67 nats off, benchmarks/results/families.md). Over CUDA IPC to a family the engine
+loads directly (`vllm_compat.DIRECT_REFIT`, no layerwise reload) it is not sent either (`ipc=True`): the copy into
+the embedding is the head's (one Parameter), and vLLM's tied models skip `lm_head.*` on load.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.core_model_loading import revert_weight_conversion
 
+from .vllm_compat import DIRECT_REFIT
+
 Item = tuple[str, torch.Tensor]
 # model_type: vLLM 0.32's causal LM computes its logits from model.embed_tokens and has no lm_head (gemma2.py,
 # commandr.py, cohere2_moe.py)
@@ -32,7 +36,7 @@ VLLM_HEADLESS = ("gemma2", "cohere", "cohere2", "cohere2_moe")
 class CheckpointNames:
     """Built once per model dir (a model on the meta device: no memory); call it on (name, tensor) pairs."""
 
-    def __init__(self, model_dir: str):
+    def __init__(self, model_dir: str, ipc: bool = False):
         with torch.device("meta"):
             self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
         self.renamed: dict[str, str] = {}  # in-memory name → file name, where only the name changes
@@ -42,7 +46,8 @@ class CheckpointNames:
                 self.renamed[name] = next(iter(out))
         # alias -> source where the config ties them (lm_head.weight -> model.embed_tokens.weight); {} when untied
         tied = getattr(self.model, "all_tied_weights_keys", None) or {}
-        self.tied = set(tied) if self.model.config.model_type in VLLM_HEADLESS else set()
+        kind = self.model.config.model_type
+        self.tied = set(tied) if kind in VLLM_HEADLESS or (ipc and kind in DIRECT_REFIT) else set()
 
     def __call__(self, items: Iterable[Item]) -> Iterator[Item]:
         for name, t in items:

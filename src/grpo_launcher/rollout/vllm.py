@@ -108,9 +108,37 @@ class WeightRefitExtension:
                 n += 1
         return n
 
-    def grpo_update_weights_ipc(self, update_info: dict) -> None:
-        """One packed buffer of CUDA IPC handles, sent as plain values by the async engine's client."""
-        self.update_weights(vllm_compat.decode_ipc_handles(update_info))  # type: ignore[attr-defined]
+    # A refit over CUDA IPC (policy/hybrid.py): start, one load per packed buffer, finish. A DIRECT_REFIT family
+    # loads each buffer straight into its weights; any other goes through vLLM's layerwise reload.
+    def grpo_direct_refit(self) -> bool:
+        """Decided once per engine: a DIRECT_REFIT family on CUDA, every linear and embedding unquantized."""
+        if getattr(self, "_grpo_direct", None) is None:
+            from vllm.platforms import current_platform  # lazy: see Imports above
+
+            model = self.model_runner.model  # type: ignore[attr-defined]
+            methods = {type(getattr(m, "quant_method", None)).__name__ for m in model.modules()}
+            self._grpo_direct = (current_platform.is_cuda()
+                                 and self.model_config.hf_config.model_type in vllm_compat.DIRECT_REFIT  # type: ignore[attr-defined]
+                                 and methods <= {"NoneType", "UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"})
+        return self._grpo_direct
+
+    def grpo_start_refit(self) -> bool:
+        if not self.grpo_direct_refit():
+            self.start_weight_update()  # type: ignore[attr-defined]
+        return self._grpo_direct
+
+    def grpo_load_ipc(self, update_info: dict, encoded: bool = False) -> None:
+        """One packed buffer of CUDA IPC handles (`encoded`: as plain values, from the async engine's client)."""
+        if encoded:
+            update_info = vllm_compat.decode_ipc_handles(update_info)
+        if self.grpo_direct_refit():
+            vllm_compat.load_packed_ipc(self.model_runner.model, update_info, self.device.index)  # type: ignore[attr-defined]
+        else:
+            self.update_weights(update_info)  # type: ignore[attr-defined]
+
+    def grpo_finish_refit(self) -> None:
+        if not self.grpo_direct_refit():
+            self.finish_weight_update()  # type: ignore[attr-defined]
 
     def grpo_torch_reserved_bytes(self) -> int:
         """What this worker's torch allocator holds on its GPU: outside the pool that sleep frees (activations,
@@ -356,7 +384,7 @@ class VLLMRolloutWorker(VersionedEngine):
 
     def start_weight_update(self) -> None:
         """First of a refit's calls (policy rank 0 makes them): the async engine is paused (requests in flight
-        finish first, new ones wait), the layerwise reload begins."""
+        finish first, new ones wait); outside vllm_compat.DIRECT_REFIT, vLLM's layerwise reload begins."""
         self._refit_t0 = time.perf_counter()
         self._wake("weights")  # a sleeping engine: its weight memory back (contents stale until this refit ends)
         if self.llm is not None:

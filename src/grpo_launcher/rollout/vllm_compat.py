@@ -12,7 +12,8 @@ the machine: benchmarks/results/environments.md).
 
 The refit on CUDA goes through vLLM's own RL weight-transfer API, backend "ipc": the policy worker packs its
 weights (cast to the engine's dtype) into 1 GiB device buffers (a larger tensor: one of its size; `BufferRuns`)
-and sends CUDA IPC handles of them; the engine's worker opens them on the same GPU and loads them with `model.load_weights` (layerwise reload around it). No byte of
+and sends CUDA IPC handles of them; the engine's worker opens them on the same GPU and loads them with `model.load_weights`
+(straight into its weights for DIRECT_REFIT families, inside vLLM's layerwise reload for the others). No byte of
 the weights crosses the host. Worker RPC names used (both releases): start_weight_update, update_weights,
 finish_weight_update.
 """
@@ -82,20 +83,29 @@ def engine_dtype(spec: RunSpec, cuda: bool) -> str:
 
 
 # ------------------------------------------------------------------ engine side (the rollout actor)
+# model_type: families whose CUDA engine takes a refit straight into its weights (`load_packed_ipc`): dense and
+# unquantized, each weight loader an in-place copy (q/k/v and gate/up into their fused slices), and nothing to redo
+# after loading on CUDA (UnquantizedLinearMethod repacks on CPU only). vLLM's layerwise reload around the same
+# load (start/finish_weight_update) turns every parameter into a meta tensor, runs each loader twice (on meta,
+# then for real), copies each layer back into the captured storage and clones every received tensor first: five
+# passes over the weights instead of one. Other families keep it (MoE, Mamba and quantized layers post-process).
+DIRECT_REFIT = frozenset({"llama", "qwen2", "qwen3"})
+
+
 def start_update(llm: Any) -> None:
-    llm.collective_rpc("start_weight_update")
+    llm.collective_rpc("grpo_start_refit")
 
 
 def apply_update(llm: Any, update_info: dict) -> None:
-    llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+    llm.collective_rpc("grpo_load_ipc", kwargs={"update_info": update_info})
 
 
 def finish_update(llm: Any) -> None:
-    llm.collective_rpc("finish_weight_update")
+    llm.collective_rpc("grpo_finish_refit")
 
 
 async def astart_update(engine: Any) -> None:
-    await engine.collective_rpc("start_weight_update")
+    await engine.collective_rpc("grpo_start_refit")
 
 
 async def aapply_update(engine: Any, update_info: dict) -> None:
@@ -103,11 +113,35 @@ async def aapply_update(engine: Any, update_info: dict) -> None:
     classes or dtypes. vLLM's own answer (`ipc_handles_pickled`) needs VLLM_ALLOW_INSECURE_SERIALIZATION, which
     lets pickles through that channel: instead the handles cross as plain values (`encode_ipc_handles`) and the
     worker extension rebuilds them against an allowlist (`decode_ipc_handles`)."""
-    await engine.collective_rpc("grpo_update_weights_ipc", kwargs={"update_info": encode_ipc_handles(update_info)})
+    await engine.collective_rpc("grpo_load_ipc", kwargs={"update_info": encode_ipc_handles(update_info),
+                                                         "encoded": True})
 
 
 async def afinish_update(engine: Any) -> None:
-    await engine.collective_rpc("finish_weight_update")
+    await engine.collective_rpc("grpo_finish_refit")
+
+
+def packed_views(packed: "torch.Tensor", update_info: dict) -> list[tuple[str, "torch.Tensor"]]:
+    """One packed buffer's (name, tensor) pairs as views of it (uint8 [bytes] -> each dtype and shape)."""
+    sizes = update_info["tensor_sizes"]
+    flat = packed[: sum(sizes)].split(sizes)
+    return [(name, t.view(getattr(torch, dt)).view(*shape))
+            for name, shape, dt, t in zip(update_info["names"], update_info["shapes"], update_info["dtype_names"], flat)]
+
+
+def load_packed_ipc(model: Any, update_info: dict, device_index: int) -> int:
+    """One packed buffer of CUDA IPC handles straight into the engine's weights (a DIRECT_REFIT family): views of
+    the sender's buffer, no copy of it, one `load_weights`; synchronized before returning, so the sender may free
+    or refill the buffer. Returns the tensors loaded."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    uuid = str(torch.cuda.get_device_properties(device_index).uuid)
+    args = list(update_info["ipc_handles"][uuid])
+    args[6] = device_index  # reduce_tensor's device index: the sender's; the same GPU is this one's here
+    views = packed_views(rebuild_cuda_tensor(*args), update_info)
+    model.load_weights(views)
+    torch.cuda.current_stream(device_index).synchronize()
+    return len(views)
 
 
 # CUDA IPC handles as plain values: torch's rebuild_cuda_tensor args hold the tensor and storage classes and the
