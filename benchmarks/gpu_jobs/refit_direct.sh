@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The CUDA IPC refit's direct load (rollout/vllm_compat.py DIRECT_REFIT) on one GPU node, through launch.py:
 #   bash benchmarks/gpu_jobs/refit_direct.sh [torch|megatron|async ...]   # default: all three
-# Each run: a tied 0.2B Qwen2 warm-started (peaked: an engine left on dummy weights would sample far from it),
+# Each run: a 0.2B Qwen2 warm-started (peaked: an engine left on dummy weights would sample far from it),
 # rollout=vllm, 12 steps; prints per run the engine-vs-policy logprob gap (max over steps), the refit's median
 # and its parts (time/refit_*_ms). Results: benchmarks/results/refit_paths.md.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=/tmp/site:$PWD/src VLLM_USE_FLASHINFER_SAMPLER=0
 MODEL=(model.num_layers=10 model.hidden_size=1024 model.num_attention_heads=16 model.num_kv_heads=4
-  model.ffn_hidden_size=2816 model.warm_start_steps=150 model.tie_word_embeddings=true)
+  model.ffn_hidden_size=2816 model.warm_start_steps=150)
 RUN=(rollout=vllm cluster.gpus_per_node=1 train.precision=bfloat16 logging.mlflow=false grpo.max_steps=12
   grpo.val_period=0 grpo.val_at_end=false checkpoint.enabled=false rollout.sleep_mode=true)
 declare -A MODE=([torch]="train.backend=torch" [megatron]="train.backend=megatron"
