@@ -6,6 +6,7 @@ run: a real learning signal that fits in CI (figures: benchmarks/results/consoli
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from ..spec.schema import EnvSpec
@@ -60,5 +61,8 @@ class ReverseDigitsEnv:
         return 1.0 if completion.strip() == prompt.answer else 0.0
 
     def warmup_examples(self, n: int) -> list[tuple[str, str]]:
+        """The warm start's pairs, none of them held out: drawn as the training prompts are (before, 23 of the
+        64 val prompts were among its 4,096 pairs, and val/reward_mean read them back as learnt)."""
         rng = random.Random(f"warmup-{self.seed}")
-        return [(p.text, p.answer) for p in (self._prompt(self._draw(rng)) for _ in range(n))]
+        kept = (s for s in (self._draw(rng) for _ in itertools.count()) if s not in self._val_set)
+        return [(p.text, p.answer) for p in map(self._prompt, itertools.islice(kept, n))]

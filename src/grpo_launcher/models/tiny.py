@@ -18,7 +18,9 @@ from ..spec.schema import ModelSpec
 from .nemotron_h import build_model as build_nemotron_h
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # pad, (reserved), eos
-WARMUP = {"batch": 64, "lr": 1e-3}  # steps: model.warm_start_steps
+# steps: model.warm_start_steps. "data": the envs' warm-up pairs' version, in the cache key: a model built on older
+# pairs is not reused (2: env=toy's leave the held-out prompts out)
+WARMUP = {"batch": 64, "lr": 1e-3, "data": 2}
 TOKENIZER_SIZE = 256 + len(SPECIALS)  # build_tokenizer's: the 256 bytes + SPECIALS (the least model.vocab_size)
 BIG_ON_CPU = 100_000_000  # parameters above which a CPU build says how long it will take
 
