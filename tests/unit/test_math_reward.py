@@ -851,6 +851,13 @@ PROSE_AND_SYMBOLS = [
     (r"25\text{ cm}^2", r"\boxed{25 cm^3}", 0),
     (r"25\text{ cm}^2", r"\boxed{25 ft^2}", 0),
     ("25m^2", r"\boxed{25}", 0),  # one letter: a variable, not a unit
+    (-5, "The answer is \u20135.", 1),  # was 0: an en dash typed as the minus sign
+    (-5, "x = \u20135", 1),  # was 0
+    (-2, "The answer is 3\u20135.", 0),  # a range, not 3 - 5
+    (1500, "It is 1.5 x 10^3.", 1),  # was 0: the letter x as a times sign
+    (1500, r"\boxed{1.5x10^{3}}", 1),  # was 0
+    (1600, "It is 1.5 x 10^3.", 0),
+    (15, "1.5 x 10", 0),
 ]
 
 

@@ -114,6 +114,10 @@ _GIVES_NUMBER = re.compile(r"[^.\n]{0,40}?\d")  # an `answer is` followed by a n
 _SPACED_DEGREE = re.compile(r"\^\s*\{\s+\\circ\s*\}|\^\s*\{\\circ\s+\}")
 _END_STOP = re.compile(r"(?<=\d)\.$")
 # `the answer is - 4` (after `is`, `:`, `=`, `$` or at the start; never `5 - 4`): -4 (math-verify read no number)
+# an en dash typed as a minus sign (`–5`, `x = –3`): not between two numbers (`3–5`, `3 –5`: a range)
+_DASH_MINUS = re.compile(r"(?<![\w)\]}])(?<!\d )\u2013(?=\d)")
+# `1.5 x 10^3` as typed: the letter x as a times sign before a power of ten
+_X_TIMES_TEN = re.compile(r"(?<=\d)\s*[xX]\s*(?=10\s*\^)")
 _SPACED_MINUS = re.compile(r"(?:^|(?<=\bis )|(?<=[:=$])|(?<=[:=$] ))-\s+(?=\d)")
 _MIXED = re.compile(r"(?<![\d.,/]\s)(?<![\d.,/])(\d{1,30})\s+(\d{1,30})/(\d{1,30})(?![\d/]|\.\d)")
 # a repeating decimal: 0.\overline{3}, 0.1\overline{6}; 0.(3) (a digit before the point: not `eq.(3)`); 0.3\dot{3},
@@ -580,11 +584,13 @@ def bare(text: str) -> bool:
 def normalized(text: str) -> str:
     """Unicode minus, π and √ as LaTeX, full-width forms and vulgar fractions (½) as ASCII, a mixed number (`1 1/2`)
     as its fraction; 1\\,234's thin-space separator dropped; Markdown emphasis around an answer (**72**) and an
-    escaped currency sign (\\$72, -$5) dropped; ∞ and ° as LaTeX, × and · as *, superscripts (10⁸) as powers,
+    escaped currency sign (\\$72, -$5) dropped; an en dash before a number as a minus (–5, not 3–5), `1.5 x 10^3`'s x
+    as *; ∞ and ° as LaTeX, × and · as *, superscripts (10⁸) as powers,
     \\varnothing and \\degree as \\emptyset and ^\\circ, `cm^2` as `\\text{ cm}^2`; a repeating decimal as its fraction
     (repeating_decimals)."""
     text = _WRAPPED.sub(lambda m: m.group(2) or m.group(3), _SIZED.sub("", text))
     text = _ESCAPED_DOLLAR.sub("", _MINUS_DOLLAR.sub("-", text))
+    text = _X_TIMES_TEN.sub("*", _DASH_MINUS.sub("-", text))
     text = _SPACED_MINUS.sub("-", repeating_decimals(text.translate(_UNICODE)))
     text = _SUPERSCRIPT.sub(_power, text)
     text = _UNIT_POWER.sub(r"\\text{ \1}^\2", _SYNONYM.sub(lambda m: _SYNONYMS[m[0]], text))
