@@ -96,21 +96,33 @@ def test_eval_on_another_val_set_keeps_the_runs_own_result(trained, tmp_path):
     assert own.read_text() == before
 
 
+def _copy_of_the_runs_model(run_dir: Path, to: Path) -> Path:
+    import shutil
+
+    model = Path(json.loads((run_dir / "model.json").read_text())["model_dir"])
+    shutil.copytree(model, to)
+    return to
+
+
 def test_eval_with_a_model_whose_tokenizer_is_not_the_runs_is_refused(trained, tmp_path):
     """`eval RUN model.path=OTHER` where OTHER's tokenizer differs from the one the run trained with: at b11b41e it
     scored the run's weights through OTHER's vocabulary, exit 0, val/reward_mean 0 against 0.23, no warning. Now a
-    config error naming model.path and the files; the same model's copy with the run's tokenizer files is taken."""
-    import shutil
-
+    config error naming model.path and the files (pre-flight: no engine starts). The same model's copy with the
+    run's tokenizer files is taken: test_eval_with_a_copy_of_the_runs_model_is_taken (make test-all)."""
     run_dir, _ = trained
-    model = Path(json.loads((run_dir / "model.json").read_text())["model_dir"])
-    same, other = tmp_path / "same", tmp_path / "other"
-    shutil.copytree(model, same)
-    shutil.copytree(model, other)
+    other = _copy_of_the_runs_model(run_dir, tmp_path / "other")
     config = json.loads((other / "tokenizer_config.json").read_text())
     (other / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 7}))
     r = launch("eval", str(run_dir), f"model.path={other}", cwd=tmp_path)
     assert r.returncode == 2 and "  - model.path: tokenizer_config.json in" in r.stderr, r.stdout[-2000:] + r.stderr
     assert "[rule: eval_same_tokenizer]" in r.stderr and not (run_dir / "eval" / "step_000002.other.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # a second real eval; make test: the refusal above, test_eval_and_generate_score_and_sample_...
+def test_eval_with_a_copy_of_the_runs_model_is_taken(trained, tmp_path):
+    """The other side of the refusal above: a copy of the run's own model dir (the same tokenizer files) evaluates."""
+    run_dir, _ = trained
+    same = _copy_of_the_runs_model(run_dir, tmp_path / "same")
     r = launch("eval", str(run_dir), f"model.path={same}", "--out", str(tmp_path / "same.json"), cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

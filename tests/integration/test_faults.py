@@ -233,6 +233,7 @@ TOGGLE_LOOP = MINI_LOOP.replace(
           "from grpo_launcher.train.setup import resume_or_start\nfrom grpo_launcher.train.driver import append_metrics")
 
 
+@pytest.mark.extended  # 3 more starts with MLflow (CI's time); make test: the golden run's MLflow run across a resume
 def test_mlflow_off_for_one_start_then_on_keeps_one_run_with_every_step(tmp_path):
     """Steps 1..3 with MLflow, 4..5 with logging.mlflow=false, 6..7 with it again: the checkpoints of the start
     without MLflow kept no run id, so the third start made a new MLflow run holding 6..7 only (4..5 in none).

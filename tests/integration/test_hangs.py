@@ -265,10 +265,8 @@ def steps_logged(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [
-    signal.SIGKILL,
-    pytest.param(signal.SIGSTOP, marks=pytest.mark.extended),
-], ids=["kill9", "sigstop"])
+@pytest.mark.extended  # a vLLM engine's fault; make test: test_frozen_worker_ends_the_run_within_its_deadline[policy]
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill9", "sigstop"])
 def test_lost_engine_is_restarted_and_no_step_is_lost_or_repeated(tmp_path, sig):
     """kill -9 (Ray sees the actor die) or SIGSTOP (the health probe gets no answer, kills it) of the vLLM engine's
     process mid-run: the engine is started again with the policy's weights, the step's requests retried, and the

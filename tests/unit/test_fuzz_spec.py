@@ -1,8 +1,8 @@
 """Property: pre-flight never crashes. Any override set over the real schema's keys with hostile values either
 passes every stage (compose → spec → validate → plan → render → round-trip) or is ONE ConfigError naming keys.
 
-Bounded for the fast tier (default 80 override sets: ~30-60 s on 2 loaded cores); GRPO_FUZZ_EXAMPLES=2000
-runs a longer campaign by hand.
+Bounded: make test draws 20 override sets (~10 s), make test-all 80 more (the `full` case, ~30-60 s on 2 loaded
+cores); GRPO_FUZZ_EXAMPLES=2000 runs a longer campaign by hand.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from grpo_launcher.spec.errors import ConfigError
 from grpo_launcher.launch.preflight import preflight
 
 FUZZ_EXAMPLES = int(os.environ.get("GRPO_FUZZ_EXAMPLES", "80"))
+QUICK_EXAMPLES = min(20, FUZZ_EXAMPLES)  # make test's share (CI's time)
 SECTIONS = ("model", "rollout", "loss", "train", "grpo", "env", "cluster", "checkpoint", "logging", "train.moe")
 LEAVES = sorted(k for k in dotted_keys() if k not in SECTIONS)
 KEYS = st.one_of(
@@ -57,11 +58,16 @@ def check(overrides: list[str]) -> None:
         assert not unforeseen, f"{overrides}: caught only by the safety net:\n" + "\n".join(unforeseen)
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(base=BASES, extra=st.lists(OVERRIDE, min_size=1, max_size=4))
-def test_preflight_never_crashes(base, extra):
-    check([*base, *extra])
+@pytest.mark.parametrize("examples", [QUICK_EXAMPLES, pytest.param(FUZZ_EXAMPLES, marks=pytest.mark.extended)],
+                         ids=["quick", "full"])
+def test_preflight_never_crashes(examples):
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(base=BASES, extra=st.lists(OVERRIDE, min_size=1, max_size=4))
+    def preflight_of(base, extra):
+        check([*base, *extra])
+
+    preflight_of()
 
 
 @pytest.mark.parametrize("overrides", [

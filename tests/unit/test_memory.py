@@ -218,7 +218,7 @@ def _saved_storages(fn, skip=lambda t: False) -> dict[int, int]:
     return seen
 
 
-@pytest.mark.parametrize("seq", [16, 64, 100, 300])
+@pytest.mark.parametrize("seq", [16, 64, 100, pytest.param(300, marks=pytest.mark.extended)])  # 300: ~13 s
 def test_mamba_torch_path_counts_what_transformers_saves(seq):
     """mamba_saved_bytes("torch") against what autograd keeps for transformers' NemotronH Mamba-2 block at
     nemotron_h_1b's width (the pure-torch path this CPU runs) under bf16 autocast: rows padded to 1, 2, 5 chunks and
@@ -642,7 +642,7 @@ def test_a_logit_transform_adds_one_fp32_chunk_to_the_heads_peak(transform):
         assert with_t - without == pytest.approx(4 * v * c, rel=0.01)
 
 
-@pytest.mark.parametrize("bf16, act", [(0, 4), (1, 2)])
+@pytest.mark.parametrize("bf16, act", [pytest.param(0, 4, marks=pytest.mark.extended), (1, 2)])  # ~20 s each
 def test_megatron_local_core_attention_saves_its_scores(bf16, act):
     """train.core_attention=local (megatron's DotProductAttention, torch softmax): per token and layer the fp32 softmax
     and its cast back ((act + 4) B per score; fp32: 4) and the key and value repeated to every head, beyond the

@@ -206,6 +206,7 @@ FAILS_AT_RUN_TIME = """def boom(prompt, completion, answer=None, **row):
 """
 
 
+@pytest.mark.extended  # 2 real runs (CI's time); make test runs a real sweep in test_ctrl_c_in_a_point_stops_the_sweep
 def test_points_that_fail_at_run_time_end_in_a_summary_not_a_traceback(tmp_path):
     """Points that pass pre-flight and fail in the run (a reward function that raises on a model's completion): the
     sweep printed Hydra's 'Error executing job' and a traceback of run_point. Now every point runs, the summary names
@@ -238,6 +239,7 @@ def score(prompt, completion, answer=None, **row):
 """
 
 
+@pytest.mark.extended  # 2 real runs (CI's time), as the test above
 def test_a_point_refused_when_its_turn_comes_is_named_with_its_reason(tmp_path):
     """A point that passed the sweep's check and is refused when its turn comes (its val file removed meanwhile):
     nothing was printed for it, and the summary's reason was 'RuntimeError' text or '1 config violation(s)'. Now its

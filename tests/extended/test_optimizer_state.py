@@ -22,7 +22,8 @@ from helpers import ROOT, share_models
 from integration.test_megatron import _batch, _free_port, _megatron_spec
 from unit.test_megatron import SHIM, _tiny_qwen2
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # make test: the golden run's checkpoints and resume;
+# tests/unit/test_checkpoint.py: optimizer state in the newest checkpoint only, a fallback's "fresh optimizer" line
 
 
 def run(root: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -89,7 +90,6 @@ def _spawn(spec, model_dir: Path, ckpt: Path, out: Path) -> dict:
     return torch.load(out, weights_only=False)
 
 
-@pytest.mark.extended  # in make test-all: CI's time (benchmarks/results/ci-rehearsals.md)
 def test_the_megatron_worker_loads_weights_only_with_a_fresh_optimizer(tmp_path):
     pytest.importorskip("megatron.core")
     spec = _megatron_spec(warmup_steps=4)

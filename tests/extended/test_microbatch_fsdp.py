@@ -13,7 +13,8 @@ from grpo_launcher.policy import microbatch
 from grpo_launcher.spec.compose import load_spec
 from helpers import policy_ranks, tiny_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # make test: test_grpo_loop.py's 2-rank update == 1 rank's;
+# tests/unit/test_microbatch.py: even_out
 WAIT = 300  # s: each ray.get; the whole test takes about 20 s on a loaded 2-core machine
 
 

@@ -13,6 +13,9 @@ from integration.test_megatron import _free_port, _megatron_spec
 from unit.test_megatron import SHIM, _tiny_qwen2
 from unit.test_microbatch import uneven_batch
 
+pytestmark = pytest.mark.extended  # make test: the megatron worker in test_megatron.py; the token budget on the torch
+# backend in tests/unit/test_microbatch.py
+
 
 def _both_paths_job(rank: int, world: int, spec, model_dir: str, batch, out: str, port: int) -> None:
     """One worker: logprobs and one update's metrics and gradients (no optimizer step), token budget then fixed rows."""
