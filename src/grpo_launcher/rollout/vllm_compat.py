@@ -122,11 +122,13 @@ async def afinish_update(engine: Any) -> None:
 
 
 def packed_views(packed: "torch.Tensor", update_info: dict) -> list[tuple[str, "torch.Tensor"]]:
-    """One packed buffer's (name, tensor) pairs as views of it (uint8 [bytes] -> each dtype and shape)."""
+    """One packed buffer's (name, tensor) pairs as views of it: vLLM's own unpacking, without the clone its
+    consumer adds (the direct load copies each view into the engine's weight before the buffer is let go)."""
+    from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor  # here: as above
+
     sizes = update_info["tensor_sizes"]
-    flat = packed[: sum(sizes)].split(sizes)
-    return [(name, t.view(getattr(torch, dt)).view(*shape))
-            for name, shape, dt, t in zip(update_info["names"], update_info["shapes"], update_info["dtype_names"], flat)]
+    return unpack_tensor(packed[: sum(sizes)], update_info["names"], update_info["shapes"],
+                         [getattr(torch, d) for d in update_info["dtype_names"]], sizes)
 
 
 def load_packed_ipc(model: Any, update_info: dict, device_index: int) -> int:
